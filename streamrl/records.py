@@ -1,0 +1,301 @@
+"""Records that travel on the topics, and their codec.
+
+One Kafka message carries one record: UTF-8 JSON (orjson), key = ``group_id``. The JSON Schema of
+every record type lives in ``topics/<name>.json``; that file is the public contract a producer
+that is not streamrl (a user's vLLM loop, a shell tool) writes against.
+
+Token arrays (``prompt_ids``, ``response_ids``, ``response_logprobs``, ``response_mask``) are
+either plain JSON lists, which any producer can write, or *packed*:
+``{"dtype": "int32" | "float32" | "uint8", "b64": <base64 of the little-endian array>}``.
+streamrl packs them: a 32k-token trajectory is ~400 KB packed against ~1 MB as JSON text, and
+float32 log-probs survive the round trip bit for bit. A decoded record keeps them packed (the
+reward stage forwards them without touching them); ``record.array(name)`` gives numpy. A
+producer may set them as numpy arrays or lists; ``encode`` packs them.
+
+Decoding parses JSON and checks the schema; it never executes anything it reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+import numpy as np
+import orjson
+from fastjsonschema import JsonSchemaValueException
+
+from streamrl.topics import validator_for
+
+TRAJECTORY_SCHEMA = "streamrl.trajectory/1"
+REWARDED_SCHEMA = "streamrl.rewarded/1"
+PROMPT_SCHEMA = "streamrl.prompt/1"
+POLICY_SCHEMA = "streamrl.policy/1"
+DEADLETTER_SCHEMA = "streamrl.deadletter/1"
+
+#: Records larger than this are refused at encode and sent to dead letters at decode. It matches
+#: the topics' ``max.message.bytes`` and the clients' request limits (see ``BusConfig``).
+DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1")}
+#: A token array in a record: packed ``{"dtype", "b64"}`` (as decoded), or numpy / a list (as built).
+TokenArray = dict[str, str] | np.ndarray | list
+
+_ARRAY_DTYPES = {
+    "prompt_ids": "int32",
+    "response_ids": "int32",
+    "response_logprobs": "float32",
+    "response_mask": "uint8",
+}
+
+
+class RecordError(ValueError):
+    """A message that cannot become a record. ``reason`` is short and stable (it is a metric
+    label and the dead-letter reason); ``detail`` says exactly what was wrong."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def pack_array(values: Any, dtype: str) -> dict[str, str]:
+    """Pack a 1-D sequence as ``{"dtype", "b64"}`` (little-endian)."""
+    arr = np.ascontiguousarray(values, dtype=_DTYPES[dtype])
+    return {"dtype": dtype, "b64": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def unpack_array(value: Any, dtype: str, name: str = "array") -> np.ndarray:
+    """A plain JSON list, a packed dict or an array to a numpy array of ``dtype``."""
+    want = _DTYPES[dtype]
+    if isinstance(value, dict):
+        return np.frombuffer(base64.b64decode(value["b64"]), dtype=want)
+    try:
+        return np.asarray(value, dtype=want)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise RecordError("schema", f"{name}: {exc}") from None
+
+
+def _check_packed(value: dict[str, Any], dtype: str, name: str) -> None:
+    """Boundary check of a packed array without decoding it: the schema has checked the base64
+    alphabet; here the dtype and that the bytes are whole elements."""
+    if value["dtype"] != dtype:
+        raise RecordError("schema", f"{name}: packed dtype {value['dtype']!r}, expected {dtype!r}")
+    b64 = value["b64"]
+    if len(b64) % 4:
+        raise RecordError("schema", f"{name}: base64 length {len(b64)} is not a multiple of 4")
+    nbytes = len(b64) // 4 * 3 - (len(b64) - len(b64.rstrip("=")))
+    if nbytes % _DTYPES[dtype].itemsize:
+        raise RecordError("schema", f"{name}: {nbytes} bytes is not a whole number of {dtype}")
+
+
+class _Record:
+    """Shared codec for the record dataclasses below."""
+
+    SCHEMA: ClassVar[str]
+    TOPIC: ClassVar[str]  # the topic file (``topics/<TOPIC>.json``) whose schema validates it
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is None and f.name not in _REQUIRED_NULLABLE:
+                continue
+            if f.name in _ARRAY_DTYPES and not isinstance(value, dict):
+                value = pack_array(value, _ARRAY_DTYPES[f.name])
+            out[f.name] = value
+        return out
+
+    def encode(self, max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> bytes:
+        data = orjson.dumps(self.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY)
+        if len(data) > max_bytes:
+            raise RecordError("oversize", f"{type(self).__name__} is {len(data)} bytes, limit {max_bytes}")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        try:
+            validator_for(cls.TOPIC)(data)
+        except JsonSchemaValueException as exc:
+            raise RecordError("schema", exc.message) from None
+        if data.get("schema") != cls.SCHEMA:
+            raise RecordError("schema", f"schema is {data.get('schema')!r}, expected {cls.SCHEMA!r}")
+        for name, dtype in _ARRAY_DTYPES.items():
+            value = data.get(name)
+            if isinstance(value, dict):
+                _check_packed(value, dtype, name)
+            elif value is not None:  # a text producer's plain list: pack it once, here
+                data[name] = pack_array(unpack_array(value, dtype, name), dtype)
+        return cls(**data)
+
+    @classmethod
+    def decode(cls, data: bytes, max_bytes: int = DEFAULT_MAX_RECORD_BYTES):
+        """Bytes from a topic to a record, or ``RecordError`` saying why not."""
+        if data is None:
+            raise RecordError("bad_json", "empty message (tombstone)")
+        if len(data) > max_bytes:
+            raise RecordError("oversize", f"{len(data)} bytes, limit {max_bytes}")
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise RecordError("bad_json", str(exc)) from None
+        if not isinstance(obj, dict):
+            raise RecordError("schema", f"a record is a JSON object, got {type(obj).__name__}")
+        return cls.from_dict(obj)
+
+
+_REQUIRED_NULLABLE = {"ground_truth"}
+
+
+def _now() -> float:
+    return time.time()
+
+
+@dataclass(kw_only=True)
+class Trajectory(_Record):
+    """One sampled response to one prompt (``streamrl.rollouts``)."""
+
+    SCHEMA: ClassVar[str] = TRAJECTORY_SCHEMA
+    TOPIC: ClassVar[str] = "rollouts"
+
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    group_id: str
+    group_size: int
+    policy_version: int
+    data_source: str
+    prompt: str | list[dict[str, Any]]
+    response: str
+    ground_truth: str | None = None
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: TokenArray | None = None
+    response_ids: TokenArray | None = None
+    response_logprobs: TokenArray | None = None
+    response_mask: TokenArray | None = None  # 1 where the policy produced the token (multi-turn)
+    turns: list[dict[str, Any]] | None = None
+    timings: dict[str, float] | None = None  # e.g. generation_started_at, generation_s
+    created_at: float = field(default_factory=_now)
+    schema: str = TRAJECTORY_SCHEMA
+
+    @property
+    def key(self) -> bytes:
+        return self.group_id.encode()
+
+    def array(self, name: str) -> np.ndarray | None:
+        """A token array as numpy (``prompt_ids``, ``response_ids``, ``response_logprobs``,
+        ``response_mask``), or None when the producer sent none."""
+        value = getattr(self, name)
+        return None if value is None else unpack_array(value, _ARRAY_DTYPES[name], name)
+
+
+@dataclass(kw_only=True)
+class Rewarded(Trajectory):
+    """A trajectory with its reward (``streamrl.rewarded``). ``reward`` is fp32-exact."""
+
+    SCHEMA: ClassVar[str] = REWARDED_SCHEMA
+    TOPIC: ClassVar[str] = "rewarded"
+
+    reward: float
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    scorer: dict[str, Any] = field(default_factory=dict)  # {"name": ..., "version": ...}
+    scored_at: float = field(default_factory=_now)
+    schema: str = REWARDED_SCHEMA
+
+    @classmethod
+    def from_trajectory(cls, traj: Trajectory, *, reward: float, reward_info: dict[str, Any],
+                        scorer: dict[str, Any]) -> "Rewarded":
+        base = {f.name: getattr(traj, f.name) for f in fields(Trajectory) if f.name != "schema"}
+        return cls(**base, reward=float(np.float32(reward)), reward_info=reward_info, scorer=scorer)
+
+
+@dataclass(kw_only=True)
+class Prompt(_Record):
+    """One prompt for one epoch (``streamrl.prompts``); a rollout worker samples ``group_size``
+    trajectories from it, all carrying its ``group_id``."""
+
+    SCHEMA: ClassVar[str] = PROMPT_SCHEMA
+    TOPIC: ClassVar[str] = "prompts"
+
+    group_id: str
+    group_size: int
+    data_source: str
+    prompt: str | list[dict[str, Any]]
+    ground_truth: str | None = None
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    epoch: int = 0
+    created_at: float = field(default_factory=_now)
+    schema: str = PROMPT_SCHEMA
+
+    @property
+    def key(self) -> bytes:
+        return self.group_id.encode()
+
+
+@dataclass(kw_only=True)
+class PolicyVersion(_Record):
+    """A new policy version announced by the learner (``streamrl.policy``, compacted)."""
+
+    SCHEMA: ClassVar[str] = POLICY_SCHEMA
+    TOPIC: ClassVar[str] = "policy"
+
+    version: int
+    weights_uri: str | None = None  # where the weights are (a directory or file URI)
+    trained_records: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    created_at: float = field(default_factory=_now)
+    schema: str = POLICY_SCHEMA
+
+    @property
+    def key(self) -> bytes:
+        return b"policy"
+
+
+@dataclass(kw_only=True)
+class DeadLetter(_Record):
+    """A message that failed for good, with its original bytes (``streamrl.deadletter``)."""
+
+    SCHEMA: ClassVar[str] = DEADLETTER_SCHEMA
+    TOPIC: ClassVar[str] = "deadletter"
+
+    stage: str
+    reason: str
+    detail: str = ""
+    source_topic: str | None = None
+    source_partition: int | None = None
+    source_offset: int | None = None
+    original_key_b64: str | None = None
+    original_value_b64: str | None = None
+    record_id: str | None = None
+    created_at: float = field(default_factory=_now)
+    schema: str = DEADLETTER_SCHEMA
+
+    @property
+    def key(self) -> bytes | None:
+        return None
+
+    @classmethod
+    def for_message(cls, *, stage: str, reason: str, detail: str, topic: str | None,
+                    partition: int | None, offset: int | None, key: bytes | None,
+                    value: bytes | None, record_id: str | None = None) -> "DeadLetter":
+        b64 = lambda b: None if b is None else base64.b64encode(b).decode("ascii")  # noqa: E731
+        return cls(stage=stage, reason=reason, detail=detail[:2000], source_topic=topic,
+                   source_partition=partition, source_offset=offset, original_key_b64=b64(key),
+                   original_value_b64=b64(value), record_id=record_id)
+
+    def original_value(self) -> bytes | None:
+        return None if self.original_value_b64 is None else base64.b64decode(self.original_value_b64)
+
+
+RECORD_TYPES: dict[str, type[_Record]] = {
+    cls.SCHEMA: cls for cls in (Trajectory, Rewarded, Prompt, PolicyVersion, DeadLetter)
+}
+
+
+def as_plain(record: _Record) -> dict[str, Any]:
+    """A record as plain Python with token arrays as lists, for reports and tests."""
+    out = asdict(record)  # type: ignore[call-overload]
+    for name, dtype in _ARRAY_DTYPES.items():
+        if out.get(name) is not None:
+            out[name] = unpack_array(out[name], dtype, name).tolist()
+    return out
