@@ -128,8 +128,13 @@ class EmbeddedBroker:
             proc.kill()
             proc.wait()
 
+    def terminate(self) -> None:
+        """Ask the broker to exit (safe from a signal handler); ``wait`` reaps it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def wait(self) -> int:
-        assert self.proc is not None
+        assert self.proc is not None, "the broker was not started"
         return self.proc.wait()
 
     def __enter__(self) -> "EmbeddedBroker":

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Generic, Iterable, Sequence, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import (CommitFailedError, KafkaConnectionError, KafkaError, KafkaTimeoutError,
+                             NodeNotReadyError, RequestTimedOutError)
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from streamrl import metrics
@@ -30,6 +31,12 @@ from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, RecordError, _Record
 
 log = logging.getLogger(__name__)
+
+# Errors that mean "the broker cannot be reached" (as opposed to a refused request): they flip
+# ``streamrl_bus_broker_reachable`` to 0.
+_UNREACHABLE = (KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError, NodeNotReadyError,
+                asyncio.TimeoutError)
+BROKER_PROBE_INTERVAL_S = 5.0
 
 R = TypeVar("R")
 Message = ConsumerRecord  # what a consumer hands out: .topic .partition .offset .key .value .timestamp
@@ -97,7 +104,7 @@ class Producer:
         self._client = AIOKafkaProducer(
             **bus.client_settings(), acks="all", compression_type=compression,
             linger_ms=c.linger_ms, max_batch_size=c.max_batch_bytes,
-            max_request_size=c.max_record_bytes + 64 * 1024, **overrides)
+            max_request_size=DeadLetter.size_limit(c.max_record_bytes) + 64 * 1024, **overrides)
 
     async def start(self) -> "Producer":
         await self._client.start()
@@ -117,7 +124,7 @@ class Producer:
         """Queue one record on topic ``topic`` (short name). Returns a future of its
         ``RecordMetadata``; await it to know the broker has the record."""
         if isinstance(record, _Record):
-            value = record.encode(self.bus.config.max_record_bytes)
+            value = record.encode(record.size_limit(self.bus.config.max_record_bytes))
             key = record.key if key is None else key
         else:
             value = record
@@ -129,9 +136,15 @@ class Producer:
         return fut
 
     def _count(self, fut: asyncio.Future, topic: str, size: int) -> None:
-        if not fut.cancelled() and fut.exception() is None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None:
             metrics.BUS_PRODUCED.labels(self.stage, topic).inc()
             metrics.BUS_PRODUCED_BYTES.labels(self.stage, topic).inc(size)
+            metrics.BUS_BROKER_REACHABLE.labels(self.stage, "producer").set(1)
+        elif isinstance(exc, _UNREACHABLE):
+            metrics.BUS_BROKER_REACHABLE.labels(self.stage, "producer").set(0)
 
     async def send_and_wait(self, topic: str, record: _Record | bytes,
                             key: bytes | None = None) -> RecordMetadata:
@@ -167,13 +180,17 @@ class Consumer:
         self.bus, self.stage, self.group = bus, stage, group
         self.topics = [bus.topic(t) for t in topics]
         self._listener = listener
+        self._exported: set[TopicPartition] = set()  # partitions with lag/age series
+        self._probe: asyncio.Task | None = None
+        self._last_probe = 0.0
         self._client = AIOKafkaConsumer(
             **bus.client_settings(), group_id=group, enable_auto_commit=False,
             auto_offset_reset="earliest" if from_beginning else "latest",
             session_timeout_ms=c.session_timeout_ms, heartbeat_interval_ms=c.heartbeat_interval_ms,
             max_poll_interval_ms=c.max_poll_interval_ms,
-            max_partition_fetch_bytes=c.max_record_bytes + 64 * 1024,
-            fetch_max_bytes=max(64 * 1024 * 1024, c.max_record_bytes * 2), **overrides)
+            max_partition_fetch_bytes=DeadLetter.size_limit(c.max_record_bytes) + 64 * 1024,
+            fetch_max_bytes=max(64 * 1024 * 1024, DeadLetter.size_limit(c.max_record_bytes) * 2),
+            **overrides)
 
     @property
     def client(self) -> AIOKafkaConsumer:
@@ -186,6 +203,8 @@ class Consumer:
         return self
 
     async def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
         await self._client.stop()  # leaves the group
 
     async def getmany(self, timeout_ms: int = 200, max_records: int | None = None) -> list[Message]:
@@ -203,9 +222,12 @@ class Consumer:
         try:
             await self._client.commit(offsets)
             metrics.BUS_COMMITS.labels(self.stage).inc()
+            metrics.BUS_BROKER_REACHABLE.labels(self.stage, "consumer").set(1)
             return True
         except (CommitFailedError, KafkaError) as exc:
             metrics.BUS_COMMIT_ERRORS.labels(self.stage).inc()
+            if isinstance(exc, _UNREACHABLE):
+                metrics.BUS_BROKER_REACHABLE.labels(self.stage, "consumer").set(0)
             log.warning("%s: commit failed (%s); records since the last commit will be redelivered",
                         self.stage, exc)
             return False
@@ -213,19 +235,57 @@ class Consumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._client.assignment())
 
-    def update_lag(self, committed: dict[TopicPartition, int]) -> None:
+    def update_lag(self, committed: dict[TopicPartition, int],
+                   oldest: dict[TopicPartition, float] | None = None) -> None:
         """Export log-end minus committed per partition, from the high watermarks the fetcher
-        already knows (no extra request)."""
+        already knows (no extra request), and the age of the oldest record taken but not
+        finished (``oldest``: its Kafka timestamp in unix seconds, per partition; absent: none
+        waiting). Series of partitions no longer in ``committed`` (revoked in a rebalance) are
+        removed, so a group's summed lag does not count a partition twice."""
+        oldest = oldest or {}
+        now = time.time()
+        group = self.group or ""
+        for tp in self._exported - set(committed):
+            labels = (self.stage, group, tp.topic, str(tp.partition))
+            for gauge in (metrics.CONSUMER_LAG, metrics.CONSUMER_OLDEST_AGE):
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+        self._exported = set()
         for tp, pos in committed.items():
+            labels = (self.stage, group, tp.topic, str(tp.partition))
             end = self._client.highwater(tp)
             if end is not None:
-                metrics.CONSUMER_LAG.labels(self.stage, self.group or "", tp.topic,
-                                            str(tp.partition)).set(max(0, end - pos))
+                metrics.CONSUMER_LAG.labels(*labels).set(max(0, end - pos))
+            taken_at = oldest.get(tp)
+            metrics.CONSUMER_OLDEST_AGE.labels(*labels).set(
+                max(0.0, now - taken_at) if taken_at is not None else 0.0)
+            self._exported.add(tp)
+
+    def check_broker(self) -> None:
+        """At most every ``BROKER_PROBE_INTERVAL_S``, ask the broker for metadata in the
+        background and export whether it answered: a stage that is idle or paused (sending and
+        committing nothing) still notices that it lost the broker."""
+        if self._probe is not None or time.monotonic() - self._last_probe < BROKER_PROBE_INTERVAL_S:
+            return
+        self._last_probe = time.monotonic()
+        self._probe = asyncio.create_task(self._client.topics())
+        self._probe.add_done_callback(self._probed)
+
+    def _probed(self, task: asyncio.Task) -> None:
+        self._probe = None
+        if task.cancelled():
+            return
+        reachable = task.exception() is None
+        if not reachable:
+            log.warning("%s: broker unreachable: %s", self.stage, task.exception())
+        metrics.BUS_BROKER_REACHABLE.labels(self.stage, "consumer").set(1 if reachable else 0)
 
 
 @dataclass
 class _Partition:
-    pending: set[int] = field(default_factory=set)
+    pending: dict[int, float] = field(default_factory=dict)  # offset -> record timestamp (unix s)
     next_offset: int = -1  # one past the last offset taken
     committed: int = -1
 
@@ -237,15 +297,15 @@ class OffsetTracker:
     def __init__(self) -> None:
         self.parts: dict[TopicPartition, _Partition] = {}
 
-    def take(self, tp: TopicPartition, offset: int) -> None:
+    def take(self, tp: TopicPartition, offset: int, timestamp: float | None = None) -> None:
         p = self.parts.setdefault(tp, _Partition())
-        p.pending.add(offset)
+        p.pending[offset] = time.time() if timestamp is None else timestamp
         p.next_offset = max(p.next_offset, offset + 1)
 
     def done(self, tp: TopicPartition, offset: int) -> None:
         p = self.parts.get(tp)
         if p is not None:
-            p.pending.discard(offset)
+            p.pending.pop(offset, None)
 
     def positions(self, only_changed: bool = True) -> dict[TopicPartition, int]:
         out = {}
@@ -254,6 +314,10 @@ class OffsetTracker:
             if pos >= 0 and (pos != p.committed or not only_changed):
                 out[tp] = pos
         return out
+
+    def oldest(self) -> dict[TopicPartition, float]:
+        """Per partition with unfinished records: the timestamp of the oldest one."""
+        return {tp: min(p.pending.values()) for tp, p in self.parts.items() if p.pending}
 
     def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
         for tp, pos in offsets.items():
@@ -284,6 +348,7 @@ class StageLoop(Generic[R]):
     unfinished the loop stops fetching (back-pressure) but keeps the group membership alive.
     On ``stop()``: stop fetching, let in-flight records finish for up to ``drain_timeout_s``,
     flush, commit, leave the group. Unfinished records are redelivered to whoever takes over.
+    Build it inside a running event loop (the Kafka clients bind to it).
     """
 
     def __init__(self, bus: Bus, *, stage: str, source: str, group: str,
@@ -341,7 +406,8 @@ class StageLoop(Generic[R]):
 
     def _start(self, msg: Message) -> None:
         tp = TopicPartition(msg.topic, msg.partition)
-        self.tracker.take(tp, msg.offset)
+        timestamp = msg.timestamp / 1000 if (msg.timestamp or 0) > 0 else None  # Kafka: ms, -1 = none
+        self.tracker.take(tp, msg.offset, timestamp)
         task = asyncio.create_task(self._process(msg, tp))
         self._tasks.add(task)
         metrics.BUS_IN_FLIGHT.labels(self.stage).set(len(self._tasks))
@@ -393,7 +459,8 @@ class StageLoop(Generic[R]):
             positions = {tp: p for tp, p in positions.items() if tp in self.consumer.assignment()}
         if await self.consumer.commit(positions):
             self.tracker.mark_committed(positions)
-        self.consumer.update_lag(self.tracker.positions(only_changed=False))
+        self.consumer.update_lag(self.tracker.positions(only_changed=False), self.tracker.oldest())
+        self.consumer.check_broker()
 
     async def _drain(self) -> None:
         if not self._tasks:

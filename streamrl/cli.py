@@ -8,11 +8,17 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 
 VERBS = {
     "broker": "streamrl.commands.broker",
     "topics": "streamrl.commands.topics",
+    "reward": "streamrl.commands.reward",
+    "learner": "streamrl.commands.learner",
+    "bench": "streamrl.commands.bench",
+    "rollout": "streamrl.commands.rollout",
+    "feed": "streamrl.commands.feed",
 }
 
 
@@ -28,8 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: ``key.path=value``: a config override (verl style), anywhere on the command line.
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # argparse cannot take positionals after options (`topics create --bootstrap-servers X
+    # a.b=c`), so overrides are collected from what it leaves over.
+    args, extra = parser.parse_known_args(argv)
+    unknown = [a for a in extra if not OVERRIDE.match(a)]
+    if unknown or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

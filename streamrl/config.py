@@ -16,6 +16,10 @@ from typing import Any, Sequence, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from streamrl.learner.config import LearnerConfig
+from streamrl.reward.config import RewardConfig
+from streamrl.rollout.config import FeedConfig, RolloutConfig
+
 T = TypeVar("T")
 
 
@@ -65,6 +69,10 @@ class MetricsConfig:
 class PipelineConfig:
     bus: BusConfig = field(default_factory=BusConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    feed: FeedConfig = field(default_factory=FeedConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),

@@ -7,9 +7,11 @@ the default registry on its own port (``serve``), so processes sharing a host do
 
 from __future__ import annotations
 
+import platform
 import socket
+from importlib import metadata as _metadata
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 
 # -- bus: every consuming / producing stage -----------------------------------------------------
 BUS_CONSUMED = Counter("streamrl_bus_consumed_records_total", "Records taken from a topic",
@@ -32,6 +34,23 @@ CONSUMER_LAG = Gauge("streamrl_consumer_lag_records",
                      ["stage", "group", "topic", "partition"])
 CONSUMER_LAST_PROGRESS = Gauge("streamrl_consumer_last_progress_timestamp_seconds",
                                "Unix time of the last finished record", ["stage", "group"])
+CONSUMER_OLDEST_AGE = Gauge("streamrl_consumer_oldest_unconsumed_age_seconds",
+                            "Age (now minus the record's Kafka timestamp) of the oldest record this "
+                            "member has taken but not finished, per partition; 0 when none is "
+                            "waiting. Grows while a stage holds records it cannot finish.",
+                            ["stage", "group", "topic", "partition"])
+BUS_BROKER_REACHABLE = Gauge("streamrl_bus_broker_reachable",
+                             "1 if the last request of this client to the broker succeeded, 0 if it "
+                             "failed to connect or timed out", ["stage", "client"])
+
+# -- build: one series per process, value 1; join on it to see which version runs where ------------
+BUILD_INFO = Info("streamrl_build", "streamrl build: version, Python, Kafka client")
+try:
+    _version = _metadata.version("streamrl")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    _version = "unknown"
+BUILD_INFO.info({"version": _version, "python": platform.python_version(),
+                 "aiokafka": _metadata.version("aiokafka")})
 
 
 def serve(port: int = 0, host: str = "0.0.0.0") -> int:
@@ -42,3 +61,122 @@ def serve(port: int = 0, host: str = "0.0.0.0") -> int:
             port = s.getsockname()[1]
     start_http_server(port, addr=host)
     return port
+
+
+# -- judge / model scorers ----------------------------------------------------------------------
+# ``router`` is the scorer's name in the config (e.g. "judge"); ``url`` is one of its configured
+# server URLs (never anything read from a record), so both stay bounded.
+ROUTER_REQUESTS = Counter("streamrl_router_requests_total",
+                          "Requests sent to a judge / reward server", ["router", "url"])
+ROUTER_ERRORS = Counter("streamrl_router_request_errors_total",
+                        "Failed requests to a judge / reward server (reason: timeout, connect, "
+                        "http_5xx, http_429, http_4xx, bad_response)", ["router", "url", "reason"])
+ROUTER_RETRIES = Counter("streamrl_router_retries_total",
+                         "Requests retried after failing on this server", ["router", "url"])
+ROUTER_REQUEST_SECONDS = Histogram("streamrl_router_request_seconds",
+                                   "Latency of one request to a judge / reward server",
+                                   ["router", "url"],
+                                   buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120))
+ROUTER_OUTSTANDING = Gauge("streamrl_router_outstanding_requests",
+                           "Requests sent and not yet answered", ["router", "url"])
+ROUTER_EJECTED = Gauge("streamrl_router_ejected_servers",
+                       "Servers taken out of rotation (consecutive failures) until a health check "
+                       "passes", ["router"])
+RATELIMIT_WAIT = Counter("streamrl_ratelimit_wait_seconds_total",
+                         "Seconds spent waiting for this member's share of the group's RPM / TPM "
+                         "budget (kind: requests, tokens)", ["router", "kind"])
+MODEL_BATCH_SIZE = Histogram("streamrl_model_batch_size", "Records per reward-model batch",
+                             ["scorer"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+MODEL_BATCH_SECONDS = Histogram("streamrl_model_batch_seconds",
+                                "Time to score one reward-model batch (tokenise + forward)",
+                                ["scorer"],
+                                buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+
+# -- learner --------------------------------------------------------------------------------------
+LEARNER_VERSION = Gauge("streamrl_learner_policy_version", "The last policy version the learner finished")
+LEARNER_RECORDS = Counter("streamrl_learner_records_total",
+                          "Records taken from rewarded, by outcome (trained, dropped, duplicate)",
+                          ["outcome"])
+LEARNER_DROPPED = Counter("streamrl_learner_dropped_records_total",
+                          "Records sent to dead letters by the learner, by reason (stale, ...)",
+                          ["reason"])
+LEARNER_GROUPS = Counter("streamrl_learner_groups_total",
+                         "Groups by outcome (trained, partial, stale, group_timeout)", ["outcome"])
+LEARNER_STEP_SECONDS = Histogram("streamrl_learner_step_seconds", "Time of one mini-batch update",
+                                 buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+LEARNER_TOKENS = Counter("streamrl_learner_trained_tokens_total", "Response tokens trained on")
+LEARNER_LOSS = Gauge("streamrl_learner_loss", "Loss parts of the last update", ["part"])
+LEARNER_REWARD = Gauge("streamrl_learner_reward", "Reward of the last mini-batch", ["stat"])
+LEARNER_KL = Gauge("streamrl_learner_kl", "KL of the last update: to the reference (ref) and the "
+                   "approximate KL to the old policy (ppo)", ["to"])
+LEARNER_ENTROPY = Gauge("streamrl_learner_entropy", "Token entropy of the last update")
+LEARNER_GRAD_NORM = Gauge("streamrl_learner_grad_norm", "Gradient norm before clipping")
+LEARNER_CLIP_FRACTION = Gauge("streamrl_learner_clip_fraction", "Tokens whose ratio was clipped")
+LEARNER_STALENESS = Histogram("streamrl_learner_staleness_versions",
+                              "Learner version minus policy_version of trained records",
+                              buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32))
+LEARNER_STALENESS_SECONDS = Histogram(
+    "streamrl_learner_staleness_seconds",
+    "Age of trained records by part: generation, reward (created -> scored), learner (scored -> taken)",
+    ["part"], buckets=(.01, .05, .1, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
+LEARNER_STARVED_SECONDS = Counter("streamrl_learner_starved_seconds_total",
+                                  "Time the learner waited for a full mini-batch")
+LEARNER_CHECKPOINT_SECONDS = Histogram("streamrl_learner_checkpoint_seconds", "Time to write a checkpoint",
+                                       buckets=(.1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300))
+
+
+# -- reward --------------------------------------------------------------------------------------
+# ``scorer`` is an entry name of the config's scorer table (bounded); ``reason`` a failure reason
+# (a ScoreError's reason, "timeout", "scorer_error", "non_finite_reward", ...).
+REWARD_SCORED = Counter("streamrl_reward_scored_records_total",
+                        "Records scored and handed on to the rewarded topic (status: ok, or the "
+                        "fallback the config allowed)", ["scorer", "status"])
+REWARD_FAILED = Counter("streamrl_reward_failed_records_total",
+                        "Records the scorer failed on for good (dead-lettered)", ["scorer", "reason"])
+REWARD_ATTEMPT_ERRORS = Counter("streamrl_reward_attempt_errors_total",
+                                "Scoring attempts that raised, retried or not", ["scorer", "reason"])
+REWARD_UNAVAILABLE = Counter("streamrl_reward_unavailable_total",
+                             "Scoring attempts that found the scorer's backend down (the record "
+                             "is held and tried again, never scored 0)", ["scorer"])
+REWARD_HELD = Gauge("streamrl_reward_held_records",
+                    "Records waiting for a scorer whose backend is down", ["scorer"])
+REWARD_SCORE_SECONDS = Histogram("streamrl_reward_score_seconds",
+                                 "Time to score one record (one attempt that returned)", ["scorer"],
+                                 buckets=(.0005, .001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5,
+                                          5, 10, 30, 60, 120))
+REWARD_VALUE = Histogram("streamrl_reward_value", "Rewards published, before any group hook",
+                         ["scorer"], buckets=(-1, -.5, 0, .1, .25, .5, .75, .9, 1, 2, 5))
+REWARD_GROUPS = Counter("streamrl_reward_groups_total",
+                        "Groups through the group hook (status: applied, incomplete, late, "
+                        "hook_error)", ["status"])
+REWARD_GROUPS_PENDING = Gauge("streamrl_reward_groups_pending",
+                              "Groups waiting for their remaining members")
+REWARD_PARTITION_SHARE = Gauge("streamrl_reward_partition_share",
+                               "This member's share of the source topic's partitions (its share "
+                               "of group-wide rate limits)", ["group"])
+
+# -- rollout -------------------------------------------------------------------------------------
+# ``backend``: transformers | vllm | openai.
+ROLLOUT_PROMPTS = Counter("streamrl_rollout_prompts_total", "Prompts taken from the feed", ["backend"])
+ROLLOUT_TRAJECTORIES = Counter("streamrl_rollout_trajectories_total",
+                               "Trajectories generated and handed to the producer", ["backend"])
+ROLLOUT_TOKENS = Counter("streamrl_rollout_generated_tokens_total",
+                         "Tokens sampled by the policy (rate() of it: tokens/s)", ["backend"])
+ROLLOUT_GENERATION_SECONDS = Histogram("streamrl_rollout_generation_seconds",
+                                       "Time to generate one prompt's whole group, all turns",
+                                       ["backend"], buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30,
+                                                             60, 120, 300, 600))
+ROLLOUT_BACKEND_UNAVAILABLE = Counter("streamrl_rollout_backend_unavailable_total",
+                                      "Generations that found the backend down (the prompt is "
+                                      "held and tried again)", ["backend"])
+ROLLOUT_POLICY_VERSION = Gauge("streamrl_rollout_policy_version",
+                               "Policy version of the weights this worker samples with")
+ROLLOUT_GATE_HELD = Gauge("streamrl_rollout_gate_held",
+                          "1 while the staleness gate holds this worker back")
+ROLLOUT_GATE_PAUSED = Counter("streamrl_rollout_gate_paused_seconds_total",
+                              "Time this worker spent held back by the staleness gate")
+ROLLOUT_WEIGHT_LOAD_SECONDS = Histogram("streamrl_rollout_weight_load_seconds",
+                                        "Time to load one policy version",
+                                        buckets=(.01, .05, .1, .5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+ROLLOUT_WEIGHT_LOAD_ERRORS = Counter("streamrl_rollout_weight_load_errors_total",
+                                     "Policy versions that could not be loaded (the old weights stay)")

@@ -30,11 +30,12 @@ def main(args: argparse.Namespace) -> int:
     stopping = False
 
     def on_signal(signum, _frame):
+        # Only pass the signal on: the main thread is inside wait() and reaps the child.
         nonlocal stopping
         stopping = True
-        broker.stop()
+        broker.terminate()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    code = broker.wait() if broker.proc else 0
+    code = broker.wait()
     return 0 if stopping else (code or 1)

@@ -1,0 +1,1 @@
+"""Benchmarks behind `streamrl bench` (one module each)."""

@@ -1,0 +1,10 @@
+"""The learner: consumes ``rewarded``, trains the policy (GRPO / PPO-clip, optionally AReaL's
+decoupled objective) under a staleness bound, checkpoints, and announces each version on
+``policy``.
+
+Pieces, one concept each: ``config`` (the ``learner:`` section), ``assembler`` (de-duplication,
+groups, staleness, timeouts: pure logic), ``losses`` (advantages, policy loss, KL, entropy,
+aggregation: pure torch), ``trainer`` (the model, log-probs, one update), ``checkpoint``
+(weights + optimizer + version + offsets + de-dup window, atomically), ``stage`` (the consume /
+train / publish loop). torch is imported only by ``losses``, ``trainer`` and ``stage``.
+"""

@@ -1,0 +1,212 @@
+"""From a stream of rewarded records to trainable groups: de-duplication by ``id``, groups by
+``group_id``, the staleness bound, and incomplete-group timeouts. Pure logic (no Kafka, no
+torch, time passed in), so every rule is tested directly.
+
+The rules:
+
+- A record whose ``id`` was already taken (finished or waiting in a group) is a duplicate:
+  skipped, never trained twice. Delivery is at-least-once and the embedded broker can hand a
+  partition to two members for a moment, so duplicates are normal.
+- A group is trained only whole (``group_size`` distinct ids), except that a group incomplete
+  for ``group_timeout_s`` is either trained as it is (``allow_partial_groups``) or dropped with
+  reason ``group_timeout``.
+- Staleness: at version ``v`` a record is fresh while ``v - policy_version <= max_staleness``.
+  A group is as old as its oldest member (GRPO's advantages need all of it), so one stale
+  member makes the whole group stale: dropped with reason ``stale``. It is checked when a
+  record arrives and again when a group is taken for an update, so the bound holds for the
+  version the update starts from, however long the record waited for a judge or for its group.
+- A group once dropped or trained is *closed*: a late member is dropped with the group's
+  reason (``stale``, ``group_timeout``) or ``group_overflow`` (more distinct ids than
+  ``group_size``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+STALE = "stale"
+GROUP_TIMEOUT = "group_timeout"
+GROUP_OVERFLOW = "group_overflow"
+
+
+@dataclass
+class Item:
+    """One record as the assembler sees it; ``payload`` is the caller's (record, message)."""
+
+    id: str
+    group_id: str
+    group_size: int
+    policy_version: int
+    payload: Any = None
+
+
+@dataclass
+class Drop:
+    """An item to send to dead letters with ``reason``."""
+
+    item: Item
+    reason: str
+    detail: str = ""
+
+
+@dataclass
+class Group:
+    group_id: str
+    group_size: int
+    first_seen: float
+    items: list[Item] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.items) >= self.group_size
+
+    @property
+    def oldest_version(self) -> int:
+        return min(i.policy_version for i in self.items)
+
+
+class _LRU:
+    """A bounded insertion-ordered map: the oldest entries fall out first."""
+
+    def __init__(self, size: int):
+        self.size, self.data = size, OrderedDict()
+
+    def put(self, key: str, value: Any = None) -> None:
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while len(self.data) > self.size:
+            self.data.popitem(last=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class Assembler:
+    def __init__(self, *, max_staleness: int, group_timeout_s: float,
+                 allow_partial_groups: bool, dedup_window: int):
+        self.max_staleness = max_staleness
+        self.group_timeout_s = group_timeout_s
+        self.allow_partial_groups = allow_partial_groups
+        self.finished = _LRU(dedup_window)  # ids trained or dropped
+        self.closed = _LRU(dedup_window)  # group_id -> reason for its late members
+        self.open: dict[str, Group] = {}  # incomplete, or complete and waiting to be taken
+        self.ready: deque[str] = deque()  # group ids ready to train, oldest first
+        self._pending_ids: set[str] = set()
+
+    # -- taking records -----------------------------------------------------------------------
+    def is_fresh(self, policy_version: int, version: int) -> bool:
+        return version - policy_version <= self.max_staleness
+
+    def add(self, item: Item, version: int, now: float) -> tuple[str, list[Drop]]:
+        """Take one record at learner version ``version``. Returns ``(status, drops)`` with
+        status ``accepted``, ``duplicate`` or ``dropped``; ``drops`` may also hold earlier
+        members of the same group (a stale newcomer makes the whole group stale)."""
+        if item.id in self.finished or item.id in self._pending_ids:
+            return "duplicate", []
+        reason = self.closed.get(item.group_id)
+        if reason is not None:
+            self.finished.put(item.id)
+            return "dropped", [Drop(item, reason, f"group {item.group_id} is closed ({reason})")]
+        if not self.is_fresh(item.policy_version, version):
+            detail = (f"policy_version {item.policy_version} at learner version {version}, "
+                      f"max_staleness {self.max_staleness}")
+            drops = [Drop(item, STALE, detail)]
+            self.finished.put(item.id)
+            if item.group_id in self.open:
+                drops += self._close(item.group_id, STALE, f"a member is stale: {detail}")
+            else:
+                self.closed.put(item.group_id, STALE)
+            return "dropped", drops
+        group = self.open.get(item.group_id)
+        if group is None:
+            group = self.open[item.group_id] = Group(item.group_id, item.group_size, now)
+        elif group.complete:
+            self.finished.put(item.id)
+            return "dropped", [Drop(item, GROUP_OVERFLOW,
+                                    f"group {item.group_id} already has {group.group_size} members")]
+        group.items.append(item)
+        self._pending_ids.add(item.id)
+        if group.complete:
+            self.ready.append(group.group_id)
+        return "accepted", []
+
+    # -- time and versions --------------------------------------------------------------------
+    def expire(self, now: float) -> list[Drop]:
+        """Incomplete groups older than the timeout: ready as partial groups, or dropped."""
+        drops: list[Drop] = []
+        for gid, group in list(self.open.items()):
+            if group.complete or now - group.first_seen < self.group_timeout_s:
+                continue
+            if self.allow_partial_groups:
+                group.group_size = len(group.items)  # it trains as it is
+                self.ready.append(gid)
+            else:
+                drops += self._close(gid, GROUP_TIMEOUT,
+                                     f"{len(group.items)} of {group.group_size} members after "
+                                     f"{now - group.first_seen:.1f}s")
+        return drops
+
+    def purge_stale(self, version: int) -> list[Drop]:
+        """Drop every waiting group that version ``version`` makes stale."""
+        drops: list[Drop] = []
+        for gid, group in list(self.open.items()):
+            if not self.is_fresh(group.oldest_version, version):
+                drops += self._close(gid, STALE, f"oldest policy_version {group.oldest_version} at "
+                                     f"learner version {version}, max_staleness {self.max_staleness}")
+        return drops
+
+    def take(self, n_groups: int, version: int) -> tuple[list[Group] | None, list[Drop]]:
+        """``n_groups`` ready, fresh groups (oldest first) for an update at ``version``, or
+        None while fewer are there. Stale ready groups are dropped on the way."""
+        drops = self.purge_stale(version)
+        if len(self.ready) < n_groups:
+            return None, drops
+        groups = []
+        for _ in range(n_groups):
+            gid = self.ready.popleft()
+            group = self.open.pop(gid)
+            self.closed.put(gid, GROUP_TIMEOUT if group.group_size < group.items[0].group_size
+                            else GROUP_OVERFLOW)
+            for item in group.items:
+                self._pending_ids.discard(item.id)
+                self.finished.put(item.id)
+            groups.append(group)
+        return groups, drops
+
+    def _close(self, gid: str, reason: str, detail: str) -> list[Drop]:
+        group = self.open.pop(gid, None)
+        self.closed.put(gid, reason)
+        if group is None:
+            return []
+        if gid in self.ready:
+            self.ready.remove(gid)
+        drops = []
+        for item in group.items:
+            self._pending_ids.discard(item.id)
+            self.finished.put(item.id)
+            drops.append(Drop(item, reason, detail))
+        return drops
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def waiting_records(self) -> int:
+        return len(self._pending_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What survives a restart: finished ids and closed groups. Records waiting in open
+        groups are *not* finished: they come back from Kafka after a restart."""
+        return {"finished": list(self.finished.data), "closed": list(self.closed.data.items())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for rid in state.get("finished", []):
+            self.finished.put(rid)
+        for gid, reason in state.get("closed", []):
+            self.closed.put(gid, reason)

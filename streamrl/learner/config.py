@@ -1,0 +1,106 @@
+"""The learner's config section (``learner:`` in a pipeline YAML).
+
+Names follow verl where verl has one (``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``,
+``loss_agg_mode``, ``kl_loss_type``, ``entropy_coeff``, ``grad_clip``, ``ppo_epochs``,
+``norm_adv_by_std_in_grpo``), so a verl user can read it; the streaming parts (staleness,
+groups, mini-batches per version, checkpoints) are streamrl's own. ``validate`` runs at start and
+names the field that is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALGORITHMS = ("grpo", "ppo")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+KL_LOSS_TYPES = ("low_var_kl", "kl")
+IS_MODES = ("truncate", "mask")
+MISSING_LOGPROBS = ("error", "recompute")
+
+
+@dataclass
+class LearnerConfig:
+    # -- the model ----------------------------------------------------------------------------
+    policy: str = "tiny"  # "tiny" or a local directory in Hugging Face layout
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: str = "float32"  # parameters' dtype (the optimizer keeps them; bf16 for big models)
+    seed: int = 0
+    temperature: float = 1.0  # the rollout's sampling temperature: log-probs are of logits / T
+
+    # -- the objective ------------------------------------------------------------------------
+    # grpo: advantages normalised within each group (verl's adv_estimator=grpo).
+    # ppo:  PPO-clip on rewards whitened over the mini-batch (no critic; see the README).
+    algorithm: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (verl); 0 = off
+    # Decoupled objective (AReaL): clip against a proximal policy (the weights when the
+    # mini-batch is taken) and weight each token by pi_prox / pi_behaviour, truncated at
+    # ``is_cap``; worth it when ``max_staleness`` is large. Off: clip against the behaviour
+    # log-probs carried in the records (``is_cap`` unused).
+    decoupled: bool = False
+    is_cap: float = 2.0  # truncation of the importance weight pi_prox / pi_behaviour
+    is_mode: str = "truncate"  # truncate: min(w, cap) (verl TIS) | mask: drop tokens w > cap (AReaL)
+    kl_coef: float = 0.0  # KL to the initial weights (the reference); 0 = no reference kept
+    kl_loss_type: str = "low_var_kl"  # low_var_kl (k3) | kl (k1)
+    entropy_coeff: float = 0.0
+    grad_clip: float = 1.0  # max gradient norm; 0 = off
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean
+    ppo_epochs: int = 1  # passes over each mini-batch
+    micro_batch_size: int = 8  # sequences per forward pass (gradient accumulation)
+    # A record without ``response_logprobs`` (or without token ids): ``error`` dead-letters it
+    # (reason ``no_logprobs`` / ``no_tokens``); ``recompute`` tokenises the text if needed and
+    # takes the current policy's log-probs as the behaviour ones (on-policy by assumption).
+    missing_logprobs: str = "error"
+
+    # -- streaming ----------------------------------------------------------------------------
+    max_staleness: int = 1  # train at version v only on records with v - policy_version <= this
+    groups_per_mini_batch: int = 4
+    mini_batches_per_version: int = 1
+    group_timeout_s: float = 300.0  # an incomplete group older than this ...
+    allow_partial_groups: bool = False  # ... trains as it is (True) or goes to dead letters
+    dedup_window: int = 100_000  # finished record ids remembered (and checkpointed)
+    versions: int = 0  # stop after this many versions; 0 = run forever
+    consumer_group: str = "streamrl-learner"
+
+    # -- outputs ------------------------------------------------------------------------------
+    checkpoint_dir: str = "runs/learner/checkpoints"
+    checkpoint_every: int = 1  # versions between checkpoints (offsets are committed with them)
+    keep_checkpoints: int = 2
+    weights_dir: str = "runs/learner/weights"  # v<N>/ per version; a shared filesystem on clusters
+
+    def validate(self) -> "LearnerConfig":
+        """Raise ``ConfigError`` naming the first bad field."""
+        from streamrl.config import ConfigError  # here: streamrl.config imports this module
+
+        def bad(name: str, why: str) -> None:
+            raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")
+
+        choices = {"algorithm": ALGORITHMS, "loss_agg_mode": LOSS_AGG_MODES,
+                   "kl_loss_type": KL_LOSS_TYPES, "is_mode": IS_MODES,
+                   "missing_logprobs": MISSING_LOGPROBS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                bad(name, f"one of {', '.join(allowed)}")
+        positive = ("lr", "temperature", "is_cap")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                bad(name, "must be > 0")
+        at_least_one = ("groups_per_mini_batch", "mini_batches_per_version", "ppo_epochs",
+                        "micro_batch_size", "dedup_window", "checkpoint_every", "keep_checkpoints")
+        for name in at_least_one:
+            if getattr(self, name) < 1:
+                bad(name, "must be >= 1")
+        non_negative = ("max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
+                        "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        if self.clip_ratio_c and self.clip_ratio_c <= 1:
+            bad("clip_ratio_c", "the dual-clip bound must be > 1 (or 0 for off)")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            bad("dtype", "one of float32, bfloat16, float16")
+        return self

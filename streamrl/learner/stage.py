@@ -1,0 +1,384 @@
+"""The learner stage: consume ``rewarded``, assemble fresh groups, train a mini-batch as soon as
+one is there, and after every ``mini_batches_per_version`` mini-batches write the weights,
+checkpoint, and announce the version on ``policy``.
+
+Why not ``StageLoop``: its offsets are committed as soon as a record's outputs are acknowledged,
+but a learner's record is finished only when its update is in a *checkpoint*; the offsets must
+describe the same moment as the weights. So this loop owns a plain ``Consumer``, tracks offsets
+with the bus's ``OffsetTracker`` (a record is done when trained into the weights, or dropped
+and its dead letter acknowledged, or a duplicate), saves them inside each checkpoint, commits
+them to Kafka after it, and on (re)assignment seeks to the checkpoint's offsets.
+
+Training runs in a worker thread (``asyncio.to_thread``) so aiokafka's heartbeat keeps the
+group membership alive during a long step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiokafka import ConsumerRebalanceListener
+
+from streamrl import metrics
+from streamrl.bus import Bus, Message, OffsetTracker, TopicPartition
+from streamrl.learner import checkpoint
+from streamrl.learner.assembler import Assembler, Drop, Group, Item
+from streamrl.learner.config import LearnerConfig
+from streamrl.records import PolicyVersion, RecordError, Rewarded
+
+log = logging.getLogger(__name__)
+
+STAGE = "learner"
+
+
+async def read_latest_policy(bus: Bus, stage: str = STAGE) -> PolicyVersion | None:
+    """The last record on the compacted ``policy`` topic (every partition), or None."""
+    consumer = bus.consumer(["policy"], None, stage)
+    await consumer.start(subscribe=False)
+    try:
+        client = consumer.client
+        await client.topics()  # refreshes the metadata
+        parts = client.partitions_for_topic(bus.topic("policy")) or {0}
+        tps = [TopicPartition(bus.topic("policy"), p) for p in sorted(parts)]
+        client.assign(tps)
+        ends = await client.end_offsets(tps)
+        best: PolicyVersion | None = None
+        for tp in tps:
+            if ends[tp] == 0:
+                continue
+            client.seek(tp, ends[tp] - 1)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                got = (await client.getmany(tp, timeout_ms=200)).get(tp, [])
+                if got:
+                    try:
+                        rec = PolicyVersion.decode(got[-1].value)
+                    except RecordError as exc:
+                        log.warning("policy topic: last record unreadable (%s)", exc)
+                        break
+                    if best is None or rec.version > best.version:
+                        best = rec
+                    break
+        return best
+    finally:
+        await consumer.stop()
+
+
+@dataclass
+class _Taken:
+    """What the assembler carries for one record."""
+
+    sample: Any  # trainer.Sample
+    message: Message
+    record: Rewarded
+
+
+class _Seek(ConsumerRebalanceListener):
+    def __init__(self, learner: "Learner"):
+        self.learner = learner
+
+    async def on_partitions_revoked(self, revoked) -> None:
+        if revoked:
+            log.warning("learner: partitions revoked (%s); is a second learner in group %r?",
+                        sorted(tp.partition for tp in revoked), self.learner.cfg.consumer_group)
+
+    async def on_partitions_assigned(self, assigned) -> None:
+        for tp in assigned:
+            offset = self.learner.state.offsets.get(str(tp.partition))
+            if offset is not None:
+                self.learner.consumer.client.seek(tp, offset)
+
+
+class Learner:
+    def __init__(self, bus: Bus, cfg: LearnerConfig):
+        from streamrl.learner.trainer import Trainer
+
+        self.bus, self.cfg = bus, cfg.validate()
+        last = checkpoint.latest(cfg.checkpoint_dir)
+        if last is not None:
+            self.state = checkpoint.load_state(last)
+            self.trainer = Trainer(cfg, policy=str(checkpoint.policy_dir(last)))
+            self.trainer.load_optimizer_state(checkpoint.load_optimizer_state(last, cfg.device))
+            log.warning("learner: resumed from %s at version %d", last, self.state.version)
+        else:
+            self.state = checkpoint.LearnerState()
+            self.trainer = Trainer(cfg)
+        self.resumed_from = last
+        self.assembler = Assembler(max_staleness=cfg.max_staleness, group_timeout_s=cfg.group_timeout_s,
+                                   allow_partial_groups=cfg.allow_partial_groups,
+                                   dedup_window=cfg.dedup_window)
+        self.assembler.load_state_dict(self.state.assembler)
+        self.tracker = OffsetTracker()
+        self.producer = bus.producer(STAGE)
+        self.consumer = bus.consumer(["rewarded"], cfg.consumer_group, STAGE, listener=_Seek(self))
+        self._acks: list[tuple[asyncio.Future, TopicPartition, int]] = []
+        self._version_metrics: list[dict[str, float]] = []
+        self._dirty = False
+        self.last_checkpoint: Path | None = last
+        metrics.LEARNER_VERSION.set(self.state.version)
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event | None = None) -> checkpoint.LearnerState:
+        """Train until ``cfg.versions`` is reached (0: forever) or ``stop`` is set; then
+        checkpoint and leave. Cancelling the task is a crash: no checkpoint."""
+        stop = stop or asyncio.Event()
+        await self.producer.start()
+        await self.consumer.start()
+        clean = False
+        try:
+            await self._announce_current()
+            while not stop.is_set() and not self._done():
+                started = time.monotonic()
+                trained = False
+                for msg in await self.consumer.getmany(timeout_ms=100):
+                    await self._take(msg)
+                await self._drop(self.assembler.expire(time.monotonic()))
+                while not stop.is_set() and not self._done():
+                    groups, drops = self.assembler.take(self.cfg.groups_per_mini_batch, self.version)
+                    await self._drop(drops)
+                    if groups is None:
+                        break
+                    await self._train(groups)
+                    trained = True
+                if not trained:
+                    metrics.LEARNER_STARVED_SECONDS.inc(time.monotonic() - started)
+                self._reap_acks()
+            clean = True
+        finally:
+            try:
+                if clean and self._dirty:
+                    await self._checkpoint()
+            finally:
+                await self.consumer.stop()
+                await self.producer.stop()
+        return self.state
+
+    def _done(self) -> bool:
+        return bool(self.cfg.versions) and self.version >= self.cfg.versions
+
+    # -- taking records -----------------------------------------------------------------------
+    async def _take(self, msg: Message) -> None:
+        tp = TopicPartition(msg.topic, msg.partition)
+        part = self.tracker.parts.get(tp)
+        if part is not None and msg.offset in part.pending:
+            return  # the same message again (a seek after a rebalance): it is already held
+        self.tracker.take(tp, msg.offset)
+        self._dirty = True
+        try:
+            record = Rewarded.decode(msg.value, self.bus.config.max_record_bytes)
+            sample = self._sample(record)
+        except RecordError as exc:
+            await self._dead_letter(msg, exc.reason, exc.detail, None)
+            return
+        item = Item(record.id, record.group_id, record.group_size, record.policy_version,
+                    _Taken(sample, msg, record))
+        status, drops = self.assembler.add(item, self.version, time.monotonic())
+        if status == "duplicate":
+            metrics.LEARNER_RECORDS.labels("duplicate").inc()
+            self.tracker.done(tp, msg.offset)
+        await self._drop(drops)
+
+    def _sample(self, record: Rewarded):
+        """The record as a training sample, or ``RecordError`` saying why it cannot be one."""
+        from streamrl.learner.trainer import Sample
+
+        recompute = self.cfg.missing_logprobs == "recompute"
+        prompt_ids, response_ids = record.array("prompt_ids"), record.array("response_ids")
+        if prompt_ids is None or response_ids is None:
+            if not recompute:
+                raise RecordError("no_tokens", "prompt_ids/response_ids missing and "
+                                  "learner.missing_logprobs is 'error'")
+            prompt_ids, response_ids = self._tokenize(record)
+        logprobs = record.array("response_logprobs")
+        if logprobs is None and not recompute:
+            raise RecordError("no_logprobs", "response_logprobs missing and "
+                              "learner.missing_logprobs is 'error'")
+        mask = record.array("response_mask")
+        vocab = self.trainer.model.get_input_embeddings().num_embeddings
+        n = len(response_ids)
+        if len(prompt_ids) == 0:
+            raise RecordError("bad_tokens", "empty prompt_ids")
+        if logprobs is not None and len(logprobs) != n:
+            raise RecordError("bad_tokens", f"{len(logprobs)} response_logprobs for {n} response_ids")
+        if mask is not None and len(mask) != n:
+            raise RecordError("bad_tokens", f"{len(mask)} response_mask entries for {n} response_ids")
+        for name, ids in (("prompt_ids", prompt_ids), ("response_ids", response_ids)):
+            if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+                raise RecordError("bad_tokens", f"{name} outside the vocabulary (size {vocab})")
+        if logprobs is not None and not np.isfinite(logprobs).all():
+            raise RecordError("bad_tokens", "response_logprobs has NaN or infinities")
+        return Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
+                      response_ids=response_ids, reward=float(record.reward),
+                      policy_version=record.policy_version, behaviour_logprobs=logprobs,
+                      response_mask=mask)
+
+    def _tokenize(self, record: Rewarded) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids for a text-only record (``missing_logprobs: recompute``)."""
+        tok = self.trainer.tokenizer
+        if isinstance(record.prompt, str):
+            prompt = tok(record.prompt, add_special_tokens=False).input_ids
+        elif getattr(tok, "chat_template", None):
+            prompt = tok.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True)
+        else:
+            prompt = tok("\n".join(str(m.get("content") or "") for m in record.prompt),
+                         add_special_tokens=False).input_ids
+        response = tok(record.response, add_special_tokens=False).input_ids
+        return np.asarray(prompt, dtype=np.int64), np.asarray(response, dtype=np.int64)
+
+    async def _drop(self, drops: list[Drop]) -> None:
+        for d in drops:
+            taken: _Taken = d.item.payload
+            await self._dead_letter(taken.message, d.reason, d.detail, d.item.id)
+
+    async def _dead_letter(self, msg: Message, reason: str, detail: str, record_id: str | None) -> None:
+        fut = await self.producer.dead_letter(reason=reason, detail=detail, message=msg, record_id=record_id)
+        self._acks.append((fut, TopicPartition(msg.topic, msg.partition), msg.offset))
+        self.state.consumed_records += 1
+        metrics.LEARNER_RECORDS.labels("dropped").inc()
+        metrics.LEARNER_DROPPED.labels(reason).inc()
+        self._dirty = True
+
+    def _reap_acks(self) -> None:
+        """Dead letters the broker has: their records are done."""
+        keep = []
+        for fut, tp, offset in self._acks:
+            if not fut.done():
+                keep.append((fut, tp, offset))
+            elif fut.exception() is None:
+                self.tracker.done(tp, offset)
+            else:  # not in the dead-letter topic: leave it unfinished, it comes back on restart
+                log.error("learner: dead letter for %s[%d]@%d failed: %s", tp.topic, tp.partition,
+                          offset, fut.exception())
+        self._acks = keep
+
+    # -- training -----------------------------------------------------------------------------
+    async def _train(self, groups: list[Group]) -> None:
+        taken: list[_Taken] = [item.payload for g in groups for item in g.items]
+        now = time.time()
+        for t in taken:
+            r = t.record
+            metrics.LEARNER_STALENESS.observe(max(0, self.version - r.policy_version))
+            gen = _generation_seconds(r)
+            if gen is not None:
+                metrics.LEARNER_STALENESS_SECONDS.labels("generation").observe(gen)
+            metrics.LEARNER_STALENESS_SECONDS.labels("reward").observe(max(0.0, r.scored_at - r.created_at))
+            metrics.LEARNER_STALENESS_SECONDS.labels("learner").observe(max(0.0, now - r.scored_at))
+        for g in groups:
+            metrics.LEARNER_GROUPS.labels("partial" if len(g.items) < g.items[0].group_size else "trained").inc()
+        out = await asyncio.to_thread(self.trainer.step, [t.sample for t in taken])
+        for t in taken:
+            self.tracker.done(TopicPartition(t.message.topic, t.message.partition), t.message.offset)
+        n = len(taken)
+        self.state.consumed_records += n
+        self.state.trained_records += n
+        self.state.mini_batches += 1
+        self._dirty = True
+        self._observe(out, n)
+        self._version_metrics.append(out)
+        if self.state.mini_batches >= self.cfg.mini_batches_per_version:
+            await self._finish_version()
+
+    def _observe(self, out: dict[str, float], n: int) -> None:
+        metrics.LEARNER_RECORDS.labels("trained").inc(n)
+        metrics.LEARNER_STEP_SECONDS.observe(out["step_seconds"])
+        metrics.LEARNER_TOKENS.inc(out["tokens"])
+        for part in ("loss", "pg_loss", "kl"):
+            if part in out:
+                metrics.LEARNER_LOSS.labels(part).set(out[part])
+        metrics.LEARNER_REWARD.labels("mean").set(out["reward_mean"])
+        metrics.LEARNER_REWARD.labels("std").set(out["reward_std"])
+        if "kl" in out:
+            metrics.LEARNER_KL.labels("ref").set(out["kl"])
+        metrics.LEARNER_KL.labels("ppo").set(out["ppo_kl"])
+        metrics.LEARNER_ENTROPY.set(out["entropy"])
+        metrics.LEARNER_GRAD_NORM.set(out["grad_norm"])
+        metrics.LEARNER_CLIP_FRACTION.set(out["clip_fraction"])
+
+    async def _finish_version(self) -> None:
+        self.state.version += 1
+        self.state.mini_batches = 0
+        summary = _mean_metrics(self._version_metrics)
+        self._version_metrics = []
+        metrics.LEARNER_VERSION.set(self.version)
+        if self.version % self.cfg.checkpoint_every == 0:
+            await self._checkpoint()
+        await self._announce(self.version, summary)
+        await self._drop(self.assembler.purge_stale(self.version))
+
+    # -- versions and checkpoints -------------------------------------------------------------
+    async def _announce(self, version: int, summary: dict[str, float]) -> PolicyVersion:
+        """Write the weights to ``<weights_dir>/v<version>`` and publish the version."""
+        from streamrl.policy import save_policy
+
+        target = Path(self.cfg.weights_dir) / f"v{version}"
+        path = await asyncio.to_thread(save_policy, self.trainer.model, self.trainer.tokenizer, target)
+        record = PolicyVersion(version=version, weights_uri=str(path.resolve()),
+                               trained_records=self.state.consumed_records, metrics=summary)
+        await self.producer.send_and_wait("policy", record)
+        log.info("learner: version %d at %s (%d records)", version, path, self.state.consumed_records)
+        return record
+
+    async def _announce_current(self) -> None:
+        """At start: make sure ``policy`` names the weights this learner starts from, so rollout
+        workers and the learner agree (version 0 on a fresh run)."""
+        latest = await read_latest_policy(self.bus)
+        if latest is None or latest.version < self.version:
+            await self._announce(self.version, {})
+        elif latest.version > self.version:
+            log.warning("learner: policy topic is at version %d but the checkpoint at %d; "
+                        "versions after %d will be trained again and re-announced",
+                        latest.version, self.version, self.version)
+
+    async def _checkpoint(self) -> Path:
+        started = time.monotonic()
+        await self.producer.flush()
+        if self._acks:
+            await asyncio.wait([f for f, _, _ in self._acks])
+        self._reap_acks()
+        topic = self.bus.topic("rewarded")
+        positions = {tp: off for tp, off in self.tracker.positions(only_changed=False).items()
+                     if tp.topic == topic}
+        offsets = dict(self.state.offsets)
+        offsets.update({str(tp.partition): off for tp, off in positions.items()})
+        self.state.offsets = offsets
+        self.state.assembler = self.assembler.state_dict()
+        path = await asyncio.to_thread(
+            checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
+            self.trainer.optimizer_state(), self.state, self.cfg.keep_checkpoints)
+        if await self.consumer.commit(positions):
+            self.tracker.mark_committed(positions)
+        self.consumer.update_lag(self.tracker.positions(only_changed=False))
+        self.last_checkpoint = path
+        self._dirty = False
+        metrics.LEARNER_CHECKPOINT_SECONDS.observe(time.monotonic() - started)
+        return path
+
+
+def _generation_seconds(r: Rewarded) -> float | None:
+    t = r.timings or {}
+    if "generation_s" in t:
+        return float(t["generation_s"])
+    if "generation_started_at" in t:
+        return max(0.0, r.created_at - float(t["generation_started_at"]))
+    return None
+
+
+def _mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for m in items for k in m}
+    out = {}
+    for k in sorted(keys):
+        vals = [m[k] for m in items if k in m and math.isfinite(m[k])]
+        if vals:
+            out[k] = float(sum(vals) / len(vals)) if k not in ("tokens", "sequences") else float(sum(vals))
+    return out

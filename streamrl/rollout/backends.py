@@ -1,0 +1,395 @@
+"""Generation backends behind one interface: prompts in, ``n`` samples each out, with token ids
+and the behaviour policy's log-probs.
+
+- ``TransformersBackend``: a Hugging Face causal LM on CPU or CUDA (the tests' tiny model).
+- ``VLLMBackend``: vLLM's offline engine on the worker's GPU (the ``[vllm]`` extra).
+- ``OpenAIBackend``: any OpenAI-compatible ``/v1/completions`` server (``vllm serve``, SGLang,
+  hosted models) over aiohttp.
+
+A prompt is text or token ids. Token ids are what multi-turn needs: the worker extends the
+context token by token (response, then feedback), so the learner sees exactly the sequence the
+policy was conditioned on, never a re-tokenisation of text. A backend with a ``tokenizer``
+accepts both; the OpenAI backend has none and works on text (token ids come back when the
+server can report them).
+
+``response_logprobs`` (fp32) are the log-probabilities of the sampled tokens under the model's
+distribution at the sampling temperature, ``log_softmax(logits / T)``, before top-p truncation
+(at T = 0, greedy, under ``log_softmax(logits)``): what a learner recomputes with the same
+temperature. vLLM and OpenAI-compatible servers report theirs (vLLM: see its ``logprobs_mode``).
+
+Generation is serialised per backend (one ``generate`` at a time, weight loads between them):
+a rollout worker is one engine; scale by running more workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import orjson
+
+log = logging.getLogger(__name__)
+
+PromptInput = str | list[int]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+
+
+@dataclass
+class Sample:
+    """One sampled response. Token fields are None when the backend cannot report them (a
+    text-only server)."""
+
+    text: str
+    prompt_ids: list[int] | None
+    response_ids: list[int] | None
+    response_logprobs: np.ndarray | None  # float32, one per response token
+    finish_reason: str  # "stop" (end of sequence) | "length" (max_new_tokens)
+    policy_version: int  # the weights that produced it
+
+    @property
+    def num_tokens(self) -> int:
+        if self.response_ids is not None:
+            return len(self.response_ids)
+        return 0 if self.response_logprobs is None else len(self.response_logprobs)
+
+
+class BackendError(Exception):
+    """The backend refused this request for good (e.g. the prompt is too long): the prompt
+    goes to dead letters with this message."""
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot be reached right now (connection refused, 5xx, timeouts after
+    retries): the worker holds the prompt and tries again; nothing is dropped or faked."""
+
+
+class _Transient(Exception):
+    """A failed attempt worth retrying (connection error, 429, 5xx)."""
+
+
+class WeightLoadError(Exception):
+    """A policy version's weights could not be loaded; the worker keeps the weights it has."""
+
+
+def weights_path(uri: str) -> Path:
+    """A ``weights_uri`` (a local directory, optionally ``file://``) as a path."""
+    path = Path(uri.removeprefix("file://"))
+    if not path.is_dir():
+        raise WeightLoadError(f"weights {uri!r}: not a directory here")
+    return path
+
+
+def iter_safetensors(directory: Path):
+    """``(name, tensor)`` of every ``*.safetensors`` file in ``directory`` (safetensors holds
+    only tensors: nothing in it is executed)."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{directory}: no *.safetensors files")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+class Backend(ABC):
+    """What a rollout worker samples from."""
+
+    name: str = "backend"
+    tokenizer: Any = None  # a Hugging Face tokenizer, when the backend works on token ids
+    can_load_weights: bool = True
+
+    def __init__(self) -> None:
+        self.version = 0  # the policy version of the weights in use
+
+    @abstractmethod
+    async def generate(self, prompts: Sequence[PromptInput], n: int,
+                       params: SamplingParams) -> list[list[Sample]]:
+        """``n`` samples for each prompt, in order."""
+
+    async def load_weights(self, uri: str, version: int) -> float:
+        """Load a policy version between generations; returns the seconds it took."""
+        raise WeightLoadError(f"the {self.name} backend cannot load weights")
+
+    async def close(self) -> None:
+        return None
+
+
+class _LocalEngine(Backend):
+    """A backend whose engine runs in this process: generation runs in a thread (the event
+    loop keeps the consumer group's heartbeats going), one at a time, and a weight load waits
+    for the generation in progress."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = asyncio.Lock()
+
+    async def generate(self, prompts: Sequence[PromptInput], n: int,
+                       params: SamplingParams) -> list[list[Sample]]:
+        async with self._lock:
+            version = self.version
+            out = await asyncio.to_thread(self._generate, list(prompts), n, params)
+        for samples in out:
+            for s in samples:
+                s.policy_version = version
+        return out
+
+    async def load_weights(self, uri: str, version: int) -> float:
+        async with self._lock:
+            started = time.monotonic()
+            await asyncio.to_thread(self._load_weights, uri)
+            self.version = version
+            return time.monotonic() - started
+
+    @abstractmethod
+    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Sample]]:
+        ...
+
+    @abstractmethod
+    def _load_weights(self, uri: str) -> None:
+        ...
+
+
+class TransformersBackend(_LocalEngine):
+    """``model.generate`` on a Hugging Face causal LM (``streamrl.policy.load_policy``)."""
+
+    name = "transformers"
+
+    def __init__(self, policy: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0):
+        super().__init__()
+        import torch
+
+        from streamrl.policy import load_policy
+
+        self.model, self.tokenizer = load_policy(policy, device=device, dtype=dtype, seed=seed)
+        self.tokenizer.padding_side = "left"
+        self.device = device
+        torch.manual_seed(seed)
+
+    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Sample]]:
+        import torch
+
+        tok = self.tokenizer
+        prompt_ids = [p if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        if any(not p for p in prompt_ids):
+            raise BackendError("empty prompt")
+        batch = tok.pad({"input_ids": prompt_ids}, return_tensors="pt")
+        input_ids = batch["input_ids"].repeat_interleave(n, 0).to(self.device)
+        attention = batch["attention_mask"].repeat_interleave(n, 0).to(self.device)
+        greedy = params.temperature <= 0
+        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p}
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, do_sample=not greedy,
+                max_new_tokens=params.max_new_tokens, return_dict_in_generate=True,
+                output_logits=True, pad_token_id=tok.pad_token_id, **sampling)
+            new = out.sequences[:, input_ids.shape[1]:]
+            logits = torch.stack(out.logits, dim=1).float()
+            if not greedy:
+                logits = logits / params.temperature
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        new, logprobs = new.cpu().tolist(), logprobs.cpu().numpy().astype(np.float32)
+        eos = tok.eos_token_id
+        results: list[list[Sample]] = []
+        for i, ids in enumerate(prompt_ids):
+            samples = []
+            for j in range(i * n, (i + 1) * n):
+                resp = new[j]
+                stop = eos in resp
+                length = resp.index(eos) + 1 if stop else len(resp)
+                resp = resp[:length]
+                samples.append(Sample(text=tok.decode(resp, skip_special_tokens=True),
+                                      prompt_ids=list(ids), response_ids=resp,
+                                      response_logprobs=logprobs[j, :length].copy(),
+                                      finish_reason="stop" if stop else "length", policy_version=0))
+            results.append(samples)
+        return results
+
+    def _load_weights(self, uri: str) -> None:
+        """Copy the version's tensors into the running model (no second model in memory)."""
+        import torch
+
+        state = dict(iter_safetensors(weights_path(uri)))
+        with torch.no_grad():
+            result = self.model.load_state_dict(state, strict=False)
+        missing = set(result.missing_keys)
+        out_emb, in_emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
+        if out_emb is not None and out_emb.weight is in_emb.weight:
+            missing.discard("lm_head.weight")  # tied to the input embeddings, saved once
+        if missing or result.unexpected_keys:
+            raise WeightLoadError(f"weights {uri!r} do not fit the model: missing {sorted(missing)[:5]}, "
+                                  f"unexpected {sorted(result.unexpected_keys)[:5]}")
+
+
+class VLLMBackend(_LocalEngine):
+    """vLLM's offline engine (``pip install streamrl[vllm]``; needs a GPU, so the tests here
+    cannot run it). New versions are loaded in place: each engine worker reads the version's
+    safetensors files itself and calls the model's own ``load_weights``, so no tensor crosses a
+    process boundary and the KV cache and CUDA graphs are kept."""
+
+    name = "vllm"
+
+    def __init__(self, policy: str, dtype: str = "auto", seed: int = 0, gpu_memory_utilization: float = 0.85,
+                 tensor_parallel_size: int = 1, engine_kwargs: dict[str, Any] | None = None):
+        super().__init__()
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError("the vllm backend needs vLLM: pip install 'streamrl[vllm]'") from exc
+        self.llm = LLM(model=policy, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                       tensor_parallel_size=tensor_parallel_size, **(engine_kwargs or {}))
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Sample]]:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = VLLMSamplingParams(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p,
+                                max_tokens=params.max_new_tokens, logprobs=0)
+        inputs = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
+        results = []
+        for request in self.llm.generate(inputs, sp, use_tqdm=False):
+            samples = []
+            for c in request.outputs:
+                ids = list(c.token_ids)
+                lps = np.array([c.logprobs[k][t].logprob for k, t in enumerate(ids)], dtype=np.float32)
+                samples.append(Sample(text=c.text, prompt_ids=list(request.prompt_token_ids),
+                                      response_ids=ids, response_logprobs=lps,
+                                      finish_reason="length" if c.finish_reason == "length" else "stop",
+                                      policy_version=0))
+            results.append(samples)
+        return results
+
+    def _load_weights(self, uri: str) -> None:
+        path = str(weights_path(uri))
+        self.llm.collective_rpc(_vllm_worker_load, args=(path,))
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+
+
+def _vllm_worker_load(worker: Any, path: str) -> None:
+    """Runs inside each vLLM worker process (``LLM.collective_rpc``)."""
+    worker.model_runner.model.load_weights(iter_safetensors(Path(path)))
+
+
+class OpenAIBackend(Backend):
+    """``POST {base_url}/completions`` with ``logprobs``; ``n`` samples in one request per
+    prompt, requests for different prompts in parallel. The API key is read from the
+    environment variable ``api_key_env`` names, and only ever sent in the header.
+
+    The server owns its weights: this backend loads none (``can_load_weights`` False) and
+    stamps version 0; point ``vllm serve`` at the learner's versions yourself if you need
+    on-policy data from it."""
+
+    name = "openai"
+    can_load_weights = False
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout_s: float = 300.0,
+                 max_retries: int = 4, token_ids: bool = True):
+        super().__init__()
+        self.url = base_url.rstrip("/") + "/completions"
+        self.model, self.timeout_s, self.max_retries = model, timeout_s, max_retries
+        self.token_ids = token_ids
+        key = os.environ.get(api_key_env) if api_key_env else None
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._session = None
+
+    async def generate(self, prompts: Sequence[PromptInput], n: int,
+                       params: SamplingParams) -> list[list[Sample]]:
+        return list(await asyncio.gather(*(self._complete(p, n, params) for p in prompts)))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        import aiohttp
+        from tenacity import (AsyncRetrying, retry_if_exception_type, stop_after_attempt,
+                              wait_exponential)
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+
+        async def attempt() -> dict[str, Any]:
+            try:
+                async with self._session.post(self.url, json=body, headers=self._headers) as resp:
+                    text = await resp.text()
+                    if resp.status == 429 or resp.status >= 500:
+                        raise _Transient(f"HTTP {resp.status}: {text[:200]}")
+                    if resp.status >= 400:
+                        raise BackendError(f"{self.url}: HTTP {resp.status}: {text[:500]}")
+                    try:
+                        return orjson.loads(text)
+                    except orjson.JSONDecodeError:
+                        raise BackendError(f"{self.url}: response is not JSON: {text[:200]}") from None
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise _Transient(f"{type(exc).__name__}: {exc}") from None
+
+        try:
+            async for try_ in AsyncRetrying(stop=stop_after_attempt(self.max_retries + 1),
+                                            wait=wait_exponential(multiplier=0.5, max=10),
+                                            retry=retry_if_exception_type(_Transient), reraise=True):
+                with try_:
+                    return await attempt()
+        except _Transient as exc:
+            raise BackendUnavailable(f"{self.url}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    async def _complete(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Sample]:
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "n": n,
+                                "max_tokens": params.max_new_tokens, "temperature": params.temperature,
+                                "top_p": params.top_p, "logprobs": 0}
+        if self.token_ids:
+            body["return_token_ids"] = True  # vLLM: choices[].token_ids / prompt_token_ids
+            body["return_tokens_as_token_ids"] = True  # vLLM: logprobs tokens as "token_id:N"
+        data = await self._post(body)
+        try:
+            choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
+            return [self._sample(c, prompt) for c in choices]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendError(f"{self.url}: unexpected response shape ({type(exc).__name__}: {exc})") from None
+
+    @staticmethod
+    def _sample(choice: dict[str, Any], prompt: PromptInput) -> Sample:
+        lp = choice.get("logprobs") or {}
+        logprobs = lp.get("token_logprobs")
+        ids = choice.get("token_ids")
+        if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
+            ids = [int(str(t).removeprefix("token_id:")) for t in lp["tokens"]]
+        prompt_ids = prompt if isinstance(prompt, list) else choice.get("prompt_token_ids")
+        return Sample(text=str(choice["text"]),
+                      prompt_ids=None if prompt_ids is None else [int(t) for t in prompt_ids],
+                      response_ids=None if ids is None else [int(t) for t in ids],
+                      response_logprobs=None if logprobs is None else np.asarray(
+                          [float(x) for x in logprobs], dtype=np.float32),
+                      finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+                      policy_version=0)
+
+
+def make_backend(cfg) -> Backend:
+    """The backend a ``RolloutConfig`` names."""
+    if cfg.backend == "transformers":
+        return TransformersBackend(cfg.policy, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+    if cfg.backend == "vllm":
+        v = cfg.vllm
+        return VLLMBackend(cfg.policy, dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization,
+                           tensor_parallel_size=v.tensor_parallel_size, engine_kwargs=dict(v.engine_kwargs))
+    if cfg.backend == "openai":
+        o = cfg.openai
+        return OpenAIBackend(o.base_url, o.model, api_key_env=o.api_key_env, timeout_s=o.timeout_s,
+                             max_retries=o.max_retries, token_ids=o.token_ids)
+    raise ValueError(f"unknown backend {cfg.backend!r}")

@@ -1,0 +1,130 @@
+"""The ``rollout`` and ``feed`` sections of the pipeline config (``PipelineConfig.rollout`` /
+``.feed``). Plain dataclasses: OmegaConf checks YAML and ``key.path=value`` overrides against
+them at start, naming a bad field; ``check()`` adds the cross-field rules a type cannot say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+BACKENDS = ("transformers", "vllm", "openai")
+
+#: verl's GSM8K prompt (``examples/data_preprocess/gsm8k.py``): the question, a space, then this.
+GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+
+
+@dataclass
+class InteractionConfig:
+    """Multi-turn with simulated feedback. ``name`` empty: single turn. Otherwise a registered
+    name (``gsm8k``) or the dotted path of a class with verl's Interaction API
+    (``my_pkg.my_module.MyInteraction``); ``kwargs`` go to its constructor as verl's ``config``."""
+
+    name: str = ""
+    max_assistant_turns: int = 3
+    max_user_turns: int = 2
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OpenAIBackendConfig:
+    """Any OpenAI-compatible completions server (``vllm serve``, SGLang, hosted APIs)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"  # the *name* of the variable; unset: no Authorization header
+    timeout_s: float = 300.0
+    max_retries: int = 4  # per request, on connection errors / 429 / 5xx, with exponential backoff
+    # Ask for token ids (vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids``). A server
+    # that refuses unknown fields (hosted APIs) needs False: trajectories are then text-only.
+    token_ids: bool = True
+
+
+@dataclass
+class VLLMBackendConfig:
+    """vLLM's offline engine (the ``[vllm]`` extra)."""
+
+    gpu_memory_utilization: float = 0.85
+    tensor_parallel_size: int = 1
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more ``vllm.LLM(...)`` arguments
+
+
+@dataclass
+class RolloutConfig:
+    """One rollout worker: where it samples from, how, and how far ahead of the learner it may
+    run."""
+
+    backend: str = "transformers"  # transformers | vllm | openai
+    policy: str = "tiny"  # "tiny" or a Hugging Face directory (transformers / vllm)
+    device: str = "cpu"  # transformers: cpu | cuda | cuda:N
+    dtype: str = "float32"
+    seed: int = 0
+    group: str = "rollout"  # the consumer group on the prompts topic; workers that share it share the feed
+    group_size: int = 0  # samples per prompt; 0: the prompt record's own group_size
+    max_new_tokens: int = 256  # per assistant turn
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    max_in_flight: int = 2  # prompts this worker works on at once (generations are serialised)
+    follow_policy: bool = True  # watch the policy topic and load new versions
+    # Staleness gate. The worker holds while the trajectories in the rollouts topic (minus
+    # ``gate_baseline``) reach (learner version + max_staleness + 1) * trajectories_per_version.
+    # trajectories_per_version 0 disables it (the learner's batch size in trajectories).
+    max_staleness: int = 1
+    trajectories_per_version: int = 0
+    gate_baseline: int = 0  # records already in a reused rollouts topic before this run
+    gate_poll_s: float = 0.5
+    interaction: InteractionConfig = field(default_factory=InteractionConfig)
+    openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
+    vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
+
+    def check(self) -> "RolloutConfig":
+        from streamrl.config import ConfigError  # not at the top: streamrl.config imports this module
+
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"config field 'rollout.backend': {self.backend!r} is not one of {BACKENDS}")
+        if self.backend == "openai" and not self.openai.model:
+            raise ConfigError("config field 'rollout.openai.model': required with backend openai")
+        for name in ("max_new_tokens", "max_in_flight"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"config field 'rollout.{name}': must be >= 1")
+        if self.group_size < 0 or self.trajectories_per_version < 0 or self.max_staleness < 0:
+            raise ConfigError("config field 'rollout.group_size' / 'trajectories_per_version' / "
+                              "'max_staleness': must be >= 0")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("config field 'rollout.temperature' / 'rollout.top_p': temperature >= 0, 0 < top_p <= 1")
+        if self.interaction.name and (self.interaction.max_assistant_turns < 1 or self.interaction.max_user_turns < 0):
+            raise ConfigError("config field 'rollout.interaction.max_assistant_turns': >= 1 "
+                              "(and max_user_turns >= 0)")
+        return self
+
+
+@dataclass
+class FeedConfig:
+    """A dataset to publish on the prompts topic: one record per row and epoch."""
+
+    dataset: str = ""  # a .jsonl / .json (one object a line) or .parquet file
+    data_source: str = "gsm8k"  # picks the scorer downstream
+    epochs: int = 1
+    start_epoch: int = 0  # to continue a feed: epochs start_epoch .. start_epoch + epochs - 1
+    group_size: int = 4
+    limit: int = 0  # rows per epoch; 0: all
+    shuffle: bool = True  # a different, seeded order per epoch (the group ids do not depend on it)
+    seed: int = 0
+    # The prompt: ``prompt_template`` formatted with the row's fields, sent as one user chat
+    # message (``chat``) as verl's preprocessing does, or as a plain string.
+    prompt_template: str = "{question} " + GSM8K_INSTRUCTION
+    chat: bool = True
+    # Ground truth: ``gsm8k`` (the number after ``####`` in ``answer_field``, commas removed),
+    # ``field`` (``answer_field`` as is), ``verl`` (``reward_model.ground_truth``) or ``none``.
+    ground_truth: str = "gsm8k"
+    answer_field: str = "answer"
+
+    def check(self) -> "FeedConfig":
+        from streamrl.config import ConfigError
+
+        if not self.dataset:
+            raise ConfigError("config field 'feed.dataset': required (a .jsonl or .parquet file)")
+        if self.ground_truth not in ("gsm8k", "field", "verl", "none"):
+            raise ConfigError(f"config field 'feed.ground_truth': {self.ground_truth!r} is not gsm8k|field|verl|none")
+        if self.epochs < 1 or self.group_size < 1 or self.start_epoch < 0 or self.limit < 0:
+            raise ConfigError("config field 'feed.epochs' / 'group_size': >= 1 ('start_epoch', 'limit': >= 0)")
+        return self

@@ -1,0 +1,156 @@
+"""The prompt feed: a dataset to the prompts topic, one ``Prompt`` per row and epoch.
+
+Rollout workers share the prompts topic as one consumer group, so each record is worked on by
+one worker (redelivered only after a crash or a rebalance, which the learner's de-duplication
+by trajectory id absorbs). A prompt's ``group_id`` is a hash of (data source, epoch, row index,
+prompt): the same dataset fed twice gives the same ids, so a re-run is recognisable downstream
+rather than a silent double, and each epoch is a new group.
+
+GSM8K follows verl's ``examples/data_preprocess/gsm8k.py``: the prompt is one user message,
+``question + " Let's think step by step and output the final answer after \\"####\\"."``, and the
+ground truth is the number after ``####`` in ``answer``, commas removed. A parquet written by
+verl's preprocessing (``prompt`` already chat messages, ``reward_model.ground_truth``) is read
+as is with ``prompt_template=""`` and ``ground_truth=verl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import itertools
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import orjson
+
+from streamrl.config import ConfigError
+from streamrl.records import Prompt
+from streamrl.rollout.config import FeedConfig
+
+_GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+class FeedError(ValueError):
+    """A dataset row that cannot become a prompt; the message names the file and row."""
+
+
+def gsm8k_ground_truth(answer: str) -> str:
+    """verl's ``extract_solution``: the number after the first ``#### ``, commas removed."""
+    match = _GSM8K_ANSWER.search(answer)
+    if match is None:
+        raise ValueError("no '#### <number>' in the answer")
+    return match.group(1).replace(",", "")
+
+
+def read_rows(path: str | Path, limit: int = 0) -> list[dict[str, Any]]:
+    """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config field 'feed.dataset': no file {str(path)!r}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        if limit:
+            table = table.slice(0, limit)
+        return table.to_pylist()
+    rows = []
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise FeedError(f"{path}:{lineno}: not JSON ({exc})") from None
+            if not isinstance(row, dict):
+                raise FeedError(f"{path}:{lineno}: a row is a JSON object")
+            rows.append(row)
+            if limit and len(rows) >= limit:
+                break
+    return rows
+
+
+def group_id(data_source: str, epoch: int, index: int, prompt: Any) -> str:
+    """Stable across runs and machines: the same row of the same epoch always gets the same id."""
+    h = hashlib.sha256(orjson.dumps([data_source, epoch, index, prompt]))
+    return h.hexdigest()[:32]
+
+
+def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
+                  where: str = "row") -> Prompt:
+    try:
+        if cfg.prompt_template:
+            text = cfg.prompt_template.format(**row)
+            prompt: Any = [{"role": "user", "content": text}] if cfg.chat else text
+        else:
+            prompt = row["prompt"]
+        if cfg.ground_truth == "gsm8k":
+            truth: str | None = gsm8k_ground_truth(str(row[cfg.answer_field]))
+        elif cfg.ground_truth == "field":
+            truth = str(row[cfg.answer_field])
+        elif cfg.ground_truth == "verl":
+            truth = str(row["reward_model"]["ground_truth"])
+        else:
+            truth = None
+    except KeyError as exc:
+        raise FeedError(f"{where}: no field {exc}") from None
+    except (ValueError, IndexError, TypeError) as exc:
+        raise FeedError(f"{where}: {exc}") from None
+    data_source = cfg.data_source or str(row.get("data_source", ""))
+    if not data_source:
+        raise FeedError(f"{where}: no data_source (set feed.data_source)")
+    extra = {"index": index}
+    for name in ("question", cfg.answer_field):
+        if isinstance(row.get(name), str):
+            extra[name] = row[name]
+    if isinstance(row.get("extra_info"), dict):
+        extra.update(row["extra_info"])
+    return Prompt(group_id=group_id(data_source, epoch, index, prompt), group_size=cfg.group_size,
+                  data_source=data_source, prompt=prompt, ground_truth=truth, extra_info=extra,
+                  epoch=epoch)
+
+
+def build_prompts(cfg: FeedConfig) -> Iterator[Prompt]:
+    """Every prompt of the feed, epoch by epoch. All rows are converted before the first is
+    yielded, so a bad row stops the feed before anything is published."""
+    cfg.check()
+    rows = read_rows(cfg.dataset, cfg.limit)
+    base = [row_to_prompt(row, i, cfg.start_epoch, cfg, f"{cfg.dataset} row {i + 1}")
+            for i, row in enumerate(rows)]
+    for epoch in range(cfg.start_epoch, cfg.start_epoch + cfg.epochs):
+        order = list(range(len(base)))
+        if cfg.shuffle:
+            random.Random(cfg.seed * 1_000_003 + epoch).shuffle(order)
+        for i in order:
+            p = base[i]
+            yield dataclasses.replace(p, epoch=epoch, created_at=time.time(),
+                                      group_id=group_id(p.data_source, epoch, i, p.prompt))
+
+
+async def publish_feed(bus, cfg: FeedConfig, *, window: int = 1000) -> int:
+    """Publish the feed and wait for every acknowledgement; returns the number published.
+    A bad row raises ``FeedError`` before anything is sent."""
+    prompts = build_prompts(cfg)
+    first = next(prompts, None)  # converts (and so checks) every row
+    if first is None:
+        return 0
+    producer = bus.producer("feed")
+    await producer.start()
+    count = 0
+    try:
+        pending: list[asyncio.Future] = []
+        for prompt in itertools.chain([first], prompts):
+            pending.append(await producer.send("prompts", prompt))
+            count += 1
+            if len(pending) >= window:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return count

@@ -1,0 +1,164 @@
+"""A rollout worker: a member of the consumer group on the prompts topic that turns each
+``Prompt`` into ``group_size`` trajectories on the rollouts topic.
+
+It composes the pieces of this package around the bus's ``StageLoop`` (which owns consuming,
+dead letters for malformed prompts, commit-after-ack and back-pressure):
+
+    prompt ─► staleness gate (hold while too far ahead) ─► load a newer policy version if one
+    was announced ─► generate the group (multi-turn with an interaction, if configured) ─►
+    trajectories stamped with version and timings ─► rollouts
+
+A backend that is down holds the prompt and retries (the loop's back-pressure stops fetching);
+a backend that refuses a prompt for good (too long, say) sends it to dead letters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from streamrl import metrics
+from streamrl.bus import Bus, DeadLetterError, Message, StageLoop
+from streamrl.records import Prompt, Trajectory
+from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
+                                       WeightLoadError, make_backend)
+from streamrl.rollout.config import RolloutConfig
+from streamrl.rollout.episode import ChatRenderer, InteractionRunner, run_group
+from streamrl.rollout.gate import StalenessGate
+from streamrl.rollout.interactions import load_interaction
+from streamrl.rollout.weights import PolicyFollower
+
+log = logging.getLogger(__name__)
+
+STAGE = "rollout"
+_RETRY_MAX_S = 30.0
+
+
+class RolloutWorker:
+    def __init__(self, bus: Bus, cfg: RolloutConfig, backend: Backend | None = None):
+        self.bus, self.cfg = bus, cfg.check()
+        self.backend = backend or make_backend(cfg)
+        self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                     top_p=cfg.top_p)
+        self.renderer = ChatRenderer(self.backend.tokenizer)
+        ic = cfg.interaction
+        self.interaction = (InteractionRunner(load_interaction(ic.name, dict(ic.kwargs)), ic.name,
+                                              ic.max_assistant_turns, ic.max_user_turns)
+                            if ic.name else None)
+        self.follower = PolicyFollower(bus, STAGE)
+        self.gate = StalenessGate(bus, self.follower, max_staleness=cfg.max_staleness,
+                                  per_version=cfg.trajectories_per_version,
+                                  baseline=cfg.gate_baseline, poll_s=cfg.gate_poll_s)
+        self.loop = StageLoop(bus, stage=STAGE, source="prompts", group=cfg.group, decode=Prompt.decode,
+                              handle=self.handle, max_in_flight=cfg.max_in_flight)
+        self._loaded_offset = -1  # policy-topic offset of the version in use (-1: the startup weights)
+        self._load_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._label = self.backend.name
+        if not self.backend.can_load_weights and cfg.follow_policy:
+            log.warning("the %s backend cannot load weights: trajectories are stamped version %d",
+                        self.backend.name, self.backend.version)
+        metrics.ROLLOUT_POLICY_VERSION.set(self.backend.version)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Work until ``stop`` is set (or ``stop()`` is called), then drain and leave the group."""
+        await self.follower.start()
+        await self.gate.start()
+        loop_task = asyncio.create_task(self.loop.run())
+        waiters = [asyncio.create_task(self._stopping.wait())]
+        if stop is not None:
+            waiters.append(asyncio.create_task(stop.wait()))
+        try:
+            await asyncio.wait([loop_task, *waiters], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._stopping.set()
+            self.gate.stopping.set()
+            self.loop.stop()
+            try:
+                await loop_task
+            finally:
+                for w in waiters:
+                    w.cancel()
+                await self.gate.stop()
+                await self.follower.stop()
+                await self.backend.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.gate.stopping.set()
+
+    async def sync_weights(self) -> float:
+        """Load the learner's latest version if it is not the one in use; the seconds spent."""
+        latest, offset = self.follower.latest, self.follower.latest_offset
+        if (latest is None or offset == self._loaded_offset or not self.cfg.follow_policy
+                or not self.backend.can_load_weights):
+            return 0.0
+        async with self._load_lock:
+            if self.follower.latest_offset == self._loaded_offset:
+                return 0.0
+            latest, offset = self.follower.latest, self.follower.latest_offset
+            self._loaded_offset = offset  # a version that fails to load is not retried
+            if latest.weights_uri is None:
+                if latest.version == 0:  # the initial weights, which this worker started from
+                    return 0.0
+                log.error("policy version %d has no weights_uri: keeping version %d",
+                          latest.version, self.backend.version)
+                metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
+                return 0.0
+            try:
+                took = await self.backend.load_weights(latest.weights_uri, latest.version)
+            except (WeightLoadError, OSError) as exc:
+                log.error("policy version %d: %s; keeping version %d", latest.version, exc, self.backend.version)
+                metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
+                return 0.0
+            log.info("loaded policy version %d in %.2fs", latest.version, took)
+            metrics.ROLLOUT_WEIGHT_LOAD_SECONDS.observe(took)
+            metrics.ROLLOUT_POLICY_VERSION.set(latest.version)
+            return took
+
+    async def handle(self, prompt: Prompt, msg: Message) -> list[tuple[str, Trajectory]]:
+        metrics.ROLLOUT_PROMPTS.labels(self._label).inc()
+        n = self.cfg.group_size or prompt.group_size
+        gate_s = await self.gate.acquire(n)
+        load_s = 0.0
+
+        async def before_turn() -> None:
+            nonlocal load_s
+            load_s += await self.sync_weights()
+
+        try:
+            started = time.monotonic()
+            trajectories = await self._generate(prompt, n, before_turn)
+            took = time.monotonic() - started
+        finally:
+            self.gate.release(n)
+        tokens = 0
+        for t in trajectories:
+            t.timings.update(gate_wait_s=gate_s, weight_load_s=load_s)
+            mask = t.array("response_mask")
+            ids = t.array("response_ids")
+            tokens += int(mask.sum()) if mask is not None else (len(ids) if ids is not None else 0)
+        metrics.ROLLOUT_GENERATION_SECONDS.labels(self._label).observe(took - load_s)
+        metrics.ROLLOUT_TOKENS.labels(self._label).inc(tokens)
+        metrics.ROLLOUT_TRAJECTORIES.labels(self._label).inc(len(trajectories))
+        return [("rollouts", t) for t in trajectories]
+
+    async def _generate(self, prompt: Prompt, n: int, before_turn: Any) -> list[Trajectory]:
+        delay = 1.0
+        while True:
+            try:
+                return await run_group(prompt, n, self.backend, self.params, self.renderer,
+                                       self.interaction, before_turn)
+            except BackendError as exc:
+                raise DeadLetterError("backend_error", str(exc)) from None
+            except BackendUnavailable as exc:
+                metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels(self._label).inc()
+                log.warning("backend unavailable (%s); holding the prompt, retrying in %.0fs", exc, delay)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                except asyncio.TimeoutError:
+                    delay = min(delay * 2, _RETRY_MAX_S)
+                    continue
+                raise asyncio.CancelledError("worker stopping") from None

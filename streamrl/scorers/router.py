@@ -1,0 +1,286 @@
+"""A router over several judge / reward servers: least outstanding requests, health checks,
+ejection and re-admission.
+
+Used by the LLM judge and by the HTTP backend of the model scorer. A server is *ejected* after
+``eject_after`` consecutive failures (failed requests or failed health checks) and *re-admitted*
+when a health check passes again; health checks run every ``health_interval_s`` on every server.
+When every server is ejected, ``pick`` raises ``ScorerUnavailable``: the reward stage holds the
+record (back-pressure) instead of scoring it.
+
+URLs are server roots (``http://host:8000``; a trailing ``/v1`` is accepted and dropped), so
+paths such as ``/v1/chat/completions`` or ``/classify`` are the same for every server.
+
+``reward_router_address``: an async user scorer (verl's signature) receives ``HOST:PORT`` of a
+tiny local aiohttp proxy (``start_proxy``) that forwards any request to the server ``pick``
+chooses, so a user function written for verl (``http://{reward_router_address}/v1/...``) gets the
+same balancing and ejection as the built-in scorers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar
+
+import aiohttp
+import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from streamrl import metrics
+from streamrl.scorers.base import ScoreError, ScorerUnavailable
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def server_root(url: str) -> str:
+    url = url.strip().rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+@dataclass
+class _Server:
+    url: str
+    outstanding: int = 0
+    failures: int = 0  # consecutive
+    ejected: bool = False
+
+
+class RouterError(Exception):
+    """A request failed on one server. ``reason`` is a bounded metric label."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass
+class Router:
+    urls: list[str]
+    name: str = "judge"
+    health_path: str = "/health"
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
+    eject_after: int = 3
+    headers: dict[str, str] = field(default_factory=dict, repr=False)  # e.g. Authorization
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError(f"{self.name}: no server URLs configured")
+        self.servers = {u: _Server(u) for u in dict.fromkeys(server_root(u) for u in self.urls)}
+        self._rr = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+        self._health_task: asyncio.Task | None = None
+        self._proxy: "aiohttp.web.AppRunner | None" = None
+        self.address: str | None = None  # HOST:PORT of the proxy, once started
+        metrics.ROUTER_EJECTED.labels(self.name).set(0)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        if self.health_interval_s > 0 and self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop())
+
+    async def close(self) -> None:
+        if self._health_task:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        if self._proxy:
+            await self._proxy.cleanup()
+            self._proxy = None
+            self.address = None
+
+    # -- choosing a server -------------------------------------------------------------------
+    def pick(self, exclude: Iterable[str] = ()) -> str:
+        """The admitted server with the fewest outstanding requests (ties: round robin),
+        preferring servers not in ``exclude`` (those a retry already tried)."""
+        admitted = [s for s in self.servers.values() if not s.ejected]
+        if not admitted:
+            raise ScorerUnavailable(f"{self.name}: all {len(self.servers)} servers are ejected "
+                                    "(failing); holding records until one passes a health check")
+        skip = set(exclude)
+        fresh = [s for s in admitted if s.url not in skip] or admitted
+        start = next(self._rr) % len(fresh)
+        rotated = fresh[start:] + fresh[:start]
+        return min(rotated, key=lambda s: s.outstanding).url
+
+    @contextlib.asynccontextmanager
+    async def lease(self, exclude: Iterable[str] = ()) -> AsyncIterator[str]:
+        """Pick a server and count the request against it while the block runs. The block
+        raises ``RouterError`` (or a timeout / connection error) on failure; the server's
+        failure count and the metrics follow."""
+        url = self.pick(exclude)
+        server = self.servers[url]
+        server.outstanding += 1
+        metrics.ROUTER_OUTSTANDING.labels(self.name, url).set(server.outstanding)
+        metrics.ROUTER_REQUESTS.labels(self.name, url).inc()
+        started = time.monotonic()
+        try:
+            yield url
+        except RouterError as exc:
+            self._failed(url, exc.reason)
+            raise
+        except asyncio.TimeoutError:
+            self._failed(url, "timeout")
+            raise RouterError("timeout", url) from None
+        except aiohttp.ClientError as exc:
+            self._failed(url, "connect")
+            raise RouterError("connect", type(exc).__name__) from None
+        else:
+            self._succeeded(url)
+        finally:
+            server.outstanding -= 1
+            metrics.ROUTER_OUTSTANDING.labels(self.name, url).set(server.outstanding)
+            metrics.ROUTER_REQUEST_SECONDS.labels(self.name, url).observe(time.monotonic() - started)
+
+    async def post_json(self, path: str, body: bytes, *, headers: dict[str, str],
+                        parse: Callable[[Any], T], max_retries: int, backoff_s: float,
+                        backoff_max_s: float, rejected: str = "rejected",
+                        before_attempt: Callable[[], Awaitable[Any]] | None = None) -> T:
+        """POST ``body`` (JSON) to ``path`` on the server ``pick`` chooses and return
+        ``parse(answer)``. Timeouts, connection errors, 429, 5xx and answers ``parse`` cannot
+        read are retried on another server where there is one, with exponential backoff and
+        jitter; when the retries run out: ``ScorerUnavailable``. Another 4xx means the request
+        itself is bad: ``ScoreError(rejected)``, not retried. ``before_attempt`` runs before each
+        attempt (the rate limiter's wait)."""
+        assert self._session is not None, "router not started"
+        tried: list[str] = []
+
+        async def attempt_once() -> T:
+            if before_attempt is not None:
+                await before_attempt()
+            async with self.lease(exclude=tried) as url:
+                tried.append(url)
+                async with self._session.post(url + path, data=body, headers=headers) as resp:
+                    raw = await resp.read()
+                    if resp.status == 429:
+                        raise RouterError("http_429", url)
+                    if resp.status >= 500:
+                        raise RouterError("http_5xx", f"{url}: HTTP {resp.status}")
+                    if resp.status >= 400:
+                        raise ScoreError(rejected, f"HTTP {resp.status}: "
+                                         f"{raw[:300].decode(errors='replace')}")
+                try:
+                    return parse(orjson.loads(raw))
+                except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError,
+                        AttributeError) as exc:
+                    raise RouterError("bad_response", f"{url}: {type(exc).__name__}") from None
+
+        def before_sleep(state) -> None:
+            url = tried[-1] if tried else ""
+            metrics.ROUTER_RETRIES.labels(self.name, url).inc()
+            log.warning("%s: request to %s failed (%s); retry %d of %d", self.name, url,
+                        state.outcome.exception(), state.attempt_number, max_retries)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(max_retries + 1),
+            wait=wait_exponential_jitter(multiplier=backoff_s, max=backoff_max_s, jitter=backoff_s),
+            retry=retry_if_exception_type(RouterError), reraise=True, before_sleep=before_sleep)
+        try:
+            return await retrying(attempt_once)
+        except RouterError as exc:
+            raise ScorerUnavailable(f"{self.name}: {len(tried)} attempts failed, last on "
+                                    f"{tried[-1] if tried else '?'}: {exc}") from None
+
+    def _failed(self, url: str, reason: str) -> None:
+        metrics.ROUTER_ERRORS.labels(self.name, url, reason).inc()
+        if reason == "http_429":  # the server is alive, only busy: never eject for that
+            return
+        server = self.servers[url]
+        server.failures += 1
+        if not server.ejected and server.failures >= self.eject_after:
+            server.ejected = True
+            log.warning("%s: ejected %s after %d consecutive failures (last: %s)",
+                        self.name, url, server.failures, reason)
+            self._export()
+
+    def _succeeded(self, url: str) -> None:
+        self.servers[url].failures = 0
+
+    def _export(self) -> None:
+        metrics.ROUTER_EJECTED.labels(self.name).set(sum(s.ejected for s in self.servers.values()))
+
+    @property
+    def ejected(self) -> list[str]:
+        return [s.url for s in self.servers.values() if s.ejected]
+
+    # -- health checks -----------------------------------------------------------------------
+    async def check(self, url: str) -> bool:
+        """One health check: ``GET url + health_path`` answered 2xx in time. A pass re-admits an
+        ejected server; a failure counts towards ejection like a failed request."""
+        assert self._session is not None, "router not started"
+        try:
+            async with self._session.get(url + self.health_path, headers=self.headers,
+                                         timeout=aiohttp.ClientTimeout(total=self.health_timeout_s)) as r:
+                ok = 200 <= r.status < 300
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            ok = False
+        server = self.servers[url]
+        if ok:
+            server.failures = 0
+            if server.ejected:
+                server.ejected = False
+                log.warning("%s: re-admitted %s (health check passed)", self.name, url)
+                self._export()
+        else:
+            self._failed(url, "health")
+        return ok
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(u) for u in self.servers))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # noqa: BLE001 - a bug here must not stop the checks for good
+                log.exception("%s: health check round failed", self.name)
+
+    # -- reward_router_address -----------------------------------------------------------------
+    async def start_proxy(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve a local proxy and return its ``HOST:PORT`` (verl's ``reward_router_address``).
+        Every request is forwarded, method, path, query and body unchanged, to the server
+        ``pick`` chooses; this router's headers (the API key) are added on the way, so a user
+        function never needs the key."""
+        from aiohttp import web
+
+        if self.address:
+            return self.address
+        assert self._session is not None, "router not started"
+
+        async def forward(request: web.Request) -> web.Response:
+            body = await request.read()
+            headers = {k: v for k, v in request.headers.items()
+                       if k.lower() in ("content-type", "accept")}
+            headers.update(self.headers)
+            try:
+                async with self.lease() as url:
+                    async with self._session.request(request.method, url + request.path_qs,
+                                                     data=body, headers=headers) as resp:
+                        payload = await resp.read()
+                        if resp.status >= 500 or resp.status == 429:
+                            raise RouterError(f"http_{'429' if resp.status == 429 else '5xx'}")
+                        return web.Response(body=payload, status=resp.status,
+                                            content_type=resp.content_type)
+            except ScorerUnavailable as exc:
+                return web.Response(status=503, text=str(exc))
+            except RouterError as exc:
+                return web.Response(status=502, text=f"{self.name}: upstream failed: {exc.reason}")
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._proxy = runner
+        bound = runner.addresses[0]
+        self.address = f"{bound[0]}:{bound[1]}"
+        return self.address

@@ -1,0 +1,185 @@
+"""The bus on a real broker: dead letters for every kind of malformed message, records of real
+sizes, redelivery after a member dies before committing, and a clean shutdown that commits."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+
+import numpy as np
+import orjson
+import pytest
+
+from streamrl.bus import Bus, DeadLetterError, StageLoop
+from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
+from tests.helpers import read_topic, read_topic_sync
+from tests.test_records import make_trajectory
+
+
+def rewarded_from(traj: Trajectory) -> Rewarded:
+    return Rewarded.from_trajectory(traj, reward=1.0, reward_info={"status": "ok"}, scorer={"name": "test"})
+
+
+async def run_loop_until(loop: StageLoop, finished: int, timeout_s: float = 30.0) -> None:
+    task = asyncio.create_task(loop.run())
+    deadline = time.monotonic() + timeout_s
+    while loop.finished < finished and time.monotonic() < deadline and not task.done():
+        await asyncio.sleep(0.05)
+    loop.stop()
+    await task
+    assert loop.finished >= finished, f"finished {loop.finished} of {finished}"
+
+
+def test_malformed_messages_go_to_dead_letters_and_the_stream_goes_on(bus_config):
+    bus_config.max_record_bytes = 200_000  # the consuming side's limit; the writer below allows more
+    bus = Bus(bus_config)
+    writer = Bus(replace(bus_config, max_record_bytes=16 * 2**20))
+    good = [make_trajectory(id=f"good-{i}", group_id=f"g{i}") for i in range(6)]
+    wrong_types = orjson.loads(good[0].encode())
+    wrong_types["policy_version"] = "seven"
+    bad = {
+        "bad_json": b'{"schema": "streamrl.trajectory/1", ',
+        "wrong_schema": orjson.dumps({"hello": "world"}),
+        "wrong_types": orjson.dumps(wrong_types),
+        "oversize": make_trajectory(n_tokens=20_000, id="too-big").encode(),  # ~240 KB
+        "handler_refuses": replace(good[0], id="refused").encode(),
+    }
+
+    async def main():
+        async with writer.producer("test") as p:
+            for i, traj in enumerate(good):
+                await p.send_and_wait("rollouts", traj)
+                name = list(bad)[i] if i < len(bad) else None
+                if name:
+                    await p.send_and_wait("rollouts", bad[name], key=b"g0")
+
+        async def handle(traj, msg):
+            if traj.id == "refused":
+                raise DeadLetterError("refused_by_test", "the handler said no")
+            return [("rewarded", rewarded_from(traj))]
+
+        loop = StageLoop(bus, stage="test", source="rollouts", group="g",
+                         decode=lambda b: Trajectory.decode(b, bus_config.max_record_bytes), handle=handle)
+        await run_loop_until(loop, len(good) + len(bad))
+        return await read_topic(bus, "rewarded", len(good)), await read_topic(bus, "deadletter", len(bad))
+
+    out, letters = asyncio.run(main())
+    assert sorted(Rewarded.decode(m.value).id for m in out) == sorted(t.id for t in good)
+    letters = [DeadLetter.decode(m.value) for m in letters]
+    by_value = {letter.original_value(): letter for letter in letters}
+    assert by_value.keys() == set(bad.values())  # the original bytes, exactly
+    reasons = {name: by_value[value].reason for name, value in bad.items()}
+    assert reasons == {"bad_json": "bad_json", "wrong_schema": "schema", "wrong_types": "schema",
+                       "oversize": "oversize", "handler_refuses": "refused_by_test"}
+    assert "policy_version" in by_value[bad["wrong_types"]].detail
+    for letter in letters:
+        assert letter.stage == "test"
+        assert letter.source_topic == bus.topic("rollouts")
+        assert letter.source_offset is not None and letter.source_partition is not None
+
+
+def test_records_of_real_size_travel_and_over_the_limit_fail_fast(bus):
+    """A 16-sample group of 32k-token trajectories (~6 MB) is above Kafka's 1 MB default."""
+    group = [make_trajectory(n_tokens=32_768, id=f"long-{i}", group_id="big") for i in range(16)]
+
+    async def main():
+        async with bus.producer("test") as p:
+            futures = [await p.send("rollouts", t) for t in group]
+            await asyncio.gather(*futures)
+            too_big = b"x" * (bus.config.max_record_bytes + 1)
+            started = time.monotonic()
+            with pytest.raises(RecordError) as err:
+                await p.send("rollouts", too_big)
+            assert err.value.reason == "oversize" and time.monotonic() - started < 1.0
+        return await read_topic(bus, "rollouts", len(group))
+
+    msgs = asyncio.run(main())
+    assert sum(len(m.value) for m in msgs) > 5_000_000
+    back = {t.id: t for t in (Trajectory.decode(m.value) for m in msgs)}
+    for traj in group:
+        assert back[traj.id].array("response_logprobs").tobytes() == traj.response_logprobs.tobytes()
+    assert len({m.partition for m in msgs}) == 1  # one key, one partition: a group stays together
+
+
+MEMBER = """
+import asyncio, sys
+from streamrl.bus import Bus, StageLoop
+from streamrl.config import BusConfig
+from streamrl.records import Trajectory
+cfg = BusConfig(**__import__("json").loads(sys.argv[1]))
+taken = 0
+async def handle(traj, msg):
+    global taken
+    taken += 1
+    print("taken", taken, flush=True)
+    await asyncio.sleep(3600)  # never finishes, so never commits
+async def main():
+    await StageLoop(Bus(cfg), stage="victim", source="rollouts", group="members",
+                    decode=Trajectory.decode, handle=handle).run()
+asyncio.run(main())
+"""
+
+
+def test_a_member_killed_before_committing_has_its_records_redelivered(bus_config):
+    bus = Bus(bus_config)
+    trajs = [make_trajectory(id=f"r{i}", group_id=f"g{i}") for i in range(12)]
+
+    async def publish():
+        async with bus.producer("test") as p:
+            await asyncio.gather(*[await p.send("rollouts", t) for t in trajs])
+
+    asyncio.run(publish())
+    victim = subprocess.Popen([sys.executable, "-c", MEMBER, json.dumps(asdict(bus_config))],
+                              stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        deadline = time.monotonic() + 30
+        taken = 0
+        while taken < len(trajs) and time.monotonic() < deadline:
+            line = victim.stdout.readline()
+            if line.startswith("taken"):
+                taken = int(line.split()[1])
+        assert taken == len(trajs), "the first member did not take every record"
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+
+    async def survivor():
+        async def handle(traj, msg):
+            return [("rewarded", rewarded_from(traj))]
+        loop = StageLoop(bus, stage="survivor", source="rollouts", group="members",
+                         decode=Trajectory.decode, handle=handle)
+        await run_loop_until(loop, len(trajs), timeout_s=45)
+
+    asyncio.run(survivor())
+    out = read_topic_sync(bus, "rewarded", len(trajs))
+    assert sorted(Rewarded.decode(m.value).id for m in out) == sorted(t.id for t in trajs)
+
+
+def test_a_clean_stop_commits_so_nothing_is_redelivered(bus):
+    trajs = [make_trajectory(id=f"c{i}", group_id=f"g{i}") for i in range(8)]
+    seen: list[str] = []
+
+    async def handle(traj, msg):
+        seen.append(traj.id)
+        return [("rewarded", rewarded_from(traj))]
+
+    async def main():
+        async with bus.producer("test") as p:
+            await asyncio.gather(*[await p.send("rollouts", t) for t in trajs])
+        first = StageLoop(bus, stage="s", source="rollouts", group="once", decode=Trajectory.decode, handle=handle)
+        await run_loop_until(first, len(trajs))
+        second = StageLoop(bus, stage="s", source="rollouts", group="once", decode=Trajectory.decode, handle=handle)
+        task = asyncio.create_task(second.run())
+        await asyncio.sleep(8)  # joined and fetched: nothing left to take
+        second.stop()
+        await task
+
+    asyncio.run(main())
+    assert sorted(seen) == sorted(t.id for t in trajs)

@@ -1,0 +1,118 @@
+"""The assembler's rules: de-dup, whole groups, the staleness bound, timeouts (pure logic)."""
+
+from __future__ import annotations
+
+import random
+
+from streamrl.learner.assembler import GROUP_OVERFLOW, GROUP_TIMEOUT, STALE, Assembler, Item
+
+
+def make(max_staleness=1, timeout=10.0, partial=False, window=1000) -> Assembler:
+    return Assembler(max_staleness=max_staleness, group_timeout_s=timeout,
+                     allow_partial_groups=partial, dedup_window=window)
+
+
+def item(rid: str, gid: str, size: int = 2, version: int = 0) -> Item:
+    return Item(id=rid, group_id=gid, group_size=size, policy_version=version)
+
+
+def test_groups_complete_and_duplicates_are_skipped():
+    a = make()
+    assert a.add(item("a1", "a"), 0, 0.0) == ("accepted", [])
+    assert a.add(item("a1", "a"), 0, 0.1) == ("duplicate", [])  # waiting in its group
+    groups, drops = a.take(1, 0)
+    assert groups is None and drops == []
+    assert a.add(item("a2", "a"), 0, 0.2)[0] == "accepted"
+    groups, _ = a.take(1, 0)
+    assert [i.id for i in groups[0].items] == ["a1", "a2"]
+    assert a.add(item("a2", "a"), 0, 0.3) == ("duplicate", [])  # finished
+    status, drops = a.add(item("a3", "a"), 0, 0.3)  # a third distinct member of a group of 2
+    assert status == "dropped" and drops[0].reason == GROUP_OVERFLOW
+
+
+def test_take_waits_for_a_full_mini_batch_oldest_first():
+    a = make()
+    for g in ("x", "y", "z"):
+        a.add(item(f"{g}1", g), 0, 0.0)
+        a.add(item(f"{g}2", g), 0, 0.0)
+    groups, _ = a.take(2, 0)
+    assert [g.group_id for g in groups] == ["x", "y"]
+    assert a.take(2, 0)[0] is None
+    assert a.waiting_records == 2
+
+
+def test_staleness_bound_on_arrival_and_at_take():
+    a = make(max_staleness=1)
+    assert a.add(item("s1", "s", version=0), 2, 0.0)[1][0].reason == STALE  # 2 - 0 > 1
+    # a late fresh member of a stale group follows its group
+    status, drops = a.add(item("s2", "s", version=2), 2, 0.0)
+    assert status == "dropped" and drops[0].reason == STALE
+    # a stale newcomer takes the waiting members of its group with it
+    a.add(item("m1", "m", version=2), 2, 0.0)
+    status, drops = a.add(item("m2", "m", version=0), 2, 0.0)
+    assert sorted(d.item.id for d in drops) == ["m1", "m2"] and {d.reason for d in drops} == {STALE}
+    # a complete group that waited while the version moved on is dropped at take
+    a.add(item("w1", "w", version=1), 1, 0.0)
+    a.add(item("w2", "w", version=2), 2, 0.0)
+    groups, drops = a.take(1, 3)
+    assert groups is None and sorted(d.item.id for d in drops) == ["w1", "w2"]
+
+
+def test_max_staleness_zero_is_strictly_on_policy():
+    a = make(max_staleness=0)
+    assert a.add(item("p1", "p", version=3), 3, 0.0)[0] == "accepted"
+    assert a.add(item("q1", "q", size=1, version=2), 3, 0.0)[1][0].reason == STALE
+    a.add(item("p2", "p", version=3), 3, 0.0)
+    assert a.take(1, 4)[0] is None  # at version 4 the version-3 group is stale
+
+
+def test_randomised_version_mixes_never_exceed_the_bound():
+    rng = random.Random(7)
+    for max_staleness in (0, 1, 3):
+        a = make(max_staleness=max_staleness)
+        version, trained = 0, 0
+        for step in range(400):
+            gid = f"g{rng.randrange(60)}"
+            pv = max(0, version - rng.randrange(0, 6))
+            a.add(item(f"r{step}", gid, size=3, version=pv), version, float(step))
+            groups, _ = a.take(2, version)
+            if groups:
+                for g in groups:
+                    for it in g.items:
+                        assert version - it.policy_version <= max_staleness
+                        trained += 1
+                if rng.random() < 0.5:
+                    version += 1
+        assert trained > 0
+
+
+def test_incomplete_group_times_out_or_trains_partial():
+    a = make(timeout=5.0)
+    a.add(item("t1", "t", size=3), 0, 0.0)
+    a.add(item("t2", "t", size=3), 0, 1.0)
+    assert a.expire(4.9) == []
+    drops = a.expire(5.0)
+    assert sorted(d.item.id for d in drops) == ["t1", "t2"] and {d.reason for d in drops} == {GROUP_TIMEOUT}
+    assert a.add(item("t3", "t", size=3), 0, 6.0)[1][0].reason == GROUP_TIMEOUT  # too late
+
+    p = make(timeout=5.0, partial=True)
+    p.add(item("t1", "t", size=3), 0, 0.0)
+    p.add(item("t2", "t", size=3), 0, 1.0)
+    assert p.expire(6.0) == []
+    groups, _ = p.take(1, 0)
+    assert [i.id for i in groups[0].items] == ["t1", "t2"]
+    assert p.add(item("t3", "t", size=3), 0, 7.0)[1][0].reason == GROUP_TIMEOUT
+
+
+def test_state_survives_and_window_is_bounded():
+    a = make(window=3)
+    for g in "abc":
+        a.add(item(f"{g}1", g), 0, 0.0)
+        a.add(item(f"{g}2", g), 0, 0.0)
+    a.take(3, 0)
+    a.add(item("w1", "w"), 0, 0.0)  # waiting, not finished: must come back after a restart
+    b = make(window=3)
+    b.load_state_dict(a.state_dict())
+    assert b.add(item("c2", "c"), 0, 0.0)[0] == "duplicate"
+    assert b.add(item("a1", "a2-new"), 0, 0.0)[0] == "accepted"  # fell out of the window of 3
+    assert b.add(item("w1", "w"), 0, 0.0)[0] == "accepted"

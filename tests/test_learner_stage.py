@@ -1,0 +1,293 @@
+"""The learner on the real broker: versions, staleness, duplicates, groups, checkpoints and
+restart, the synchronous-GRPO equivalence, missing log-probs, and the CLI's SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from streamrl import metrics
+from streamrl.bus import Bus
+from streamrl.learner import checkpoint
+from streamrl.learner.config import LearnerConfig
+from streamrl.learner.stage import Learner
+from streamrl.policy import load_policy
+from streamrl.records import DeadLetter, PolicyVersion, Rewarded
+from tests.helpers import read_topic
+
+_POLICY = {}
+
+
+def tiny():
+    """The tiny policy at its initial weights (what the learner starts from with seed 0)."""
+    if "m" not in _POLICY:
+        _POLICY["m"] = load_policy("tiny")
+    return _POLICY["m"]
+
+
+def behaviour_logprobs(model, prompt_ids, response_ids) -> np.ndarray:
+    """Plain forward: log p(response token | everything before it)."""
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    p = len(prompt_ids)
+    return np.array([logp[p - 1 + j, t].item() for j, t in enumerate(response_ids)], dtype=np.float32)
+
+
+def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: bool = True,
+          tokens: bool = True, seed: int = 0) -> list[Rewarded]:
+    """``size`` rewarded records of one group with real token ids and behaviour log-probs."""
+    model, tok = tiny()
+    rng = np.random.default_rng(abs(hash((gid, seed))) % 2**32)
+    prompt = f"q{gid}:"
+    prompt_ids = tok(prompt, add_special_tokens=False).input_ids
+    out = []
+    for i in range(size):
+        response_ids = [int(x) for x in rng.integers(65, 91, size=3 + i)]
+        response = tok.decode(response_ids)
+        reward = float(rewards[i]) if rewards is not None else float(i % 2)
+        now = time.time()
+        rec = Rewarded(id=f"{gid}-{i}", group_id=gid, group_size=size, policy_version=version,
+                       data_source="test", prompt=prompt, response=response,
+                       prompt_ids=prompt_ids if tokens else None,
+                       response_ids=response_ids if tokens else None,
+                       response_logprobs=behaviour_logprobs(model, prompt_ids, response_ids)
+                       if (logprobs and tokens) else None,
+                       timings={"generation_started_at": now - 0.5}, created_at=now - 0.2,
+                       reward=reward, reward_info={}, scorer={"name": "test"}, scored_at=now)
+        out.append(rec)
+    return out
+
+
+async def publish(bus: Bus, records) -> None:
+    async with bus.producer("test") as p:
+        for r in records:
+            await (await p.send("rewarded", r))
+
+
+async def wait_for(cond, timeout: float = 40.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def learner_cfg(tmp_path: Path, **kw) -> LearnerConfig:
+    base = dict(lr=1e-3, groups_per_mini_batch=2, mini_batches_per_version=1, max_staleness=1,
+                group_timeout_s=30.0, checkpoint_dir=str(tmp_path / "ckpt"),
+                weights_dir=str(tmp_path / "weights"), consumer_group=f"learner-{uuid.uuid4().hex[:6]}")
+    base.update(kw)
+    return LearnerConfig(**base)
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def policies(msgs) -> list[PolicyVersion]:
+    return [PolicyVersion.decode(m.value) for m in msgs]
+
+
+def letters(msgs) -> list[DeadLetter]:
+    return [DeadLetter.decode(m.value) for m in msgs]
+
+
+def test_trains_versions_drops_stale_and_duplicates(bus, tmp_path):
+    """Strictly on-policy (max_staleness=0): two versions from fresh groups; a version-0 group
+    that arrives at version 1 is dead-lettered as stale; duplicates train once; an incomplete
+    group times out; a record without log-probs is dead-lettered (missing_logprobs=error)."""
+    cfg = learner_cfg(tmp_path, max_staleness=0, versions=2, group_timeout_s=2.0)
+    dup_before = metrics.LEARNER_RECORDS.labels("duplicate")._value.get()
+
+    async def go():
+        learner = Learner(bus, cfg)
+        task = asyncio.create_task(learner.run())
+        await wait_for(lambda: learner.consumer.assignment(), what="assignment")
+        first = group("a") + group("b")
+        no_lp = group("n", size=1, logprobs=False)
+        incomplete = group("i", size=3)[:1]
+        await publish(bus, first + [first[0], first[3]] + no_lp + incomplete)
+        await wait_for(lambda: learner.version >= 1, what="version 1")
+        stale = group("s", version=0)
+        await publish(bus, stale + group("c", version=1) + group("d", version=1) + [first[1]])
+        state = await asyncio.wait_for(task, 60)
+        return learner, state, first, stale
+
+    learner, state, first, stale = asyncio.run(go())
+    assert state.version == 2 and state.trained_records == 8  # a, b, c, d once each
+    assert metrics.LEARNER_RECORDS.labels("duplicate")._value.get() - dup_before >= 3
+
+    pols = policies(asyncio.run(read_topic(bus, "policy", 3)))
+    assert [p.version for p in pols] == [0, 1, 2]
+    assert pols[-1].trained_records >= 8 and "loss" in pols[-1].metrics
+    v0 = params(load_policy(pols[0].weights_uri)[0])
+    for p in pols[1:]:
+        w = params(load_policy(p.weights_uri)[0])
+        assert any(not torch.equal(w[k], v0[k]) for k in v0), f"v{p.version} equals v0"
+    assert Path(pols[0].weights_uri) == (tmp_path / "weights" / "v0").resolve()
+
+    dls = letters(asyncio.run(read_topic(bus, "deadletter", 4)))
+    by_reason = {}
+    for d in dls:
+        by_reason.setdefault(d.reason, set()).add(d.record_id)
+        assert d.stage == "learner" and Rewarded.decode(d.original_value()).id == d.record_id
+    assert by_reason["stale"] == {r.id for r in stale}
+    assert by_reason["no_logprobs"] == {"n-0"}
+    assert by_reason["group_timeout"] == {"i-0"}
+
+
+def test_restart_resumes_from_checkpoint(bus, tmp_path):
+    """Killed between checkpoints: what was trained after the checkpoint is trained again, what
+    was before is not, and the de-dup window from the checkpoint still skips duplicates."""
+    cfg = learner_cfg(tmp_path, groups_per_mini_batch=1, mini_batches_per_version=2, versions=2)
+
+    async def first_life():
+        learner = Learner(bus, cfg)
+        task = asyncio.create_task(learner.run())
+        await publish(bus, group("g1") + group("g2"))
+        await wait_for(lambda: learner.version == 1 and learner.last_checkpoint, what="v1 + checkpoint")
+        await publish(bus, group("g3") + [group("g1")[0]])  # g1-0 again, after the checkpoint
+        await wait_for(lambda: learner.state.mini_batches == 1, what="g3 trained")
+        task.cancel()  # a crash: no checkpoint after v1
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return learner
+
+    a = asyncio.run(first_life())
+    assert a.state.trained_records == 6
+    ckpt = checkpoint.latest(cfg.checkpoint_dir)
+    saved = checkpoint.load_state(ckpt)
+    assert saved.version == 1 and saved.trained_records == 4 and saved.mini_batches == 0
+    assert sum(saved.offsets.values()) == 4  # g1 and g2 consumed, nothing more
+
+    dup_before = metrics.LEARNER_RECORDS.labels("duplicate")._value.get()
+
+    async def second_life():
+        learner = Learner(bus, cfg)
+        assert learner.resumed_from == ckpt and learner.version == 1
+        loaded = params(learner.trainer.model)
+        saved_w = params(load_policy(str(checkpoint.policy_dir(ckpt)))[0])
+        assert all(torch.equal(loaded[k], saved_w[k]) for k in loaded)
+        assert learner.trainer.optimizer.state  # Adam moments came back
+        task = asyncio.create_task(learner.run())
+        await publish(bus, group("g4"))
+        return learner, await asyncio.wait_for(task, 60)
+
+    b, state = asyncio.run(second_life())
+    assert state.version == 2
+    assert state.trained_records == 8  # g1, g2 (before the crash) + g3 (again) + g4
+    assert metrics.LEARNER_RECORDS.labels("duplicate")._value.get() - dup_before == 1  # g1-0
+    final = checkpoint.load_state(checkpoint.latest(cfg.checkpoint_dir))
+    assert final.version == 2 and sum(final.offsets.values()) == 9
+    assert len(checkpoint.checkpoints(cfg.checkpoint_dir)) == cfg.keep_checkpoints
+
+
+def plain_grpo_step(records, cfg: LearnerConfig) -> dict[str, torch.Tensor]:
+    """A synchronous GRPO step written out by hand: group-normalised advantages, on-policy
+    policy gradient averaged over all response tokens, gradient clipping, one AdamW step."""
+    model, _ = load_policy("tiny", seed=cfg.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    records = sorted(records, key=lambda r: r.id)
+    by_group = {}
+    for r in records:
+        by_group.setdefault(r.group_id, []).append(r.reward)
+    total_tokens = sum(len(r.array("response_ids")) for r in records)
+    loss = 0.0
+    for r in records:
+        rs = np.array(by_group[r.group_id], dtype=np.float32)
+        adv = (r.reward - rs.mean()) / (rs.std(ddof=1) + 1e-6)
+        p, resp = r.array("prompt_ids").tolist(), r.array("response_ids").tolist()
+        logits = model(input_ids=torch.tensor([p + resp])).logits[0]
+        logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(p) - 1, len(p) - 1 + len(resp)),
+                                                     torch.tensor(resp)]
+        ratio = torch.exp(logp - torch.as_tensor(r.array("response_logprobs")))
+        loss = loss + (-adv * ratio).sum() / total_tokens
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return params(model)
+
+
+def test_on_policy_update_equals_a_synchronous_grpo_step(bus, tmp_path):
+    cfg = learner_cfg(tmp_path, max_staleness=0, groups_per_mini_batch=2, versions=1,
+                      micro_batch_size=16)
+    records = group("x", size=3, rewards=[1.0, 0.0, 0.5]) + group("y", size=3, rewards=[0.2, 0.9, 0.9])
+
+    async def go():
+        learner = Learner(bus, cfg)
+        task = asyncio.create_task(learner.run())
+        await publish(bus, records)
+        await asyncio.wait_for(task, 60)
+
+    asyncio.run(go())
+    pols = policies(asyncio.run(read_topic(bus, "policy", 2)))
+    learned = params(load_policy(pols[-1].weights_uri)[0])
+    want = plain_grpo_step(records, cfg)
+    v0 = params(tiny()[0])
+    moved = max((want[k] - v0[k]).abs().max().item() for k in want)
+    diff = max((learned[k] - want[k]).abs().max().item() for k in want)
+    assert moved > 1e-4 and diff < 1e-6, (moved, diff)
+
+
+def test_missing_logprobs_recomputed_when_configured(bus, tmp_path):
+    """Text-only records (no token ids, no log-probs) train when missing_logprobs=recompute."""
+    cfg = learner_cfg(tmp_path, missing_logprobs="recompute", groups_per_mini_batch=1, versions=1)
+
+    async def go():
+        learner = Learner(bus, cfg)
+        task = asyncio.create_task(learner.run())
+        await publish(bus, group("t", size=2, tokens=False, rewards=[1.0, 0.0]))
+        return await asyncio.wait_for(task, 60)
+
+    state = asyncio.run(go())
+    assert state.version == 1 and state.trained_records == 2
+
+
+def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path):
+    asyncio.run(publish(bus, group("c", size=2, rewards=[1.0, 0.0])))
+    cmd = [sys.executable, "-m", "streamrl", "learner", "--bootstrap-servers", bus_config.bootstrap_servers,
+           f"bus.topic_prefix={bus_config.topic_prefix}", "learner.lr=0.001",
+           "learner.groups_per_mini_batch=1", "learner.mini_batches_per_version=2",
+           f"learner.checkpoint_dir={tmp_path / 'ckpt'}", f"learner.weights_dir={tmp_path / 'w'}",
+           "metrics.host=127.0.0.1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        port = int(re.search(r"metrics: http://[\d.]+:(\d+)/", proc.stdout.readline()).group(1))
+        deadline = time.monotonic() + 60
+        trained = 0.0
+        while time.monotonic() < deadline and trained < 2:
+            time.sleep(0.3)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+            m = re.search(r'streamrl_learner_records_total\{outcome="trained"\} ([\d.]+)', text)
+            trained = float(m.group(1)) if m else 0.0
+        assert trained == 2, "the learner did not train the group"
+        assert "streamrl_learner_staleness_seconds_bucket" in text
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "stopped at version 0" in out
+    state = checkpoint.load_state(checkpoint.latest(tmp_path / "ckpt"))
+    assert state.version == 0 and state.mini_batches == 1 and state.trained_records == 2
