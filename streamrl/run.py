@@ -1,11 +1,11 @@
 """``streamrl run``: the whole pipeline at once, each stage its own process.
 
-Two pieces, both small:
+Three pieces, all small:
 
-- ``Supervisor`` starts the stages as child processes (``python -m streamrl VERB ...``, the same
-  commands the compose file and Ray use), and stops every one of them on the way out, whatever
-  the way out is (the learner finished, Ctrl-C, an error). Children also get SIGTERM if this
-  process dies (Linux ``PR_SET_PDEATHSIG``), so no process is left behind.
+- A ``Launcher`` starts the stages (``python -m streamrl VERB ...``, the same commands the compose
+  file uses): as child processes here (``LocalLauncher``) or as Ray actors with resources
+  (``streamrl.ray_launcher``). It stops every one of them on the way out, whatever the way out is
+  (the learner finished, Ctrl-C, an error). ``LagAutoscaler`` sizes the reward group by lag.
 - ``Observer`` reads the topics themselves (no consumer group, no commits) to tell what the
   pipeline is doing: records per stage, rewards by policy version, dead letters, versions. It
   depends on no stage's internals: it sees what a user of the topics would see.
@@ -35,52 +35,121 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    log: Path
+def stage_command(argv: list[str]) -> list[str]:
+    """How every launcher runs a stage: the same CLI as a user, compose and Ray."""
+    return [sys.executable, "-m", "streamrl", *argv]
 
 
-class Supervisor:
-    """Child processes with their output in ``<log_dir>/<name>.log``."""
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM (a stage drains, commits and leaves its group), SIGKILL after ``timeout_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Launcher:
+    """Starts and stops named stage processes. ``LocalLauncher`` runs them as children here;
+    ``streamrl.ray_launcher.RayLauncher`` places them as Ray actors with resources."""
+
+    def start(self, name: str, argv: list[str], stage: str) -> None:
+        raise NotImplementedError
+
+    def returncode(self, name: str) -> int | None:
+        """None while running."""
+        raise NotImplementedError
+
+    def stop(self, name: str, timeout_s: float = 20.0) -> None:
+        raise NotImplementedError
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        raise NotImplementedError
+
+    def failed(self) -> str | None:
+        """A stage that exited with an error (the run cannot go on without it)."""
+        return next((n for n in self.names() if self.returncode(n) not in (None, 0)), None)
+
+    def stop_all(self, timeout_s: float = 20.0) -> None:
+        raise NotImplementedError
+
+
+class LocalLauncher(Launcher):
+    """Child processes, output in ``<log_dir>/<name>.log``. Children get SIGTERM if this process
+    dies (``PR_SET_PDEATHSIG``), so no stage outlives the run."""
 
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
-        self.children: list[Child] = []
+        self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        log = self.log_dir / f"{name}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "streamrl", *argv], stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-                                    preexec_fn=_die_with_parent)
-        child = Child(name, proc, log)
-        self.children.append(child)
-        return child
+    def start(self, name: str, argv: list[str], stage: str) -> None:
+        with open(self.log_dir / f"{name}.log", "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                stage_command(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_die_with_parent)
 
-    def failed(self) -> Child | None:
-        """A child that exited with an error (the run cannot go on without it)."""
-        return next((c for c in self.children if c.proc.poll() not in (None, 0)), None)
+    def returncode(self, name: str) -> int | None:
+        return self.procs[name].poll()
+
+    def names(self) -> list[str]:
+        return list(self.procs)
+
+    def stop(self, name: str, timeout_s: float = 20.0) -> None:
+        stop_process(self.procs[name], timeout_s)
 
     def stop_all(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM (each stage shuts down cleanly: drain, commit, leave the group), then
-        SIGKILL whatever is still there after ``timeout_s``."""
-        for child in self.children:
-            if child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for child in self.children:
-            try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+        for proc in self.procs.values():  # all at once, then wait
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            stop_process(proc, timeout_s)
 
-    def tail(self, child: Child, lines: int = 20) -> str:
-        text = child.log.read_text(errors="replace").splitlines()
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+
+@dataclass
+class LagAutoscaler:
+    """Sizes the reward group by its consumer lag: one member more when the lag stayed above
+    ``scale_up_lag`` for ``window_s``, one fewer when it stayed at or below ``scale_down_lag``;
+    at most one change per ``cooldown_s`` (a rebalance needs a few seconds to settle)."""
+
+    min_members: int
+    max_members: int
+    scale_up_lag: int = 200
+    scale_down_lag: int = 0
+    window_s: float = 5.0
+    cooldown_s: float = 15.0
+    _high_since: float | None = field(default=None, init=False)
+    _low_since: float | None = field(default=None, init=False)
+    _last_change: float = field(default=-1e18, init=False)
+
+    def decide(self, lag: int, members: int, now: float) -> int:
+        """+1, -1 or 0 members."""
+        if lag > self.scale_up_lag:
+            self._high_since = now if self._high_since is None else self._high_since
+        else:
+            self._high_since = None
+        if lag <= self.scale_down_lag:
+            self._low_since = now if self._low_since is None else self._low_since
+        else:
+            self._low_since = None
+        if now - self._last_change < self.cooldown_s:
+            return 0
+        step = 0
+        if self._high_since is not None and now - self._high_since >= self.window_s and members < self.max_members:
+            step = 1
+        elif self._low_since is not None and now - self._low_since >= self.window_s and members > self.min_members:
+            step = -1
+        if step:
+            self._last_change, self._high_since, self._low_since = now, None, None
+        return step
 
 
 @dataclass
@@ -118,8 +187,9 @@ class Observer:
     """Follows ``rewarded``, ``policy`` and ``deadletter`` from the beginning, and the end
     offsets of ``prompts`` and ``rollouts``, as a plain reader."""
 
-    def __init__(self, bus: Bus):
+    def __init__(self, bus: Bus, reward_group: str = ""):
         self.bus = bus
+        self.reward_group = reward_group
         self.obs = Observation()
         self._consumer = bus.consumer(["rewarded", "policy", "deadletter"], None, "run")
         specs = load_specs()
@@ -161,7 +231,20 @@ class Observer:
 
     async def _end_offsets(self) -> tuple[int, int]:
         ends = [await self._consumer.client.end_offsets(tps) for tps in self._counted.values()]
+        self._rollout_ends = ends[1]
         return sum(ends[0].values()), sum(ends[1].values())
+
+    async def reward_lag(self) -> int:
+        """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""
+        admin = self.bus.admin_client()
+        await admin.start()
+        try:
+            committed = await admin.list_consumer_group_offsets(self.reward_group)
+        finally:
+            await admin.close()
+        ends = getattr(self, "_rollout_ends", {})
+        return sum(end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
+                   for tp, end in ends.items())
 
 
 def status_line(obs: Observation, target_versions: int) -> str:
@@ -222,23 +305,42 @@ def plot(obs: Observation, path: Path) -> None:
     plt.close(fig)
 
 
-async def observe_until(observer: Observer, supervisor: Supervisor, learner: Child,
-                        target_versions: int, stop: asyncio.Event, show, interval_s: float) -> str:
-    """Poll and show status until the learner exits (done), a child fails, or ``stop``.
-    Returns why it ended: ``done``, ``interrupted`` or ``failed:<child>``."""
+async def observe_until(observer: Observer, launcher: Launcher, target_versions: int,
+                        stop: asyncio.Event, show, interval_s: float,
+                        scaler: LagAutoscaler | None = None, start_reward=None) -> str:
+    """Poll and show status until the learner exits (done), a stage fails, or ``stop``; resize
+    the reward group on the way when ``scaler`` is given. Returns why it ended: ``done``,
+    ``interrupted`` or ``failed:<stage>``."""
     last_shown = 0.0
     while True:
         obs = await observer.poll()
         now = time.monotonic()
+        if scaler is not None:
+            await resize_reward_group(observer, launcher, scaler, start_reward, now, show)
         if now - last_shown >= interval_s:
             show(status_line(obs, target_versions))
             last_shown = now
         if stop.is_set():
             return "interrupted"
-        if learner.proc.poll() == 0:
+        if launcher.returncode("learner") == 0:
             await asyncio.sleep(1.0)  # the last version's records arrive on the topics
             await observer.poll()
             return "done"
-        failed = supervisor.failed()
+        failed = launcher.failed()
         if failed is not None:
-            return f"failed:{failed.name}"
+            return f"failed:{failed}"
+
+
+async def resize_reward_group(observer: Observer, launcher: Launcher, scaler: LagAutoscaler,
+                              start_reward, now: float, show) -> None:
+    """One autoscaling step: members are the running ``reward-N`` stages."""
+    members = sorted((n for n in launcher.names() if n.startswith("reward-") and launcher.returncode(n) is None),
+                     key=lambda n: int(n.split("-")[1]))
+    lag = await observer.reward_lag()
+    step = scaler.decide(lag, len(members), now)
+    if step > 0:
+        start_reward()
+        show(f"autoscale: reward lag {lag}: {len(members)} -> {len(members) + 1} members")
+    elif step < 0:
+        show(f"autoscale: reward lag {lag}: {len(members)} -> {len(members) - 1} members")
+        await asyncio.to_thread(launcher.stop, members[-1])

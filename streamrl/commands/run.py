@@ -1,11 +1,12 @@
 """``streamrl run [CONFIG]``: the whole pipeline on the embedded broker (or ``--bootstrap-servers``):
-broker, topics, learner, reward group, rollout workers and the prompt feed, each a process, with a
-live status line; at the end a summary, a plot, and one JSON line."""
+broker, topics, learner, reward group, rollout workers and the prompt feed, each its own process
+(or Ray actor), with a live status line; at the end a summary, a plot, and one JSON line."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -14,11 +15,14 @@ from pathlib import Path
 from streamrl.commands.common import add_bootstrap_argument
 
 HELP = "run the whole pipeline (embedded broker by default) and print a JSON summary"
+DEFAULT_CONFIG = "configs/local.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", default="configs/local.yaml", help="pipeline YAML")
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"pipeline YAML (default {DEFAULT_CONFIG})")
     add_bootstrap_argument(parser)
+    parser.add_argument("--launcher", choices=["local", "ray"], help="run.launcher: processes here, or Ray actors")
+    parser.add_argument("--autoscale", metavar="MIN:MAX", help="size the reward group by its consumer lag")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
 
 
@@ -26,10 +30,17 @@ def main(args: argparse.Namespace) -> int:
     from streamrl.commands.common import broker_for, load, run_until_signalled
 
     if "=" in args.config and not Path(args.config).exists():  # `streamrl run a.b=c`: no config given
-        args.overrides, args.config = [args.config, *args.overrides], "configs/local.yaml"
+        args.overrides, args.config = [args.config, *args.overrides], DEFAULT_CONFIG
     cfg = load(args)
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(cfg.run.out_dir) / run_id
+    if args.launcher:
+        cfg.run.launcher = args.launcher
+    if args.autoscale:
+        low, _, high = args.autoscale.partition(":")
+        if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+            raise SystemExit(f"streamrl run: --autoscale wants MIN:MAX with 1 <= MIN <= MAX, got {args.autoscale!r}")
+        cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
+        cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
+    out = Path(cfg.run.out_dir) / time.strftime("%Y%m%d-%H%M%S")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     with broker_for(cfg) as bootstrap:
         result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop))
@@ -37,15 +48,28 @@ def main(args: argparse.Namespace) -> int:
     return {"done": 0, "interrupted": 130}.get(result["ended"], 1)
 
 
+def make_launcher(cfg, log_dir: Path):
+    from streamrl.run import LocalLauncher
+
+    if cfg.run.launcher == "local":
+        return LocalLauncher(log_dir)
+    if cfg.run.launcher == "ray":
+        from streamrl.ray_launcher import RayLauncher
+
+        ray = cfg.run.ray
+        return RayLauncher(log_dir, address=ray.address, num_cpus=ray.num_cpus, resources=ray.resources)
+    raise SystemExit(f"streamrl run: config field 'run.launcher': {cfg.run.launcher!r} is not local or ray")
+
+
 async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dict:
     from streamrl.bus import Bus
-    from streamrl.run import Observer, Supervisor, observe_until, summarise
+    from streamrl.run import LagAutoscaler, Observer, observe_until, summarise
     from streamrl.topics import ensure_topics
 
     bus = Bus(cfg.bus)
     await ensure_topics(bus)
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0"]
-    sup = Supervisor(out / "logs")
+    launcher = make_launcher(cfg, out / "logs")
     interactive = sys.stderr.isatty()
 
     def show(line: str) -> None:
@@ -54,37 +78,45 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
         else:
             print(line, file=sys.stderr, flush=True)
 
-    observer = Observer(bus)
+    reward_ids = itertools.count()
+
+    def start_reward() -> None:
+        launcher.start(f"reward-{next(reward_ids)}", ["reward", *common], "reward")
+
+    auto = cfg.run.autoscale
+    scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
+                           auto.window_s, auto.cooldown_s) if auto.max_members else None
+    observer = Observer(bus, reward_group=cfg.reward.group)
     await observer.start()
     ended = "interrupted"
     try:
-        learner = sup.start("learner", ["learner", *common, f"learner.checkpoint_dir={out}/checkpoints",
-                                        f"learner.weights_dir={out}/weights"])
-        for i in range(cfg.run.reward_members):
-            sup.start(f"reward-{i}", ["reward", *common])
+        launcher.start("learner", ["learner", *common, f"learner.checkpoint_dir={out}/checkpoints",
+                                   f"learner.weights_dir={out}/weights"], "learner")
+        for _ in range(cfg.run.reward_members):
+            start_reward()
         for i in range(cfg.run.rollout_workers):
-            sup.start(f"rollout-{i}", ["rollout", *common])
-        sup.start("feed", ["feed", *common])
-        print(f"run: {out} (logs in {out / 'logs'}); Ctrl-C stops every stage", file=sys.stderr, flush=True)
+            launcher.start(f"rollout-{i}", ["rollout", *common], "rollout")
+        launcher.start("feed", ["feed", *common], "feed")
+        print(f"run: {out} ({cfg.run.launcher} launcher, logs in {out / 'logs'}); Ctrl-C stops every stage",
+              file=sys.stderr, flush=True)
         interval = cfg.run.status_interval_s if interactive else max(5.0, cfg.run.status_interval_s)
         ended = await asyncio.wait_for(
-            observe_until(observer, sup, learner, cfg.learner.versions, stop, show, interval),
+            observe_until(observer, launcher, cfg.learner.versions, stop, show, interval, scaler, start_reward),
             timeout=cfg.run.timeout_s)
     except asyncio.TimeoutError:
         ended = "timeout"
     finally:
         if interactive:
             print(file=sys.stderr)
-        sup.stop_all()
+        await asyncio.to_thread(launcher.stop_all)
         await observer.poll(timeout_ms=200)
         await observer.stop()
     if ended.startswith("failed:"):
-        child = next(c for c in sup.children if c.name == ended.split(":", 1)[1])
-        print(f"run: {child.name} exited with {child.proc.returncode}; its log ends:\n{sup.tail(child)}",
+        name = ended.split(":", 1)[1]
+        print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{launcher.log_tail(name)}",
               file=sys.stderr)
     summary = summarise(observer.obs, out / "reward.png")
-    summary["ended"] = ended
-    summary["out"] = str(out)
+    summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher)
     print(f"run {ended}: {summary['versions']} versions, reward {summary['reward_first']} -> "
           f"{summary['reward_last']}, {summary['records']['rewarded']} rewarded, "
           f"{summary['deadletters']} dead letters, plot {summary['plot']}", file=sys.stderr, flush=True)
