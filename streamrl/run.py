@@ -230,19 +230,19 @@ class Observer:
         return obs
 
     async def _end_offsets(self) -> tuple[int, int]:
-        ends = [await self._consumer.client.end_offsets(tps) for tps in self._counted.values()]
+        ends = [await self._consumer.end_offsets(tps) for tps in self._counted.values()]
         self._rollout_ends = ends[1]
         return sum(ends[0].values()), sum(ends[1].values())
 
     async def reward_lag(self) -> int:
         """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""
+        ends = getattr(self, "_rollout_ends", {})
         admin = self.bus.admin_client()
         await admin.start()
-        try:
-            committed = await admin.list_consumer_group_offsets(self.reward_group)
+        try:  # partitions named: the embedded broker mis-encodes the "all partitions" answer
+            committed = await admin.list_consumer_group_offsets(self.reward_group, partitions=list(ends))
         finally:
             await admin.close()
-        ends = getattr(self, "_rollout_ends", {})
         return sum(end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
                    for tp, end in ends.items())
 
