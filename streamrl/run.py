@@ -252,10 +252,10 @@ def status_line(obs: Observation, target_versions: int) -> str:
     reward = f"{last.mean:.3f}" if last and last.records else "-"
     lag = obs.rollouts - obs.rewarded
     dlq = sum(obs.deadletters.values())
-    oldest = min((v for v, s in obs.by_version.items() if s.records), default=0)
+    newest = max((v for v, s in obs.by_version.items() if s.records), default=0)
     return (f"version {obs.latest_version}/{target_versions} | prompts {obs.prompts} | "
             f"rollouts {obs.rollouts} | rewarded {obs.rewarded} (lag {lag}) | trained {obs.trained} | "
-            f"reward(last gen) {reward} | staleness {obs.latest_version - oldest} | "
+            f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
             f"dead letters {dlq} | {time.time() - obs.started:.0f}s")
 
 

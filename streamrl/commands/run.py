@@ -63,7 +63,7 @@ def make_launcher(cfg, log_dir: Path):
 
 async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dict:
     from streamrl.bus import Bus
-    from streamrl.run import LagAutoscaler, Observer, observe_until, summarise
+    from streamrl.run import LagAutoscaler, Observer, observe_until, status_line, summarise
     from streamrl.topics import ensure_topics
 
     bus = Bus(cfg.bus)
@@ -106,10 +106,10 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
     except asyncio.TimeoutError:
         ended = "timeout"
     finally:
+        await asyncio.to_thread(launcher.stop_all)
+        show(status_line(await observer.poll(timeout_ms=200), cfg.learner.versions))
         if interactive:
             print(file=sys.stderr)
-        await asyncio.to_thread(launcher.stop_all)
-        await observer.poll(timeout_ms=200)
         await observer.stop()
     if ended.startswith("failed:"):
         name = ended.split(":", 1)[1]

@@ -1,0 +1,88 @@
+"""`streamrl run`, the README's first command: the whole pipeline as processes on the embedded
+broker, to its end, and stopped by Ctrl-C with no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", f"run.out_dir={tmp_path}",
+         "run.reward_members=1", "feed.limit=200", *overrides],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_run_goes_to_its_end_and_reports(tmp_path):
+    proc = start_run(tmp_path, "learner.versions=2")
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])  # the last line is one JSON object
+    assert summary["ended"] == "done" and summary["versions"] == 2
+    assert {"reward_first", "reward_last", "records", "deadletters", "plot"} <= summary.keys()
+    records = summary["records"]
+    assert records["prompts"] == 200
+    assert 0 < records["trained"] <= records["rewarded"] <= records["rollouts"]
+    assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
+    plot = Path(summary["plot"])
+    assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "version 2/2" in err  # the live status line
+
+
+def test_ctrl_c_stops_every_stage_and_leaves_no_process(tmp_path):
+    proc = start_run(tmp_path, "learner.versions=50")
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            seen |= descendants(proc.pid)
+            line = proc.stderr.readline()
+            if "rollouts" in line and "| rollouts 0 |" not in line:
+                break  # the stages are up and records flow
+        else:
+            raise AssertionError("the pipeline never got going")
+        seen |= descendants(proc.pid)
+        assert len(seen) >= 5  # broker, learner, reward, rollout, feed
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert json.loads(out.strip().splitlines()[-1])["ended"] == "interrupted"
+    time.sleep(0.5)
+    assert [pid for pid in seen if alive(pid)] == []
