@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 run: $(BIN)/.installed
-	$(BIN)/streamrl bench bus --quick
+	$(BIN)/streamrl run configs/local.yaml
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

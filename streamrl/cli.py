@@ -19,6 +19,8 @@ VERBS = {
     "bench": "streamrl.commands.bench",
     "rollout": "streamrl.commands.rollout",
     "feed": "streamrl.commands.feed",
+    "run": "streamrl.commands.run",
+    "replay": "streamrl.commands.replay",
 }
 
 

@@ -66,9 +66,51 @@ class MetricsConfig:
 
 
 @dataclass
+class AutoscaleConfig:
+    """The reward group sized by its consumer lag (``streamrl run --autoscale MIN:MAX``)."""
+
+    min_members: int = 0  # 0: autoscaling off
+    max_members: int = 0
+    scale_up_lag: int = 200  # records waiting in rollouts, for window_s, add a member
+    scale_down_lag: int = 0  # at or below this, for window_s, remove one
+    window_s: float = 5.0
+    cooldown_s: float = 15.0
+
+
+@dataclass
+class RayConfig:
+    """``streamrl run --launcher ray``: where Ray is and what each stage's actor asks for."""
+
+    address: str = ""  # "" starts a local Ray; "auto" or ray://HOST:PORT joins a cluster
+    num_cpus: int = 0  # for a local Ray: logical CPUs (0: the machine's)
+    resources: dict[str, dict[str, float]] = field(default_factory=lambda: {
+        "rollout": {"num_cpus": 1, "num_gpus": 0},
+        "reward": {"num_cpus": 1, "num_gpus": 0},
+        "learner": {"num_cpus": 1, "num_gpus": 0},
+        "feed": {"num_cpus": 0.1, "num_gpus": 0},
+    })
+
+
+@dataclass
+class RunConfig:
+    """``streamrl run``: how many processes of each stage, how they are launched, where the run
+    writes."""
+
+    launcher: str = "local"  # local | ray
+    reward_members: int = 2  # processes in the reward consumer group (the start size when autoscaling)
+    rollout_workers: int = 1
+    out_dir: str = "runs"  # each run writes <out_dir>/<run id>/ (logs, checkpoints, weights, plot)
+    status_interval_s: float = 1.0
+    timeout_s: float = 1800.0  # give up (and stop everything) after this long
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass
 class PipelineConfig:
     bus: BusConfig = field(default_factory=BusConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    run: RunConfig = field(default_factory=RunConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

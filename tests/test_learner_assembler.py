@@ -51,6 +51,7 @@ def test_staleness_bound_on_arrival_and_at_take():
     a.add(item("m1", "m", version=2), 2, 0.0)
     status, drops = a.add(item("m2", "m", version=0), 2, 0.0)
     assert sorted(d.item.id for d in drops) == ["m1", "m2"] and {d.reason for d in drops} == {STALE}
+    assert sum(d.closes_group for d in drops) == 1  # one group dropped
     # a complete group that waited while the version moved on is dropped at take
     a.add(item("w1", "w", version=1), 1, 0.0)
     a.add(item("w2", "w", version=2), 2, 0.0)

@@ -110,17 +110,19 @@ def test_trains_versions_drops_stale_and_duplicates(bus, tmp_path):
     """Strictly on-policy (max_staleness=0): two versions from fresh groups; a version-0 group
     that arrives at version 1 is dead-lettered as stale; duplicates train once; an incomplete
     group times out; a record without log-probs is dead-lettered (missing_logprobs=error)."""
-    cfg = learner_cfg(tmp_path, max_staleness=0, versions=2, group_timeout_s=2.0)
+    cfg = learner_cfg(tmp_path, max_staleness=0, versions=2, group_timeout_s=1.0)
     dup_before = metrics.LEARNER_RECORDS.labels("duplicate")._value.get()
+    timeouts = metrics.LEARNER_DROPPED.labels("group_timeout")
 
     async def go():
         learner = Learner(bus, cfg)
         task = asyncio.create_task(learner.run())
-        await wait_for(lambda: learner.consumer.assignment(), what="assignment")
+        timeouts_before = timeouts._value.get()
+        await publish(bus, group("i", size=3)[:1])  # 1 of 3, never completed
+        await wait_for(lambda: timeouts._value.get() > timeouts_before, what="group timeout")
         first = group("a") + group("b")
         no_lp = group("n", size=1, logprobs=False)
-        incomplete = group("i", size=3)[:1]
-        await publish(bus, first + [first[0], first[3]] + no_lp + incomplete)
+        await publish(bus, first + [first[0], first[3]] + no_lp)
         await wait_for(lambda: learner.version >= 1, what="version 1")
         stale = group("s", version=0)
         await publish(bus, stale + group("c", version=1) + group("d", version=1) + [first[1]])
@@ -215,7 +217,7 @@ def plain_grpo_step(records, cfg: LearnerConfig) -> dict[str, torch.Tensor]:
         logits = model(input_ids=torch.tensor([p + resp])).logits[0]
         logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(p) - 1, len(p) - 1 + len(resp)),
                                                      torch.tensor(resp)]
-        ratio = torch.exp(logp - torch.as_tensor(r.array("response_logprobs")))
+        ratio = torch.exp(logp - torch.from_numpy(r.array("response_logprobs").copy()))
         loss = loss + (-adv * ratio).sum() / total_tokens
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -239,23 +241,86 @@ def test_on_policy_update_equals_a_synchronous_grpo_step(bus, tmp_path):
     learned = params(load_policy(pols[-1].weights_uri)[0])
     want = plain_grpo_step(records, cfg)
     v0 = params(tiny()[0])
-    moved = max((want[k] - v0[k]).abs().max().item() for k in want)
-    diff = max((learned[k] - want[k]).abs().max().item() for k in want)
-    assert moved > 1e-4 and diff < 1e-6, (moved, diff)
+    moved = torch.cat([(want[k] - v0[k]).abs().flatten() for k in want])
+    diff = torch.cat([(learned[k] - want[k]).abs().flatten() for k in want])
+    assert moved.max() > 0.9 * cfg.lr  # the step did move the weights
+    # Equal up to float rounding. Adam divides each coordinate by its gradient's magnitude, so
+    # where the exact gradient is ~0 (advantages sum to zero in a group) the batched and the
+    # per-sample forward passes' rounding can move a handful of coordinates by a small part of lr.
+    assert (diff > 1e-7).float().mean() < 1e-3, (diff > 1e-7).sum()
+    assert diff.max() < 0.02 * cfg.lr, diff.max()
 
 
-def test_missing_logprobs_recomputed_when_configured(bus, tmp_path):
-    """Text-only records (no token ids, no log-probs) train when missing_logprobs=recompute."""
-    cfg = learner_cfg(tmp_path, missing_logprobs="recompute", groups_per_mini_batch=1, versions=1)
+def test_recompute_partial_groups_and_the_other_objective_options(bus, tmp_path):
+    """Text-only records (no token ids, no log-probs) train when missing_logprobs=recompute; an
+    incomplete group trains as a partial group when allowed; the decoupled objective, KL to the
+    reference, entropy bonus and seq-mean-token-mean run end to end."""
+    cfg = learner_cfg(tmp_path, missing_logprobs="recompute", groups_per_mini_batch=2, versions=1,
+                      allow_partial_groups=True, group_timeout_s=1.0, decoupled=True, kl_coef=0.1,
+                      entropy_coeff=0.01, loss_agg_mode="seq-mean-token-mean", micro_batch_size=2)
+    partial = metrics.LEARNER_GROUPS.labels("partial")
+    partial_before = partial._value.get()
 
     async def go():
         learner = Learner(bus, cfg)
         task = asyncio.create_task(learner.run())
-        await publish(bus, group("t", size=2, tokens=False, rewards=[1.0, 0.0]))
+        await publish(bus, group("t", size=2, tokens=False, rewards=[1.0, 0.0])
+                      + group("p", size=4, rewards=[1.0, 0.0, 0.0, 1.0])[:3])
         return await asyncio.wait_for(task, 60)
 
     state = asyncio.run(go())
-    assert state.version == 1 and state.trained_records == 2
+    assert state.version == 1 and state.trained_records == 5
+    assert partial._value.get() - partial_before == 1
+    pol = policies(asyncio.run(read_topic(bus, "policy", 2)))[-1]
+    assert pol.version == 1 and {"kl", "entropy", "is_weight"} <= pol.metrics.keys()
+
+
+def _staleness_counts() -> dict[str, float]:
+    """Cumulative bucket counts of the trained-records staleness histogram."""
+    return {s.labels["le"]: s.value for m in metrics.LEARNER_STALENESS.collect() for s in m.samples
+            if s.name.endswith("_bucket")}
+
+
+@pytest.mark.parametrize("max_staleness", [0, 2])
+def test_staleness_bound_holds_over_random_version_mixes(bus, tmp_path, max_staleness):
+    """Groups generated by random older versions arrive while the learner moves on: every
+    trained record is within the bound at the version its update started from (the exported
+    histogram), every record is either trained or dead-lettered as stale, none lost."""
+    rng = np.random.default_rng(max_staleness)
+    versions = 4
+    cfg = learner_cfg(tmp_path, max_staleness=max_staleness, groups_per_mini_batch=1, versions=versions)
+    before = _staleness_counts()
+    published: list[Rewarded] = []
+
+    async def go():
+        learner = Learner(bus, cfg)
+        task = asyncio.create_task(learner.run())
+        for v in range(versions):
+            await wait_for(lambda: learner.version >= v, what=f"version {v}")
+            batch = group(f"f{v}", version=learner.version)  # one fresh group keeps it moving
+            for k in range(2):
+                pv = int(rng.integers(max(0, learner.version - 4), learner.version + 1))
+                batch += group(f"m{v}-{k}", version=pv)
+            published.extend(batch)
+            await publish(bus, batch)
+        state = await asyncio.wait_for(task, 60)
+        return learner, state
+
+    learner, state = asyncio.run(go())
+    after = _staleness_counts()
+    trained = after["+Inf"] - before.get("+Inf", 0)
+    within = after[f"{float(max_staleness)}"] - before.get(f"{float(max_staleness)}", 0)
+    assert trained == state.trained_records and within == trained
+    dropped = state.consumed_records - state.trained_records
+    dls = letters(asyncio.run(read_topic(bus, "deadletter", dropped, timeout_s=10))) if dropped else []
+    assert len(dls) == dropped  # every record consumed is trained or dead-lettered, once
+    by_id = {r.id: r for r in published}
+    for d in dls:
+        assert d.reason == "stale"
+        # a record is only dropped as stale if it was out of the bound at some version <= the last
+        assert state.version - by_id[d.record_id].policy_version > max_staleness
+    if max_staleness == 0:
+        assert dropped > 0  # the random mix did contain stale groups
 
 
 def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path):

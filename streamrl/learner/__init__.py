@@ -6,5 +6,6 @@ Pieces, one concept each: ``config`` (the ``learner:`` section), ``assembler`` (
 groups, staleness, timeouts: pure logic), ``losses`` (advantages, policy loss, KL, entropy,
 aggregation: pure torch), ``trainer`` (the model, log-probs, one update), ``checkpoint``
 (weights + optimizer + version + offsets + de-dup window, atomically), ``stage`` (the consume /
-train / publish loop). torch is imported only by ``losses``, ``trainer`` and ``stage``.
+train / publish loop). torch is imported by ``losses`` and ``trainer`` only; ``stage``
+loads the trainer lazily.
 """

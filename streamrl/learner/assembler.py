@@ -49,6 +49,7 @@ class Drop:
     item: Item
     reason: str
     detail: str = ""
+    closes_group: bool = False  # the first drop of a group being closed (metrics count groups)
 
 
 @dataclass
@@ -118,11 +119,12 @@ class Assembler:
         if not self.is_fresh(item.policy_version, version):
             detail = (f"policy_version {item.policy_version} at learner version {version}, "
                       f"max_staleness {self.max_staleness}")
-            drops = [Drop(item, STALE, detail)]
             self.finished.put(item.id)
             if item.group_id in self.open:
+                drops = [Drop(item, STALE, detail)]
                 drops += self._close(item.group_id, STALE, f"a member is stale: {detail}")
             else:
+                drops = [Drop(item, STALE, detail, closes_group=True)]
                 self.closed.put(item.group_id, STALE)
             return "dropped", drops
         group = self.open.get(item.group_id)
@@ -189,10 +191,10 @@ class Assembler:
         if gid in self.ready:
             self.ready.remove(gid)
         drops = []
-        for item in group.items:
+        for n, item in enumerate(group.items):
             self._pending_ids.discard(item.id)
             self.finished.put(item.id)
-            drops.append(Drop(item, reason, detail))
+            drops.append(Drop(item, reason, detail, closes_group=n == 0))
         return drops
 
     # -- state --------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ class LearnerConfig:
     group_timeout_s: float = 300.0  # an incomplete group older than this ...
     allow_partial_groups: bool = False  # ... trains as it is (True) or goes to dead letters
     dedup_window: int = 100_000  # finished record ids remembered (and checkpointed)
-    versions: int = 0  # stop after this many versions; 0 = run forever
+    versions: int = 0  # stop once the policy version reaches this (across restarts); 0 = never
     consumer_group: str = "streamrl-learner"
 
     # -- outputs ------------------------------------------------------------------------------

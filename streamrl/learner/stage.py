@@ -175,11 +175,12 @@ class Learner:
             return  # the same message again (a seek after a rebalance): it is already held
         self.tracker.take(tp, msg.offset)
         self._dirty = True
+        record = None
         try:
             record = Rewarded.decode(msg.value, self.bus.config.max_record_bytes)
             sample = self._sample(record)
         except RecordError as exc:
-            await self._dead_letter(msg, exc.reason, exc.detail, None)
+            await self._dead_letter(msg, exc.reason, exc.detail, getattr(record, "id", None))
             return
         item = Item(record.id, record.group_id, record.group_size, record.policy_version,
                     _Taken(sample, msg, record))
@@ -238,6 +239,8 @@ class Learner:
 
     async def _drop(self, drops: list[Drop]) -> None:
         for d in drops:
+            if d.closes_group:
+                metrics.LEARNER_GROUPS.labels(d.reason).inc()
             taken: _Taken = d.item.payload
             await self._dead_letter(taken.message, d.reason, d.detail, d.item.id)
 

@@ -90,12 +90,13 @@ class Trainer:
             if p == 0:
                 raise ValueError(f"record {s.id}: empty prompt_ids (the first response token "
                                  "needs a prompt token to be predicted from)")
-            input_ids[i, :p] = torch.as_tensor(s.prompt_ids, dtype=torch.long)
-            input_ids[i, p:p + r] = torch.as_tensor(s.response_ids, dtype=torch.long)
+            resp_ids = _tensor(s.response_ids, np.int64)
+            input_ids[i, :p] = _tensor(s.prompt_ids, np.int64)
+            input_ids[i, p:p + r] = resp_ids
             attention[i, :p + r] = 1
             positions[i, :r] = torch.arange(p - 1, p - 1 + r)
-            response[i, :r] = torch.as_tensor(s.response_ids, dtype=torch.long)
-            mask[i, :r] = 1.0 if s.response_mask is None else torch.as_tensor(s.response_mask, dtype=torch.float32)
+            response[i, :r] = resp_ids
+            mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
         dev = self.device
         return _Batch(input_ids.to(dev), attention.to(dev), positions.to(dev), response.to(dev), mask.to(dev))
 
@@ -152,7 +153,7 @@ class Trainer:
             if s.behaviour_logprobs is None:
                 behav[i] = current[i]
             else:
-                behav[i, :len(s.behaviour_logprobs)] = torch.as_tensor(s.behaviour_logprobs, dtype=torch.float32)
+                behav[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
         ref = self._logprobs(self.reference, batch) if self.reference is not None else None
         total_tokens = batch.mask.sum().clamp(min=1.0)
         total_seqs = (batch.mask.sum(-1) > 0).sum().clamp(min=1)
@@ -214,3 +215,8 @@ class Trainer:
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+def _tensor(values: np.ndarray, dtype) -> torch.Tensor:
+    """A copy as a tensor (record arrays are read-only views of the message bytes)."""
+    return torch.from_numpy(np.array(values, dtype=dtype))

@@ -54,7 +54,9 @@ class ScorerSpec:
 @dataclass
 class GroupHookConfig:
     """A function over a complete group (all ``group_size`` samples of one prompt), run before
-    any of them is published: normalisation, majority vote, pass@k. Empty ``function``: none."""
+    any of them is published: normalisation, majority vote, pass@k. Empty ``function``: none.
+    Waiting members count against ``reward.max_in_flight``: keep it several group sizes large,
+    or groups only ever finish by timing out."""
 
     function: str = ""  # built-in name (streamrl.reward.hooks.HOOKS) or "file.py:name" / "module:name"
     kwargs: dict[str, Any] = field(default_factory=dict)

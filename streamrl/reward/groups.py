@@ -106,6 +106,9 @@ class GroupCollector:
 
     async def _run_hook(self, gid: str, g: _Group) -> None:
         members = list(g.members.values())
+        if not members:  # every member was dead-lettered: nothing to adjust
+            self._finish(gid, g, {})
+            return
         plain = [{"id": m.id, "reward": m.reward, "reward_info": m.reward_info,
                   "response": m.response, "ground_truth": m.ground_truth,
                   "data_source": m.data_source, "extra_info": m.extra_info} for m in members]

@@ -147,12 +147,15 @@ class RewardStage:
             if not held:
                 held = True
                 metrics.REWARD_HELD.labels(entry.name).inc()
-            log.warning("%s unavailable (%s): holding record %s, try %d",
-                        entry.name, state.outcome.exception(), traj.id, state.attempt_number)
+            # once per record at warning level: an outage holds up to max_in_flight records
+            log.log(logging.WARNING if state.attempt_number == 1 else logging.DEBUG,
+                    "%s unavailable (%s): holding record %s, try %d", entry.name,
+                    state.outcome.exception(), traj.id, state.attempt_number)
 
         hold = AsyncRetrying(
             retry=retry_if_exception_type(ScorerUnavailable), reraise=True, before_sleep=on_hold,
-            wait=wait_exponential_jitter(initial=rc.retry_backoff_s, max=rc.unavailable_backoff_max_s))
+            wait=wait_exponential_jitter(multiplier=rc.retry_backoff_s, max=rc.unavailable_backoff_max_s,
+                                      jitter=rc.retry_backoff_s))
         try:
             async for attempt in hold:
                 with attempt:
@@ -174,7 +177,7 @@ class RewardStage:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(rc.max_attempts), reraise=True, before_sleep=count,
             retry=retry_if_not_exception_type((ScorerUnavailable, _NonFinite, asyncio.CancelledError)),
-            wait=wait_exponential_jitter(initial=rc.retry_backoff_s, max=10.0))
+            wait=wait_exponential_jitter(multiplier=rc.retry_backoff_s, max=10.0, jitter=rc.retry_backoff_s))
         try:
             async for attempt in retrying:
                 with attempt:

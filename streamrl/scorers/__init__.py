@@ -164,9 +164,17 @@ def build_table(cfg: "RewardConfig") -> ScorerTable:
         # the real address is filled in at start; the signature check only needs to know
         # whether there will be one
         "reward_router_address": "pending" if router else None,
-        "reward_model_tokenizer": _tokenizer(cfg.reward_model_tokenizer),
+        "reward_model_tokenizer": None,  # loaded below when configured
         "prompt": "",  # every record offers its prompt
     }
+    if cfg.reward_model_tokenizer:
+        from streamrl.scorers.loader import load_tokenizer
+
+        try:
+            available["reward_model_tokenizer"] = load_tokenizer(cfg.reward_model_tokenizer)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"config field 'reward.reward_model_tokenizer': cannot load "
+                              f"{cfg.reward_model_tokenizer!r}: {exc}") from None
     entries: dict[str, Entry] = {}
     hybrids = []
     for name, spec in cfg.scorers.items():
@@ -179,7 +187,7 @@ def build_table(cfg: "RewardConfig") -> ScorerTable:
         if spec.type == "hybrid":
             hybrids.append((name, spec, data_sources))
             continue
-        scorer = _build_scorer(name, spec, available, runner)
+        scorer = _build_scorer(name, spec, available, runner, cfg.reward_model_tokenizer)
         entries[name] = Entry(name, scorer, spec.version or str(getattr(scorer, "version", "0")),
                               data_sources, dict(spec.fallbacks))
     for name, spec, data_sources in hybrids:
@@ -200,7 +208,8 @@ def build_table(cfg: "RewardConfig") -> ScorerTable:
     return ScorerTable(entries, runner, router)
 
 
-def _build_scorer(name: str, spec: "ScorerSpec", available: dict[str, Any], runner: Any) -> Any:
+def _build_scorer(name: str, spec: "ScorerSpec", available: dict[str, Any], runner: Any,
+                  tokenizer_name: str) -> Any:
     from streamrl.config import ConfigError
     from streamrl.scorers.loader import FunctionScorer
 
@@ -218,14 +227,18 @@ def _build_scorer(name: str, spec: "ScorerSpec", available: dict[str, Any], runn
             ref, executor = spec.path, spec.executor
         return FunctionScorer(ref, name=name, kwargs=dict(spec.kwargs), executor=executor,
                               timeout_s=spec.timeout_s, available=available, runner=runner,
-                              version=spec.version)
-    if spec.type == "judge":
-        from streamrl.scorers.judge import JudgeConfig, JudgeScorer
+                              version=spec.version, tokenizer_name=tokenizer_name)
+    section = f"reward.scorers.{name}.{spec.type}"
+    try:
+        if spec.type == "judge":
+            from streamrl.scorers.judge import JudgeConfig, JudgeScorer
 
-        return JudgeScorer(_section(JudgeConfig, spec.judge, f"reward.scorers.{name}.judge"), name=name)
-    from streamrl.scorers.model import ModelScorer, ModelScorerConfig
+            return JudgeScorer(_section(JudgeConfig, spec.judge, section), name=name)
+        from streamrl.scorers.model import ModelScorer, ModelScorerConfig
 
-    return ModelScorer(_section(ModelScorerConfig, spec.model, f"reward.scorers.{name}.model"), name=name)
+        return ModelScorer(_section(ModelScorerConfig, spec.model, section), name=name)
+    except ConfigError as exc:  # their checks name the field after the entry: give the full path
+        raise ConfigError(str(exc).replace(f"'{name}.", f"'{section}.", 1)) from None
 
 
 def _section(schema: type, values: dict[str, Any], where: str) -> Any:
@@ -240,11 +253,3 @@ def _section(schema: type, values: dict[str, Any], where: str) -> Any:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
         raise ConfigError(f"config field '{where}.{key}': {str(exc).splitlines()[0]}") from None
-
-
-def _tokenizer(name: str) -> Any:
-    if not name:
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(name)

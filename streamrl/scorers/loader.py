@@ -102,16 +102,27 @@ def check_signature(fn: Callable[..., Any], where: str, kwargs: dict[str, Any],
 
 # -- worker processes ---------------------------------------------------------------------------
 
-def _call_in_worker(ref: str, kwargs: dict[str, Any]) -> Any:
-    """Runs in a worker process: resolve the function by reference (cached per worker), call it."""
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(name: str) -> Any:
+    """verl's ``reward_model_tokenizer``: a Hugging Face tokenizer by hub id or directory."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def _call_in_worker(ref: str, kwargs: dict[str, Any], tokenizer: str = "") -> Any:
+    """Runs in a worker process: resolve the function (and the tokenizer, by name) once per
+    worker, then call it. A tokenizer is never shipped per record."""
+    if tokenizer:
+        kwargs["reward_model_tokenizer"] = load_tokenizer(tokenizer)
     return load_function(ref)(**kwargs)
 
 
 class ProcessRunner:
     """A pool of worker processes (pebble) for sync scorers, shared by every entry that uses one.
-    Workers are forked (the table starts the pool before the stage connects to Kafka): a fork
-    server or spawn would re-run the parent's ``__main__`` in every worker, and a service
-    script's ``__main__`` starts a whole stage."""
+    Workers are forked: a fork server or spawn would re-run the parent's ``__main__`` in every
+    worker, and a service script's ``__main__`` starts a whole stage. A forked worker only runs
+    ``_call_in_worker``; it never touches the parent's event loop or Kafka connections."""
 
     def __init__(self, workers: int = 0):
         self.workers = workers or os.cpu_count() or 1
@@ -124,9 +135,10 @@ class ProcessRunner:
             self._pool = pebble.ProcessPool(max_workers=self.workers,
                                             context=multiprocessing.get_context("fork"))
 
-    async def call(self, ref: str, kwargs: dict[str, Any], timeout_s: float) -> Any:
+    async def call(self, ref: str, kwargs: dict[str, Any], timeout_s: float,
+                   tokenizer: str = "") -> Any:
         self.start()
-        future = self._pool.schedule(_call_in_worker, args=(ref, kwargs),
+        future = self._pool.schedule(_call_in_worker, args=(ref, kwargs, tokenizer),
                                      timeout=timeout_s if timeout_s > 0 else None)
         try:
             return await asyncio.wrap_future(future)
@@ -147,14 +159,17 @@ class FunctionScorer:
     def __init__(self, ref: str, *, name: str, kwargs: dict[str, Any] | None = None,
                  executor: str = "inline", timeout_s: float = 30.0,
                  available: dict[str, Any] | None = None, runner: ProcessRunner | None = None,
-                 version: str = ""):
+                 version: str = "", tokenizer_name: str = ""):
         self.ref, self.name = ref, name
-        self.fn = load_function(ref)
+        where = f"config field 'reward.scorers.{name}"
+        try:
+            self.fn = load_function(ref)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.path': {exc}") from None
         self.kwargs = dict(kwargs or {})
         self.is_async = inspect.iscoroutinefunction(self.fn)
-        where = f"config field 'reward.scorers.{name}'"
         if self.is_async and executor not in ("auto", "inline"):
-            raise ConfigError(f"{where}.executor: {ref} is async; it runs on the event loop, "
+            raise ConfigError(f"{where}.executor': {ref} is async; it runs on the event loop, "
                               f"not in a {executor}")
         self.executor = "inline" if executor == "auto" and self.is_async else executor
         if self.executor == "auto":
@@ -163,13 +178,13 @@ class FunctionScorer:
             raise ValueError("executor=process needs a ProcessRunner")
         self.runner, self.timeout_s = runner, timeout_s
         self.available = dict(available or {})
-        self.takes = check_signature(self.fn, where, self.kwargs, self.available)
+        self.tokenizer_name = tokenizer_name
+        self.takes = check_signature(self.fn, f"{where}.path'", self.kwargs, self.available)
         self.version = version or module_version(self.fn)
 
     async def start(self) -> None:
-        if self.executor == "process":
-            assert self.runner is not None
-            self.runner.start()
+        """Nothing to start: the shared process pool starts on its first call, so a member that
+        never sees a record for a process scorer never forks workers."""
 
     async def close(self) -> None:
         """The process pool is shared: its owner closes it."""
@@ -190,8 +205,9 @@ class FunctionScorer:
             return await self._bounded(self.fn(**call), timeout)
         if self.executor == "process":
             assert self.runner is not None
-            call.pop("reward_model_tokenizer", None)  # a tokenizer object does not cross processes
-            return await self.runner.call(self.ref, call, self.timeout_s)
+            # the worker loads the tokenizer by name: an object per record would cost megabytes
+            tokenizer = self.tokenizer_name if call.pop("reward_model_tokenizer", None) is not None else ""
+            return await self.runner.call(self.ref, call, self.timeout_s, tokenizer)
         if self.executor == "thread":
             return await self._bounded(asyncio.to_thread(functools.partial(self.fn, **call)), timeout)
         return self.fn(**call)

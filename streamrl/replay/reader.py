@@ -1,0 +1,294 @@
+"""Reading a range of a topic as a plain reader: no consumer group, no commits.
+
+The reader assigns every partition of the topic to itself and seeks, so it never joins a group
+and never moves a production group's committed offsets. It takes each partition's end when it
+starts (the broker's end offset, or the high watermark of its first fetch where that is
+further: see ``read_range``) and stops there: records produced later are not part of the
+replay, and a replay of a live topic ends.
+
+Bounds (``--from`` / ``--to``, both inclusive, any number of each, all must hold):
+
+- ``offset:N``  the partition offset, in every partition;
+- ``time:T``    the record's own time, T in unix seconds or ISO 8601 (no zone: UTC). The record's
+  time is ``scored_at`` for rewarded records and ``created_at`` otherwise. The broker's
+  offsets-for-times lookup is used only to skip ahead (from ``T - TIME_SEEK_SLACK_S``), never to
+  decide what is in range: on the embedded broker it maps every time to offset 0, which merely
+  reads more;
+- ``version:N`` the record's ``policy_version``.
+
+Messages that cannot be decoded are kept as failures with their reason; duplicates (the same
+``id`` again, e.g. a redelivery) are counted and the copy at the lowest (partition, offset) is
+kept, so the outcome does not depend on the order fetches arrive in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+
+from streamrl.bus import Bus, TopicPartition
+from streamrl.records import REWARDED_SCHEMA, TRAJECTORY_SCHEMA, RecordError, Rewarded, Trajectory
+
+
+STAGE = "replay"
+BOUND_KINDS = ("offset", "time", "version")
+#: Seek this much earlier than a ``time:`` lower bound. A record is produced after its own time
+#: (scoring, a group hook's wait), so its Kafka timestamp is later and the broker's lookup is a
+#: safe lower bound; the slack covers clocks that differ (LogAppendTime topics, other hosts).
+TIME_SEEK_SLACK_S = 600.0
+#: Give up when no partition advances for this long (a broker that stopped answering).
+STALL_TIMEOUT_S = 60.0
+_TOKEN_ARRAYS = ("prompt_ids", "response_ids", "response_logprobs", "response_mask")
+
+
+class BoundError(ValueError):
+    """A ``--from`` / ``--to`` value that cannot be read; the message says what is expected."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    kind: str  # offset | time | version
+    value: float
+
+    def __str__(self) -> str:
+        if self.kind == "time":
+            return f"time:{datetime.fromtimestamp(self.value, timezone.utc).isoformat()}"
+        return f"{self.kind}:{int(self.value)}"
+
+
+def parse_bound(text: str) -> Bound:
+    """``offset:N``, ``time:UNIX_SECONDS``, ``time:ISO8601`` or ``version:N``."""
+    kind, sep, value = text.partition(":")
+    if not sep or kind not in BOUND_KINDS or not value:
+        raise BoundError(f"bound {text!r}: expected offset:N, time:UNIX_SECONDS|ISO8601 or version:N")
+    if kind == "time":
+        try:
+            return Bound(kind, float(value))
+        except ValueError:
+            pass
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise BoundError(f"bound {text!r}: {value!r} is neither unix seconds nor ISO 8601") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return Bound(kind, when.timestamp())
+    try:
+        number = int(value)
+    except ValueError:
+        raise BoundError(f"bound {text!r}: {value!r} is not a whole number") from None
+    if number < 0:
+        raise BoundError(f"bound {text!r}: must be >= 0")
+    return Bound(kind, number)
+
+
+@dataclass(frozen=True)
+class Range:
+    """What to read: the conjunction of lower (``lo``) and upper (``hi``) bounds, inclusive."""
+
+    lo: tuple[Bound, ...] = ()
+    hi: tuple[Bound, ...] = ()
+
+    def _limit(self, kind: str, upper: bool) -> float | None:
+        values = [b.value for b in (self.hi if upper else self.lo) if b.kind == kind]
+        if not values:
+            return None
+        return min(values) if upper else max(values)
+
+    def offsets(self) -> tuple[int | None, int | None]:
+        lo, hi = self._limit("offset", False), self._limit("offset", True)
+        return (None if lo is None else int(lo)), (None if hi is None else int(hi))
+
+    def seek_time(self) -> float | None:
+        lo = self._limit("time", False)
+        return None if lo is None else lo - TIME_SEEK_SLACK_S
+
+    def contains(self, record: Trajectory) -> bool:
+        """Whether the record's own time and version are within the bounds."""
+        when = record_time(record)
+        for kind, value in (("time", when), ("version", record.policy_version)):
+            lo, hi = self._limit(kind, False), self._limit(kind, True)
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                return False
+        return True
+
+    def describe(self) -> dict[str, list[str]]:
+        return {"from": [str(b) for b in self.lo], "to": [str(b) for b in self.hi]}
+
+
+def record_time(record: Trajectory) -> float:
+    """The record's own time: when it was scored (rewarded records), else created."""
+    return record.scored_at if isinstance(record, Rewarded) else record.created_at
+
+
+@dataclass
+class Located:
+    """A decoded record and where it was read."""
+
+    record: Trajectory
+    partition: int | None  # None: not read from a topic (generated)
+    offset: int | None
+
+
+@dataclass
+class Failure:
+    """A message or record that could not be replayed, and why."""
+
+    stage: str  # decode | score | generate
+    reason: str
+    detail: str
+    partition: int | None = None
+    offset: int | None = None
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "reason": self.reason, "detail": self.detail,
+                "partition": self.partition, "offset": self.offset, "id": self.id}
+
+
+@dataclass
+class ReadResult:
+    topic: str
+    window: dict[int, tuple[int, int]]  # partition -> (first offset read, stop offset)
+    messages: int = 0  # messages read in the offset window
+    skipped: int = 0  # decoded, outside the time / version bounds
+    duplicates: int = 0  # in range, an id seen before
+    records: list[Located] = field(default_factory=list)  # unique, in range, sorted by id
+    failures: list[Failure] = field(default_factory=list)  # decode failures, by (partition, offset)
+
+
+def decode(value: bytes | None) -> Trajectory:
+    """A rewarded record or a trajectory, by its ``schema`` field; ``RecordError`` otherwise."""
+    if value is None:
+        raise RecordError("bad_json", "empty message (tombstone)")
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError("bad_json", str(exc)) from None
+    if not isinstance(obj, dict):
+        raise RecordError("schema", f"a record is a JSON object, got {type(obj).__name__}")
+    cls = {REWARDED_SCHEMA: Rewarded, TRAJECTORY_SCHEMA: Trajectory}.get(obj.get("schema"))
+    if cls is None:
+        raise RecordError("schema", f"schema is {obj.get('schema')!r}, expected {REWARDED_SCHEMA!r} "
+                                    f"or {TRAJECTORY_SCHEMA!r}")
+    return cls.from_dict(obj)
+
+
+async def read_range(bus: Bus, topic: str, bounds: Range = Range(), *, keep_arrays: bool = False,
+                     progress: Any = None) -> ReadResult:
+    """Read ``topic`` (short name) within ``bounds``. Token arrays are dropped unless
+    ``keep_arrays`` (scorers read text; a replay of a long run holds every record in memory).
+    ``progress``: a tqdm bar, updated per message."""
+    consumer = bus.consumer([topic], None, STAGE)
+    await consumer.start(subscribe=False)
+    client = consumer.client
+    name = bus.topic(topic)
+    try:
+        parts = await _partitions(bus, name)
+        tps = [TopicPartition(name, p) for p in parts]
+        client.assign(tps)
+        begin = await client.beginning_offsets(tps)
+        # The end is the larger of ListOffsets and the high watermark of the first fetch:
+        # the embedded broker answers ListOffsets(latest) with the base offset of the last
+        # batch + 1, short of the records batched after it (measured; Kafka answers the end).
+        listed = await client.end_offsets(tps)
+        lo, hi = bounds.offsets()
+        cap = (lambda x: x) if hi is None else (lambda x: min(x, hi + 1))
+        start = {tp: max(begin[tp], lo or 0) for tp in tps}
+        stop = {tp: cap(listed[tp]) for tp in tps}
+        empty: set[TopicPartition] = set()  # nothing in range there
+        seek_time = bounds.seek_time()
+        if seek_time is not None:
+            by_time = await client.offsets_for_times({tp: max(0, int(seek_time * 1000)) for tp in tps})
+            for tp in tps:
+                at = by_time.get(tp)
+                if at is None:  # no record that late
+                    empty.add(tp)
+                else:
+                    start[tp] = max(start[tp], at.offset)
+        for tp in tps:
+            client.seek(tp, start[tp])
+        pending = set(tps) - empty
+        known: set[TopicPartition] = set()  # partitions whose high watermark has been seen
+        result = ReadResult(topic=name, window={})
+        found: list[Located] = []
+        last_progress = time.monotonic()
+        while pending:
+            got = await client.getmany(*pending, timeout_ms=500)
+            moved = bool(got)
+            for tp in pending - known:
+                hw = client.highwater(tp)
+                if hw is not None:
+                    known.add(tp)
+                    stop[tp] = max(stop[tp], cap(hw))
+                    moved = True
+                    if progress is not None:
+                        progress.total = sum(max(0, stop[t] - start[t]) for t in known)
+                        progress.refresh()
+            for tp, msgs in got.items():
+                for msg in msgs:
+                    if not start[tp] <= msg.offset < stop[tp]:
+                        continue
+                    result.messages += 1
+                    _take(msg, bounds, keep_arrays, found, result)
+                    if progress is not None:
+                        progress.update(1)
+            for tp in pending & known:
+                if await client.position(tp) >= stop[tp]:
+                    pending.discard(tp)
+                    client.pause(tp)
+            if moved:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                where = ", ".join(f"{tp.partition}@{await client.position(tp)}/{stop[tp]}" for tp in pending)
+                raise TimeoutError(f"{name}: no progress for {STALL_TIMEOUT_S:.0f} s "
+                                   f"(partition@position/stop: {where})")
+        for tp in empty:
+            stop[tp] = start[tp]
+        result.window = {tp.partition: (start[tp], max(start[tp], stop[tp])) for tp in tps}
+    finally:
+        await consumer.stop()
+    result.records = _unique(found, result)
+    result.failures.sort(key=lambda f: (f.partition, f.offset))
+    return result
+
+
+async def _partitions(bus: Bus, name: str) -> list[int]:
+    admin = bus.admin_client()
+    await admin.start()
+    try:
+        if name not in await admin.list_topics():
+            raise LookupError(f"topic {name!r} does not exist on {bus.config.bootstrap_servers}")
+        described = await admin.describe_topics([name])
+    finally:
+        await admin.close()
+    return sorted(p["partition"] for d in described if d["topic"] == name for p in d["partitions"])
+
+
+def _take(msg: Any, bounds: Range, keep_arrays: bool, found: list[Located], result: ReadResult) -> None:
+    try:
+        record = decode(msg.value)
+    except RecordError as exc:
+        result.failures.append(Failure("decode", exc.reason, exc.detail, msg.partition, msg.offset))
+        return
+    if not bounds.contains(record):
+        result.skipped += 1
+        return
+    if not keep_arrays:
+        record = replace(record, **{k: None for k in _TOKEN_ARRAYS})
+    found.append(Located(record, msg.partition, msg.offset))
+
+
+def _unique(found: list[Located], result: ReadResult) -> list[Located]:
+    """One copy per id (the lowest (partition, offset)), sorted by id."""
+    first: dict[str, Located] = {}
+    for loc in sorted(found, key=lambda x: (x.partition, x.offset)):
+        if loc.record.id in first:
+            result.duplicates += 1
+        else:
+            first[loc.record.id] = loc
+    return [first[k] for k in sorted(first)]

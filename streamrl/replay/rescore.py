@@ -1,0 +1,160 @@
+"""Re-scoring through the reward stage's own scoring path.
+
+A replay does not score records its own way: it builds the reward stage's ``RewardStage`` for a
+scorer configuration and calls its ``score`` for each record, so a replay gets exactly the
+stage's scorers (rules, user functions, judges, reward models, hybrids), retries and fallbacks,
+its reward router, and its hold-while-unavailable (a judge that is down stalls a replay; it
+never turns into 0). ``reward.max_in_flight`` records are scored at once, as in one member.
+
+What ``--scorer`` names (``resolve_scorer``):
+
+- ``NAME``: a built-in scorer (``gsm8k``, ``math``) or an entry of the ``reward.scorers`` table of
+  ``--config``; that entry scores *every* record, whatever its ``data_source``;
+- ``FILE.yaml``: a scorer configuration in the reward config's format: a pipeline YAML with a
+  ``reward:`` section, or the section itself (``scorers:``, ``max_attempts:``, ...). It replaces
+  the reward section of ``--config``; records are routed by ``data_source`` as the stage does;
+- ``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``: a function with verl's scorer signature; it scores
+  every record (the reward config's concurrency, retries and executor rules apply).
+
+Group hooks are not applied: a replay compares scorers, so both sides are the scorer's own
+reward (see ``report.old_reward``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from streamrl import metrics
+from streamrl.bus import Bus, DeadLetterError
+from streamrl.config import ConfigError, PipelineConfig
+from streamrl.records import Trajectory
+from streamrl.reward.config import GroupHookConfig, RewardConfig, ScorerSpec
+
+
+
+@dataclass
+class ScorerChoice:
+    spec: str  # what the user gave
+    reward: RewardConfig  # the reward config to score with
+    entry: str | None  # the entry that scores every record; None: route by data_source
+
+
+@dataclass
+class Scored:
+    """One record's outcome: a reward and its ``reward_info``, or the reason it failed."""
+
+    scorer: str | None  # the entry that scored it
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    version: str = ""
+    reason: str | None = None
+    detail: str = ""
+
+
+def resolve_scorer(spec: str, base: RewardConfig) -> ScorerChoice:
+    """The reward config and entry ``spec`` stands for (see the module docstring); a bad
+    ``spec`` raises ``ConfigError`` saying what is accepted."""
+    if spec.endswith((".yaml", ".yml")):
+        return ScorerChoice(spec, load_reward_config(spec), None)
+    if ":" in spec:
+        name = spec.rpartition(":")[2] or "function"
+        rc = dataclasses.replace(base, scorers={**base.scorers, name: ScorerSpec(
+            type="function", path=spec, data_sources=[])})
+        return ScorerChoice(spec, _only(rc, name), name)
+    if spec in base.scorers:
+        return ScorerChoice(spec, _only(base, spec), spec)
+    raise ConfigError(f"--scorer {spec!r}: not a built-in scorer or an entry of reward.scorers "
+                      f"({', '.join(sorted(base.scorers))}); give a scorer config file (.yaml) or "
+                      f"file.py:function")
+
+
+def load_reward_config(path: str | Path) -> RewardConfig:
+    """A reward config from a YAML file: a pipeline config's ``reward:`` section, or the
+    section alone. Other sections of a pipeline config are ignored."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--scorer {str(path)!r}: no such file")
+    try:
+        doc = OmegaConf.load(path)
+        section = doc.get("reward", doc) if OmegaConf.is_dict(doc) else doc
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RewardConfig), section))
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"config field 'reward.{key}' in {path}: {str(exc).splitlines()[0]}") from None
+
+
+def _only(rc: RewardConfig, name: str) -> RewardConfig:
+    """``rc`` with only the entries ``name`` needs (itself, a hybrid's parts, the router's
+    judge), each serving no data source: nothing else is started (a reward model loads at
+    start), and routes cannot clash."""
+    keep = {name, *rc.scorers[name].parts}
+    if rc.reward_router in rc.scorers:
+        keep.add(rc.reward_router)
+    scorers = {k: dataclasses.replace(v, data_sources=[]) for k, v in rc.scorers.items() if k in keep}
+    return dataclasses.replace(rc, scorers=scorers)
+
+
+class Rescorer:
+    """``async with Rescorer(cfg, choice, bus) as r: scored = await r.score_all(records)``.
+    Raises ``ConfigError`` at construction for a bad scorer configuration."""
+
+    def __init__(self, cfg: PipelineConfig, choice: ScorerChoice, bus: Bus | None = None):
+        from streamrl.reward.stage import RewardStage
+
+        reward = dataclasses.replace(choice.reward, group_hook=GroupHookConfig())
+        cfg = dataclasses.replace(cfg, reward=reward)
+        if bus is None:
+            # RewardStage connects its bus only in run(), which a replay never calls; without a
+            # broker (--generate) it gets one that is never connected.
+            bus = Bus(dataclasses.replace(cfg.bus, bootstrap_servers="unused:0"))
+        self.choice = choice
+        self.stage = RewardStage(cfg, bus)
+        self.table = self.stage.table
+
+    async def __aenter__(self) -> "Rescorer":
+        await self.table.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.table.close()
+
+    def versions(self) -> dict[str, str]:
+        return {name: e.version for name, e in sorted(self.table.entries.items())}
+
+    async def score(self, record: Trajectory) -> Scored:
+        name = self.choice.entry
+        entry = self.table.entries[name] if name else self.table.lookup(record.data_source)
+        if entry is None:
+            return Scored(None, reason="unknown_data_source",
+                          detail=f"no scorer serves data_source {record.data_source!r}")
+        try:
+            reward, info = await self.stage.score(entry, record)
+        except DeadLetterError as exc:
+            return Scored(entry.name, version=entry.version, reason=exc.reason, detail=exc.detail)
+        # fp32, as the stage publishes it (Rewarded.from_trajectory)
+        return Scored(entry.name, float(np.float32(reward)), info, entry.version)
+
+    async def score_all(self, records: Sequence[Trajectory], progress: Any = None) -> list[Scored]:
+        """Every record's outcome, in order; ``reward.max_in_flight`` at a time."""
+        out: list[Scored | None] = [None] * len(records)
+        todo = iter(range(len(records)))
+
+        async def worker() -> None:
+            for i in todo:
+                out[i] = scored = await self.score(records[i])
+                metrics.REPLAY_RECORDS.labels("scored" if scored.reason is None else "score_failed").inc()
+                if progress is not None:
+                    progress.update(1)
+
+        workers = min(self.stage.rc.max_in_flight, len(records))
+        await asyncio.gather(*(worker() for _ in range(workers)))
+        return out  # type: ignore[return-value]
