@@ -47,6 +47,18 @@ def find_tansu_binary() -> str:
         raise BrokerError(str(exc)) from None
 
 
+def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM (the broker, or a stage: drain, commit, leave the group), SIGKILL after
+    ``timeout_s``, and reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -119,14 +131,8 @@ class EmbeddedBroker:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            stop_process(proc, timeout_s)
 
     def terminate(self) -> None:
         """Ask the broker to exit (safe from a signal handler); ``wait`` reaps it."""

@@ -13,7 +13,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from streamrl.run import Launcher, _die_with_parent, stage_command, stop_process
+from streamrl.broker import stop_process
+from streamrl.run import Launcher, _die_with_parent, stage_command
 
 
 class _StageProcess:

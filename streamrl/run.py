@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrl.broker import stop_process
 from streamrl.bus import Bus, TopicPartition
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded
 from streamrl.topics import load_specs
@@ -38,17 +39,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 def stage_command(argv: list[str]) -> list[str]:
     """How every launcher runs a stage: the same CLI as a user, compose and Ray."""
     return [sys.executable, "-m", "streamrl", *argv]
-
-
-def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
-    """SIGTERM (a stage drains, commits and leaves its group), SIGKILL after ``timeout_s``."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class Launcher:
