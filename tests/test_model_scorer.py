@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from streamrl.config import ConfigError
+from streamrl.scorers.base import ScoreError, ScorerUnavailable
 from streamrl.scorers.model import ModelScorer, ModelScorerConfig, bundled_minilm_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -95,6 +96,8 @@ class RewardServer:
             return web.Response(status=503)
         assert body["use_activation"] is False
         self.inputs.append(body["input"])
+        if any("POISON" in t for t in body["input"]):
+            return web.Response(status=400, text="input too long")
         data = [{"index": i, "label": "LABEL_0", "probs": [len(t.split()) / 100], "num_classes": 1}
                 for i, t in enumerate(body["input"])]
         random.shuffle(data)
@@ -141,6 +144,35 @@ def test_http_backend_batches_through_the_router():
     assert max(len(b) for b in batches) > 1 and sum(len(b) for b in batches) == len(texts)
     expected = [len(f"q\n\n{t}".split()) / 100 for t in texts]  # each score back to its own record
     np.testing.assert_allclose([o["score"] for o in outs], expected, rtol=1e-6)
+
+
+def test_a_bad_record_fails_alone_and_an_outage_fails_none_to_zero():
+    """A request the server rejects fails only the record that caused it (the batch is retried
+    one by one); every server down gives ScorerUnavailable (the stage holds), never a score."""
+    texts = responses(10, seed=3)
+    texts[4] = "POISON " + texts[4]
+
+    async def main():
+        server = await RewardServer().start()
+        scorer = await ModelScorer(ModelScorerConfig(
+            backend="http", urls=[server.url], max_batch_size=10, max_wait_ms=100,
+            eject_after=1, max_retries=0, health_interval_s=0)).start()
+        try:
+            outs = await asyncio.gather(*(scorer("gsm8k", t, None, prompt="q") for t in texts),
+                                        return_exceptions=True)
+            server.failing = True
+            down = await asyncio.gather(*(scorer("gsm8k", t, None, prompt="q") for t in texts[:3]),
+                                        return_exceptions=True)
+            return outs, down, [len(b) for b in server.inputs]
+        finally:
+            await scorer.close()
+            await server.stop()
+
+    outs, down, sizes = asyncio.run(main())
+    assert sizes[0] == 10 and sizes[1:] == [1] * 10  # the batch, then one by one
+    assert isinstance(outs[4], ScoreError) and outs[4].reason == "model_rejected"
+    assert all(isinstance(o, dict) and o["score"] > 0 for i, o in enumerate(outs) if i != 4)
+    assert all(isinstance(d, ScorerUnavailable) for d in down)
 
 
 def test_bad_config_fails_at_start_naming_the_field():

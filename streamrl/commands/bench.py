@@ -11,6 +11,8 @@ HELP = "run a benchmark (figures as ratios measured side by side in one run)"
 
 BENCHES = {
     "bus": "streamrl.bench.bus",
+    "learner": "streamrl.bench.learner",
+    "reward": "streamrl.bench.reward",
 }
 
 

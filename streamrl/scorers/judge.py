@@ -21,7 +21,6 @@ only ever goes into the Authorization header: never into a log line, a metric or
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from streamrl.scorers.base import ScoreError
 from streamrl.scorers.ratelimit import RateLimiter
 from streamrl.scorers.router import Router
 
-log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE = """You are grading a student's answer.
 
@@ -101,6 +99,9 @@ class JudgeConfig:
         for f in ("concurrency", "max_tokens", "eject_after"):
             if getattr(self, f) < 1:
                 raise ConfigError(f"config field '{name}.{f}': must be at least 1")
+        for f in ("rpm", "tpm", "max_retries", "backoff_s", "backoff_max_s", "health_interval_s"):
+            if getattr(self, f) < 0:
+                raise ConfigError(f"config field '{name}.{f}': must not be negative")
         if self.timeout_s <= 0:
             raise ConfigError(f"config field '{name}.timeout_s': must be positive")
         if self.api_key_env and self.api_key_env not in os.environ:

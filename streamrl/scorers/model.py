@@ -6,7 +6,9 @@ records into a batch of up to ``max_batch_size``, waiting at most ``max_wait_ms`
 oldest one arrived (while a batch runs, the next one fills up, so under load batches are full
 without waiting). A gathered batch is tokenised, sorted by length and cut into forward passes of
 at most ``max_batch_tokens`` padded tokens, so short and long records do not pad each other.
-The forward runs in a thread, off the event loop; scores come back as fp32.
+The forward runs in a thread, off the event loop; scores come back as fp32. A batch that fails
+is scored again one record at a time, so a bad record fails alone; a backend outage
+(``ScorerUnavailable``) fails the whole batch, and the stage holds those records.
 
 What a score is: the model's last logit for the text (prompt, response), as verl computes a
 discriminative reward (``AutoModelForSequenceClassification`` with one label; a reward model
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,10 +41,10 @@ import orjson
 
 from streamrl import metrics
 from streamrl.config import ConfigError
+from streamrl.scorers.base import ScorerUnavailable
 from streamrl.scorers.judge import render_prompt
 from streamrl.scorers.router import Router
 
-log = logging.getLogger(__name__)
 
 
 def bundled_minilm_dir() -> Path:
@@ -130,14 +131,17 @@ class TransformersRewardModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
-        verbosity = hf_logging.get_verbosity()
+        verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
         hf_logging.set_verbosity_error()  # "newly initialised head" is expected for MiniLM
+        hf_logging.disable_progress_bar()
         try:
             torch.manual_seed(config.seed)
             self.model = AutoModelForSequenceClassification.from_pretrained(
                 config.model_path, num_labels=1, dtype=getattr(torch, config.dtype))
         finally:
             hf_logging.set_verbosity(verbosity)
+            if bars:
+                hf_logging.enable_progress_bar()
         self.model.to(self.device).eval()
         limit = getattr(self.tokenizer, "model_max_length", None) or config.max_length
         self.max_length = min(config.max_length, limit if limit < 1_000_000 else config.max_length)
@@ -296,29 +300,43 @@ class ModelScorer:
             batch = await self._gather()
             if not batch:
                 continue
-            started = time.monotonic()
-            pairs = [(i.prompt, i.response) for i in batch]
             try:
-                if self._local is not None:
-                    scores = await asyncio.to_thread(self._local.score, pairs)
-                else:
-                    scores = await self._score_http(pairs)
+                await self._run_batch(batch)
             except asyncio.CancelledError:
                 for i in batch:
                     if not i.future.done():
                         i.future.cancel()
                 raise
-            except Exception as exc:  # noqa: BLE001 - the callers get the error, the worker lives on
-                for i in batch:
-                    if not i.future.done():
-                        i.future.set_exception(exc)
+
+    async def _run_batch(self, batch: list[_Item]) -> None:
+        started = time.monotonic()
+        pairs = [(i.prompt, i.response) for i in batch]
+        try:
+            results: list[Any] = list(await self._score(pairs))
+        except ScorerUnavailable as exc:  # the backend is down: every record waits
+            results = [exc] * len(batch)
+        except Exception as exc:  # noqa: BLE001 - one bad record must not fail its batch-mates
+            results = [exc] if len(pairs) == 1 else []
+            for pair in pairs[len(results):]:  # one by one: only the culprit gets the error
+                try:
+                    results.append((await self._score([pair]))[0])
+                except Exception as one:  # noqa: BLE001 - goes to that record's caller
+                    results.append(one)
+        metrics.MODEL_BATCH_SIZE.labels(self.name).observe(len(batch))
+        metrics.MODEL_BATCH_SECONDS.labels(self.name).observe(time.monotonic() - started)
+        self.batch_sizes.append(len(batch))
+        for i, r in zip(batch, results):
+            if i.future.done():
                 continue
-            metrics.MODEL_BATCH_SIZE.labels(self.name).observe(len(batch))
-            metrics.MODEL_BATCH_SECONDS.labels(self.name).observe(time.monotonic() - started)
-            self.batch_sizes.append(len(batch))
-            for i, s in zip(batch, scores):
-                if not i.future.done():
-                    i.future.set_result(float(np.float32(s)))
+            if isinstance(r, BaseException):
+                i.future.set_exception(r)
+            else:
+                i.future.set_result(float(np.float32(r)))
+
+    async def _score(self, pairs: list[tuple[Any, str]]) -> np.ndarray:
+        if self._local is not None:
+            return await asyncio.to_thread(self._local.score, pairs)
+        return await self._score_http(pairs)
 
     async def _score_http(self, pairs: list[tuple[Any, str]]) -> np.ndarray:
         assert self.router is not None

@@ -163,7 +163,8 @@ class Router:
                         raise RouterError("http_429", url)
                     if resp.status >= 500:
                         raise RouterError("http_5xx", f"{url}: HTTP {resp.status}")
-                    if resp.status >= 400:
+                    if resp.status >= 400:  # the request's fault, not the server's
+                        metrics.ROUTER_ERRORS.labels(self.name, url, "http_4xx").inc()
                         raise ScoreError(rejected, f"HTTP {resp.status}: "
                                          f"{raw[:300].decode(errors='replace')}")
                 try:

@@ -1,0 +1,138 @@
+"""A judge outage under the real reward stage: while the judge server is down the stage holds
+its records (no progress, nothing scored 0, nothing dead-lettered) and it resumes when the
+server is back. Real broker (fixture), real aiohttp judge server in this process, real sockets:
+"down" means nothing listens on the judge's port."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+from aiohttp import web
+
+from streamrl import metrics
+from streamrl.broker import free_port
+from streamrl.bus import Bus
+from streamrl.config import PipelineConfig
+from streamrl.records import DeadLetter, Rewarded, Trajectory
+from streamrl.reward.config import ScorerSpec
+from streamrl.reward.stage import RewardStage
+
+NAME = "outage_judge"
+
+
+class Judge:
+    """An OpenAI-compatible judge on a fixed port that can be taken down and brought back."""
+
+    def __init__(self, port: int):
+        self.port, self.runner, self.requests = port, None, 0
+
+    async def up(self) -> None:
+        async def chat(request: web.Request) -> web.Response:
+            await request.read()
+            self.requests += 1
+            return web.json_response({"choices": [{"index": 0, "message": {
+                "role": "assistant", "content": "Correct.\nScore: 7"}}]})
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": "judge"}]})
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/v1/models", models)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True).start()
+
+    async def down(self) -> None:
+        await self.runner.cleanup()
+        self.runner = None
+
+
+def traj(i: int) -> Trajectory:
+    return Trajectory(id=f"o-{i}", group_id=f"g-{i}", group_size=1, policy_version=1,
+                      data_source="judged", prompt="What is 6 * 7?", response="42",
+                      ground_truth="42")
+
+
+async def produce(bus: Bus, records: list[Trajectory]) -> None:
+    async with bus.producer("test") as p:
+        await asyncio.gather(*[await p.send("rollouts", r) for r in records])
+
+
+async def collect(bus: Bus, out: dict[str, list]) -> None:
+    consumer = bus.consumer(["rewarded", "deadletter"], None, "test")
+    await consumer.start()
+    try:
+        while True:
+            for m in await consumer.getmany(timeout_ms=100):
+                if m.topic == bus.topic("deadletter"):
+                    out["dead"].append(DeadLetter.decode(m.value, 2**26))
+                else:
+                    out["rewarded"].append(Rewarded.decode(m.value))
+    finally:
+        await consumer.stop()
+
+
+async def wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not predicate():
+        await asyncio.sleep(0.05)
+    return predicate()
+
+
+def test_judge_outage_holds_records_and_resumes(bus):
+    port = free_port()
+    cfg = PipelineConfig()
+    cfg.bus = bus.config
+    cfg.reward.group = f"reward-{bus.config.topic_prefix}"
+    cfg.reward.max_in_flight = 4
+    cfg.reward.retry_backoff_s = 0.01
+    cfg.reward.unavailable_backoff_max_s = 0.2
+    cfg.reward.process_workers = 1
+    cfg.reward.scorers[NAME] = ScorerSpec(type="judge", data_sources=["judged"], judge={
+        "urls": [f"http://127.0.0.1:{port}/v1"], "timeout_s": 2.0, "max_retries": 1,
+        "backoff_s": 0.01, "backoff_max_s": 0.02, "eject_after": 1, "health_interval_s": 0.2})
+    stage = RewardStage(cfg)
+    judge = Judge(port)
+    first, second = [traj(i) for i in range(6)], [traj(i) for i in range(6, 14)]
+    held = metrics.REWARD_HELD.labels(NAME)
+
+    async def main():
+        out: dict[str, list] = {"rewarded": [], "dead": []}
+        await judge.up()
+        stop = asyncio.Event()
+        run = asyncio.create_task(stage.run(stop))
+        reader = asyncio.create_task(collect(bus, out))
+        try:
+            await produce(bus, first)
+            assert await wait_for(lambda: len(out["rewarded"]) == len(first), 30)
+
+            await judge.down()
+            await produce(bus, second)
+            assert await wait_for(lambda: held._value.get() == 4, 20)  # max_in_flight, all held
+            requests_down = judge.requests
+            await asyncio.sleep(1.5)  # a while down: no progress, nothing scored, nothing dead
+            during = (len(out["rewarded"]), len(out["dead"]), held._value.get())
+
+            await judge.up()  # back: a health check re-admits it and the held records go on
+            done = await wait_for(lambda: len(out["rewarded"]) >= len(first) + len(second), 30)
+            stop.set()
+            await run
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            if judge.runner is not None:
+                await judge.down()
+        return requests_down, during, done, out
+
+    requests_down, during, done, out = asyncio.run(main())
+    assert requests_down == len(first)  # the down server answered nothing
+    assert during == (len(first), 0, 4)
+    assert done and out["dead"] == []
+    assert {r.id for r in out["rewarded"]} == {t.id for t in first + second}
+    for r in out["rewarded"]:  # every record judged for real: never a 0 for the outage
+        assert r.reward == np.float32(0.7) and r.reward_info["status"] == "ok"
+        assert r.reward_info["judge_score_raw"] == 7.0
+    assert held._value.get() == 0
