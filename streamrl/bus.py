@@ -180,6 +180,7 @@ class Consumer:
         self.bus, self.stage, self.group = bus, stage, group
         self.topics = [bus.topic(t) for t in topics]
         self._listener = listener
+        self._end_reader: AIOKafkaConsumer | None = None  # side reader for end_offsets
         self._exported: set[TopicPartition] = set()  # partitions with lag/age series
         self._probe: asyncio.Task | None = None
         self._last_probe = 0.0
@@ -205,6 +206,8 @@ class Consumer:
     async def stop(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
+        if self._end_reader is not None:
+            await self._end_reader.stop()
         await self._client.stop()  # leaves the group
 
     async def getmany(self, timeout_ms: int = 200, max_records: int | None = None) -> list[Message]:
@@ -212,6 +215,7 @@ class Consumer:
         out = [m for msgs in batches.values() for m in msgs]
         for m in out:
             metrics.BUS_CONSUMED.labels(self.stage, m.topic).inc()
+        self.check_broker()
         return out
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> bool:
@@ -234,6 +238,33 @@ class Consumer:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._client.assignment())
+
+    async def end_offsets(self, tps: Sequence[TopicPartition], timeout_s: float = 5.0) -> dict[TopicPartition, int]:
+        """Log-end offsets, exact on Kafka and on the embedded broker.
+
+        Tansu answers ListOffsets(latest) with the first offset of the partition's last batch
+        plus one (measured: batches of 5, 5, 5, 1, 1 records gave 1, 6, 11, 16, 17). A fetch
+        reports the exact high watermark on both, so a side reader fetches at the listed end:
+        on Kafka that returns no records (cheap), on Tansu the last batch."""
+        listed = await self._client.end_offsets(list(tps))
+        need = [tp for tp, end in listed.items() if end > 0]
+        if not need:
+            return listed
+        if self._end_reader is None:
+            c = self.bus.config
+            self._end_reader = AIOKafkaConsumer(**self.bus.client_settings(), group_id=None,
+                                           enable_auto_commit=False,
+                                           max_partition_fetch_bytes=DeadLetter.size_limit(c.max_record_bytes))
+            await self._end_reader.start()
+        self._end_reader.assign(need)
+        for tp in need:
+            self._end_reader.seek(tp, listed[tp])
+        exact: dict[TopicPartition, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(exact) < len(need) and time.monotonic() < deadline:
+            await self._end_reader.getmany(*need, timeout_ms=100)
+            exact.update({tp: hw for tp in need if (hw := self._end_reader.highwater(tp)) is not None})
+        return {tp: max(end, exact.get(tp, end)) for tp, end in listed.items()}
 
     def update_lag(self, committed: dict[TopicPartition, int],
                    oldest: dict[TopicPartition, float] | None = None) -> None:
@@ -264,9 +295,9 @@ class Consumer:
             self._exported.add(tp)
 
     def check_broker(self) -> None:
-        """At most every ``BROKER_PROBE_INTERVAL_S``, ask the broker for metadata in the
-        background and export whether it answered: a stage that is idle or paused (sending and
-        committing nothing) still notices that it lost the broker."""
+        """At most every ``BROKER_PROBE_INTERVAL_S`` (``getmany`` calls it), ask the broker for
+        metadata in the background and export whether it answered: a stage that is idle or
+        paused (sending and committing nothing) still notices that it lost the broker."""
         if self._probe is not None or time.monotonic() - self._last_probe < BROKER_PROBE_INTERVAL_S:
             return
         self._last_probe = time.monotonic()
@@ -460,7 +491,6 @@ class StageLoop(Generic[R]):
         if await self.consumer.commit(positions):
             self.tracker.mark_committed(positions)
         self.consumer.update_lag(self.tracker.positions(only_changed=False), self.tracker.oldest())
-        self.consumer.check_broker()
 
     async def _drain(self) -> None:
         if not self._tasks:

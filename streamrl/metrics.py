@@ -1,8 +1,16 @@
 """Every Prometheus metric streamrl exports, declared once, here.
 
-Names follow ``streamrl_<stage>_<what>_<unit>``; labels are bounded (stage, topic, partition,
-group, scorer, reason, url): never a trajectory or group id. Each long-running process serves
-the default registry on its own port (``serve``), so processes sharing a host do not collide.
+Names follow ``streamrl_<stage>_<what>_<unit>``: the unit in base units and plural (``seconds``,
+``bytes``, ``records``, ``versions``), counters end in ``_total``, points in time in
+``_timestamp_seconds``; 0/1 states and ratios carry no unit. Bus-level metrics (every stage) are
+``streamrl_bus_*`` and ``streamrl_consumer_*`` with a ``stage`` label. Labels are bounded (stage,
+topic, partition, group, scorer, router, url, reason, client): never a trajectory or group id.
+Each long-running process serves the default registry on its own port (``serve``), so processes
+sharing a host do not collide.
+
+The alert and recording rules (``configs/prometheus``) and the Grafana dashboard
+(``configs/grafana``) read these names; ``tests/test_dashboard.py`` fails when they name a
+metric that is not declared here.
 """
 
 from __future__ import annotations
@@ -70,7 +78,7 @@ ROUTER_REQUESTS = Counter("streamrl_router_requests_total",
                           "Requests sent to a judge / reward server", ["router", "url"])
 ROUTER_ERRORS = Counter("streamrl_router_request_errors_total",
                         "Failed requests to a judge / reward server (reason: timeout, connect, "
-                        "http_5xx, http_429, http_4xx, bad_response)", ["router", "url", "reason"])
+                        "http_5xx, http_429, http_4xx, bad_response, health)", ["router", "url", "reason"])
 ROUTER_RETRIES = Counter("streamrl_router_retries_total",
                          "Requests retried after failing on this server", ["router", "url"])
 ROUTER_REQUEST_SECONDS = Histogram("streamrl_router_request_seconds",
@@ -85,7 +93,7 @@ ROUTER_EJECTED = Gauge("streamrl_router_ejected_servers",
 RATELIMIT_WAIT = Counter("streamrl_ratelimit_wait_seconds_total",
                          "Seconds spent waiting for this member's share of the group's RPM / TPM "
                          "budget (kind: requests, tokens)", ["router", "kind"])
-MODEL_BATCH_SIZE = Histogram("streamrl_model_batch_size", "Records per reward-model batch",
+MODEL_BATCH_SIZE = Histogram("streamrl_model_batch_records", "Records per reward-model batch",
                              ["scorer"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
 MODEL_BATCH_SECONDS = Histogram("streamrl_model_batch_seconds",
                                 "Time to score one reward-model batch (tokenise + forward)",
@@ -101,7 +109,7 @@ LEARNER_DROPPED = Counter("streamrl_learner_dropped_records_total",
                           "Records sent to dead letters by the learner, by reason (stale, ...)",
                           ["reason"])
 LEARNER_GROUPS = Counter("streamrl_learner_groups_total",
-                         "Groups by outcome (trained, partial, stale, group_timeout)", ["outcome"])
+                         "Groups by outcome: trained, partial (trained), or dropped as stale / group_timeout", ["outcome"])
 LEARNER_STEP_SECONDS = Histogram("streamrl_learner_step_seconds", "Time of one mini-batch update",
                                  buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 LEARNER_TOKENS = Counter("streamrl_learner_trained_tokens_total", "Response tokens trained on")
@@ -180,3 +188,9 @@ ROLLOUT_WEIGHT_LOAD_SECONDS = Histogram("streamrl_rollout_weight_load_seconds",
                                         buckets=(.01, .05, .1, .5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 ROLLOUT_WEIGHT_LOAD_ERRORS = Counter("streamrl_rollout_weight_load_errors_total",
                                      "Policy versions that could not be loaded (the old weights stay)")
+
+# -- replay --------------------------------------------------------------------------------------
+# ``outcome``: read (messages in the offset window), skipped (outside the time / version bounds),
+# duplicate, decode_failed, scored, score_failed, published.
+REPLAY_RECORDS = Counter("streamrl_replay_records_total",
+                         "Messages and records through a replay, by outcome", ["outcome"])

@@ -107,3 +107,13 @@ def test_publish_feed_to_the_broker(bus):
     assert sorted(p.group_id for p in prompts) == sorted(p.group_id for p in build_prompts(cfg))
     assert all(m.key == p.group_id.encode() for m, p in zip(messages, prompts))
     assert {p.epoch for p in prompts} == {0, 1} and all(p.group_size == 3 for p in prompts)
+
+
+def test_example_config_loads():
+    from streamrl.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "configs" / "rollout.example.yaml")
+    cfg.rollout.check()
+    assert cfg.feed.prompt_template == FeedConfig().prompt_template
+    assert cfg.feed.group_size == 4 and cfg.rollout.backend == "transformers"

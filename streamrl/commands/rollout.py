@@ -18,17 +18,26 @@ def main(args: argparse.Namespace) -> int:
     from streamrl import metrics
     from streamrl.bus import Bus
     from streamrl.config import ConfigError
+    from streamrl.rollout.backends import make_backend
     from streamrl.rollout.worker import RolloutWorker
 
     cfg = load(args)
     require_bootstrap(cfg)
     try:
-        worker = RolloutWorker(Bus(cfg.bus), cfg.rollout)
+        backend = make_backend(cfg.rollout.check())  # loads the model: before the loop starts
     except ConfigError as exc:
         raise SystemExit(f"streamrl rollout: {exc}") from None
-    port = metrics.serve(cfg.metrics.port, cfg.metrics.host)
-    print(f"rollout: backend {cfg.rollout.backend}, policy {cfg.rollout.policy}, group {cfg.rollout.group}, "
-          f"metrics on port {port}", flush=True)
-    run_until_signalled(worker.run)
+
+    async def run(stop):
+        worker = RolloutWorker(Bus(cfg.bus), cfg.rollout, backend)  # aiokafka wants a running loop
+        port = metrics.serve(cfg.metrics.port, cfg.metrics.host)
+        print(f"rollout: backend {cfg.rollout.backend}, policy {cfg.rollout.policy}, group "
+              f"{worker.group}, metrics on port {port}", flush=True)
+        await worker.run(stop)
+
+    try:
+        run_until_signalled(run)
+    except ConfigError as exc:
+        raise SystemExit(f"streamrl rollout: {exc}") from None
     print("rollout: stopped", file=sys.stderr, flush=True)
     return 0

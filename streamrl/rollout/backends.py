@@ -17,14 +17,14 @@ distribution at the sampling temperature, ``log_softmax(logits / T)``, before to
 (at T = 0, greedy, under ``log_softmax(logits)``): what a learner recomputes with the same
 temperature. vLLM and OpenAI-compatible servers report theirs (vLLM: see its ``logprobs_mode``).
 
-Generation is serialised per backend (one ``generate`` at a time, weight loads between them):
-a rollout worker is one engine; scale by running more workers.
+An in-process engine (transformers, vLLM) runs one batch at a time and merges the requests that
+wait meanwhile into the next batch; weight loads fall between batches. A rollout worker is one
+engine; scale by running more workers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from abc import ABC, abstractmethod
@@ -34,8 +34,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import orjson
-
-log = logging.getLogger(__name__)
 
 PromptInput = str | list[int]
 
@@ -58,12 +56,6 @@ class Sample:
     response_logprobs: np.ndarray | None  # float32, one per response token
     finish_reason: str  # "stop" (end of sequence) | "length" (max_new_tokens)
     policy_version: int  # the weights that produced it
-
-    @property
-    def num_tokens(self) -> int:
-        if self.response_ids is not None:
-            return len(self.response_ids)
-        return 0 if self.response_logprobs is None else len(self.response_logprobs)
 
 
 class BackendError(Exception):
@@ -129,24 +121,79 @@ class Backend(ABC):
         return None
 
 
-class _LocalEngine(Backend):
-    """A backend whose engine runs in this process: generation runs in a thread (the event
-    loop keeps the consumer group's heartbeats going), one at a time, and a weight load waits
-    for the generation in progress."""
+@dataclass
+class _Request:
+    prompts: list[PromptInput]
+    n: int
+    params: SamplingParams
+    future: asyncio.Future
 
-    def __init__(self) -> None:
+
+class _LocalEngine(Backend):
+    """A backend whose engine runs in this process. Generation runs in a thread (the event loop
+    keeps the consumer group's heartbeats going), one batch at a time; requests that arrive
+    while a batch runs are merged into the next one (same ``n`` and sampling parameters, up to
+    ``max_batch_rows`` sequences), so a worker with several prompts in flight fills the engine.
+    A weight load waits for the batch in progress and runs before the next."""
+
+    def __init__(self, max_batch_rows: int = 64) -> None:
         super().__init__()
+        self.max_batch_rows = max_batch_rows
+        self.batches = 0  # engine calls so far
         self._lock = asyncio.Lock()
+        self._queue: list[_Request] = []
+        self._server: asyncio.Task | None = None
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
                        params: SamplingParams) -> list[list[Sample]]:
-        async with self._lock:
-            version = self.version
-            out = await asyncio.to_thread(self._generate, list(prompts), n, params)
-        for samples in out:
-            for s in samples:
-                s.policy_version = version
-        return out
+        if any(len(p) == 0 for p in prompts):
+            raise BackendError("empty prompt")
+        request = _Request(list(prompts), n, params, asyncio.get_running_loop().create_future())
+        self._queue.append(request)
+        if self._server is None or self._server.done():
+            self._server = asyncio.create_task(self._serve())
+        return await request.future
+
+    async def _serve(self) -> None:
+        while self._queue:
+            async with self._lock:
+                batch = self._take()
+                if not batch:
+                    continue
+                version = self.version
+                try:
+                    out = await asyncio.to_thread(self._generate, [p for r in batch for p in r.prompts],
+                                                  batch[0].n, batch[0].params)
+                except Exception as exc:  # noqa: BLE001 - handed to every caller in the batch
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(exc)
+                    continue
+                self.batches += 1
+            for samples in out:
+                for s in samples:
+                    s.policy_version = version
+            start = 0
+            for r in batch:
+                if not r.future.done():  # a caller that was cancelled meanwhile
+                    r.future.set_result(out[start:start + len(r.prompts)])
+                start += len(r.prompts)
+
+    def _take(self) -> list[_Request]:
+        """The oldest request and the queued ones that can share its engine call."""
+        self._queue = [r for r in self._queue if not r.future.done()]
+        if not self._queue:
+            return []
+        first, batch, rows = self._queue[0], [], 0
+        for r in list(self._queue):
+            if (r.n, r.params) != (first.n, first.params):
+                continue
+            if batch and rows + len(r.prompts) * r.n > self.max_batch_rows:
+                break
+            batch.append(r)
+            rows += len(r.prompts) * r.n
+            self._queue.remove(r)
+        return batch
 
     async def load_weights(self, uri: str, version: int) -> float:
         async with self._lock:
@@ -169,8 +216,9 @@ class TransformersBackend(_LocalEngine):
 
     name = "transformers"
 
-    def __init__(self, policy: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0):
-        super().__init__()
+    def __init__(self, policy: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0,
+                 max_batch_rows: int = 64):
+        super().__init__(max_batch_rows)
         import torch
 
         from streamrl.policy import load_policy
@@ -185,23 +233,19 @@ class TransformersBackend(_LocalEngine):
 
         tok = self.tokenizer
         prompt_ids = [p if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        if any(not p for p in prompt_ids):
-            raise BackendError("empty prompt")
         batch = tok.pad({"input_ids": prompt_ids}, return_tensors="pt")
         input_ids = batch["input_ids"].repeat_interleave(n, 0).to(self.device)
         attention = batch["attention_mask"].repeat_interleave(n, 0).to(self.device)
         greedy = params.temperature <= 0
         sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p}
+        recorder = _logprob_recorder(1.0 if greedy else params.temperature)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention, do_sample=not greedy,
                 max_new_tokens=params.max_new_tokens, return_dict_in_generate=True,
-                output_logits=True, pad_token_id=tok.pad_token_id, **sampling)
+                logits_processor=[recorder], pad_token_id=tok.pad_token_id, **sampling)
             new = out.sequences[:, input_ids.shape[1]:]
-            logits = torch.stack(out.logits, dim=1).float()
-            if not greedy:
-                logits = logits / params.temperature
-            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+            logprobs = recorder.finish(new)
         new, logprobs = new.cpu().tolist(), logprobs.cpu().numpy().astype(np.float32)
         eos = tok.eos_token_id
         results: list[list[Sample]] = []
@@ -235,6 +279,37 @@ class TransformersBackend(_LocalEngine):
                                   f"unexpected {sorted(result.unexpected_keys)[:5]}")
 
 
+def _logprob_recorder(temperature: float):
+    """A logits processor that records ``log_softmax(logits / T)`` at each sampled token, one
+    step late (at step t it sees the token sampled at t - 1), so it keeps one [batch, vocab] row
+    of log-probs instead of the [batch, steps, vocab] that ``output_logits`` would hold: the
+    difference between a few MB and tens of GB for a large vocabulary and long responses.
+    ``generate`` runs custom processors before its temperature / top-p warpers, so the
+    recorded distribution is the temperature-scaled one, untruncated."""
+    import torch
+    from transformers import LogitsProcessor
+
+    class Recorder(LogitsProcessor):
+        def __init__(self) -> None:
+            self.steps: list[torch.Tensor] = []
+            self.pending: torch.Tensor | None = None
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if self.pending is not None:
+                self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+            self.pending = torch.log_softmax(scores.float() / temperature, dim=-1)
+            return scores
+
+        def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+            """[batch, steps] log-probs of ``new_tokens`` (the generated part)."""
+            if self.pending is not None:
+                self.steps.append(self.pending.gather(-1, new_tokens[:, -1:]).squeeze(-1))
+                self.pending = None
+            return torch.stack(self.steps, dim=1)
+
+    return Recorder()
+
+
 class VLLMBackend(_LocalEngine):
     """vLLM's offline engine (``pip install streamrl[vllm]``; needs a GPU, so the tests here
     cannot run it). New versions are loaded in place: each engine worker reads the version's
@@ -244,8 +319,9 @@ class VLLMBackend(_LocalEngine):
     name = "vllm"
 
     def __init__(self, policy: str, dtype: str = "auto", seed: int = 0, gpu_memory_utilization: float = 0.85,
-                 tensor_parallel_size: int = 1, engine_kwargs: dict[str, Any] | None = None):
-        super().__init__()
+                 tensor_parallel_size: int = 1, engine_kwargs: dict[str, Any] | None = None,
+                 max_batch_rows: int = 1024):
+        super().__init__(max_batch_rows)
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -383,11 +459,13 @@ class OpenAIBackend(Backend):
 def make_backend(cfg) -> Backend:
     """The backend a ``RolloutConfig`` names."""
     if cfg.backend == "transformers":
-        return TransformersBackend(cfg.policy, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+        return TransformersBackend(cfg.policy, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
+                                   max_batch_rows=cfg.max_batch_rows or 64)
     if cfg.backend == "vllm":
         v = cfg.vllm
         return VLLMBackend(cfg.policy, dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization,
-                           tensor_parallel_size=v.tensor_parallel_size, engine_kwargs=dict(v.engine_kwargs))
+                           tensor_parallel_size=v.tensor_parallel_size, engine_kwargs=dict(v.engine_kwargs),
+                           max_batch_rows=cfg.max_batch_rows or 1024)
     if cfg.backend == "openai":
         o = cfg.openai
         return OpenAIBackend(o.base_url, o.model, api_key_env=o.api_key_env, timeout_s=o.timeout_s,

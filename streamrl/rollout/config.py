@@ -57,13 +57,16 @@ class RolloutConfig:
     policy: str = "tiny"  # "tiny" or a Hugging Face directory (transformers / vllm)
     device: str = "cpu"  # transformers: cpu | cuda | cuda:N
     dtype: str = "float32"
-    seed: int = 0
-    group: str = "rollout"  # the consumer group on the prompts topic; workers that share it share the feed
+    seed: int = 0  # the tiny policy's init and torch's sampling RNG (transformers)
+    # The consumer group on the prompts topic: workers that share it share the feed. Empty:
+    # "<bus.topic_prefix>.rollout", so pipelines with different prefixes never share a group.
+    group: str = ""
     group_size: int = 0  # samples per prompt; 0: the prompt record's own group_size
     max_new_tokens: int = 256  # per assistant turn
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
-    max_in_flight: int = 2  # prompts this worker works on at once (generations are serialised)
+    max_in_flight: int = 4  # prompts this worker works on at once; their generations share batches
+    max_batch_rows: int = 0  # most sequences in one engine call; 0: transformers 64, vllm 1024
     follow_policy: bool = True  # watch the policy topic and load new versions
     # Staleness gate. The worker holds while the trajectories in the rollouts topic (minus
     # ``gate_baseline``) reach (learner version + max_staleness + 1) * trajectories_per_version.
@@ -86,9 +89,9 @@ class RolloutConfig:
         for name in ("max_new_tokens", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config field 'rollout.{name}': must be >= 1")
-        if self.group_size < 0 or self.trajectories_per_version < 0 or self.max_staleness < 0:
-            raise ConfigError("config field 'rollout.group_size' / 'trajectories_per_version' / "
-                              "'max_staleness': must be >= 0")
+        for name in ("group_size", "trajectories_per_version", "max_staleness", "max_batch_rows"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"config field 'rollout.{name}': must be >= 0")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError("config field 'rollout.temperature' / 'rollout.top_p': temperature >= 0, 0 < top_p <= 1")
         if self.interaction.name and (self.interaction.max_assistant_turns < 1 or self.interaction.max_user_turns < 0):
@@ -108,7 +111,7 @@ class FeedConfig:
     group_size: int = 4
     limit: int = 0  # rows per epoch; 0: all
     shuffle: bool = True  # a different, seeded order per epoch (the group ids do not depend on it)
-    seed: int = 0
+    seed: int = 0  # the per-epoch shuffle
     # The prompt: ``prompt_template`` formatted with the row's fields, sent as one user chat
     # message (``chat``) as verl's preprocessing does, or as a plain string.
     prompt_template: str = "{question} " + GSM8K_INSTRUCTION

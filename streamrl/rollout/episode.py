@@ -16,6 +16,7 @@ version can change inside an episode; the trajectory is stamped with the oldest 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -149,12 +150,12 @@ async def run_group(prompt: Prompt, n: int, backend: Backend, params: SamplingPa
     episodes = [_Episode(index=i, messages=list(base_messages), context=context,
                          prompt_ids=None if prompt_ids is None else list(prompt_ids),
                          token_level=tokenizer is not None) for i in range(n)]
-    if interaction is not None:
-        kwargs = {"ground_truth": prompt.ground_truth, **(prompt.extra_info.get("interaction_kwargs") or {})}
-        for e in episodes:
-            e.instance_id = await interaction.interaction.start_interaction(None, **kwargs)
     max_turns = interaction.max_assistant_turns if interaction else 1
     try:
+        if interaction is not None:
+            kwargs = {"ground_truth": prompt.ground_truth, **(prompt.extra_info.get("interaction_kwargs") or {})}
+            for e in episodes:
+                e.instance_id = await interaction.interaction.start_interaction(None, **kwargs)
         for turn in range(max_turns):
             active = [e for e in episodes if not e.done]
             if not active:
@@ -177,24 +178,31 @@ async def run_group(prompt: Prompt, n: int, backend: Backend, params: SamplingPa
     finally:
         if interaction is not None:
             for e in episodes:
-                await interaction.interaction.finalize_interaction(e.instance_id)
+                if e.instance_id is not None:
+                    await interaction.interaction.finalize_interaction(e.instance_id)
     return [_trajectory(prompt, n, e, started_at, interaction) for e in episodes]
 
 
 async def _interact(active: list[_Episode], runner: InteractionRunner, renderer: ChatRenderer, tokenizer: Any) -> None:
-    """Ask the interaction about each episode's latest answer; extend the unfinished ones."""
-    for e in active:
+    """Ask the interaction about each episode's latest answer (all episodes at once: a simulated
+    user may be a remote model); extend the unfinished ones with its feedback."""
+
+    async def ask(e: _Episode) -> tuple[bool, str, float, dict[str, Any]]:
         t0 = time.monotonic()
-        done, feedback, score, info = await runner.interaction.generate_response(e.instance_id, e.messages)
-        e.interaction_s += time.monotonic() - t0
+        try:
+            return await runner.interaction.generate_response(e.instance_id, e.messages)
+        finally:
+            e.interaction_s += time.monotonic() - t0
+
+    replies = await asyncio.gather(*(ask(e) for e in active))
+    for e, (done, feedback, score, info) in zip(active, replies):
         e.turn_scores.append(float(score))
         e.turn_info.append(dict(info or {}))
         assistant_turns = len(e.versions)
         if done or assistant_turns >= runner.max_assistant_turns or e.user_turns >= runner.max_user_turns:
             e.done = True
             continue
-        before = e.messages[:-1]
-        rendered = renderer.feedback_text(before, e.answer, feedback, stopped=e.finish_reason == "stop")
+        rendered = renderer.feedback_text(e.messages[:-1], e.answer, feedback, stopped=e.finish_reason == "stop")
         e.add_feedback(feedback, rendered, tokenizer)
 
 

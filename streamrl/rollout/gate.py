@@ -10,6 +10,11 @@ right now. While the count is at the limit the worker holds the prompt it took a
 time shows in ``streamrl_rollout_gate_paused_seconds_total``. A new version on the policy topic
 releases it at once.
 
+The end offsets come from ``Consumer.end_offsets``, exact on Kafka and on the embedded broker
+(whose ListOffsets answer is off by the size of the last batch). This worker's trajectories
+count as reserved until the broker acknowledges them, so the count never dips between the end
+of a generation and the end offset moving.
+
 The bound is approximate by the groups other workers are generating at the same moment, and a
 stage that drops trajectories for good (dead letters before the learner) uses up budget: with
 ``max_staleness=0`` the learner must then make its versions from fewer records than it asks for.
@@ -61,7 +66,7 @@ class StalenessGate:
         return (self.follower.version + self.max_staleness + 1) * self.per_version
 
     async def produced(self) -> int:
-        ends = await self._consumer.client.end_offsets(self._partitions)
+        ends = await self._consumer.end_offsets(self._partitions)
         return sum(ends.values()) - self.baseline
 
     async def acquire(self, n: int) -> float:

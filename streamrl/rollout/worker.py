@@ -15,12 +15,13 @@ a backend that refuses a prompt for good (too long, say) sends it to dead letter
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
 
 from streamrl import metrics
-from streamrl.bus import Bus, DeadLetterError, Message, StageLoop
+from streamrl.bus import Bus, DeadLetterError, Message, Producer, StageLoop
 from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
@@ -51,8 +52,10 @@ class RolloutWorker:
         self.gate = StalenessGate(bus, self.follower, max_staleness=cfg.max_staleness,
                                   per_version=cfg.trajectories_per_version,
                                   baseline=cfg.gate_baseline, poll_s=cfg.gate_poll_s)
-        self.loop = StageLoop(bus, stage=STAGE, source="prompts", group=cfg.group, decode=Prompt.decode,
-                              handle=self.handle, max_in_flight=cfg.max_in_flight)
+        self.producer = _GateReleasingProducer(bus, STAGE, self.gate)
+        self.group = cfg.group or bus.topic(STAGE)
+        self.loop = StageLoop(bus, stage=STAGE, source="prompts", group=self.group, decode=Prompt.decode,
+                              handle=self.handle, max_in_flight=cfg.max_in_flight, producer=self.producer)
         self._loaded_offset = -1  # policy-topic offset of the version in use (-1: the startup weights)
         self._load_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -64,26 +67,24 @@ class RolloutWorker:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Work until ``stop`` is set (or ``stop()`` is called), then drain and leave the group."""
-        await self.follower.start()
-        await self.gate.start()
-        loop_task = asyncio.create_task(self.loop.run())
-        waiters = [asyncio.create_task(self._stopping.wait())]
-        if stop is not None:
-            waiters.append(asyncio.create_task(stop.wait()))
-        try:
-            await asyncio.wait([loop_task, *waiters], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            self._stopping.set()
-            self.gate.stopping.set()
-            self.loop.stop()
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(self.backend.close)
+            for part in (self.producer, self.follower, self.gate):  # stopped in reverse order
+                stack.push_async_callback(part.stop)
+                await part.start()
+            await self.sync_weights()  # start on the learner's current version
+            loop_task = asyncio.create_task(self.loop.run())
+            waiters = [asyncio.create_task(self._stopping.wait())]
+            if stop is not None:
+                waiters.append(asyncio.create_task(stop.wait()))
             try:
-                await loop_task
+                await asyncio.wait([loop_task, *waiters], return_when=asyncio.FIRST_COMPLETED)
             finally:
+                self.stop()
+                self.loop.stop()
                 for w in waiters:
                     w.cancel()
-                await self.gate.stop()
-                await self.follower.stop()
-                await self.backend.close()
+                await loop_task
 
     def stop(self) -> None:
         self._stopping.set()
@@ -132,8 +133,11 @@ class RolloutWorker:
             started = time.monotonic()
             trajectories = await self._generate(prompt, n, before_turn)
             took = time.monotonic() - started
-        finally:
+        except BaseException:
             self.gate.release(n)
+            raise
+        # the reservation is released trajectory by trajectory as the broker acknowledges them
+        # (``_GateReleasingProducer``): only then do they count in the topic's end offsets
         tokens = 0
         for t in trajectories:
             t.timings.update(gate_wait_s=gate_s, weight_load_s=load_s)
@@ -162,3 +166,25 @@ class RolloutWorker:
                     delay = min(delay * 2, _RETRY_MAX_S)
                     continue
                 raise asyncio.CancelledError("worker stopping") from None
+
+
+class _GateReleasingProducer(Producer):
+    """The stage loop's producer, which hands each trajectory's reservation back to the gate
+    when the broker has acknowledged it (or refused it: then the prompt is not committed and
+    is generated again)."""
+
+    def __init__(self, bus: Bus, stage: str, gate: StalenessGate):
+        super().__init__(bus, stage)
+        self.gate = gate
+
+    async def send(self, topic: str, record: Any, key: bytes | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
+        try:
+            fut = await super().send(topic, record, key, headers)
+        except Exception:
+            if topic == "rollouts":
+                self.gate.release(1)
+            raise
+        if topic == "rollouts":
+            fut.add_done_callback(lambda _fut: self.gate.release(1))
+        return fut

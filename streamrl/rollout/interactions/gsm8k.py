@@ -5,30 +5,21 @@ score 0."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from streamrl.rollout.interactions.base import BaseInteraction
+from streamrl.scorers.gsm8k import verl_compute_score
 
 CORRECT = "Your response is correct!"
 INCORRECT = "Your response is incorrect! You need to reflect on your answer and try again."
 
-_NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
-_CLIP_CHARS = 300  # verl scores only the tail: regexes on very long strings are slow
-
-
-def last_number(text: str) -> str | None:
-    """verl's ``extract_solution(method="flexible")``: the last number in the last 300
-    characters (a lone ``.`` or empty match does not count)."""
-    for candidate in reversed(_NUMBER.findall(text[-_CLIP_CHARS:])):
-        if candidate not in ("", "."):
-            return candidate
-    return None
-
 
 def gsm8k_score(response: str, ground_truth: str | None) -> float:
-    answer = last_number(response)
-    return 1.0 if answer is not None and answer == ground_truth else 0.0
+    """As verl's interaction scores a turn: the gsm8k rule, ``flexible`` extraction, no format
+    score."""
+    if ground_truth is None:
+        return 0.0
+    return float(verl_compute_score(response, ground_truth, method="flexible", format_score=0.0, score=1.0))
 
 
 class Gsm8kInteraction(BaseInteraction):

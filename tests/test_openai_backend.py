@@ -1,0 +1,188 @@
+"""The OpenAI-compatible backend against a real aiohttp server in the test process that speaks
+``/v1/completions`` and samples from the tiny transformers model (as ``vllm serve`` would);
+then a rollout worker that rides out the server being down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+import torch
+from aiohttp import web
+
+from streamrl import metrics
+from streamrl.bus import Bus
+from streamrl.records import DeadLetter, Prompt, Trajectory
+from streamrl.rollout.backends import (BackendError, BackendUnavailable, OpenAIBackend, SamplingParams,
+                                       TransformersBackend)
+from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
+from streamrl.rollout.worker import RolloutWorker
+from tests.helpers import read_topic
+
+KEY = "sk-test-7d1f0c"
+
+
+class CompletionsServer:
+    """``POST /v1/completions`` on the tiny model, vLLM's token-id extensions included. It can
+    be told to fail the next requests with a status."""
+
+    def __init__(self, engine: TransformersBackend):
+        self.engine = engine
+        self.requests: list[dict] = []
+        self.headers: list[dict] = []
+        self.fail_next: list[int] = []
+        self.app = web.Application()
+        self.app.router.add_post("/v1/completions", self.completions)
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        if self.fail_next:
+            return web.json_response({"error": {"message": "busy"}}, status=self.fail_next.pop(0))
+        if body.get("max_tokens", 16) > 64:
+            return web.json_response({"error": {"message": "max_tokens too large"}}, status=400)
+        if "REFUSE" in str(body["prompt"]):
+            return web.json_response({"error": {"message": "prompt is too long"}}, status=400)
+        params = SamplingParams(max_new_tokens=body.get("max_tokens", 16), temperature=body.get("temperature", 1.0),
+                                top_p=body.get("top_p", 1.0))
+        (samples,) = await self.engine.generate([body["prompt"]], body.get("n", 1), params)
+        choices = []
+        for i, s in enumerate(samples):
+            tokens = ([f"token_id:{t}" for t in s.response_ids] if body.get("return_tokens_as_token_ids")
+                      else [self.engine.tokenizer.decode([t]) for t in s.response_ids])
+            choice = {"index": i, "text": s.text, "finish_reason": s.finish_reason,
+                      "logprobs": {"tokens": tokens, "token_logprobs": [float(x) for x in s.response_logprobs]}}
+            if body.get("return_token_ids"):
+                choice.update(token_ids=s.response_ids, prompt_token_ids=s.prompt_ids)
+            choices.append(choice)
+        return web.json_response({"id": "cmpl-1", "object": "text_completion", "model": body["model"],
+                                  "choices": list(reversed(choices))})  # order comes from "index"
+
+
+async def start_server(server: CompletionsServer, port: int = 0) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(server.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture(scope="module")
+def engine() -> TransformersBackend:
+    torch.set_num_threads(1)
+    return TransformersBackend("tiny", seed=0)
+
+
+def recompute(model, prompt_ids, response_ids, temperature: float) -> np.ndarray:
+    ids = torch.tensor(list(prompt_ids) + list(response_ids))[None]
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(list(response_ids))[:, None])[:, 0].numpy()
+
+
+def test_completions_with_token_ids_logprobs_and_key(engine, monkeypatch, caplog):
+    monkeypatch.setenv("TEST_OPENAI_KEY", KEY)
+    caplog.set_level(logging.DEBUG)
+
+    async def go():
+        server = CompletionsServer(engine)
+        runner, url = await start_server(server)
+        backend = OpenAIBackend(url, "tiny-policy", api_key_env="TEST_OPENAI_KEY", max_retries=2)
+        try:
+            params = SamplingParams(max_new_tokens=12, temperature=0.8)
+            out = await backend.generate(["What is 2+2?", [10, 20, 30]], 3, params)
+            server.fail_next = [503, 502]  # two transient failures, then it answers
+            (again,) = await backend.generate(["hi"], 1, params)
+            server.fail_next = [503, 503, 503]  # more than max_retries: unavailable, not faked
+            with pytest.raises(BackendUnavailable):
+                await backend.generate(["hi"], 1, params)
+            server.fail_next = []
+            with pytest.raises(BackendError, match="HTTP 400"):
+                await backend.generate(["hi"], 1, SamplingParams(max_new_tokens=100))
+            return server, out, again
+        finally:
+            await backend.close()
+            await runner.cleanup()
+
+    server, out, again = asyncio.run(go())
+    assert len(out) == 2 and all(len(group) == 3 for group in out)
+    assert server.requests[0]["n"] == 3 and server.requests[0]["logprobs"] == 0
+    assert all(h.get("Authorization") == f"Bearer {KEY}" for h in server.headers)
+    tok = engine.tokenizer
+    for prompt, group in zip(["What is 2+2?", [10, 20, 30]], out):
+        for s in group:
+            assert s.prompt_ids == (prompt if isinstance(prompt, list) else tok(prompt)["input_ids"])
+            assert len(s.response_ids) == len(s.response_logprobs) <= 12
+            assert s.response_logprobs.dtype == np.float32
+            assert tok.decode(s.response_ids, skip_special_tokens=True) == s.text
+            np.testing.assert_allclose(s.response_logprobs, recompute(engine.model, s.prompt_ids, s.response_ids, 0.8),
+                                       atol=2e-4)
+    assert len(again) == 1 and again[0].text is not None
+    assert KEY not in caplog.text
+
+
+def test_text_only_server_gives_text_only_samples(engine):
+    async def go():
+        server = CompletionsServer(engine)
+        runner, url = await start_server(server)
+        backend = OpenAIBackend(url, "tiny-policy", api_key_env="", token_ids=False)
+        try:
+            return server, await backend.generate(["hello"], 2, SamplingParams(max_new_tokens=6))
+        finally:
+            await backend.close()
+            await runner.cleanup()
+
+    server, ((a, b),) = asyncio.run(go())
+    assert "return_token_ids" not in server.requests[0] and "Authorization" not in server.headers[0]
+    assert a.response_ids is None and a.prompt_ids is None and len(a.response_logprobs) > 0
+
+
+def test_worker_holds_prompts_while_the_server_is_down(engine, bus_config):
+    bus = Bus(bus_config)
+    seen = {}
+
+    async def go():
+        # the server is down when the worker starts; it comes up a few seconds later
+        server = CompletionsServer(engine)
+        probe, url = await start_server(server)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        await probe.cleanup()
+        cfg = RolloutConfig(backend="openai", max_new_tokens=6, group_size=2, max_in_flight=2,
+                            openai=OpenAIBackendConfig(base_url=url, model="tiny-policy", max_retries=0, api_key_env=""))
+        worker = RolloutWorker(bus, cfg)
+        down_before = metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels("openai")._value.get()
+        task = asyncio.create_task(worker.run())
+        producer = bus.producer("test")
+        await producer.start()
+        prompts = [Prompt(group_id=f"g{i}", group_size=2, data_source="gsm8k", prompt=f"{i} + {i} =",
+                          ground_truth=str(2 * i)) for i in range(3)]
+        for p in prompts:
+            await producer.send_and_wait("prompts", p)
+        refused = Prompt(group_id="refused", group_size=2, data_source="gsm8k", prompt="REFUSE this")
+        await producer.send_and_wait("prompts", refused)
+        await producer.stop()
+        while metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels("openai")._value.get() < down_before + 2:
+            await asyncio.sleep(0.2)
+        runner, _ = await start_server(server, port)
+        try:
+            messages = await read_topic(bus, "rollouts", 6, timeout_s=40)
+            seen["letters"] = await read_topic(bus, "deadletter", 1, timeout_s=20)
+        finally:
+            worker.stop()
+            await task
+            await runner.cleanup()
+        seen["down"] = metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels("openai")._value.get() - down_before
+        return [Trajectory.decode(m.value) for m in messages]
+
+    trajs = asyncio.run(go())
+    assert len(trajs) == 6 and seen["down"] >= 2
+    assert sorted(t.id for t in trajs) == sorted(f"g{i}-{k}" for i in range(3) for k in range(2))
+    assert all(t.policy_version == 0 and t.array("response_ids") is not None for t in trajs)
+    # a prompt the server refuses for good is dead-lettered with the server's reason, not retried
+    (letter,) = [DeadLetter.decode(m.value) for m in seen["letters"]]
+    assert letter.reason == "backend_error" and "prompt is too long" in letter.detail
+    assert Prompt.decode(letter.original_value()).group_id == "refused"
