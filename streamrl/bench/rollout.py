@@ -1,0 +1,73 @@
+"""``streamrl bench rollout``: tokens/s of the transformers rollout backend (the tiny policy on
+CPU here, or ``--device cuda``), one prompt at a time against concurrent prompts merged into one
+engine call, alternated over rounds in one run. Each row samples ``--samples`` responses of
+``--new-tokens`` tokens per prompt from GSM8K-length prompts (~300 byte tokens)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+HELP = "transformers rollout backend tokens/s: serial prompts vs merged concurrent prompts (one run)"
+
+PROMPT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+          "How many clips did Natalia sell altogether in April and May? Let's think step by step and "
+          "output the final answer after \"####\".")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--policy", default="tiny", help="'tiny' or a Hugging Face directory")
+    parser.add_argument("--prompts", type=int, default=4, help="concurrent prompts in the merged run")
+    parser.add_argument("--samples", type=int, default=8, help="responses per prompt (group size)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=0, help="default 5; --quick 2")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--quick", action="store_true")
+
+
+async def _tokens_per_s(backend, prompts: int, n: int, params, merged: bool) -> float:
+    started = time.perf_counter()
+    if merged:
+        results = await asyncio.gather(*[backend.generate([PROMPT], n, params) for _ in range(prompts)])
+    else:
+        results = [await backend.generate([PROMPT], n, params) for _ in range(prompts)]
+    elapsed = time.perf_counter() - started
+    tokens = sum(len(s.response_ids) for r in results for group in r for s in group)
+    return tokens / elapsed
+
+
+async def _run(args: argparse.Namespace) -> dict:
+    from streamrl.rollout.backends import SamplingParams, TransformersBackend
+
+    backend = TransformersBackend(args.policy, device=args.device, max_batch_rows=args.prompts * args.samples)
+    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
+    await _tokens_per_s(backend, 1, args.samples, params, merged=False)  # warm-up
+    rounds = args.rounds or (2 if args.quick else 5)
+    rates: dict[str, list[float]] = {"single": [], "serial": [], "merged": []}
+    for _ in range(rounds):
+        rates["single"].append(await _tokens_per_s(backend, 1, 1, params, merged=False))
+        rates["serial"].append(await _tokens_per_s(backend, args.prompts, args.samples, params, merged=False))
+        rates["merged"].append(await _tokens_per_s(backend, args.prompts, args.samples, params, merged=True))
+    await backend.close()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    for name, label in (("single", "1 prompt x 1 sample"), ("serial", f"{args.prompts} prompts x {args.samples}, one at a time"),
+                        ("merged", f"{args.prompts} prompts x {args.samples}, concurrent (merged)")):
+        print(f"{label:40s} {med[name]:8.0f} tokens/s", file=sys.stderr)
+    return {"device": args.device, "policy": args.policy, "new_tokens": args.new_tokens,
+            "single_tokens_per_s": round(med["single"], 1), "serial_tokens_per_s": round(med["serial"], 1),
+            "merged_tokens_per_s": round(med["merged"], 1),
+            "group_vs_single": round(med["serial"] / med["single"], 2),
+            "merged_vs_serial": round(med["merged"] / med["serial"], 2)}
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(json.dumps(asyncio.run(_run(args))), flush=True)
+    return 0
