@@ -15,6 +15,7 @@ from streamrl.config import ConfigError
 from streamrl.scorers.base import ScoreError, ScorerUnavailable
 from streamrl.scorers.judge import JudgeConfig, JudgeScorer
 from streamrl.scorers.ratelimit import RateLimiter
+from tests.helpers import serve_app
 
 
 class JudgeServer:
@@ -57,12 +58,7 @@ class JudgeServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve_app(app)
         return self
 
     async def stop(self) -> None:

@@ -14,6 +14,7 @@ from aiohttp import web
 from streamrl.config import ConfigError
 from streamrl.scorers.base import ScoreError, ScorerUnavailable
 from streamrl.scorers.model import ModelScorer, ModelScorerConfig, bundled_minilm_dir
+from tests.helpers import serve_app
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -110,11 +111,7 @@ class RewardServer:
         app = web.Application()
         app.router.add_post("/classify", self._classify)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve_app(app)
         return self
 
     async def stop(self) -> None:

@@ -19,6 +19,7 @@ from streamrl.rollout.backends import (BackendError, BackendUnavailable, OpenAIB
                                        TransformersBackend)
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
 from streamrl.rollout.worker import RolloutWorker
+from tests.helpers import serve_app
 from tests.helpers import read_topic
 
 KEY = "sk-test-7d1f0c"
@@ -63,12 +64,8 @@ class CompletionsServer:
 
 
 async def start_server(server: CompletionsServer, port: int = 0) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(server.app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}/v1"
+    runner, url = await serve_app(server.app, port)
+    return runner, f"{url}/v1"
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from streamrl.records import Rewarded, Trajectory
 from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic, resolve_scorer
 from streamrl.reward.config import RewardConfig, ScorerSpec
 from streamrl.rollout.feed import gsm8k_ground_truth
-from tests.helpers import read_topic
+from tests.helpers import read_topic, serve_app
 
 GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z: record times far from the brokers' own timestamps
@@ -453,12 +453,7 @@ class Judge:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await serve_app(app)
         return self
 
     async def stop(self) -> None:

@@ -18,6 +18,7 @@ from streamrl.config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
+from tests.helpers import serve_app
 
 NAME = "outage_judge"
 
@@ -41,9 +42,7 @@ class Judge:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", chat)
         app.router.add_get("/v1/models", models)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True).start()
+        self.runner, _ = await serve_app(app, self.port)
 
     async def down(self) -> None:
         await self.runner.cleanup()

@@ -18,6 +18,7 @@ from streamrl.config import ConfigError, PipelineConfig
 from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
+from tests.helpers import serve_app
 
 USER_SCORERS = '''
 import asyncio, math, os, time
@@ -286,11 +287,8 @@ def test_judge_entry_and_its_router_address_for_an_async_user_scorer(user_file):
         app = web.Application()
         app.router.add_post("/v1/chat/completions", chat)
         app.router.add_get("/v1/models", models)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port = runner.addresses[0][1]
-        stage = _stage({"judge": ScorerSpec(type="judge", judge={"urls": [f"http://127.0.0.1:{port}"]}),
+        runner, url = await serve_app(app)
+        stage = _stage({"judge": ScorerSpec(type="judge", judge={"urls": [url]}),
                         "via_router": ScorerSpec(type="function", path=f"{user_file}:ask_router")},
                        reward_router="judge")
         await stage.table.start()
