@@ -181,6 +181,7 @@ class Consumer:
         self.topics = [bus.topic(t) for t in topics]
         self._listener = listener
         self._end_reader: AIOKafkaConsumer | None = None  # side reader for end_offsets
+        self._end_lock = asyncio.Lock()
         self._exported: set[TopicPartition] = set()  # partitions with lag/age series
         self._probe: asyncio.Task | None = None
         self._last_probe = 0.0
@@ -250,20 +251,23 @@ class Consumer:
         need = [tp for tp, end in listed.items() if end > 0]
         if not need:
             return listed
-        if self._end_reader is None:
-            c = self.bus.config
-            self._end_reader = AIOKafkaConsumer(**self.bus.client_settings(), group_id=None,
-                                           enable_auto_commit=False,
-                                           max_partition_fetch_bytes=DeadLetter.size_limit(c.max_record_bytes))
-            await self._end_reader.start()
-        self._end_reader.assign(need)
-        for tp in need:
-            self._end_reader.seek(tp, listed[tp])
-        exact: dict[TopicPartition, int] = {}
-        deadline = time.monotonic() + timeout_s
-        while len(exact) < len(need) and time.monotonic() < deadline:
-            await self._end_reader.getmany(*need, timeout_ms=100)
-            exact.update({tp: hw for tp in need if (hw := self._end_reader.highwater(tp)) is not None})
+        async with self._end_lock:  # one side reader, one question at a time (it seeks)
+            if self._end_reader is None:
+                reader = AIOKafkaConsumer(
+                    **self.bus.client_settings(), group_id=None, enable_auto_commit=False,
+                    fetch_max_wait_ms=10,  # the broker's default 500 ms wait would be paid per question
+                    max_partition_fetch_bytes=DeadLetter.size_limit(self.bus.config.max_record_bytes))
+                await reader.start()
+                self._end_reader = reader
+            reader = self._end_reader
+            reader.assign(need)  # fresh partition states: no high watermark left from last time
+            for tp in need:
+                reader.seek(tp, listed[tp])
+            exact: dict[TopicPartition, int] = {}
+            deadline = time.monotonic() + timeout_s
+            while len(exact) < len(need) and time.monotonic() < deadline:
+                await reader.getmany(*need, timeout_ms=100)
+                exact.update({tp: hw for tp in need if (hw := reader.highwater(tp)) is not None})
         return {tp: max(end, exact.get(tp, end)) for tp, end in listed.items()}
 
     def update_lag(self, committed: dict[TopicPartition, int],

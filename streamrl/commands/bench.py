@@ -12,7 +12,10 @@ HELP = "run a benchmark (figures as ratios measured side by side in one run)"
 BENCHES = {
     "bus": "streamrl.bench.bus",
     "learner": "streamrl.bench.learner",
+    "rollout": "streamrl.bench.rollout",
     "reward": "streamrl.bench.reward",
+    "pipeline": "streamrl.bench.pipeline",
+    "scale": "streamrl.bench.scale",
 }
 
 

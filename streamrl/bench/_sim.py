@@ -1,0 +1,189 @@
+"""Simulated costs for the pipeline and scale benchmarks, where this machine has no GPU.
+
+Everything here stands in for *time*, never for code: the stages under test are the real ones.
+
+- ``serve_generation``: a real aiohttp server speaking the OpenAI completions API (what ``vllm
+  serve`` speaks), answering each request after a fixed latency. A request carries one prompt
+  and ``n`` samples, which a GPU engine generates together, so the latency is per trajectory
+  and the ``n`` samples of a request share it. Answers are deterministic in (prompt, sample
+  index), with token ids (bytes of the text, inside the tiny policy's vocabulary) and
+  log-probs, so the learner can take them as they are.
+- ``serve_judge``: a real aiohttp server speaking the OpenAI chat API (what ``JudgeScorer``
+  calls). Each answer waits a latency drawn from ``JudgeLatency``: fixed, or log-uniform
+  between ``low`` and ``high`` (the long tail of remote LLM judges). The draw is a hash of the
+  request body, so the same trajectory costs the same in every run that scores it: the
+  synchronous and the streaming runs pay for the same work.
+- ``FollowingBackend``: the rollout worker's ``OpenAIBackend`` that takes the learner's
+  versions (what pointing ``vllm serve`` at each new version does), so trajectories carry the
+  version they were generated with and the staleness bounds are exercised for real.
+- ``FixedStepTrainer``: the learner's real ``Trainer`` (its model is what the learner saves and
+  announces each version) whose update costs a fixed time instead of CPU (see ``pipeline``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from streamrl.rollout.backends import OpenAIBackend, PromptInput, Sample, SamplingParams
+
+
+@dataclass(frozen=True)
+class JudgeLatency:
+    """``low == high``: fixed. Otherwise log-uniform on ``[low, high]`` seconds: every decade
+    equally likely, so most answers are quick and a few take up to ``high / low`` times longer."""
+
+    low: float
+    high: float
+
+    @property
+    def mean(self) -> float:
+        if self.high <= self.low:
+            return self.low
+        return (self.high - self.low) / math.log(self.high / self.low)
+
+    def draw(self, u: float) -> float:
+        """The latency at quantile ``u`` in [0, 1)."""
+        if self.high <= self.low:
+            return self.low
+        return self.low * (self.high / self.low) ** u
+
+
+def _unit(data: bytes) -> float:
+    """A number in [0, 1) that depends only on ``data``."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") / 2.0 ** 64
+
+
+# -- the servers (each in its own process) ------------------------------------------------------
+
+def serve_generation(port_queue: Any, latency_s: float) -> None:
+    """An OpenAI completions server; every request answers after ``latency_s``."""
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = body["prompt"]
+        text_prompt = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+        prompt_ids = list(prompt) if isinstance(prompt, list) else list(text_prompt.encode()[:1024])
+        await asyncio.sleep(latency_s)
+        choices = []
+        for i in range(int(body.get("n", 1))):
+            u = _unit(f"{text_prompt}\x00{i}".encode())
+            answer = int(u * 1000)
+            text = f"Step by step, sample {i}: the total is {answer}.\n#### {answer}"
+            ids = list(text.encode())
+            choices.append({"index": i, "text": text, "finish_reason": "stop", "token_ids": ids,
+                            "prompt_token_ids": prompt_ids,
+                            "logprobs": {"token_logprobs": [-1.0] * len(ids)}})
+        return web.json_response({"id": "sim", "object": "text_completion", "model": body.get("model", ""),
+                                  "choices": choices})
+
+    _serve(port_queue, [("POST", "/v1/completions", completions)])
+
+
+def serve_judge(port_queue: Any, low_s: float, high_s: float) -> None:
+    """An OpenAI chat server answering "Score: N" after a ``JudgeLatency(low_s, high_s)`` draw."""
+    from aiohttp import web
+
+    latency = JudgeLatency(low_s, high_s)
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.read()
+        u = _unit(body)
+        await asyncio.sleep(latency.draw(u))
+        score = int(_unit(body[::-1]) * 11)
+        return web.json_response({"choices": [{"index": 0, "message": {
+            "role": "assistant", "content": f"The reasoning holds up in part.\nScore: {score}"}}],
+            "usage": {"total_tokens": 120}})
+
+    _serve(port_queue, [("POST", "/v1/chat/completions", chat)])
+
+
+def _serve(port_queue: Any, routes: list[tuple[str, str, Any]]) -> None:
+    from aiohttp import web
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "sim", "object": "model"}]})
+
+    async def main() -> None:
+        app = web.Application()
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
+        port_queue.put(runner.addresses[0][1])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+class SimServer:
+    """One of the servers above in a child process, for the duration of a ``with`` block."""
+
+    def __init__(self, target: Any, *args: Any):
+        ctx = mp.get_context("spawn")
+        self._ports = ctx.Queue()
+        self.process = ctx.Process(target=target, args=(self._ports, *args), daemon=True)
+
+    def __enter__(self) -> "SimServer":
+        self.process.start()
+        self.port = self._ports.get(timeout=60)
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.process.terminate()
+        self.process.join(10)
+
+
+# -- the stages' simulated parts ----------------------------------------------------------------
+
+class FollowingBackend(OpenAIBackend):
+    """``OpenAIBackend`` whose server follows the learner: loading a version is telling the
+    server to serve it (instant here: the server simulates generation), and samples are stamped
+    with the version in use when their request was sent."""
+
+    can_load_weights = True
+
+    async def load_weights(self, uri: str, version: int) -> float:
+        self.version = version
+        return 0.0
+
+    async def generate(self, prompts: Sequence[PromptInput], n: int,
+                       params: SamplingParams) -> list[list[Sample]]:
+        version = self.version
+        out = await super().generate(prompts, n, params)
+        for samples in out:
+            for s in samples:
+                s.policy_version = version
+        return out
+
+
+class FixedStepTrainer:
+    """The real ``Trainer`` (model, tokenizer, optimizer state: what the learner saves), with an
+    update that takes ``step_s`` of wall time and no CPU."""
+
+    def __init__(self, trainer: Any, step_s: float):
+        self._trainer, self.step_s = trainer, step_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+    def step(self, samples: Sequence[Any]) -> dict[str, float]:
+        started = time.perf_counter()
+        rewards = [float(s.reward) for s in samples]
+        mean = sum(rewards) / max(1, len(rewards))
+        std = (sum((r - mean) ** 2 for r in rewards) / max(1, len(rewards))) ** 0.5
+        tokens = float(sum(s.n_tokens for s in samples))
+        time.sleep(max(0.0, self.step_s - (time.perf_counter() - started)))
+        return {"loss": 0.0, "pg_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "ppo_kl": 0.0,
+                "is_weight": 1.0, "grad_norm": 0.0, "skipped_steps": 0.0, "tokens": tokens,
+                "sequences": float(len(samples)), "reward_mean": mean, "reward_std": std,
+                "step_seconds": time.perf_counter() - started}

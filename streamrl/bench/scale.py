@@ -1,0 +1,243 @@
+"""``streamrl bench scale``: reward throughput against the number of reward group members.
+
+For each size (``--members``, default 1, 2 and 4) on fresh topics: that many
+``python -m streamrl reward`` processes (the CLI itself) join one consumer group on ``rollouts``
+(8 partitions) and score trajectories with an LLM judge entry pointing at a local judge server
+(another process) that answers after a fixed latency. Each member may have
+``--judge-concurrency`` requests in flight (``judge.concurrency``, per member), so the judge is
+the bottleneck and the bound is ``members * concurrency / latency``.
+
+The clock starts only when the group has settled: every member owns partitions (each member's
+``streamrl_reward_partition_share``, scraped from its metrics port, is above zero and the shares
+sum to one). Then a backlog larger than the measurement needs is produced at once. With a fixed
+latency the judge answers in waves (every member's slots refill together), so throughput is
+measured over whole waves: with the rewarded records ordered by ``scored_at``, ``K`` records
+(``K`` = members x concurrency x the waves in ``--window-s``) from rank ``k1`` (two waves in, past
+the ramp) take ``t[k1 + K] - t[k1]`` seconds; both ends sit at the same point of a wave.
+
+Last line of stdout: one JSON object with ``scale_2`` and ``scale_4`` (throughput with 2 and 4
+members over 1), the throughputs and their ratio to the bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+HELP = "reward group scaling: throughput with 1, 2 and 4 members against a latency-bound judge"
+
+DATA_SOURCE = "bench"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from streamrl.commands.common import add_bootstrap_argument
+
+    add_bootstrap_argument(parser)
+    parser.add_argument("--quick", action="store_true", help="a short run (under 2 minutes)")
+    parser.add_argument("--members", default="1,2,4", help="group sizes to measure (the first is the base)")
+    parser.add_argument("--judge-latency-ms", type=float, default=500.0, help="fixed judge latency")
+    parser.add_argument("--judge-concurrency", type=int, default=8, help="requests in flight per member")
+    parser.add_argument("--window-s", type=float, default=0.0, help="measured window (default 8 s, --quick 4 s)")
+    parser.add_argument("--out", default="runs/bench", help="where the JSON, plot and logs go")
+
+
+def bound_per_s(members: int, concurrency: int, latency_s: float) -> float:
+    return members * concurrency / latency_s
+
+
+def reward_config(bootstrap: str, judge_url: str, concurrency: int, run_id: str):
+    from streamrl.config import PipelineConfig
+    from streamrl.reward.config import ScorerSpec
+
+    cfg = PipelineConfig()
+    cfg.bus.bootstrap_servers = bootstrap
+    cfg.bus.topic_prefix = f"bench{uuid.uuid4().hex[:8]}"
+    cfg.reward.group = f"{run_id}-reward"
+    cfg.reward.max_in_flight = 4 * concurrency
+    cfg.reward.scorers["bench_judge"] = ScorerSpec(
+        type="judge", data_sources=[DATA_SOURCE],
+        judge={"urls": [judge_url], "concurrency": concurrency, "timeout_s": 30.0,
+               "health_interval_s": 0.0, "max_tokens": 64})
+    return cfg
+
+
+def _metrics_port(log: Path) -> int | None:
+    found = re.search(r"metrics: http://[^:]+:(\d+)/metrics", log.read_text(errors="replace")) if log.exists() else None
+    return int(found.group(1)) if found else None
+
+
+def _partition_share(port: int, group: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "streamrl_reward_partition_share":
+            return sum(s.value for s in family.samples if s.labels.get("group") == group)
+    return 0.0
+
+
+async def wait_settled(launcher, names: list[str], logs: Path, group: str, timeout_s: float) -> float:
+    """Wait until every member owns partitions and the shares sum to one, for a second; returns
+    the seconds waited."""
+    started = time.monotonic()
+    stable_since = None
+    while time.monotonic() - started < timeout_s:
+        failed = launcher.failed()
+        if failed:
+            raise RuntimeError(f"bench scale: {failed} exited:\n{launcher.log_tail(failed)}")
+        ports = [_metrics_port(logs / f"{n}.log") for n in names]
+        shares = []
+        if all(ports):
+            try:
+                shares = [await asyncio.to_thread(_partition_share, p, group) for p in ports]
+            except OSError:
+                shares = []
+        if shares and all(s > 0 for s in shares) and abs(sum(shares) - 1.0) < 1e-6:
+            stable_since = stable_since or time.monotonic()
+            if time.monotonic() - stable_since >= 1.0:
+                return time.monotonic() - started
+        else:
+            stable_since = None
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"bench scale: the group of {len(names)} did not settle in {timeout_s:.0f}s")
+
+
+async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_url: str,
+                  out: Path, window_s: float) -> dict[str, Any]:
+    """One group size: start the members, let them settle, produce a backlog, count a window."""
+    from streamrl.bench.pipeline import write_config
+    from streamrl.bus import Bus
+    from streamrl.records import Rewarded, Trajectory
+    from streamrl.run import LocalLauncher
+    from streamrl.topics import ensure_topics
+
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-members{members}"
+    run_dir = out / "scale" / run_id
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cfg = reward_config(bootstrap, judge_url, args.judge_concurrency, run_id)
+    cfg_path = write_config(cfg, run_dir / "pipeline.yaml")
+    bus = Bus(cfg.bus)
+    await ensure_topics(bus)
+    latency = args.judge_latency_ms / 1000
+    bound = bound_per_s(members, args.judge_concurrency, latency)
+    wave = members * args.judge_concurrency
+    k1, span = 2 * wave, wave * max(1, round(window_s / latency))
+    need = k1 + span + 1 + wave  # a wave more: records scored earlier may still be on their way
+    backlog = need + members * cfg.reward.max_in_flight
+    launcher = LocalLauncher(logs)
+    names = [f"reward-{i}" for i in range(members)]
+    reader = bus.consumer(["rewarded"], None, "bench")
+    await reader.start()
+    try:
+        for n in names:
+            launcher.start(n, ["reward", "--config", str(cfg_path), "--bootstrap-servers", bootstrap,
+                               "metrics.port=0"], "reward")
+        settle_s = await wait_settled(launcher, names, logs, cfg.reward.group, timeout_s=90)
+        async with bus.producer("bench") as producer:
+            await asyncio.gather(*[await producer.send("rollouts", Trajectory(
+                group_id=f"g{i}", group_size=1, policy_version=0, data_source=DATA_SOURCE,
+                prompt="How many clips did Natalia sell altogether in April and May?",
+                response=f"She sold 48 / 2 = 24 in May and 48 + 24 = 72 in all. (#{i})\n#### 72",
+                ground_truth="72")) for i in range(backlog)])
+        scored: list[float] = []
+        seen: set[str] = set()
+        deadline = time.monotonic() + window_s + 60
+        while time.monotonic() < deadline:
+            for msg in await reader.getmany(timeout_ms=200):
+                rec = Rewarded.decode(msg.value)
+                if rec.id not in seen:
+                    seen.add(rec.id)
+                    scored.append(rec.scored_at)
+            if len(scored) >= need:
+                break
+            failed = launcher.failed()
+            if failed:
+                raise RuntimeError(f"bench scale: {failed} exited:\n{launcher.log_tail(failed)}")
+    finally:
+        await asyncio.to_thread(launcher.stop_all, 15.0)
+        await reader.stop()
+    if len(scored) < need:
+        raise RuntimeError(f"bench scale: {len(scored)} of {need} records scored with "
+                           f"{members} members; logs in {logs}")
+    scored.sort()
+    rate = span / (scored[k1 + span] - scored[k1])
+    print(f"  {members} member(s): {rate:.1f} records/s (bound {bound:.1f}), settled in {settle_s:.1f}s",
+          file=sys.stderr, flush=True)
+    return {"members": members, "per_s": rate, "bound_per_s": bound, "records_measured": span,
+            "settle_s": settle_s}
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    members = [r["members"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.plot(members, [r["bound_per_s"] for r in rows], linestyle="--", color="#c0392b",
+            label="bound: members x concurrency / latency")
+    base = rows[0]["per_s"] / rows[0]["members"]
+    ax.plot(members, [base * m for m in members], linestyle=":", color="#888888", label="linear from the first")
+    ax.plot(members, [r["per_s"] for r in rows], marker="o", color="#3a7dc9", label="measured")
+    ax.set(xlabel="reward group members", ylabel="rewarded records / s", title="Reward group scaling",
+           xticks=members)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    from streamrl.bench._sim import SimServer, serve_judge
+    from streamrl.commands.common import broker_for
+    from streamrl.config import PipelineConfig
+    from streamrl.topics import load_specs
+
+    sizes = [int(m) for m in args.members.split(",") if m.strip()]
+    if not sizes or min(sizes) < 1:
+        raise SystemExit("streamrl bench scale: --members wants sizes >= 1, e.g. 1,2,4")
+    window_s = args.window_s or (4.0 if args.quick else 8.0)
+    out = Path(args.out)
+    cfg = PipelineConfig()
+    cfg.bus.bootstrap_servers = args.bootstrap_servers
+    latency = args.judge_latency_ms / 1000
+    started = time.monotonic()
+    print(f"bench scale: members {sizes}, judge {args.judge_latency_ms:g} ms x {args.judge_concurrency} "
+          f"per member, {window_s:g}s windows", file=sys.stderr, flush=True)
+    with broker_for(cfg) as bootstrap, SimServer(serve_judge, latency, latency) as judge:
+        rows = [asyncio.run(measure(m, args, bootstrap, judge.url, out, window_s)) for m in sizes]
+    plot_path = out / "scale.png"
+    plot(rows, plot_path)
+    base = rows[0]
+    print(f"{'members':>7s} {'records/s':>10s} {'bound/s':>8s} {'vs bound':>9s} {'scale':>6s}")
+    for r in rows:
+        print(f"{r['members']:7d} {r['per_s']:10.1f} {r['bound_per_s']:8.1f} "
+              f"{r['per_s'] / r['bound_per_s']:9.2f} {r['per_s'] / base['per_s']:6.2f}")
+    result: dict[str, Any] = {f"scale_{r['members']}": round(r["per_s"] / base["per_s"], 3)
+                              for r in rows[1:]}
+    result.update({
+        "base_members": base["members"],
+        "per_s": {str(r["members"]): round(r["per_s"], 2) for r in rows},
+        "bound_per_s": {str(r["members"]): round(r["bound_per_s"], 2) for r in rows},
+        "vs_bound": {str(r["members"]): round(r["per_s"] / r["bound_per_s"], 3) for r in rows},
+        "records_measured": {str(r["members"]): r["records_measured"] for r in rows},
+        "judge_latency_ms": args.judge_latency_ms, "judge_concurrency": args.judge_concurrency,
+        "window_s": window_s, "partitions": load_specs()["rollouts"].partitions,
+        "seconds": round(time.monotonic() - started, 1),
+        "plot": str(plot_path),
+    })
+    (out / "scale.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result), flush=True)
+    return 0

@@ -1,0 +1,85 @@
+"""The headline benchmarks' machinery on tiny workloads: ``streamrl bench pipeline`` (synchronous
+vs streaming through the real stage processes) and ``streamrl bench scale`` (reward group
+members as ``python -m streamrl reward`` processes). The broker, the simulated OpenAI servers and
+the stages are real; only the counts are small. Speed targets are the benchmarks' business, not
+asserted here."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from streamrl.bench._sim import JudgeLatency
+from streamrl.cli import main
+
+
+def _last_json(capsys) -> dict:
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1])
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _is_png(path: str) -> bool:
+    return Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_judge_latency_is_log_uniform():
+    lat = JudgeLatency(0.01, 0.4)
+    assert lat.draw(0.0) == 0.01
+    assert math.isclose(lat.draw(0.5), math.sqrt(0.01 * 0.4))  # the geometric middle
+    assert math.isclose(lat.mean, 0.39 / math.log(40))
+    assert JudgeLatency(0.5, 0.5).mean == 0.5 == JudgeLatency(0.5, 0.5).draw(0.9)
+
+
+def test_bench_pipeline_tiny(bootstrap, tmp_path, capsys):
+    versions, group_size, groups, mini = 3, 2, 2, 2
+    gen_latency, step_s, judge_c, low, high = 0.05, 0.05, 4, 5.0, 50.0
+    rc = main(["bench", "pipeline", "--bootstrap-servers", bootstrap, "--versions", str(versions),
+               "--warmup", "1", "--staleness", "1", "--group-size", str(group_size),
+               "--groups-per-version", str(groups), "--mini-batches", str(mini),
+               "--gen-latency", str(gen_latency), "--judge-low-ms", str(low), "--judge-high-ms", str(high),
+               "--judge-concurrency", str(judge_c), "--step-s", str(step_s), "--out", str(tmp_path)])
+    assert rc == 0
+    res = _last_json(capsys)
+    for key in ("speedup_vs_sync", "efficiency_vs_bound", "sync_s_per_version", "bound_s_per_version"):
+        assert _positive(res[key]), key
+    assert _positive(res["streaming_s_per_version"]["1"])
+    assert all(_positive(v) for v in res["sync_phases_s"].values())
+
+    # the same work on both sides: every version trained on a whole batch
+    batch = group_size * groups
+    assert res["records"] == {"sync": versions * batch, "staleness_1": versions * batch}
+
+    # the bound is the slowest stage's own throughput given its concurrency
+    bounds = res["bounds_per_s"]
+    assert math.isclose(bounds["generation"], 1 * 1 * group_size / gen_latency, rel_tol=1e-3)
+    assert math.isclose(bounds["judge"], judge_c / JudgeLatency(low / 1000, high / 1000).mean, rel_tol=1e-3)
+    assert math.isclose(bounds["learner"], (groups // mini) * group_size / step_s, rel_tol=1e-3)
+    assert bounds["bound"] == min(bounds["generation"], bounds["judge"], bounds["learner"])
+    assert math.isclose(res["bound_s_per_version"], batch / bounds["bound"], rel_tol=1e-2)
+    streaming_s = res["streaming_s_per_version"]["1"]
+    assert math.isclose(res["efficiency_vs_bound"], batch / streaming_s / bounds["bound"], rel_tol=1e-2)
+    assert math.isclose(res["speedup_vs_sync"], res["sync_s_per_version"] / streaming_s, rel_tol=1e-2)
+
+    assert _is_png(res["plot"])
+    assert json.loads((tmp_path / "pipeline.json").read_text())["records"] == res["records"]
+
+
+def test_bench_scale_tiny(bootstrap, tmp_path, capsys):
+    latency_ms, concurrency = 100.0, 4
+    rc = main(["bench", "scale", "--bootstrap-servers", bootstrap, "--members", "1,2",
+               "--judge-latency-ms", str(latency_ms), "--judge-concurrency", str(concurrency),
+               "--window-s", "0.3", "--out", str(tmp_path)])
+    assert rc == 0
+    res = _last_json(capsys)
+    assert _positive(res["scale_2"])
+    for members in ("1", "2"):
+        assert _positive(res["per_s"][members])
+        assert math.isclose(res["bound_per_s"][members], int(members) * concurrency / (latency_ms / 1000),
+                            rel_tol=1e-3)
+    assert math.isclose(res["scale_2"], res["per_s"]["2"] / res["per_s"]["1"], rel_tol=1e-2)
+    assert _is_png(res["plot"])
