@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -188,41 +187,14 @@ async def bench_model(args, bus_config, counts: dict[str, int], rounds: int) -> 
 
 # -- (b) the judge ---------------------------------------------------------------------------------
 
-def _serve_judge(port_queue, latency_s: float) -> None:
-    """A judge server in its own process: every chat completion answers after ``latency_s``."""
-    from aiohttp import web
-
-    async def chat(request: web.Request) -> web.Response:
-        await request.read()
-        await asyncio.sleep(latency_s)
-        return web.json_response({"choices": [{"index": 0, "message": {
-            "role": "assistant", "content": "Correct.\nScore: 8"}}],
-            "usage": {"total_tokens": 100}})
-
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
-        port_queue.put(runner.addresses[0][1])
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
-
-
 async def bench_judge(args, n: int, rounds: int) -> dict[str, Any]:
+    from streamrl.bench._sim import SimServer, serve_judge
     from streamrl.scorers.judge import JudgeConfig, JudgeScorer
 
-    ctx = mp.get_context("spawn")
-    ports = ctx.Queue()
     latency = args.judge_latency_ms / 1000.0
-    server = ctx.Process(target=_serve_judge, args=(ports, latency), daemon=True)
-    server.start()
-    try:
-        port = await asyncio.to_thread(ports.get, True, 30)
+    with SimServer(serve_judge, latency, latency) as server:  # a fixed latency: low == high
         judge = await JudgeScorer(JudgeConfig(
-            urls=[f"http://127.0.0.1:{port}"], concurrency=args.judge_concurrency,
+            urls=[server.url], concurrency=args.judge_concurrency,
             timeout_s=30, health_interval_s=0), name="bench-judge").start()
         try:
             await asyncio.gather(*(judge("bench", "42", "42", prompt="q")
@@ -233,12 +205,9 @@ async def bench_judge(args, n: int, rounds: int) -> dict[str, Any]:
                 outs = await asyncio.gather(*(judge("bench", f"answer {i}", "42", prompt="q")
                                               for i in range(n)))
                 rates.append(n / (time.perf_counter() - started))
-                assert all(o["score"] == 0.8 for o in outs)
+                assert all(0.0 <= o["score"] <= 1.0 for o in outs)
         finally:
             await judge.close()
-    finally:
-        server.terminate()
-        server.join(5)
     rate, bound = max(rates), args.judge_concurrency / latency
     print(f"  judge: {n} requests x {rounds} rounds, {rate:.1f}/s against the bound {bound:.1f}/s", file=sys.stderr, flush=True)
     return {"requests": n, "per_s": rate, "bound_per_s": bound}
