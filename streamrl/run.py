@@ -158,6 +158,8 @@ class VersionStats:
 
 @dataclass
 class Observation:
+    """What the topics say about the run so far (records counted once by ``id``)."""
+
     prompts: int = 0
     rollouts: int = 0
     rewarded: int = 0
@@ -185,6 +187,7 @@ class Observer:
         specs = load_specs()
         self._counted = {name: [TopicPartition(bus.topic(name), p) for p in range(specs[name].partitions)]
                          for name in ("prompts", "rollouts")}
+        self._rollout_ends: dict[TopicPartition, int] = {}  # from the last poll
 
     async def start(self) -> None:
         await self._consumer.start()
@@ -226,7 +229,7 @@ class Observer:
 
     async def reward_lag(self) -> int:
         """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""
-        ends = getattr(self, "_rollout_ends", {})
+        ends = self._rollout_ends
         admin = self.bus.admin_client()
         await admin.start()
         try:  # partitions named: the embedded broker mis-encodes the "all partitions" answer
