@@ -102,6 +102,8 @@ MODEL_BATCH_SECONDS = Histogram("streamrl_model_batch_seconds",
 
 # -- learner --------------------------------------------------------------------------------------
 LEARNER_VERSION = Gauge("streamrl_learner_policy_version", "The last policy version the learner finished")
+LEARNER_MAX_STALENESS = Gauge("streamrl_learner_max_staleness_versions",
+                              "The configured staleness bound (learner.max_staleness): alerts compare to it")
 LEARNER_RECORDS = Counter("streamrl_learner_records_total",
                           "Records taken from rewarded, by outcome (trained, dropped, duplicate)",
                           ["outcome"])

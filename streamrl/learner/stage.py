@@ -123,6 +123,7 @@ class Learner:
         self._dirty = False
         self.last_checkpoint: Path | None = last
         metrics.LEARNER_VERSION.set(self.state.version)
+        metrics.LEARNER_MAX_STALENESS.set(cfg.max_staleness)
 
     @property
     def version(self) -> int:
