@@ -332,9 +332,10 @@ class OffsetTracker:
     def __init__(self) -> None:
         self.parts: dict[TopicPartition, _Partition] = {}
 
-    def take(self, tp: TopicPartition, offset: int, timestamp: float | None = None) -> None:
+    def take(self, tp: TopicPartition, offset: int, timestamp_ms: int | None = None) -> None:
+        """``timestamp_ms``: the record's Kafka timestamp (ms; -1 or None: none, use now)."""
         p = self.parts.setdefault(tp, _Partition())
-        p.pending[offset] = time.time() if timestamp is None else timestamp
+        p.pending[offset] = timestamp_ms / 1000 if timestamp_ms and timestamp_ms > 0 else time.time()
         p.next_offset = max(p.next_offset, offset + 1)
 
     def done(self, tp: TopicPartition, offset: int) -> None:
@@ -441,8 +442,7 @@ class StageLoop(Generic[R]):
 
     def _start(self, msg: Message) -> None:
         tp = TopicPartition(msg.topic, msg.partition)
-        timestamp = msg.timestamp / 1000 if (msg.timestamp or 0) > 0 else None  # Kafka: ms, -1 = none
-        self.tracker.take(tp, msg.offset, timestamp)
+        self.tracker.take(tp, msg.offset, msg.timestamp)
         task = asyncio.create_task(self._process(msg, tp))
         self._tasks.add(task)
         metrics.BUS_IN_FLIGHT.labels(self.stage).set(len(self._tasks))

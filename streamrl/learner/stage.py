@@ -174,7 +174,7 @@ class Learner:
         part = self.tracker.parts.get(tp)
         if part is not None and msg.offset in part.pending:
             return  # the same message again (a seek after a rebalance): it is already held
-        self.tracker.take(tp, msg.offset)
+        self.tracker.take(tp, msg.offset, msg.timestamp)
         self._dirty = True
         record = None
         try:
@@ -284,6 +284,7 @@ class Learner:
         for t in taken:
             self.tracker.done(TopicPartition(t.message.topic, t.message.partition), t.message.offset)
         n = len(taken)
+        metrics.CONSUMER_LAST_PROGRESS.labels(STAGE, self.cfg.consumer_group).set(time.time())
         self.state.consumed_records += n
         self.state.trained_records += n
         self.state.mini_batches += 1
@@ -362,7 +363,7 @@ class Learner:
             self.trainer.optimizer_state(), self.state, self.cfg.keep_checkpoints)
         if await self.consumer.commit(positions):
             self.tracker.mark_committed(positions)
-        self.consumer.update_lag(self.tracker.positions(only_changed=False))
+        self.consumer.update_lag(self.tracker.positions(only_changed=False), self.tracker.oldest())
         self.last_checkpoint = path
         self._dirty = False
         metrics.LEARNER_CHECKPOINT_SECONDS.observe(time.monotonic() - started)
