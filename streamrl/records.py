@@ -22,7 +22,7 @@ import binascii
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import orjson
@@ -145,17 +145,22 @@ class _Record:
     @classmethod
     def decode(cls, data: bytes, max_bytes: int = DEFAULT_MAX_RECORD_BYTES):
         """Bytes from a topic to a record, or ``RecordError`` saying why not."""
-        if data is None:
-            raise RecordError("bad_json", "empty message (tombstone)")
-        if len(data) > max_bytes:
-            raise RecordError("oversize", f"{len(data)} bytes, limit {max_bytes}")
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise RecordError("bad_json", str(exc)) from None
-        if not isinstance(obj, dict):
-            raise RecordError("schema", f"a record is a JSON object, got {type(obj).__name__}")
-        return cls.from_dict(obj)
+        return cls.from_dict(_parse(data, max_bytes))
+
+
+def _parse(data: bytes | None, max_bytes: int) -> dict[str, Any]:
+    """A message's bytes as a JSON object, or ``RecordError``; the schema is checked later."""
+    if data is None:
+        raise RecordError("bad_json", "empty message (tombstone)")
+    if len(data) > max_bytes:
+        raise RecordError("oversize", f"{len(data)} bytes, limit {max_bytes}")
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError("bad_json", str(exc)) from None
+    if not isinstance(obj, dict):
+        raise RecordError("schema", f"a record is a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 _REQUIRED_NULLABLE = {"ground_truth"}
@@ -308,6 +313,18 @@ class DeadLetter(_Record):
 RECORD_TYPES: dict[str, type[_Record]] = {
     cls.SCHEMA: cls for cls in (Trajectory, Rewarded, Prompt, PolicyVersion, DeadLetter)
 }
+
+
+def decode_any(data: bytes | None, types: Sequence[type[_Record]] = tuple(RECORD_TYPES.values()),
+               max_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> _Record:
+    """A message of one of ``types``, picked by its ``schema`` field (replaying a topic that
+    may hold trajectories or rewarded records, say), or ``RecordError``."""
+    obj = _parse(data, max_bytes)
+    cls = {t.SCHEMA: t for t in types}.get(obj.get("schema"))
+    if cls is None:
+        raise RecordError("schema", f"schema is {obj.get('schema')!r}, expected one of "
+                                    f"{', '.join(repr(t.SCHEMA) for t in types)}")
+    return cls.from_dict(obj)
 
 
 def as_plain(record: _Record) -> dict[str, Any]:

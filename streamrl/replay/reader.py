@@ -28,10 +28,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-import orjson
-
 from streamrl.bus import Bus, TopicPartition
-from streamrl.records import REWARDED_SCHEMA, TRAJECTORY_SCHEMA, RecordError, Rewarded, Trajectory
+from streamrl.records import RecordError, Rewarded, Trajectory, decode_any
 
 
 STAGE = "replay"
@@ -163,19 +161,7 @@ class ReadResult:
 
 def decode(value: bytes | None) -> Trajectory:
     """A rewarded record or a trajectory, by its ``schema`` field; ``RecordError`` otherwise."""
-    if value is None:
-        raise RecordError("bad_json", "empty message (tombstone)")
-    try:
-        obj = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise RecordError("bad_json", str(exc)) from None
-    if not isinstance(obj, dict):
-        raise RecordError("schema", f"a record is a JSON object, got {type(obj).__name__}")
-    cls = {REWARDED_SCHEMA: Rewarded, TRAJECTORY_SCHEMA: Trajectory}.get(obj.get("schema"))
-    if cls is None:
-        raise RecordError("schema", f"schema is {obj.get('schema')!r}, expected {REWARDED_SCHEMA!r} "
-                                    f"or {TRAJECTORY_SCHEMA!r}")
-    return cls.from_dict(obj)
+    return decode_any(value, (Rewarded, Trajectory))  # type: ignore[return-value]
 
 
 async def read_range(bus: Bus, topic: str, bounds: Range = Range(), *, keep_arrays: bool = False,
