@@ -122,6 +122,19 @@ async def _produce(bus: Bus, records: list) -> None:
         await asyncio.gather(*futs)
 
 
+async def _score_all(stage: RewardStage, bus: Bus, records: list, timeout_s: float):
+    """Run the stage until every record came out (rewarded or dead-lettered) or ``timeout_s``;
+    returns ``(all came out, rewarded, dead letters)``."""
+    stop = asyncio.Event()
+    run = asyncio.create_task(stage.run(stop))
+    async with Collector(bus) as out:
+        await _produce(bus, records)
+        done = await out.wait(lambda: len(out.rewarded) + len(out.dead) >= len(records), timeout_s)
+        stop.set()
+        await run
+    return done, out.rewarded, out.dead
+
+
 def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(bus, user_file):
     cfg = _pipeline(bus.config)
     cfg.reward.scorers["boom"] = ScorerSpec(type="function", path=f"{user_file}:boom")
@@ -137,17 +150,7 @@ def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(bus, user_fi
     stage = RewardStage(cfg)
     scored_before = metrics.REWARD_SCORED.labels("gsm8k", "ok")._value.get()
 
-    async def main():
-        stop = asyncio.Event()
-        run = asyncio.create_task(stage.run(stop))
-        async with Collector(bus) as out:
-            await _produce(bus, records)
-            done = await out.wait(lambda: len(out.rewarded) + len(out.dead) >= len(records), 45)
-            stop.set()
-            await run
-        return done, out.rewarded, out.dead
-
-    done, rewarded, dead = asyncio.run(main())
+    done, rewarded, dead = asyncio.run(_score_all(stage, bus, records, 45))
     assert done, f"{len(rewarded)} rewarded + {len(dead)} dead of {len(records)}"
     assert len(rewarded) + len(dead) == len(records)  # none lost, none doubled
 
@@ -277,17 +280,7 @@ def test_group_hook_adjusts_complete_groups_and_times_out_incomplete_ones(bus):
     records = full + partial + incomplete
     stage = RewardStage(cfg)
 
-    async def main():
-        stop = asyncio.Event()
-        run = asyncio.create_task(stage.run(stop))
-        async with Collector(bus) as out:
-            await _produce(bus, records)
-            done = await out.wait(lambda: len(out.rewarded) + len(out.dead) >= len(records), 30)
-            stop.set()
-            await run
-        return done, out.rewarded, out.dead
-
-    done, rewarded, dead = asyncio.run(main())
+    done, rewarded, dead = asyncio.run(_score_all(stage, bus, records, 30))
     assert done
     by_id = {r.id: r for r in rewarded}
     assert len(rewarded) == len(records) - 1 and [d.reason for d in dead] == ["unknown_data_source"]
