@@ -74,28 +74,28 @@ def serve(port: int = 0, host: str = "0.0.0.0") -> int:
 # -- judge / model scorers ----------------------------------------------------------------------
 # ``router`` is the scorer's name in the config (e.g. "judge"); ``url`` is one of its configured
 # server URLs (never anything read from a record), so both stay bounded.
-ROUTER_REQUESTS = Counter("streamrl_router_requests_total",
+ROUTER_REQUESTS = Counter("streamrl_reward_router_requests_total",
                           "Requests sent to a judge / reward server", ["router", "url"])
-ROUTER_ERRORS = Counter("streamrl_router_request_errors_total",
+ROUTER_ERRORS = Counter("streamrl_reward_router_request_errors_total",
                         "Failed requests to a judge / reward server (reason: timeout, connect, "
                         "http_5xx, http_429, http_4xx, bad_response, health)", ["router", "url", "reason"])
-ROUTER_RETRIES = Counter("streamrl_router_retries_total",
+ROUTER_RETRIES = Counter("streamrl_reward_router_retries_total",
                          "Requests retried after failing on this server", ["router", "url"])
-ROUTER_REQUEST_SECONDS = Histogram("streamrl_router_request_seconds",
+ROUTER_REQUEST_SECONDS = Histogram("streamrl_reward_router_request_seconds",
                                    "Latency of one request to a judge / reward server",
                                    ["router", "url"],
                                    buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120))
-ROUTER_OUTSTANDING = Gauge("streamrl_router_outstanding_requests",
+ROUTER_OUTSTANDING = Gauge("streamrl_reward_router_outstanding_requests",
                            "Requests sent and not yet answered", ["router", "url"])
-ROUTER_EJECTED = Gauge("streamrl_router_ejected_servers",
+ROUTER_EJECTED = Gauge("streamrl_reward_router_ejected_servers",
                        "Servers taken out of rotation (consecutive failures) until a health check "
                        "passes", ["router"])
-RATELIMIT_WAIT = Counter("streamrl_ratelimit_wait_seconds_total",
+RATELIMIT_WAIT = Counter("streamrl_reward_ratelimit_wait_seconds_total",
                          "Seconds spent waiting for this member's share of the group's RPM / TPM "
                          "budget (kind: requests, tokens)", ["router", "kind"])
-MODEL_BATCH_SIZE = Histogram("streamrl_model_batch_records", "Records per reward-model batch",
+MODEL_BATCH_SIZE = Histogram("streamrl_reward_model_batch_records", "Records per reward-model batch",
                              ["scorer"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-MODEL_BATCH_SECONDS = Histogram("streamrl_model_batch_seconds",
+MODEL_BATCH_SECONDS = Histogram("streamrl_reward_model_batch_seconds",
                                 "Time to score one reward-model batch (tokenise + forward)",
                                 ["scorer"],
                                 buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
