@@ -1,9 +1,12 @@
-"""Small helpers for tests that read topics back."""
+"""Helpers for the tests: reading topics back, and real HTTP servers in the test process."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
+
+from aiohttp import web
 
 from streamrl.bus import Bus, Message
 
@@ -30,9 +33,60 @@ async def serve_app(app, port: int = 0):
     """Serve an aiohttp ``app`` on 127.0.0.1 (``port`` 0: a free one), as the real judges, reward
     servers and completion servers of the tests do. Returns ``(runner, "http://127.0.0.1:PORT")``;
     ``await runner.cleanup()`` stops it."""
-    from aiohttp import web
-
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+class JudgeServer:
+    """A judge speaking the OpenAI chat API: ``POST /v1/chat/completions`` answers ``reply`` (a
+    string, or a function of the last message's content) after ``latency`` seconds;
+    ``GET /v1/models`` is its health check. ``failing`` makes both answer 503; ``fail_next``
+    makes the next N chat requests answer 500."""
+
+    def __init__(self, reply: "str | Callable[[str], str]" = "The answer is right.\nScore: 7",
+                 latency: float = 0.0):
+        self.reply, self.latency = reply, latency
+        self.failing = False
+        self.fail_next = 0
+        self.chats: list[tuple[float, dict, dict]] = []  # (time, headers, body)
+        self.health_checks = 0
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.chats.append((time.monotonic(), dict(request.headers), body))
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if self.failing:
+            return web.Response(status=503, text="down")
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return web.Response(status=500, text="boom")
+        return web.json_response({
+            "id": "c1", "object": "chat.completion", "model": body.get("model", "judge"),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": self._reply(body)}}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60}})
+
+    def _reply(self, body: dict) -> str:
+        return self.reply if isinstance(self.reply, str) else self.reply(body["messages"][-1]["content"])
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.health_checks += 1
+        if self.failing:
+            return web.Response(status=503, text="down")
+        return web.json_response({"object": "list", "data": [{"id": "judge", "object": "model"}]})
+
+    async def start(self) -> "JudgeServer":
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner, self.url = await serve_app(app)
+        return self
+
+    async def stop(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()

@@ -9,61 +9,12 @@ import time
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from streamrl.config import ConfigError
 from streamrl.scorers.base import ScoreError, ScorerUnavailable
 from streamrl.scorers.judge import JudgeConfig, JudgeScorer
 from streamrl.scorers.ratelimit import RateLimiter
-from tests.helpers import serve_app
-
-
-class JudgeServer:
-    """A judge: ``POST /v1/chat/completions`` answers ``reply`` after ``latency`` seconds;
-    ``GET /v1/models`` is its health check. ``failing`` makes both answer 503;
-    ``fail_next`` makes the next N chat requests answer 500."""
-
-    def __init__(self, reply: str = "The answer is right.\nScore: 7", latency: float = 0.0):
-        self.reply, self.latency = reply, latency
-        self.failing = False
-        self.fail_next = 0
-        self.chats: list[tuple[float, dict, dict]] = []  # (time, headers, body)
-        self.health_checks = 0
-        self._runner: web.AppRunner | None = None
-        self.url = ""
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.chats.append((time.monotonic(), dict(request.headers), body))
-        if self.latency:
-            await asyncio.sleep(self.latency)
-        if self.failing:
-            return web.Response(status=503, text="down")
-        if self.fail_next > 0:
-            self.fail_next -= 1
-            return web.Response(status=500, text="boom")
-        return web.json_response({
-            "id": "c1", "object": "chat.completion", "model": body.get("model", "judge"),
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": self.reply}}],
-            "usage": {"prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60}})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        self.health_checks += 1
-        if self.failing:
-            return web.Response(status=503, text="down")
-        return web.json_response({"object": "list", "data": [{"id": "judge", "object": "model"}]})
-
-    async def start(self) -> "JudgeServer":
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        self._runner, self.url = await serve_app(app)
-        return self
-
-    async def stop(self) -> None:
-        if self._runner:
-            await self._runner.cleanup()
+from tests.helpers import JudgeServer
 
 
 def closed_port_url() -> str:

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from aiohttp import web
 
 from streamrl.bus import Bus, TopicPartition
 from streamrl.cli import main as cli
@@ -23,7 +22,7 @@ from streamrl.records import Rewarded, Trajectory
 from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic, resolve_scorer
 from streamrl.reward.config import RewardConfig, ScorerSpec
 from streamrl.rollout.feed import gsm8k_ground_truth
-from tests.helpers import read_topic, serve_app
+from tests.helpers import JudgeServer, read_topic
 
 GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z: record times far from the brokers' own timestamps
@@ -427,47 +426,15 @@ def test_replay_of_trajectories_has_only_new_rewards(bus: Bus, tmp_path: Path) -
     assert report["by_version"]["2"]["new"]["max"] == 1.0
 
 
-class Judge:
-    """A judge speaking the OpenAI chat API: "Score: 9" when the graded response is
-    "#### 7", else "Score: 1". While ``down``, every request (health checks too) gets 503."""
-
-    def __init__(self) -> None:
-        self.down = True
-        self.requests = 0
-        self._runner: web.AppRunner | None = None
-        self.url = ""
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        self.requests += 1
-        if self.down:
-            return web.Response(status=503, text="down")
-        text = (await request.json())["messages"][-1]["content"]
-        verdict = "Score: 9" if "answer:\n#### 7\n" in text else "Score: 1"
-        return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": verdict}}],
-                                  "usage": {"total_tokens": 20}})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.Response(status=503) if self.down else web.json_response({"data": []})
-
-    async def start(self) -> "Judge":
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        self._runner, self.url = await serve_app(app)
-        return self
-
-    async def stop(self) -> None:
-        assert self._runner is not None
-        await self._runner.cleanup()
-
-
 def test_replay_with_a_judge_holds_while_it_is_down(bus: Bus, tmp_path: Path) -> None:
     """A judge entry of the config re-scores rule-scored records through the stage's router and
     retries; while the judge is down the replay waits (never a 0), then finishes."""
     records = [r for r in make_records() if r.data_source == "gsm8k"]
 
-    async def scenario() -> tuple[dict[str, Any], Judge]:
-        judge = await Judge().start()
+    async def scenario() -> tuple[dict[str, Any], JudgeServer]:
+        judge = JudgeServer(reply=lambda text: "Score: 9" if "answer:\n#### 7\n" in text else "Score: 1")
+        judge.failing = True  # down until the test brings it back
+        await judge.start()
         try:
             cfg = config(bus, "reward.retry_backoff_s=0.01", "reward.unavailable_backoff_max_s=0.1")
             cfg.reward.scorers["judge"] = ScorerSpec(type="judge", judge={
@@ -481,8 +448,8 @@ def test_replay_with_a_judge_holds_while_it_is_down(bus: Bus, tmp_path: Path) ->
             task = asyncio.create_task(replay_topic(cfg, topic="rewarded", scorer="judge", out=tmp_path,
                                                     progress=False))
             await asyncio.sleep(1.5)
-            assert not task.done() and judge.requests > 0  # held, not scored
-            judge.down = False
+            assert not task.done() and len(judge.chats) > 0  # held, not scored
+            judge.failing = False
             path = await asyncio.wait_for(task, 30)
             return orjson.loads(path.read_bytes()), judge
         finally:
