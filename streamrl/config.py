@@ -8,23 +8,23 @@ Secrets never live here: a config names the *environment variable* that holds th
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
 from streamrl.reward.config import RewardConfig
 from streamrl.rollout.config import FeedConfig, RolloutConfig
 
 T = TypeVar("T")
 
-
-class ConfigError(ValueError):
-    """A bad config: the message names the field."""
+__all__ = ["ConfigError", "PipelineConfig", "BusConfig", "load_config", "to_yaml"]
 
 
 @dataclass
@@ -53,7 +53,14 @@ class BusConfig:
     commit_interval_s: float = 1.0
 
     def topic(self, name: str) -> str:
-        return f"{self.topic_prefix}.{name}" if self.topic_prefix else name
+        """The Kafka name of topic ``name``, given short (``rewarded``) or full
+        (``streamrl.rewarded``), as users type either."""
+        return self.topic_prefix + "." + self.short_topic(name) if self.topic_prefix else name
+
+    def short_topic(self, name: str) -> str:
+        """``streamrl.rewarded`` -> ``rewarded``; a short name stays as it is."""
+        prefix = self.topic_prefix + "."
+        return name[len(prefix):] if self.topic_prefix and name.startswith(prefix) else name
 
     def sasl_password(self) -> str | None:
         return os.environ.get(self.sasl_password_env) if self.sasl_mechanism else None
@@ -62,7 +69,9 @@ class BusConfig:
 @dataclass
 class MetricsConfig:
     port: int = 0  # 0: pick a free port and print it
-    host: str = "0.0.0.0"
+    # Loopback unless configured: metrics name topics, groups and hosts. The compose file and the
+    # Kubernetes manifests set 0.0.0.0 so Prometheus can scrape them.
+    host: str = "127.0.0.1"
 
 
 @dataclass
@@ -119,21 +128,32 @@ class PipelineConfig:
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 schema: type[T] = PipelineConfig) -> T:  # type: ignore[assignment]
-    """Defaults <- YAML file <- ``key.path=value`` overrides, checked against ``schema``."""
-    try:
-        merged = OmegaConf.structured(schema)
-        if path:
-            merged = OmegaConf.merge(merged, OmegaConf.load(Path(path)))
-        if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+    """Defaults <- YAML file <- ``key.path=value`` overrides, checked against ``schema``. A bad
+    value fails naming its field and where it came from: the file, or the command line.
+    ``path`` is a file, or the name of a packaged config (``local.yaml``)."""
+    merged = OmegaConf.structured(schema)
+    if path:
+        from streamrl.packaged import resolve_config
+
+        path = resolve_config(str(path))
+        with _config_errors(f" in {path}"):
+            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+    for override in overrides:
+        with _config_errors(f" on the command line ({override})"):
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+    with _config_errors(f" in {path}" if path else ""):
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _config_errors(where: str) -> Iterator[None]:
+    """OmegaConf's errors as one-line ``ConfigError``s naming the field and ``where``."""
+    try:
+        yield
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
         msg = getattr(exc, "msg", str(exc)).splitlines()[0]
-        where = f" in {path}" if path else ""
         raise ConfigError(f"config field {key!r}{where}: {msg}" if key else f"config{where}: {msg}") from None
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config file not found: {exc.filename}") from None
 
 
 def to_yaml(cfg: Any) -> str:

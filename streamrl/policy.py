@@ -49,7 +49,10 @@ def tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: in
 def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for ``spec`` (``tiny`` or a local directory), in eval mode on
     ``device``."""
-    import torch
+    from streamrl.errors import need
+
+    torch = need("torch", "cpu", "the policy model")
+    need("transformers", "cpu", "the policy model")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if spec == TINY_SPEC:

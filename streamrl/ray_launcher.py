@@ -43,8 +43,9 @@ class _StageProcess:
 class RayLauncher(Launcher):
     def __init__(self, log_dir: Path, address: str = "", num_cpus: int = 0,
                  resources: dict[str, dict[str, float]] | None = None):
-        import ray
+        from streamrl.errors import need
 
+        ray = need("ray", "ray", "streamrl run --launcher ray")
         self._ray = ray
         if not ray.is_initialized():
             kwargs = {"address": address} if address else {"num_cpus": num_cpus or None}

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import fastjsonschema
 
+from streamrl.packaged import packaged_dir
+
 TOPIC_NAMES = ("prompts", "rollouts", "rewarded", "policy", "deadletter")
 
 
 def topics_dir() -> Path:
-    """``$STREAMRL_TOPICS_DIR``, else the repository's ``topics/`` beside the package."""
-    env = os.environ.get("STREAMRL_TOPICS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "topics"
+    """The topic files: packaged with streamrl, or the checkout's ``topics/`` (``streamrl.packaged``)."""
+    return packaged_dir("topics")
 
 
 @dataclass(frozen=True)

@@ -4,29 +4,29 @@ new ids per epoch, parquet like JSONL, bad rows refused before anything is publi
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 
 from streamrl.config import ConfigError
+from streamrl.datasets import packaged_path
 from streamrl.records import Prompt
 from streamrl.rollout.config import FeedConfig
 from streamrl.rollout.feed import FeedError, build_prompts, gsm8k_ground_truth, publish_feed
 from tests.helpers import read_topic
 
-GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
-if not GSM8K.exists():
-    GSM8K = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K = "gsm8k:test"  # the packaged copy, by name (streamrl.datasets)
 
 
 def first_rows(n: int) -> list[dict]:
-    with GSM8K.open() as f:
+    with gzip.open(packaged_path(GSM8K), "rt") as f:
         return [json.loads(next(f)) for _ in range(n)]
 
 
 def test_gsm8k_prompt_and_ground_truth_follow_verl():
-    cfg = FeedConfig(dataset=str(GSM8K), limit=3, shuffle=False, group_size=5)
+    cfg = FeedConfig(dataset=GSM8K, limit=3, shuffle=False, group_size=5)
     prompts = list(build_prompts(cfg))
     rows = first_rows(3)
     assert len(prompts) == 3
@@ -43,7 +43,7 @@ def test_gsm8k_prompt_and_ground_truth_follow_verl():
 
 
 def test_group_ids_are_stable_and_new_per_epoch():
-    cfg = FeedConfig(dataset=str(GSM8K), limit=20, epochs=2, shuffle=True, seed=7)
+    cfg = FeedConfig(dataset=GSM8K, limit=20, epochs=2, shuffle=True, seed=7)
     a, b = list(build_prompts(cfg)), list(build_prompts(cfg))
     assert [p.group_id for p in a] == [p.group_id for p in b]  # same feed, same ids
     assert len({p.group_id for p in a}) == 40  # 20 rows x 2 epochs, all distinct
@@ -54,11 +54,11 @@ def test_group_ids_are_stable_and_new_per_epoch():
     order0 = [p.extra_info["index"] for p in a if p.epoch == 0]
     assert order0 != sorted(order0)
     unshuffled = {p.extra_info["index"]: p.group_id for p in build_prompts(
-        FeedConfig(dataset=str(GSM8K), limit=20, shuffle=False))}
+        FeedConfig(dataset=GSM8K, limit=20, shuffle=False))}
     assert unshuffled == by_epoch[0]
     # continuing a feed at epoch 1 gives epoch 1's ids
     cont = {p.extra_info["index"]: p.group_id for p in build_prompts(
-        FeedConfig(dataset=str(GSM8K), limit=20, start_epoch=1))}
+        FeedConfig(dataset=GSM8K, limit=20, start_epoch=1))}
     assert cont == by_epoch[1]
 
 
@@ -69,7 +69,7 @@ def test_parquet_reads_like_jsonl(tmp_path):
     path = tmp_path / "gsm8k.parquet"
     pq.write_table(pa.Table.from_pylist(first_rows(4)), path)
     from_parquet = list(build_prompts(FeedConfig(dataset=str(path), shuffle=False)))
-    from_jsonl = list(build_prompts(FeedConfig(dataset=str(GSM8K), limit=4, shuffle=False)))
+    from_jsonl = list(build_prompts(FeedConfig(dataset=GSM8K, limit=4, shuffle=False)))
     assert [(p.group_id, p.prompt, p.ground_truth) for p in from_parquet] == \
            [(p.group_id, p.prompt, p.ground_truth) for p in from_jsonl]
     # verl's own preprocessed layout: prompt messages and reward_model.ground_truth
@@ -96,11 +96,11 @@ def test_bad_rows_and_config_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="feed.dataset"):
         list(build_prompts(FeedConfig(dataset=str(tmp_path / "missing.jsonl"))))
     with pytest.raises(ConfigError, match="feed.ground_truth"):
-        list(build_prompts(FeedConfig(dataset=str(GSM8K), ground_truth="magic")))
+        list(build_prompts(FeedConfig(dataset=GSM8K, ground_truth="magic")))
 
 
 def test_publish_feed_to_the_broker(bus):
-    cfg = FeedConfig(dataset=str(GSM8K), limit=5, epochs=2, group_size=3)
+    cfg = FeedConfig(dataset=GSM8K, limit=5, epochs=2, group_size=3)
     assert asyncio.run(publish_feed(bus, cfg)) == 10
     messages = asyncio.run(read_topic(bus, "prompts", 10, timeout_s=20))
     prompts = [Prompt.decode(m.value) for m in messages]

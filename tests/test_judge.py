@@ -204,3 +204,48 @@ def test_bad_config_fails_at_start_naming_the_field(monkeypatch):
         JudgeScorer(make_config(["http://127.0.0.1:1"], score_regex=r"score: \d+"))
     with pytest.raises(ConfigError, match="urls"):
         JudgeScorer(make_config([]))
+
+
+def test_retry_after_is_honoured_before_the_next_try():
+    """A judge answering 429 (then 503) with ``Retry-After`` is not called again before that
+    time, although the router's own backoff (10 ms here) is much shorter."""
+    from aiohttp import web
+
+    from tests.helpers import serve_app
+
+    calls: list[float] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            return web.Response(status=429, headers={"Retry-After": "1"}, text="slow down")
+        if len(calls) == 2:
+            return web.Response(status=503, headers={"Retry-After": "1"}, text="busy")
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "Score: 8"}}]})
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner, url = await serve_app(app)
+        judge = await JudgeScorer(make_config([url], max_retries=3)).start()
+        try:
+            out = await judge("gsm8k", "42", "42")
+        finally:
+            await judge.close()
+            await runner.cleanup()
+        return out
+
+    out = asyncio.run(main())
+    assert out["score"] == pytest.approx(0.8)
+    assert len(calls) == 3
+    assert calls[1] - calls[0] >= 0.95 and calls[2] - calls[1] >= 0.95
+
+
+def test_retry_after_header_forms():
+    from email.utils import formatdate
+
+    from streamrl.scorers.router import retry_after_s
+
+    assert retry_after_s("7", 60) == 7 and retry_after_s("600", 60) == 60
+    assert retry_after_s(None, 60) == 0 and retry_after_s("soon", 60) == 0
+    assert 8 <= retry_after_s(formatdate(time.time() + 10, usegmt=True), 60) <= 10

@@ -29,7 +29,7 @@ from streamrl.rollout.worker import RolloutWorker
 from tests.helpers import read_topic
 
 ROOT = Path(__file__).resolve().parents[1]
-GSM8K = "/work/shared/data/gsm8k/test.jsonl"
+GSM8K = "gsm8k:test"  # the packaged copy, by name
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -3,21 +3,15 @@ verl parity; and the math scorer's equivalences (math-verify)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
+from streamrl.datasets import read_rows
 from streamrl.scorers import ScoreError, default_compute_score
 from streamrl.scorers.gsm8k import compute_score, verl_ground_truth
 
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
-if not GSM8K_TEST.exists():  # a checkout elsewhere: the shared data beside /work/main
-    GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
-
-
 def _split() -> list[dict]:
-    return [json.loads(line) for line in GSM8K_TEST.read_text().splitlines() if line.strip()]
+    return read_rows("gsm8k:test")  # the packaged copy, by name
 
 
 def test_every_reference_solution_scores_one_against_its_own_number():

@@ -67,7 +67,7 @@ from streamrl.bench._sim import JudgeLatency
 
 HELP = "streaming pipeline vs a synchronous barrier (time per version, speedup, efficiency vs bound)"
 
-DATASET = "../shared/data/gsm8k/train.jsonl"
+DATASET = "gsm8k"  # the packaged GSM8K train set
 DATA_SOURCE = "bench"  # what the judge entry serves
 
 

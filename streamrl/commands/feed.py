@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.bus import Bus
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
     from streamrl.rollout.feed import FeedError, publish_feed
 
     cfg = load(args)

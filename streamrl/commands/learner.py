@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from streamrl import metrics
     from streamrl.bus import Bus
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
     from streamrl.topics import ensure_topics
 
     cfg = load(args)

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl import metrics
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
     from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic
     from streamrl.rollout.feed import FeedError
 

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl import metrics
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
     from streamrl.reward.stage import RewardStage
 
     cfg = load(args)

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from streamrl import metrics
     from streamrl.bus import Bus
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
     from streamrl.rollout.backends import make_backend
     from streamrl.rollout.worker import RolloutWorker
 

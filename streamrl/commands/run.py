@@ -15,12 +15,14 @@ from pathlib import Path
 from streamrl.commands.common import add_bootstrap_argument
 
 HELP = "run the whole pipeline (embedded broker by default) and print a JSON summary"
-DEFAULT_CONFIG = "configs/local.yaml"
+DEFAULT_CONFIG = "local.yaml"  # the packaged embedded default (streamrl.packaged)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG, help=f"pipeline YAML (default {DEFAULT_CONFIG})")
+    parser.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                        help=f"pipeline YAML: a file or a packaged name (default {DEFAULT_CONFIG}, the embedded default)")
     add_bootstrap_argument(parser)
+    parser.add_argument("--run-dir", metavar="DIR", help="where runs go (run.out_dir, default ./runs): DIR/<run id>/")
     parser.add_argument("--launcher", choices=["local", "ray"], help="run.launcher: processes here, or Ray actors")
     parser.add_argument("--autoscale", metavar="MIN:MAX", help="size the reward group by its consumer lag")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
@@ -28,19 +30,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.commands.common import broker_for, load, run_until_signalled
+    from streamrl.errors import StreamrlError, need
+    from streamrl.packaged import resolve_config
 
     if "=" in args.config and not Path(args.config).exists():  # `streamrl run a.b=c`: no config given
         args.overrides, args.config = [args.config, *args.overrides], DEFAULT_CONFIG
+    args.config = str(resolve_config(args.config).resolve())  # the stages get the same file, by path
     cfg = load(args)
+    if args.run_dir:
+        cfg.run.out_dir = args.run_dir
+    need("torch", "cpu", "streamrl run")  # the learner and the transformers rollout backend
     if args.launcher:
         cfg.run.launcher = args.launcher
     if args.autoscale:
         low, _, high = args.autoscale.partition(":")
         if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
-            raise SystemExit(f"streamrl run: --autoscale wants MIN:MAX with 1 <= MIN <= MAX, got {args.autoscale!r}")
+            raise StreamrlError(f"--autoscale wants MIN:MAX with 1 <= MIN <= MAX, got {args.autoscale!r}")
         cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
         cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
-    out = Path(cfg.run.out_dir) / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.run.out_dir).resolve() / time.strftime("%Y%m%d-%H%M%S")
     (out / "logs").mkdir(parents=True, exist_ok=True)
     with broker_for(cfg) as bootstrap:
         result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop))
@@ -58,7 +66,9 @@ def make_launcher(cfg, log_dir: Path):
 
         ray = cfg.run.ray
         return RayLauncher(log_dir, address=ray.address, num_cpus=ray.num_cpus, resources=ray.resources)
-    raise SystemExit(f"streamrl run: config field 'run.launcher': {cfg.run.launcher!r} is not local or ray")
+    from streamrl.errors import ConfigError
+
+    raise ConfigError(f"config field 'run.launcher': {cfg.run.launcher!r} is not local or ray")
 
 
 async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dict:

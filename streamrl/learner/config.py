@@ -74,7 +74,7 @@ class LearnerConfig:
 
     def validate(self) -> "LearnerConfig":
         """Raise ``ConfigError`` naming the first bad field."""
-        from streamrl.config import ConfigError  # here: streamrl.config imports this module
+        from streamrl.errors import ConfigError
 
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")

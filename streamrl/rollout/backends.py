@@ -322,10 +322,9 @@ class VLLMBackend(_LocalEngine):
                  tensor_parallel_size: int = 1, engine_kwargs: dict[str, Any] | None = None,
                  max_batch_rows: int = 1024):
         super().__init__(max_batch_rows)
-        try:
-            from vllm import LLM
-        except ImportError as exc:
-            raise ImportError("the vllm backend needs vLLM: pip install 'streamrl[vllm]'") from exc
+        from streamrl.errors import need
+
+        LLM = need("vllm", "vllm", "rollout backend 'vllm'").LLM
         self.llm = LLM(model=policy, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        tensor_parallel_size=tensor_parallel_size, **(engine_kwargs or {}))
         self.tokenizer = self.llm.get_tokenizer()

@@ -80,7 +80,7 @@ class RolloutConfig:
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
 
     def check(self) -> "RolloutConfig":
-        from streamrl.config import ConfigError  # not at the top: streamrl.config imports this module
+        from streamrl.errors import ConfigError
 
         if self.backend not in BACKENDS:
             raise ConfigError(f"config field 'rollout.backend': {self.backend!r} is not one of {BACKENDS}")
@@ -104,7 +104,8 @@ class RolloutConfig:
 class FeedConfig:
     """A dataset to publish on the prompts topic: one record per row and epoch."""
 
-    dataset: str = ""  # a .jsonl / .json (one object a line) or .parquet file
+    # ``gsm8k`` / ``gsm8k:test`` (packaged), a .jsonl[.gz] / .parquet file, or hf:REPO (streamrl.datasets)
+    dataset: str = "gsm8k"
     data_source: str = "gsm8k"  # picks the scorer downstream
     epochs: int = 1
     start_epoch: int = 0  # to continue a feed: epochs start_epoch .. start_epoch + epochs - 1
@@ -122,10 +123,11 @@ class FeedConfig:
     answer_field: str = "answer"
 
     def check(self) -> "FeedConfig":
-        from streamrl.config import ConfigError
+        from streamrl.errors import ConfigError
 
         if not self.dataset:
-            raise ConfigError("config field 'feed.dataset': required (a .jsonl or .parquet file)")
+            raise ConfigError("config field 'feed.dataset': required (gsm8k, gsm8k:test, a .jsonl or "
+                              ".parquet file, or hf:REPO)")
         if self.ground_truth not in ("gsm8k", "field", "verl", "none"):
             raise ConfigError(f"config field 'feed.ground_truth': {self.ground_truth!r} is not gsm8k|field|verl|none")
         if self.epochs < 1 or self.group_size < 1 or self.start_epoch < 0 or self.limit < 0:

@@ -22,20 +22,19 @@ import itertools
 import random
 import re
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
 
-from streamrl.config import ConfigError
+from streamrl.datasets import DatasetError, describe, read_rows
 from streamrl.records import Prompt
 from streamrl.rollout.config import FeedConfig
 
 _GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 
-class FeedError(ValueError):
-    """A dataset row that cannot become a prompt; the message names the file and row."""
+#: a dataset row that cannot become a prompt; the message names the file and row
+FeedError = DatasetError
 
 
 def gsm8k_ground_truth(answer: str) -> str:
@@ -44,35 +43,6 @@ def gsm8k_ground_truth(answer: str) -> str:
     if match is None:
         raise ValueError("no '#### <number>' in the answer")
     return match.group(1).replace(",", "")
-
-
-def read_rows(path: str | Path, limit: int = 0) -> list[dict[str, Any]]:
-    """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config field 'feed.dataset': no file {str(path)!r}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        if limit:
-            table = table.slice(0, limit)
-        return table.to_pylist()
-    rows = []
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise FeedError(f"{path}:{lineno}: not JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise FeedError(f"{path}:{lineno}: a row is a JSON object")
-            rows.append(row)
-            if limit and len(rows) >= limit:
-                break
-    return rows
 
 
 def group_id(data_source: str, epoch: int, index: int, prompt: Any) -> str:
@@ -120,7 +90,7 @@ def build_prompts(cfg: FeedConfig) -> Iterator[Prompt]:
     yielded, so a bad row stops the feed before anything is published."""
     cfg.check()
     rows = read_rows(cfg.dataset, cfg.limit)
-    base = [row_to_prompt(row, i, cfg.start_epoch, cfg, f"{cfg.dataset} row {i + 1}")
+    base = [row_to_prompt(row, i, cfg.start_epoch, cfg, f"{describe(cfg.dataset)} row {i + 1}")
             for i, row in enumerate(rows)]
     for epoch in range(cfg.start_epoch, cfg.start_epoch + cfg.epochs):
         order = list(range(len(base)))

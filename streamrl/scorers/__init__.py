@@ -106,7 +106,7 @@ class ScorerTable:
         for entry in entries.values():
             for ds in entry.data_sources:
                 if ds in self.routes:
-                    from streamrl.config import ConfigError
+                    from streamrl.errors import ConfigError
                     raise ConfigError(f"config field 'reward.scorers.{entry.name}.data_sources': "
                                       f"{ds!r} is already served by {self.routes[ds].name!r}")
                 self.routes[ds] = entry
@@ -148,7 +148,7 @@ class ScorerTable:
 
 def build_table(cfg: "RewardConfig") -> ScorerTable:
     """The table for a reward config. Raises ``ConfigError`` naming the field."""
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
     from streamrl.reward.config import EXECUTORS, SCORER_TYPES
     from streamrl.scorers.loader import ProcessRunner
 
@@ -210,7 +210,7 @@ def build_table(cfg: "RewardConfig") -> ScorerTable:
 
 def _build_scorer(name: str, spec: "ScorerSpec", available: dict[str, Any], runner: Any,
                   tokenizer_name: str) -> Any:
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
     from streamrl.scorers.loader import FunctionScorer
 
     where = f"config field 'reward.scorers.{name}"
@@ -246,7 +246,7 @@ def _section(schema: type, values: dict[str, Any], where: str) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from streamrl.config import ConfigError
+    from streamrl.errors import ConfigError
 
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))

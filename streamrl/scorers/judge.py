@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from streamrl.config import ConfigError
+from streamrl.errors import ConfigError
 from streamrl.scorers.base import ScoreError
 from streamrl.scorers.ratelimit import RateLimiter
 from streamrl.scorers.router import Router

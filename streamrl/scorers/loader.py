@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from streamrl.config import ConfigError
+from streamrl.errors import ConfigError
 from streamrl.scorers.base import ScoreError
 
 #: Keyword arguments the stage may offer a scorer beyond verl's four; a function gets the ones

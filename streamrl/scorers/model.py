@@ -40,7 +40,7 @@ import numpy as np
 import orjson
 
 from streamrl import metrics
-from streamrl.config import ConfigError
+from streamrl.errors import ConfigError
 from streamrl.scorers.base import ScorerUnavailable
 from streamrl.scorers.judge import render_prompt
 from streamrl.scorers.router import Router

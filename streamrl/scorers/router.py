@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import itertools
 import logging
 import time
@@ -48,6 +49,22 @@ class _Server:
     outstanding: int = 0
     failures: int = 0  # consecutive
     ejected: bool = False
+    not_before: float = 0.0  # monotonic time before which it asked not to be called (Retry-After)
+
+
+def retry_after_s(value: str | None, cap_s: float) -> float:
+    """A ``Retry-After`` header (delay-seconds or an HTTP date) as seconds from now, at most
+    ``cap_s``; 0 when absent or unreadable."""
+    if not value:
+        return 0.0
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), cap_s)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return min(max(0.0, when.timestamp() - time.time()), cap_s)
 
 
 class RouterError(Exception):
@@ -67,6 +84,7 @@ class Router:
     health_timeout_s: float = 2.0
     eject_after: int = 3
     headers: dict[str, str] = field(default_factory=dict, repr=False)  # e.g. Authorization
+    retry_after_max_s: float = 60.0  # a server's Retry-After is honoured up to this long
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -108,7 +126,8 @@ class Router:
         fresh = [s for s in admitted if s.url not in skip] or admitted
         start = next(self._rr) % len(fresh)
         rotated = fresh[start:] + fresh[:start]
-        return min(rotated, key=lambda s: s.outstanding).url
+        now = time.monotonic()  # a server still inside its Retry-After comes last, soonest first
+        return min(rotated, key=lambda s: (max(s.not_before - now, 0.0), s.outstanding)).url
 
     @contextlib.asynccontextmanager
     async def lease(self, exclude: Iterable[str] = ()) -> AsyncIterator[str]:
@@ -117,6 +136,9 @@ class Router:
         failure count and the metrics follow."""
         url = self.pick(exclude)
         server = self.servers[url]
+        wait = server.not_before - time.monotonic()
+        if wait > 0:  # every server asked for time (Retry-After): honour it before calling
+            await asyncio.sleep(wait)
         server.outstanding += 1
         metrics.ROUTER_OUTSTANDING.labels(self.name, url).set(server.outstanding)
         metrics.ROUTER_REQUESTS.labels(self.name, url).inc()
@@ -159,6 +181,9 @@ class Router:
                 tried.append(url)
                 async with self._session.post(url + path, data=body, headers=headers) as resp:
                     raw = await resp.read()
+                    if resp.status in (429, 503):
+                        delay = retry_after_s(resp.headers.get("Retry-After"), self.retry_after_max_s)
+                        self.servers[url].not_before = time.monotonic() + delay
                     if resp.status == 429:
                         raise RouterError("http_429", url)
                     if resp.status >= 500:

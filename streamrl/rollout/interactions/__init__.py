@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from streamrl.config import ConfigError
+from streamrl.errors import ConfigError
 from streamrl.rollout.interactions.base import BaseInteraction
 
 #: Short names for the interactions streamrl ships.

@@ -1,0 +1,193 @@
+"""streamrl runs wherever it is installed: the built wheel from an empty directory, a clone of the
+repository with nothing beside it; nothing in the repository names a path outside it; first-run
+errors are one line that says what to do."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: small overrides: the embedded default, two versions, a smaller feed
+SMALL_RUN = ["learner.versions=2", "feed.limit=64", "run.reward_members=1", "run.timeout_s=240"]
+
+
+def _summary(stdout: str) -> dict:
+    """The run's last stdout line: its JSON summary."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no JSON summary in stdout:\n{stdout[-2000:]}"
+    return json.loads(lines[-1])
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMRL_", "PYTHONPATH"))}
+    env.update(extra)
+    return env
+
+
+def _repo_files() -> list[Path]:
+    """Every file of the repository git knows of (tracked, or new and not ignored)."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                         cwd=ROOT, check=True, capture_output=True).stdout
+    return [ROOT / name for name in out.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+#: a path that leaves the repository: the reference desk beside it, or an absolute home/build path
+OUTSIDE = re.compile("|".join([
+    re.escape("..") + r"/" + "shared",
+    r"(?<![\w.])/" + r"(?:work|home|root|Users|opt/wheels)\b",
+    r"[A-Z]:\\\\(?:Users|work)",
+]))
+
+
+def test_no_path_outside_the_repository():
+    """Code, configs, docker files, benches, tests and docs name no path outside the repository:
+    not the reference folder beside the checkout, no absolute home or build-machine path."""
+    hits = []
+    for path in _repo_files():
+        if path.suffix in (".png", ".gz", ".whl"):
+            continue
+        text = path.read_text(errors="replace")
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()[:120]}")
+    assert not hits, "paths outside the repository:\n" + "\n".join(hits)
+    assert OUTSIDE.search("dataset: " + ".." + "/shared/data/gsm8k/train.jsonl")  # the check can fail
+    assert OUTSIDE.search("GSM8K = \"/" + "work/shared/data\"")
+
+
+def test_wheel_runs_the_main_job_from_an_empty_directory(tmp_path: Path, bootstrap: str):
+    """Build the wheel, install it into a fresh virtualenv (dependencies from this environment),
+    and from an empty directory: ``streamrl topics describe`` and ``streamrl run``."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(ROOT)], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("streamrl-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    # the dependencies come from this environment (not its editable streamrl: a plain path entry
+    # does not run that environment's .pth files)
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "deps-from-test.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = _clean_env()
+    streamrl = str(venv / "bin" / "streamrl")
+
+    where = subprocess.run([str(py), "-c", "import streamrl; print(streamrl.__file__)"], cwd=empty, env=env,
+                           check=True, capture_output=True, text=True).stdout
+    assert where.startswith(str(venv)), where  # the installed wheel, not the checkout
+
+    created = subprocess.run([streamrl, "topics", "create", "--bootstrap-servers", bootstrap, "bus.topic_prefix=wheel"],
+                             cwd=empty, env=env, capture_output=True, text=True, timeout=120)
+    assert created.returncode == 0, created.stderr
+    described = subprocess.run([streamrl, "topics", "describe", "--bootstrap-servers", bootstrap,
+                                "bus.topic_prefix=wheel"], cwd=empty, env=env, capture_output=True, text=True,
+                               timeout=120)
+    assert described.returncode == 0, described.stderr
+    assert "wheel.rollouts" in described.stdout and "DRIFT" not in described.stdout
+
+    run = subprocess.run([streamrl, "run", *SMALL_RUN], cwd=empty, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = _summary(run.stdout)
+    assert summary["ended"] == "done" and summary["versions"] == 2
+    assert summary["records"]["rewarded"] >= 64
+    assert Path(summary["out"]).parent == empty / "runs"  # ./runs of where it ran
+    assert Path(summary["plot"]).is_file()
+
+
+def test_a_clone_alone_runs_the_main_job(tmp_path: Path):
+    """A clone of the repository with nothing beside it runs the main job (its own code, its own
+    packaged data, topics and config)."""
+    clone = tmp_path / "alone" / "streamrl"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    assert not (clone.parent.parent / "shared").exists()
+    env = _clean_env(PYTHONPATH=str(clone))
+    where = subprocess.run([sys.executable, "-c", "import streamrl; print(streamrl.__file__)"], cwd=clone,
+                           env=env, check=True, capture_output=True, text=True).stdout
+    assert where.startswith(str(clone)), where
+    run = subprocess.run([sys.executable, "-m", "streamrl", "run", *SMALL_RUN], cwd=clone, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = _summary(run.stdout)
+    assert summary["ended"] == "done" and summary["versions"] == 2
+    assert Path(summary["out"]).is_relative_to(clone / "runs")
+
+
+def _cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streamrl", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=_clean_env(), cwd=ROOT)
+
+
+def test_unreachable_bootstrap_is_one_line_naming_the_address():
+    from streamrl.broker import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    for argv in (["topics", "describe"], ["reward", "--config", "local.yaml"], ["run", "learner.versions=1"]):
+        out = _cli(*argv, "--bootstrap-servers", address, timeout=40)
+        assert out.returncode == 2, (argv, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+        assert address in lines[0] and "check the address" in lines[0]
+
+
+def test_bad_override_names_the_command_line_and_bad_file_value_names_the_file(tmp_path: Path):
+    out = _cli("topics", "describe", "learner.versions=many")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "'learner.versions'" in out.stderr and "command line (learner.versions=many)" in out.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner:\n  versions: many\n")
+    out = _cli("topics", "describe", "--config", str(bad))
+    assert out.returncode == 2 and f"in {bad}" in out.stderr and "'learner.versions'" in out.stderr
+    out = _cli("topics", "describe", "--config", "nope.yaml")
+    assert out.returncode == 2 and "packaged configs: " in out.stderr and "local.yaml" in out.stderr
+
+
+def test_version_and_help_list_every_verb():
+    from streamrl import __version__
+    from streamrl.cli import VERBS
+
+    out = _cli("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"streamrl {__version__}"
+    helped = _cli("--help")
+    assert helped.returncode == 0
+    for verb in VERBS:
+        assert re.search(rf"^\s+{verb}\s+\S", helped.stdout, re.M), f"{verb} has no one-line description"
+
+
+def test_missing_extra_is_one_line_naming_it():
+    from streamrl.errors import MissingExtra, need
+
+    with pytest.raises(MissingExtra, match=r"^streamrl run needs no_such_pkg: pip install 'streamrl\[cpu\]'$"):
+        need("no_such_pkg.sub", "cpu", "streamrl run")
+    assert need("json", "cpu", "x").dumps([1]) == "[1]"
+
+
+def test_packaged_dataset_and_config_names():
+    from streamrl.datasets import read_rows
+    from streamrl.errors import ConfigError, MissingExtra
+    from streamrl.packaged import resolve_config
+
+    assert len(read_rows("gsm8k")) == 7473 and len(read_rows("gsm8k:test")) == 1319
+    assert read_rows("gsm8k:test", limit=2)[0]["answer"].endswith("#### 18")
+    assert resolve_config("local.yaml").resolve() == resolve_config("local").resolve() \
+        == resolve_config("configs/local.yaml").resolve()
+    with pytest.raises(ConfigError, match="feed.dataset"):
+        read_rows("gsm8k:validation")
+    if importlib.util.find_spec("datasets") is None:  # the [hf] extra is not installed: say so
+        with pytest.raises(MissingExtra, match=r"needs datasets: pip install 'streamrl\[hf\]'"):
+            read_rows("hf:openai/gsm8k")
