@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 run: $(BIN)/.installed
-	$(BIN)/streamrl run configs/local.yaml
+	$(BIN)/streamrl run
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

@@ -1,8 +1,9 @@
-"""The learner service: ``python services/learner.py --bootstrap-servers HOST:PORT --config FILE``
-(the same as ``streamrl learner ...``)."""
+"""The learner stage as a process: `python services/learner.py [--config FILE] [--bootstrap-servers
+HOST:PORT] [key.path=value ...]`, the same as `streamrl learner` (both start it through
+`streamrl.commands.common.serve_stage`)."""
 
-import sys
+from streamrl.commands.common import stage_main
+from streamrl.learner.stage import Learner
 
-from streamrl.cli import main
-
-raise SystemExit(main(["learner", *sys.argv[1:]]))
+if __name__ == "__main__":
+    raise SystemExit(stage_main(Learner))

@@ -1,8 +1,9 @@
-"""The reward service: ``python services/reward.py --bootstrap-servers HOST:PORT [--config FILE]
-[--group ID]`` (the same as ``streamrl reward ...``); run several for a bigger consumer group."""
+"""The reward stage as a process: `python services/reward.py [--config FILE] [--bootstrap-servers
+HOST:PORT] [key.path=value ...]`, the same as `streamrl reward` (both start it through
+`streamrl.commands.common.serve_stage`)."""
 
-import sys
+from streamrl.commands.common import stage_main
+from streamrl.reward.stage import RewardStage
 
-from streamrl.cli import main
-
-raise SystemExit(main(["reward", *sys.argv[1:]]))
+if __name__ == "__main__":
+    raise SystemExit(stage_main(RewardStage))

@@ -1,8 +1,9 @@
-"""The rollout service: ``python services/rollout.py --bootstrap-servers HOST:PORT --config FILE``
-is ``streamrl rollout`` with the same arguments."""
+"""The rollout stage as a process: `python services/rollout.py [--config FILE] [--bootstrap-servers
+HOST:PORT] [key.path=value ...]`, the same as `streamrl rollout` (both start it through
+`streamrl.commands.common.serve_stage`)."""
 
-import sys
+from streamrl.commands.common import stage_main
+from streamrl.rollout.worker import RolloutWorker
 
-from streamrl.cli import main
-
-raise SystemExit(main(["rollout", *sys.argv[1:]]))
+if __name__ == "__main__":
+    raise SystemExit(stage_main(RolloutWorker))

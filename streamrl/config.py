@@ -101,6 +101,17 @@ class RayConfig:
 
 
 @dataclass
+class RestartConfig:
+    """``streamrl run`` restarts a stage that exits unexpectedly, with exponential backoff
+    (``backoff_s``, doubling), at most ``max_restarts`` times within ``window_s``; past that the
+    run fails."""
+
+    max_restarts: int = 5
+    backoff_s: float = 1.0
+    window_s: float = 300.0
+
+
+@dataclass
 class RunConfig:
     """``streamrl run``: how many processes of each stage, how they are launched, where the run
     writes."""
@@ -113,6 +124,10 @@ class RunConfig:
     timeout_s: float = 1800.0  # give up (and stop everything) after this long
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    # A deliberate stop (scale-down, Ctrl-C, end of run) waits this long for a stage to drain and
+    # checkpoint before SIGKILL: longer than reward.drain_timeout_s and a learner checkpoint.
+    stop_timeout_s: float = 90.0
 
 
 @dataclass
@@ -154,6 +169,17 @@ def _config_errors(where: str) -> Iterator[None]:
         key = getattr(exc, "full_key", None)
         msg = getattr(exc, "msg", str(exc)).splitlines()[0]
         raise ConfigError(f"config field {key!r}{where}: {msg}" if key else f"config{where}: {msg}") from None
+
+
+def load_section(schema: type[T], values: Any, where: str, source: str = "") -> T:
+    """One config section (a dict, or a YAML node) checked against its dataclass ``schema``; a bad
+    field is a ``ConfigError`` naming ``<where>.<field>`` (and ``source``, the file)."""
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        msg = getattr(exc, "msg", str(exc)).splitlines()[0]
+        raise ConfigError(f"config field '{where}.{key}'{f' in {source}' if source else ''}: {msg}") from None
 
 
 def to_yaml(cfg: Any) -> str:

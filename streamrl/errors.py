@@ -30,3 +30,25 @@ def need(module: str, extra: str, purpose: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise MissingExtra(f"{purpose} needs {module.split('.')[0]}: pip install 'streamrl[{extra}]'") from None
+
+
+class _Reasoned(StreamrlError):
+    """The one shape of a per-record outcome: ``reason`` is short and stable (a metric label and
+    the dead-letter reason), ``detail`` says exactly what happened."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class Failure(_Reasoned):
+    """Permanent, for this one record: it cannot be decoded, scored or used. Every stage sends
+    it to the dead-letter topic with its original bytes and the reason, and goes on with the
+    next record (after the bounded retries the stage allows)."""
+
+
+class Unavailable(_Reasoned):
+    """Transient: a backend (judge, reward server, generation server, broker) cannot serve now.
+    Every stage holds the record, backs off and retries; never a dead letter, never a made-up
+    score."""

@@ -61,7 +61,7 @@ BUILD_INFO.info({"version": _version, "python": platform.python_version(),
                  "aiokafka": _metadata.version("aiokafka")})
 
 
-def serve(port: int = 0, host: str = "0.0.0.0") -> int:
+def serve(port: int = 0, host: str = "127.0.0.1") -> int:
     """Serve the registry on ``port`` (0: a free one) and return the port."""
     if port == 0:
         with socket.socket() as s:
@@ -190,6 +190,10 @@ ROLLOUT_WEIGHT_LOAD_SECONDS = Histogram("streamrl_rollout_weight_load_seconds",
                                         buckets=(.01, .05, .1, .5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 ROLLOUT_WEIGHT_LOAD_ERRORS = Counter("streamrl_rollout_weight_load_errors_total",
                                      "Policy versions that could not be loaded (the old weights stay)")
+
+# -- run ------------------------------------------------------------------------------------------
+RUN_RESTARTS = Counter("streamrl_run_stage_restarts_total",
+                       "Stages restarted by streamrl run's supervisor after an unexpected exit", ["stage"])
 
 # -- replay --------------------------------------------------------------------------------------
 # ``outcome``: read (messages in the offset window), skipped (outside the time / version bounds),

@@ -14,7 +14,8 @@ import subprocess
 from pathlib import Path
 
 from streamrl.broker import stop_process
-from streamrl.run import Launcher, _die_with_parent, stage_command
+from streamrl.config import RestartConfig
+from streamrl.launching import Launcher, _die_with_parent, stage_command
 
 
 class _StageProcess:
@@ -23,7 +24,7 @@ class _StageProcess:
     def __init__(self, argv: list[str], log_path: str):
         self.log_path = log_path
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as out:
+        with open(log_path, "ab") as out:
             self.proc = subprocess.Popen(stage_command(argv), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -35,16 +36,18 @@ class _StageProcess:
         stop_process(self.proc, timeout_s)
         return self.proc.returncode
 
-    def tail(self, lines: int) -> str:
-        text = Path(self.log_path).read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
 
 class RayLauncher(Launcher):
+    """Stages as Ray actors. The supervision is ``Launcher``'s (a crashed stage process is started
+    again in a new actor); an actor lost with its node is restarted by Ray itself
+    (``max_restarts``), which re-runs the stage."""
+
     def __init__(self, log_dir: Path, address: str = "", num_cpus: int = 0,
-                 resources: dict[str, dict[str, float]] | None = None):
+                 resources: dict[str, dict[str, float]] | None = None,
+                 restart: RestartConfig | None = None, stop_timeout_s: float = 90.0):
         from streamrl.errors import need
 
+        super().__init__(restart, stop_timeout_s)
         ray = need("ray", "ray", "streamrl run --launcher ray")
         self._ray = ray
         if not ray.is_initialized():
@@ -55,28 +58,36 @@ class RayLauncher(Launcher):
         self.resources = resources or {}
         self.actors: dict[str, object] = {}
         self._exited: dict[str, int | None] = {}
+        self._generation: dict[str, int] = {}
 
-    def start(self, name: str, argv: list[str], stage: str) -> None:
-        options = {"num_cpus": 1, "num_gpus": 0, **self.resources.get(stage, {})}
-        self.actors[name] = self._actor_cls.options(name=f"streamrl-{name}-{os.getpid()}", **options).remote(
+    def _spawn(self, name: str, argv: list[str], kind: str) -> None:
+        old = self.actors.get(name)
+        if old is not None:
+            self._ray.kill(old)
+        self._exited.pop(name, None)
+        generation = self._generation[name] = self._generation.get(name, -1) + 1
+        options = {"num_cpus": 1, "num_gpus": 0, "max_restarts": self.policy.max_restarts,
+                   **self.resources.get(kind, {})}
+        self.actors[name] = self._actor_cls.options(
+            name=f"streamrl-{name}-{os.getpid()}-{generation}", **options).remote(
             argv, str(self.log_dir / f"{name}.log"))
 
-    def returncode(self, name: str) -> int | None:
+    def _poll(self, name: str) -> int | None:
         if name in self._exited:
             return self._exited[name]
-        return self._ray.get(self.actors[name].returncode.remote(), timeout=30)
+        try:
+            return self._ray.get(self.actors[name].returncode.remote(), timeout=30)
+        except self._ray.exceptions.RayActorError:  # the actor itself is gone for good
+            return -1
 
-    def names(self) -> list[str]:
-        return list(self.actors)
-
-    def stop(self, name: str, timeout_s: float = 20.0) -> None:
+    def _stop(self, name: str, timeout_s: float) -> None:
         if name in self._exited:
             return
         actor = self.actors[name]
         self._exited[name] = self._ray.get(actor.stop.remote(timeout_s), timeout=timeout_s + 30)
         self._ray.kill(actor)
 
-    def stop_all(self, timeout_s: float = 20.0) -> None:
+    def _stop_all(self, timeout_s: float) -> None:
         live = {n: a for n, a in self.actors.items() if n not in self._exited}
         codes = self._ray.get([a.stop.remote(timeout_s) for a in live.values()], timeout=timeout_s + 30)
         for (name, actor), code in zip(live.items(), codes):
@@ -84,7 +95,5 @@ class RayLauncher(Launcher):
             self._ray.kill(actor)
 
     def log_tail(self, name: str, lines: int = 20) -> str:
-        if name in self._exited:
-            path = self.log_dir / f"{name}.log"
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-        return self._ray.get(self.actors[name].tail.remote(lines), timeout=30)
+        path = self.log_dir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""

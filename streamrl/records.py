@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 from fastjsonschema import JsonSchemaValueException
 
+from streamrl.errors import Failure
 from streamrl.topics import validator_for
 
 TRAJECTORY_SCHEMA = "streamrl.trajectory/1"
@@ -52,14 +53,8 @@ _ARRAY_DTYPES = {
 }
 
 
-class RecordError(ValueError):
-    """A message that cannot become a record. ``reason`` is short and stable (it is a metric
-    label and the dead-letter reason); ``detail`` says exactly what was wrong."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+class RecordError(Failure, ValueError):
+    """A message that cannot become a record (``reason``: bad_json, schema, oversize, ...)."""
 
 
 def pack_array(values: Any, dtype: str) -> dict[str, str]:

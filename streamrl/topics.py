@@ -35,9 +35,6 @@ class TopicSpec:
     description: str = ""
     key: str = ""
 
-    def full_name(self, prefix: str) -> str:
-        return f"{prefix}.{self.name}" if prefix else self.name
-
 
 @functools.cache
 def load_specs(directory: str | None = None) -> dict[str, TopicSpec]:
@@ -78,50 +75,33 @@ class TopicState:
     created: bool = False
 
 
-async def ensure_topics(bus, create: bool = True) -> list[TopicState]:
+async def ensure_topics(bus, create: bool = True, specs: dict[str, TopicSpec] | None = None) -> list[TopicState]:
     """Create missing topics (when ``create``) and report drift on existing ones. Never deletes or
-    alters: a topic with fewer partitions than its spec is reported, not recreated."""
-    from aiokafka.admin import NewTopic
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
-    specs = load_specs()
-    by_topic = {bus.config.topic(s.name): s for s in specs.values()}
-    admin = bus.admin_client()
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        states: list[TopicState] = []
-        to_create = []
-        for name, spec in by_topic.items():
-            state = TopicState(topic=name, exists=name in existing, spec_partitions=spec.partitions)
-            states.append(state)
-            if not state.exists and create:
-                rf = bus.config.replication_factor or spec.replication_factor
-                to_create.append(NewTopic(name, spec.partitions, rf, topic_configs=dict(spec.config)))
-                state.created = True
-        if to_create:
-            resp = await admin.create_topics(to_create)
-            for topic, code, *msg in resp.topic_errors:
-                if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (a race with another creator)
-                    raise RuntimeError(f"creating topic {topic} failed: error {code} {msg}")
-        names = [s.topic for s in states if s.exists or s.created]
-        for desc in await admin.describe_topics(names):
-            state = next(s for s in states if s.topic == desc["topic"])
+    alters: a topic with fewer partitions than its spec is reported, not recreated. ``specs``:
+    short topic name -> spec (default: every spec in ``topics/``)."""
+    by_topic = {bus.topic(name): spec for name, spec in (load_specs() if specs is None else specs).items()}
+    async with bus.admin() as admin:
+        existing = await admin.list_topics()
+        states = [TopicState(topic=name, exists=name in existing, spec_partitions=spec.partitions)
+                  for name, spec in by_topic.items()]
+        missing = [s for s in states if not s.exists] if create else []
+        await admin.create_topics({s.topic: by_topic[s.topic] for s in missing})
+        for state in missing:
+            state.created = True
+        counts = await admin.partition_counts([s.topic for s in states if s.exists or s.created])
+        for state in states:
+            if state.topic not in counts:
+                continue
             state.exists = True
-            state.partitions = len(desc["partitions"])
+            state.partitions = counts[state.topic]
             if state.partitions < state.spec_partitions:
                 state.drift.append(f"partitions {state.partitions} < spec {state.spec_partitions}")
             elif state.partitions > state.spec_partitions:
                 state.drift.append(f"partitions {state.partitions} > spec {state.spec_partitions}")
-        resources = [ConfigResource(ConfigResourceType.TOPIC, s.topic) for s in states if s.exists]
-        for resp in await admin.describe_configs(resources):
-            for _code, _msg, _type, topic, entries in resp.resources:
-                state = next(s for s in states if s.topic == topic)
-                actual = {e[0]: e[1] for e in entries}
-                spec = by_topic[topic]
-                for key, want in spec.config.items():
-                    if key in actual and str(actual[key]) != str(want):
-                        state.drift.append(f"{key}={actual[key]} (spec {want})")
+        configs = await admin.topic_configs([s.topic for s in states if s.exists])
+        for state in states:
+            actual = configs.get(state.topic, {})
+            for key, want in by_topic[state.topic].config.items():
+                if key in actual and str(actual[key]) != str(want):
+                    state.drift.append(f"{key}={actual[key]} (spec {want})")
         return states
-    finally:
-        await admin.close()

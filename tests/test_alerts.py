@@ -25,6 +25,9 @@ REQUIRED = {
     "staleness near the bound": "StreamrlStalenessNearBound",
     "rollout held by the gate": "StreamrlRolloutHeldByGate",
     "broker unreachable": "StreamrlBrokerUnreachable",
+    "rollout stage gone": "StreamrlRolloutGone",
+    "reward stage gone": "StreamrlRewardGone",
+    "learner stage gone": "StreamrlLearnerGone",
 }
 
 

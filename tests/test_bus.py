@@ -1,5 +1,6 @@
 """The bus on a real broker: dead letters for every kind of malformed message, records of real
-sizes, redelivery after a member dies before committing, and a clean shutdown that commits."""
+sizes, redelivery after a member dies before committing, a clean shutdown that commits, exact
+end offsets and ranges for a reader without a group, and the checkpoint's order."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 
-from streamrl.bus import Bus, DeadLetterError, StageLoop
+from streamrl.bus import Bus, Checkpoint, DeadLetterError, OffsetTracker, Reader, StageLoop, TopicPartition
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
 from tests.helpers import read_topic, read_topic_sync
 from tests.test_records import make_trajectory
@@ -183,3 +184,99 @@ def test_a_clean_stop_commits_so_nothing_is_redelivered(bus):
 
     asyncio.run(main())
     assert sorted(seen) == sorted(t.id for t in trajs)
+
+
+async def produce_batches(bus: Bus, sizes: list[int]) -> None:
+    """Records on one partition (one key), in separate produce batches of ``sizes``."""
+    async with bus.producer("test") as p:
+        n = 0
+        for size in sizes:
+            acks = []
+            for _ in range(size):
+                acks.append(await p.send("rollouts", make_trajectory(id=f"b{n}", group_id="one")))
+                n += 1
+            await asyncio.gather(*acks)
+
+
+def test_reader_end_offsets_are_exact_and_ranges_read_exactly(bus):
+    """Batches of 5, 5, 5, 1, 1, 5 on one partition: the log end is 22 (the embedded broker
+    lists 18, the last batch's first offset + 1; the reader corrects it). Ranges read exactly
+    their offsets, and the reader follows on from where a range stopped."""
+    async def main():
+        await produce_batches(bus, [5, 5, 5, 1, 1, 5])
+        async with Reader(bus, ["rollouts"], "test") as reader:
+            ends = await reader.end_offsets()
+            [tp] = [tp for tp, end in ends.items() if end]
+            assert isinstance(tp, TopicPartition) and len(ends) == len(reader.partitions)
+            everything = [m async for batch in reader.read() for m in batch]
+            middle = [m async for batch in reader.read({tp: 3}, {tp: 12}) for m in batch]
+            last = [m async for batch in reader.read({tp: 21}, {tp: 22}) for m in batch]
+            async with bus.producer("test") as p:
+                await p.send_and_wait("rollouts", make_trajectory(id="after", group_id="one"))
+            followed = []
+            deadline = time.monotonic() + 10
+            while not followed and time.monotonic() < deadline:
+                followed = await reader.fetch(timeout_ms=200)
+        return ends[tp], everything, middle, last, followed
+
+    end, everything, middle, last, followed = asyncio.run(main())
+    assert end == 22
+    assert [m.offset for m in everything] == list(range(22))
+    assert [m.offset for m in middle] == list(range(3, 12))
+    assert [Trajectory.decode(m.value).id for m in last] == ["b21"]
+    assert [(m.offset, Trajectory.decode(m.value).id) for m in followed] == [(22, "after")]
+
+
+def test_checkpoint_flushes_then_saves_then_commits(bus):
+    """What ``save`` sees: every output in Kafka, and the offsets not yet committed; after
+    ``commit``, the group has them. The rebalance callback speaks streamrl's partitions."""
+    trajs = [make_trajectory(id=f"k{i}", group_id=f"g{i}") for i in range(6)]
+
+    async def main():
+        async with bus.producer("test") as p:
+            await asyncio.gather(*[await p.send("rollouts", t) for t in trajs])
+        assigned: list[set] = []
+        consumer = bus.consumer(["rollouts"], "ckpt", "test", on_assigned=assigned.append)
+        producer = bus.producer("test")
+        await producer.start()
+        await consumer.start()
+        tracker = OffsetTracker()
+        seen = {}
+        try:
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < len(trajs) and time.monotonic() < deadline:
+                got += await consumer.getmany(timeout_ms=200)
+            checkpoint = Checkpoint(consumer, producer, tracker)
+            for msg in got:
+                tp = TopicPartition(msg.topic, msg.partition)
+                tracker.take(tp, msg.offset, msg.timestamp)
+                out = rewarded_from(Trajectory.decode(msg.value))
+                checkpoint.done_when_acked(await producer.send("rewarded", out), tp, msg.offset)
+            parts = sorted({TopicPartition(m.topic, m.partition) for m in got})
+
+            async def save(positions):
+                seen["positions"] = positions
+                async with Reader(bus, ["rewarded"], "test") as reader:
+                    seen["outputs"] = sum((await reader.end_offsets()).values())
+                async with bus.admin() as admin:
+                    seen["committed_at_save"] = await admin.committed("ckpt", parts)
+
+            assert await checkpoint.commit(save=save)
+            async with bus.admin() as admin:
+                seen["committed_after"] = await admin.committed("ckpt", parts)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+        return got, assigned, seen
+
+    got, assigned, seen = asyncio.run(main())
+    want = {}
+    for m in got:
+        tp = TopicPartition(m.topic, m.partition)
+        want[tp] = max(want.get(tp, 0), m.offset + 1)
+    assert seen["outputs"] == len(trajs)  # flushed before the state was saved
+    assert seen["positions"] == want
+    assert set(seen["committed_at_save"].values()) == {None}  # saved before committed
+    assert seen["committed_after"] == want
+    assert assigned and all(type(tp) is TopicPartition for tps in assigned for tp in tps)

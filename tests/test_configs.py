@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.config import ConfigError, PipelineConfig, load_config
-from streamrl.scorers import build_table
+from streamrl.reward.table import build_table
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

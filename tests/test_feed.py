@@ -114,6 +114,6 @@ def test_example_config_loads():
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "configs" / "rollout.example.yaml")
-    cfg.rollout.check()
+    cfg.rollout.validate()
     assert cfg.feed.prompt_template == FeedConfig().prompt_template
     assert cfg.feed.group_size == 4 and cfg.rollout.backend == "transformers"

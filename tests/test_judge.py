@@ -249,3 +249,25 @@ def test_retry_after_header_forms():
     assert retry_after_s("7", 60) == 7 and retry_after_s("600", 60) == 60
     assert retry_after_s(None, 60) == 0 and retry_after_s("soon", 60) == 0
     assert 8 <= retry_after_s(formatdate(time.time() + 10, usegmt=True), 60) <= 10
+
+
+def test_metric_labels_and_errors_never_carry_url_secrets():
+    from streamrl.scorers.router import public_url
+
+    assert public_url("https://user:s3cret@judge.example:8443/v1?api_key=s3cret#x") == "https://judge.example:8443/v1"
+    assert public_url("http://[::1]:8000") == "http://[::1]:8000"
+
+    async def main():
+        judge = await JudgeScorer(make_config([closed_port_url().replace("http://", "http://u:s3cret@") + "?key=s3cret"],
+                                              max_retries=0)).start()
+        try:
+            with pytest.raises(ScorerUnavailable) as err:
+                await judge("gsm8k", "42", "42")
+        finally:
+            await judge.close()
+        return str(err.value)
+
+    message = asyncio.run(main())
+    from prometheus_client import generate_latest
+
+    assert "s3cret" not in message and "s3cret" not in generate_latest().decode()

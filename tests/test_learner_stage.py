@@ -353,6 +353,6 @@ def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, out
-    assert "stopped at version 0" in out
+    assert "learner: stopped, version 0" in out
     state = checkpoint.load_state(checkpoint.latest(tmp_path / "ckpt"))
     assert state.version == 0 and state.mini_batches == 1 and state.trained_records == 2

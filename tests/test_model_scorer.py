@@ -144,8 +144,9 @@ def test_http_backend_batches_through_the_router():
 
 
 def test_a_bad_record_fails_alone_and_an_outage_fails_none_to_zero():
-    """A request the server rejects fails only the record that caused it (the batch is retried
-    one by one); every server down gives ScorerUnavailable (the stage holds), never a score."""
+    """A request the server rejects fails only the record that caused it (the batch is halved
+    until the failure is pinned on it); every server down gives ScorerUnavailable (the stage
+    holds), never a score."""
     texts = responses(10, seed=3)
     texts[4] = "POISON " + texts[4]
 
@@ -166,7 +167,9 @@ def test_a_bad_record_fails_alone_and_an_outage_fails_none_to_zero():
             await server.stop()
 
     outs, down, sizes = asyncio.run(main())
-    assert sizes[0] == 10 and sizes[1:] == [1] * 10  # the batch, then one by one
+    # the batch, then halves: [0-4] fails, [0-1] ok, [2-4] fails, [2] ok, [3-4] fails, [3] ok,
+    # [4] fails alone, [5-9] ok: 8 calls where one by one took 10
+    assert sizes == [10, 5, 2, 3, 1, 2, 1, 1, 5]
     assert isinstance(outs[4], ScoreError) and outs[4].reason == "model_rejected"
     assert all(isinstance(o, dict) and o["score"] > 0 for i, o in enumerate(outs) if i != 4)
     assert all(isinstance(d, ScorerUnavailable) for d in down)

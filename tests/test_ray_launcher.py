@@ -13,7 +13,8 @@ import ray
 from streamrl.bus import Bus
 from streamrl.ray_launcher import RayLauncher
 from streamrl.records import Rewarded
-from streamrl.run import LagAutoscaler, Observer, resize_reward_group
+from streamrl.launching import LagAutoscaler
+from streamrl.observing import Observer, resize_reward_group
 from tests.helpers import read_topic
 from tests.test_records import make_trajectory
 

@@ -226,15 +226,10 @@ def config(bus: Bus, *overrides: str) -> PipelineConfig:
 
 
 async def committed(bus: Bus, group: str) -> dict[int, int | None]:
-    consumer = bus.consumer(["rewarded"], group, "test")
-    await consumer.start(subscribe=False)
-    try:
-        name = bus.topic("rewarded")
-        tps = [TopicPartition(name, p) for p in range(8)]
-        consumer.client.assign(tps)
-        return {tp.partition: await consumer.client.committed(tp) for tp in tps}
-    finally:
-        await consumer.stop()
+    name = bus.topic("rewarded")
+    async with bus.admin() as admin:
+        got = await admin.committed(group, [TopicPartition(name, p) for p in range(8)])
+    return {tp.partition: off for tp, off in got.items()}
 
 
 async def commit(bus: Bus, group: str, offsets: dict[int, int]) -> None:
@@ -242,7 +237,7 @@ async def commit(bus: Bus, group: str, offsets: dict[int, int]) -> None:
     await consumer.start(subscribe=False)
     try:
         name = bus.topic("rewarded")
-        consumer.client.assign([TopicPartition(name, p) for p in range(8)])
+        consumer.assign([TopicPartition(name, p) for p in range(8)])
         assert await consumer.commit({TopicPartition(name, p): o for p, o in offsets.items()})
     finally:
         await consumer.stop()

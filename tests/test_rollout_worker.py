@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,8 +179,9 @@ def test_rollout_and_feed_verbs_run_as_processes(bus_config, tmp_path):
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        assert "metrics on port" in line, line + proc.stderr.read()
-        port = int(line.rsplit(" ", 1)[1])
+        match = re.search(r"metrics: http://[\d.]+:(\d+)/", line)
+        assert match, line
+        port = int(match.group(1))
         feed = subprocess.run([sys.executable, "-m", "streamrl", "feed", "--dataset", GSM8K, "--limit", "2",
                                *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert feed.returncode == 0, feed.stderr

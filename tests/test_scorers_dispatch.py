@@ -1,7 +1,7 @@
 """The scorer table: user scorers by path and by module, sync and async, in worker processes
 with a per-record timeout, signature checks at start, dict extras into reward_info, hybrids,
 retries, fallbacks, and holding a record while its scorer is unavailable. Scoring is driven
-through ``RewardStage.score`` (the stage's own code path) without a broker: nothing here
+through ``reward.scoring.Scoring`` (the stage's own code path) without a broker: nothing here
 connects; ``test_reward_stage.py`` runs the stage on the real broker."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from streamrl.bus import DeadLetterError
 from streamrl.config import ConfigError, PipelineConfig
 from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
+from streamrl.reward.scoring import Scoring
 from streamrl.reward.stage import RewardStage
 from tests.helpers import serve_app
 
@@ -92,15 +93,14 @@ def user_file(tmp_path):
     return path
 
 
-def _stage(scorers: dict[str, ScorerSpec], **reward) -> RewardStage:
+def _stage(scorers: dict[str, ScorerSpec], **reward) -> Scoring:
     cfg = PipelineConfig()
-    cfg.bus.bootstrap_servers = "127.0.0.1:1"  # never contacted: these tests call score() only
     cfg.reward.process_workers = 2
     cfg.reward.retry_backoff_s = 0.01
     for k, v in reward.items():
         setattr(cfg.reward, k, v)
     cfg.reward.scorers.update(scorers)
-    return RewardStage(cfg)
+    return Scoring(cfg.reward)
 
 
 def _traj(ds: str, response: str = "42", gt: str | None = "42", **extra) -> Trajectory:
@@ -109,11 +109,11 @@ def _traj(ds: str, response: str = "42", gt: str | None = "42", **extra) -> Traj
                       extra_info=extra)
 
 
-async def _score(stage: RewardStage, traj: Trajectory):
+async def _score(stage: Scoring, traj: Trajectory):
     return await stage.score(stage.table.lookup(traj.data_source), traj)
 
 
-def _run(stage: RewardStage, coro_fn):
+def _run(stage: Scoring, coro_fn):
     async def main():
         await stage.table.start()
         try:

@@ -10,9 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
-from aiokafka.admin import NewTopic
 
 from streamrl.broker import BrokerError, EmbeddedBroker, free_port
 from streamrl.bus import Bus
@@ -47,12 +47,9 @@ def test_create_is_idempotent_and_drift_is_reported_without_touching_data(bus_co
                                  topic_prefix=bus_config.topic_prefix + "x"))
 
     async def make_small_topic():
-        admin = other.admin_client()
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(other.topic("rollouts"), 2, 1)])
-        finally:
-            await admin.close()
+        async with other.admin() as admin:
+            by_hand = replace(load_specs()["rollouts"], partitions=2, replication_factor=1, config={})
+            await admin.create_topics({other.topic("rollouts"): by_hand})
         async with other.producer("test") as p:
             await p.send_and_wait("rollouts", b'{"keep": "me"}', key=b"k")
 

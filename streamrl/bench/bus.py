@@ -3,8 +3,9 @@
 One producer process and one consumer process move N trajectory records of a realistic size
 (~32 KB: 2k prompt+response tokens with ids, fp32 log-probs and a mask, plus the text) through
 the broker, twice per round: once as streamrl records (encode, schema check at decode, the bus's
-producer/consumer settings) and once as the same bytes through bare aiokafka. Rounds alternate
-the two so that noise on a shared machine falls on both; the figures are medians over rounds.
+producer) and once as the same bytes through the bare aiokafka producer (``streamrl.bus._bare``);
+both are read by the bus's ``Reader``. Rounds alternate the two so that noise on a shared
+machine falls on both; the figures are medians over rounds.
 """
 
 from __future__ import annotations
@@ -65,9 +66,8 @@ def _producer(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out)
 async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out) -> None:
     import dataclasses
 
-    from aiokafka import AIOKafkaProducer
-
     from streamrl.bus import Bus
+    from streamrl.bus._bare import bare_producer
     from streamrl.config import BusConfig
 
     bus = Bus(BusConfig(**bus_cfg))
@@ -77,10 +77,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         producer = bus.producer("bench")
         await producer.start()
     else:
-        c = bus.config
-        raw = AIOKafkaProducer(bootstrap_servers=c.bootstrap_servers, acks="all",
-                               compression_type=c.compression, linger_ms=c.linger_ms,
-                               max_batch_size=c.max_batch_bytes, max_request_size=c.max_record_bytes)
+        raw = bare_producer(bus.config)
         await raw.start()
     topic = bus.topic("rollouts")
     go.wait()
@@ -102,20 +99,19 @@ def _consumer(mode: str, bus_cfg: dict, n: int, ready, out) -> None:
 
 
 async def _consume(mode: str, bus_cfg: dict, n: int, ready, out) -> None:
-    from streamrl.bus import Bus
+    from streamrl.bus import Bus, Reader
     from streamrl.config import BusConfig
     from streamrl.records import Trajectory
 
     bus = Bus(BusConfig(**bus_cfg))
-    consumer = bus.consumer(["rollouts"], None, "bench")
-    await consumer.start()
-    await consumer.getmany(timeout_ms=500)  # fetch metadata and positions before the clock runs
+    reader = await Reader(bus, ["rollouts"], "bench").start()
+    await reader.fetch(timeout_ms=500)  # fetch metadata and positions before the clock runs
     ready.set()
     got = nbytes = 0
     latencies: list[float] = []
     last = time.time()
     while got < n:
-        msgs = await consumer.getmany(timeout_ms=1000)
+        msgs = await reader.fetch(timeout_ms=1000)
         now = time.time()
         for m in msgs:
             if mode == "bus":
@@ -125,7 +121,7 @@ async def _consume(mode: str, bus_cfg: dict, n: int, ready, out) -> None:
         got += len(msgs)
         if msgs:
             last = time.time()
-    await consumer.stop()
+    await reader.stop()
     out.put(("consumed", last, nbytes, latencies))
 
 

@@ -313,7 +313,9 @@ async def run_streaming(w: Workload, cfg, cfg_path: Path, prompts: list, run_dir
                         timeout_s: float) -> dict[str, Any]:
     """The real stages as processes; the clock is the learner's version announcements."""
     from streamrl.bus import Bus
-    from streamrl.run import LocalLauncher, Observer
+    from streamrl.config import RestartConfig
+    from streamrl.launching import LocalLauncher
+    from streamrl.observing import Observer
     from streamrl.topics import ensure_topics
 
     bus = Bus(cfg.bus)
@@ -326,7 +328,7 @@ async def run_streaming(w: Workload, cfg, cfg_path: Path, prompts: list, run_dir
                           args=(str(cfg_path), str(logs / "learner.log"), w.step_s, str(state_path)))
     rollouts = [ctx.Process(target=_rollout_process, daemon=True,
                             args=(str(cfg_path), str(logs / f"rollout-{i}.log"))) for i in range(w.workers)]
-    reward = LocalLauncher(logs)
+    reward = LocalLauncher(logs, RestartConfig(max_restarts=0))  # a crash fails the bench
     observer = Observer(bus)
     await observer.start()
     try:

@@ -114,9 +114,10 @@ async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_
                   out: Path, window_s: float) -> dict[str, Any]:
     """One group size: start the members, let them settle, produce a backlog, count a window."""
     from streamrl.bench.pipeline import write_config
-    from streamrl.bus import Bus
+    from streamrl.bus import Bus, Reader
     from streamrl.records import Rewarded, Trajectory
-    from streamrl.run import LocalLauncher
+    from streamrl.config import RestartConfig
+    from streamrl.launching import LocalLauncher
     from streamrl.topics import ensure_topics
 
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-members{members}"
@@ -133,10 +134,9 @@ async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_
     k1, span = 2 * wave, wave * max(1, round(window_s / latency))
     need = k1 + span + 1 + wave  # a wave more: records scored earlier may still be on their way
     backlog = need + members * cfg.reward.max_in_flight
-    launcher = LocalLauncher(logs)
+    launcher = LocalLauncher(logs, RestartConfig(max_restarts=0))  # a crash fails the bench
     names = [f"reward-{i}" for i in range(members)]
-    reader = bus.consumer(["rewarded"], None, "bench")
-    await reader.start()
+    reader = await Reader(bus, ["rewarded"], "bench").start()
     try:
         for n in names:
             launcher.start(n, ["reward", "--config", str(cfg_path), "--bootstrap-servers", bootstrap,
@@ -152,7 +152,7 @@ async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_
         seen: set[str] = set()
         deadline = time.monotonic() + window_s + 60
         while time.monotonic() < deadline:
-            for msg in await reader.getmany(timeout_ms=200):
+            for msg in await reader.fetch(timeout_ms=200):
                 rec = Rewarded.decode(msg.value)
                 if rec.id not in seen:
                     seen.add(rec.id)

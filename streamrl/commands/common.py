@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, ClassVar, Iterator, Protocol
 
 from streamrl.config import PipelineConfig, load_config
 from streamrl.errors import StreamrlError
@@ -100,3 +100,69 @@ def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[Any]]) -> Any:
         return await main(stop)
 
     return asyncio.run(runner())
+
+
+class Stage(Protocol):
+    """What every stage (feed, rollout, reward, learner) offers ``serve_stage``."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def from_config(cls, cfg: PipelineConfig) -> "Stage":
+        """Build it (load models, build the scorer table); connect nothing yet."""
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the first bad field."""
+
+    def describe(self) -> str:
+        """One line for the start-up banner."""
+
+    async def run(self, stop: asyncio.Event) -> Any:
+        """Work until done or ``stop`` is set; drain, commit, leave."""
+
+
+def serve_stage(stage_cls: type[Stage], args: argparse.Namespace, **fields: Any) -> int:
+    """Run one stage as a process: the config (``--config``, overrides, then the verb's own flags
+    in ``fields`` as ``section__field=value``, None meaning not given), the stage built and
+    validated before anything connects (a bad config fails here, naming its field), the broker
+    checked, metrics served on the port it prints, SIGINT/SIGTERM for a clean stop. The CLI
+    verbs, ``services/*.py``, compose, Kubernetes and the launchers of ``streamrl run`` all start
+    stages through this one function."""
+    from streamrl import metrics
+
+    cfg = load(args)
+    for key, value in fields.items():
+        if value is not None and value != "":
+            section, _, name = key.partition("__")
+            setattr(getattr(cfg, section), name, value)
+
+    async def main(stop: asyncio.Event) -> Any:
+        stage = stage_cls.from_config(cfg)  # inside the loop: the Kafka client wants a running one
+        stage.validate()
+        await asyncio.to_thread(require_bootstrap, cfg)
+        from streamrl.bus import Bus
+        from streamrl.topics import ensure_topics
+
+        await ensure_topics(Bus(cfg.bus))
+        port = metrics.serve(cfg.metrics.port, cfg.metrics.host)
+        print(f"metrics: http://{cfg.metrics.host}:{port}/metrics", flush=True)
+        print(f"{stage_cls.name}: {stage.describe()}", flush=True)
+        await stage.run(stop)
+        print(f"{stage_cls.name}: stopped, {stage.describe()}", flush=True)
+
+    run_until_signalled(main)
+    return 0
+
+
+def stage_main(stage_cls: type[Stage], argv: list[str] | None = None) -> int:
+    """``python services/<stage>.py [--config FILE] [--bootstrap-servers HOST:PORT] [key=value ...]``:
+    the stage's process without the ``streamrl`` command around it; errors as the CLI prints them."""
+    parser = argparse.ArgumentParser(prog=f"services/{stage_cls.name}.py",
+                                     description=f"the {stage_cls.name} stage (as `streamrl {stage_cls.name}`)")
+    add_config_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return serve_stage(stage_cls, args)
+    except StreamrlError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2

@@ -57,15 +57,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def make_launcher(cfg, log_dir: Path):
-    from streamrl.run import LocalLauncher
+    from streamrl.launching import LocalLauncher
 
-    if cfg.run.launcher == "local":
-        return LocalLauncher(log_dir)
-    if cfg.run.launcher == "ray":
+    run = cfg.run
+    if run.launcher == "local":
+        return LocalLauncher(log_dir, run.restart, run.stop_timeout_s)
+    if run.launcher == "ray":
         from streamrl.ray_launcher import RayLauncher
 
-        ray = cfg.run.ray
-        return RayLauncher(log_dir, address=ray.address, num_cpus=ray.num_cpus, resources=ray.resources)
+        return RayLauncher(log_dir, address=run.ray.address, num_cpus=run.ray.num_cpus, resources=run.ray.resources,
+                           restart=run.restart, stop_timeout_s=run.stop_timeout_s)
     from streamrl.errors import ConfigError
 
     raise ConfigError(f"config field 'run.launcher': {cfg.run.launcher!r} is not local or ray")
@@ -73,7 +74,8 @@ def make_launcher(cfg, log_dir: Path):
 
 async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dict:
     from streamrl.bus import Bus
-    from streamrl.run import LagAutoscaler, Observer, observe_until, status_line, summarise
+    from streamrl.launching import LagAutoscaler
+    from streamrl.observing import Observer, observe_until, status_line, summarise
     from streamrl.topics import ensure_topics
 
     bus = Bus(cfg.bus)
@@ -117,7 +119,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
         ended = "timeout"
     finally:
         await asyncio.to_thread(launcher.stop_all)
-        show(status_line(await observer.poll(timeout_ms=200), cfg.learner.versions))
+        show(status_line(await observer.poll(timeout_ms=200), cfg.learner.versions, launcher.restart_count()))
         if interactive:
             print(file=sys.stderr)
         await observer.stop()
@@ -126,7 +128,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
         print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{launcher.log_tail(name)}",
               file=sys.stderr)
     summary = summarise(observer.obs, out / "reward.png")
-    summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher)
+    summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count())
     print(f"run {ended}: {summary['versions']} versions, reward {summary['reward_first']} -> "
           f"{summary['reward_last']}, {summary['records']['rewarded']} rewarded, "
           f"{summary['deadletters']} dead letters, plot {summary['plot']}", file=sys.stderr, flush=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamrl.errors import ConfigError
+
 ALGORITHMS = ("grpo", "ppo")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 KL_LOSS_TYPES = ("low_var_kl", "kl")
@@ -74,8 +76,6 @@ class LearnerConfig:
 
     def validate(self) -> "LearnerConfig":
         """Raise ``ConfigError`` naming the first bad field."""
-        from streamrl.errors import ConfigError
-
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")
 

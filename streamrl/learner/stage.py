@@ -6,8 +6,10 @@ Why not ``StageLoop``: its offsets are committed as soon as a record's outputs a
 but a learner's record is finished only when its update is in a *checkpoint*; the offsets must
 describe the same moment as the weights. So this loop owns a plain ``Consumer``, tracks offsets
 with the bus's ``OffsetTracker`` (a record is done when trained into the weights, or dropped
-and its dead letter acknowledged, or a duplicate), saves them inside each checkpoint, commits
-them to Kafka after it, and on (re)assignment seeks to the checkpoint's offsets.
+and its dead letter acknowledged, or a duplicate), and commits through the bus's
+``Checkpoint`` with the learner's checkpoint as its "save state" step: outputs flushed, offsets
+saved inside the checkpoint, then committed to Kafka. On (re)assignment it seeks to the
+checkpoint's offsets.
 
 Training runs in a worker thread (``asyncio.to_thread``) so aiokafka's heartbeat keeps the
 group membership alive during a long step.
@@ -21,17 +23,19 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from aiokafka import ConsumerRebalanceListener
 
 from streamrl import metrics
-from streamrl.bus import Bus, Message, OffsetTracker, TopicPartition
+from streamrl.bus import Bus, Checkpoint, Message, OffsetTracker, Reader, TopicPartition
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
 from streamrl.records import PolicyVersion, RecordError, Rewarded
+
+if TYPE_CHECKING:
+    from streamrl.config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,36 +43,25 @@ STAGE = "learner"
 
 
 async def read_latest_policy(bus: Bus, stage: str = STAGE) -> PolicyVersion | None:
-    """The last record on the compacted ``policy`` topic (every partition), or None."""
-    consumer = bus.consumer(["policy"], None, stage)
-    await consumer.start(subscribe=False)
-    try:
-        client = consumer.client
-        await client.topics()  # refreshes the metadata
-        parts = client.partitions_for_topic(bus.topic("policy")) or {0}
-        tps = [TopicPartition(bus.topic("policy"), p) for p in sorted(parts)]
-        client.assign(tps)
-        ends = await client.end_offsets(tps)
-        best: PolicyVersion | None = None
-        for tp in tps:
-            if ends[tp] == 0:
-                continue
-            client.seek(tp, ends[tp] - 1)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                got = (await client.getmany(tp, timeout_ms=200)).get(tp, [])
-                if got:
+    """The last record on the compacted ``policy`` topic (the highest version among its
+    partitions' last records), or None."""
+    best: PolicyVersion | None = None
+    async with Reader(bus, ["policy"], stage) as reader:
+        ends = await reader.end_offsets()
+        last = {tp: end - 1 for tp, end in ends.items() if end > 0}
+        try:
+            async for batch in reader.read(last, {tp: ends[tp] for tp in last}, stall_timeout_s=10):
+                for msg in batch:
                     try:
-                        rec = PolicyVersion.decode(got[-1].value)
+                        rec = PolicyVersion.decode(msg.value)
                     except RecordError as exc:
                         log.warning("policy topic: last record unreadable (%s)", exc)
-                        break
+                        continue
                     if best is None or rec.version > best.version:
                         best = rec
-                    break
-        return best
-    finally:
-        await consumer.stop()
+        except TimeoutError as exc:
+            log.warning("policy topic: last record not read (%s)", exc)
+    return best
 
 
 @dataclass
@@ -78,22 +71,6 @@ class _Taken:
     sample: Any  # trainer.Sample
     message: Message
     record: Rewarded
-
-
-class _Seek(ConsumerRebalanceListener):
-    def __init__(self, learner: "Learner"):
-        self.learner = learner
-
-    async def on_partitions_revoked(self, revoked) -> None:
-        if revoked:
-            log.warning("learner: partitions revoked (%s); is a second learner in group %r?",
-                        sorted(tp.partition for tp in revoked), self.learner.cfg.consumer_group)
-
-    async def on_partitions_assigned(self, assigned) -> None:
-        for tp in assigned:
-            offset = self.learner.state.offsets.get(str(tp.partition))
-            if offset is not None:
-                self.learner.consumer.client.seek(tp, offset)
 
 
 class Learner:
@@ -117,17 +94,43 @@ class Learner:
         self.assembler.load_state_dict(self.state.assembler)
         self.tracker = OffsetTracker()
         self.producer = bus.producer(STAGE)
-        self.consumer = bus.consumer(["rewarded"], cfg.consumer_group, STAGE, listener=_Seek(self))
-        self._acks: list[tuple[asyncio.Future, TopicPartition, int]] = []
+        self.consumer = bus.consumer(["rewarded"], cfg.consumer_group, STAGE,
+                                     on_assigned=self._assigned, on_revoked=self._revoked)
+        self.checkpointer = Checkpoint(self.consumer, self.producer, self.tracker)
         self._version_metrics: list[dict[str, float]] = []
         self._dirty = False
         self.last_checkpoint: Path | None = last
         metrics.LEARNER_VERSION.set(self.state.version)
         metrics.LEARNER_MAX_STALENESS.set(cfg.max_staleness)
 
+    name: ClassVar[str] = STAGE
+
+    @classmethod
+    def from_config(cls, cfg: "PipelineConfig") -> "Learner":
+        return cls(Bus(cfg.bus), cfg.learner)
+
+    def validate(self) -> None:
+        self.cfg.validate()
+
+    def describe(self) -> str:
+        return (f"version {self.version}, group {self.cfg.consumer_group}, checkpoints in "
+                f"{self.cfg.checkpoint_dir}")
+
     @property
     def version(self) -> int:
         return self.state.version
+
+    def _assigned(self, assigned: set[TopicPartition]) -> None:
+        """Read on from the offsets of the checkpoint the weights came from."""
+        for tp in assigned:
+            offset = self.state.offsets.get(str(tp.partition))
+            if offset is not None:
+                self.consumer.seek(tp, offset)
+
+    def _revoked(self, revoked: set[TopicPartition]) -> None:
+        if revoked:
+            log.warning("learner: partitions revoked (%s); is a second learner in group %r?",
+                        sorted(tp.partition for tp in revoked), self.cfg.consumer_group)
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> checkpoint.LearnerState:
@@ -154,7 +157,6 @@ class Learner:
                     trained = True
                 if not trained:
                     metrics.LEARNER_STARVED_SECONDS.inc(time.monotonic() - started)
-                self._reap_acks()
             clean = True
         finally:
             try:
@@ -247,24 +249,11 @@ class Learner:
 
     async def _dead_letter(self, msg: Message, reason: str, detail: str, record_id: str | None) -> None:
         fut = await self.producer.dead_letter(reason=reason, detail=detail, message=msg, record_id=record_id)
-        self._acks.append((fut, TopicPartition(msg.topic, msg.partition), msg.offset))
+        self.checkpointer.done_when_acked(fut, TopicPartition(msg.topic, msg.partition), msg.offset)
         self.state.consumed_records += 1
         metrics.LEARNER_RECORDS.labels("dropped").inc()
         metrics.LEARNER_DROPPED.labels(reason).inc()
         self._dirty = True
-
-    def _reap_acks(self) -> None:
-        """Dead letters the broker has: their records are done."""
-        keep = []
-        for fut, tp, offset in self._acks:
-            if not fut.done():
-                keep.append((fut, tp, offset))
-            elif fut.exception() is None:
-                self.tracker.done(tp, offset)
-            else:  # not in the dead-letter topic: leave it unfinished, it comes back on restart
-                log.error("learner: dead letter for %s[%d]@%d failed: %s", tp.topic, tp.partition,
-                          offset, fut.exception())
-        self._acks = keep
 
     # -- training -----------------------------------------------------------------------------
     async def _train(self, groups: list[Group]) -> None:
@@ -346,28 +335,26 @@ class Learner:
                         latest.version, self.version, self.version)
 
     async def _checkpoint(self) -> Path:
+        """Dead letters acknowledged, then the checkpoint (weights, optimizer, version, offsets,
+        de-duplication window) saved, then the same offsets committed to Kafka."""
         started = time.monotonic()
-        await self.producer.flush()
-        if self._acks:
-            await asyncio.wait([f for f, _, _ in self._acks])
-        self._reap_acks()
-        topic = self.bus.topic("rewarded")
-        positions = {tp: off for tp, off in self.tracker.positions(only_changed=False).items()
-                     if tp.topic == topic}
-        offsets = dict(self.state.offsets)
-        offsets.update({str(tp.partition): off for tp, off in positions.items()})
-        self.state.offsets = offsets
-        self.state.assembler = self.assembler.state_dict()
-        path = await asyncio.to_thread(
-            checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
-            self.trainer.optimizer_state(), self.state, self.cfg.keep_checkpoints)
-        if await self.consumer.commit(positions):
-            self.tracker.mark_committed(positions)
-        self.consumer.update_lag(self.tracker.positions(only_changed=False), self.tracker.oldest())
-        self.last_checkpoint = path
+        saved: list[Path] = []
+
+        async def save(positions: dict[TopicPartition, int]) -> None:
+            offsets = dict(self.state.offsets)
+            offsets.update({str(tp.partition): off for tp, off in positions.items()})
+            self.state.offsets = offsets
+            self.state.assembler = self.assembler.state_dict()
+            saved.append(await asyncio.to_thread(
+                checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
+                self.trainer.optimizer_state(), self.state, self.cfg.keep_checkpoints))
+
+        # every partition taken from, assigned now or not: the checkpoint describes them all
+        await self.checkpointer.commit(list(self.tracker.parts), save=save)
+        self.last_checkpoint = saved[0]
         self._dirty = False
         metrics.LEARNER_CHECKPOINT_SECONDS.observe(time.monotonic() - started)
-        return path
+        return saved[0]
 
 
 def _generation_seconds(r: Rewarded) -> float | None:

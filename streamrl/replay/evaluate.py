@@ -4,7 +4,6 @@ checkpoint on held-out prompts and score that (``evaluate_policy``). Both write 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import sys
 from pathlib import Path
@@ -21,9 +20,6 @@ from streamrl.replay.report import build_report, old_reward, result_row, write_a
 from streamrl.replay.rescore import Rescorer, Scored, resolve_scorer
 
 
-_PUBLISH_WINDOW = 1000  # records queued before waiting for their acknowledgements
-
-
 def _bar(progress: bool, **kwargs: Any) -> tqdm:
     """A progress bar on stderr (rate and ETA once the total is known)."""
     return tqdm(file=sys.stderr, disable=not progress, dynamic_ncols=True, **kwargs)
@@ -32,12 +28,12 @@ def _bar(progress: bool, **kwargs: Any) -> tqdm:
 async def replay_topic(cfg: PipelineConfig, *, topic: str, scorer: str, out: Path,
                        bounds: Range = Range(), fmt: str = "jsonl", publish_topic: str | None = None,
                        progress: bool = True) -> Path:
-    """Re-score ``topic`` (short name) within ``bounds`` with ``scorer`` (``rescore``'s
+    """Re-score ``topic`` (short or full name) within ``bounds`` with ``scorer`` (``rescore``'s
     ``--scorer`` forms); returns the JSON report's path. Joins no group, commits nothing."""
     _check_publish_topic(publish_topic)
     bus = Bus(cfg.bus)
     choice = resolve_scorer(scorer, cfg.reward)
-    rescorer = Rescorer(cfg, choice, bus)  # a bad scorer config fails before anything is read
+    rescorer = Rescorer(choice)  # a bad scorer config fails before anything is read
     with _bar(progress, desc=f"read {topic}", unit="msg") as bar:
         read = await read_range(bus, topic, bounds, keep_arrays=publish_topic is not None, progress=bar)
     metrics.REPLAY_RECORDS.labels("read").inc(read.messages)
@@ -74,8 +70,8 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
                                start_epoch=0, shuffle=False)
     prompt_records = list(build_prompts(feed))  # a bad row fails here, naming file and row
     bus = Bus(cfg.bus) if publish_topic else None
-    rescorer = Rescorer(cfg, resolve_scorer(scorer, cfg.reward), bus)
-    rc = dataclasses.replace(cfg.rollout, policy=policy).check()
+    rescorer = Rescorer(resolve_scorer(scorer, cfg.reward))
+    rc = dataclasses.replace(cfg.rollout, policy=policy).validate()
     backend = make_backend(rc)
     backend.version = policy_version
     params = SamplingParams(max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p)
@@ -140,25 +136,10 @@ def _check_publish_topic(name: str | None) -> None:
 async def ensure_topic(bus: Bus, name: str, like: str = "rewarded") -> bool:
     """Create topic ``name`` (short name) with topic ``like``'s spec unless it exists; True if
     created."""
-    from aiokafka.admin import NewTopic
+    from streamrl.topics import ensure_topics, load_specs
 
-    from streamrl.topics import load_specs
-
-    spec = load_specs()[like]
-    full = bus.topic(name)
-    admin = bus.admin_client()
-    await admin.start()
-    try:
-        if full in await admin.list_topics():
-            return False
-        rf = bus.config.replication_factor or spec.replication_factor
-        resp = await admin.create_topics([NewTopic(full, spec.partitions, rf, topic_configs=dict(spec.config))])
-        for topic, code, *msg in resp.topic_errors:
-            if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (another creator won the race)
-                raise RuntimeError(f"creating topic {topic} failed: error {code} {msg}")
-        return True
-    finally:
-        await admin.close()
+    [state] = await ensure_topics(bus, specs={name: load_specs()[like]})
+    return state.created
 
 
 async def publish(bus: Bus, topic: str, located: list[Located], scored: list[Scored], *,
@@ -167,11 +148,8 @@ async def publish(bus: Bus, topic: str, located: list[Located], scored: list[Sco
     rewarded record with the new reward; ``reward_info.replay`` says where it came from and
     what it had. Records that failed are in the report, not here. Returns the number sent."""
     await ensure_topic(bus, topic)
-    producer = bus.producer(STAGE)
-    await producer.start()
-    sent = 0
-    try:
-        pending: list[asyncio.Future] = []
+
+    def records():
         for loc, s in zip(located, scored):
             if s.reward is None:
                 continue
@@ -179,15 +157,10 @@ async def publish(bus: Bus, topic: str, located: list[Located], scored: list[Sco
             origin = {"topic": source_topic, "partition": loc.partition, "offset": loc.offset,
                       "old_reward": old_reward(rec),
                       "old_scorer": rec.scorer if isinstance(rec, Rewarded) else None}
-            out = Rewarded.from_trajectory(rec, reward=s.reward, reward_info={**s.info, "replay": origin},
+            yield Rewarded.from_trajectory(rec, reward=s.reward, reward_info={**s.info, "replay": origin},
                                            scorer={"name": s.scorer, "version": s.version})
-            pending.append(await producer.send(topic, out))
-            sent += 1
-            if len(pending) >= _PUBLISH_WINDOW:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
+
+    async with bus.producer(STAGE) as producer:
+        sent = await producer.send_all(topic, records())
     metrics.REPLAY_RECORDS.labels("published").inc(sent)
     return sent

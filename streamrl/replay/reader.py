@@ -1,10 +1,9 @@
 """Reading a range of a topic as a plain reader: no consumer group, no commits.
 
-The reader assigns every partition of the topic to itself and seeks, so it never joins a group
-and never moves a production group's committed offsets. It takes each partition's end when it
-starts (the broker's end offset, or the high watermark of its first fetch where that is
-further: see ``read_range``) and stops there: records produced later are not part of the
-replay, and a replay of a live topic ends.
+A ``streamrl.bus.Reader`` reads every partition of the topic, so replay never joins a group and
+never moves a production group's committed offsets. It takes each partition's exact end when it
+starts and stops there: records produced later are not part of the replay, and a replay of a
+live topic ends.
 
 Bounds (``--from`` / ``--to``, both inclusive, any number of each, all must hold):
 
@@ -23,12 +22,11 @@ kept, so the outcome does not depend on the order fetches arrive in.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from streamrl.bus import Bus, TopicPartition
+from streamrl.bus import Bus, Reader
 from streamrl.records import RecordError, Rewarded, Trajectory, decode_any
 
 
@@ -38,8 +36,6 @@ BOUND_KINDS = ("offset", "time", "version")
 #: (scoring, a group hook's wait), so its Kafka timestamp is later and the broker's lookup is a
 #: safe lower bound; the slack covers clocks that differ (LogAppendTime topics, other hosts).
 TIME_SEEK_SLACK_S = 600.0
-#: Give up when no partition advances for this long (a broker that stopped answering).
-STALL_TIMEOUT_S = 60.0
 _TOKEN_ARRAYS = ("prompt_ids", "response_ids", "response_logprobs", "response_mask")
 
 
@@ -168,91 +164,36 @@ async def read_range(bus: Bus, topic: str, bounds: Range = Range(), *, keep_arra
                      progress: Any = None) -> ReadResult:
     """Read ``topic`` (short name) within ``bounds``. Token arrays are dropped unless
     ``keep_arrays`` (scorers read text; a replay of a long run holds every record in memory).
-    ``progress``: a tqdm bar, updated per message."""
-    consumer = bus.consumer([topic], None, STAGE)
-    await consumer.start(subscribe=False)
-    client = consumer.client
-    name = bus.topic(topic)
-    try:
-        parts = await _partitions(bus, name)
-        tps = [TopicPartition(name, p) for p in parts]
-        client.assign(tps)
-        begin = await client.beginning_offsets(tps)
-        # The end is the larger of ListOffsets and the high watermark of the first fetch:
-        # the embedded broker answers ListOffsets(latest) with the base offset of the last
-        # batch + 1, short of the records batched after it (measured; Kafka answers the end).
-        listed = await client.end_offsets(tps)
+    ``progress``: a tqdm bar, updated per message. ``LookupError`` if the topic does not exist."""
+    async with Reader(bus, [topic], STAGE) as reader:
+        tps = reader.partitions
+        begin = await reader.beginning_offsets()
+        end = await reader.end_offsets()
         lo, hi = bounds.offsets()
-        cap = (lambda x: x) if hi is None else (lambda x: min(x, hi + 1))
         start = {tp: max(begin[tp], lo or 0) for tp in tps}
-        stop = {tp: cap(listed[tp]) for tp in tps}
-        empty: set[TopicPartition] = set()  # nothing in range there
+        stop = {tp: end[tp] if hi is None else min(end[tp], hi + 1) for tp in tps}
         seek_time = bounds.seek_time()
         if seek_time is not None:
-            by_time = await client.offsets_for_times({tp: max(0, int(seek_time * 1000)) for tp in tps})
-            for tp in tps:
-                at = by_time.get(tp)
-                if at is None:  # no record that late
-                    empty.add(tp)
+            for tp, at in (await reader.offsets_for_times(seek_time)).items():
+                if at is None:  # no record that late: nothing in range there
+                    stop[tp] = start[tp]
                 else:
-                    start[tp] = max(start[tp], at.offset)
-        for tp in tps:
-            client.seek(tp, start[tp])
-        pending = set(tps) - empty
-        known: set[TopicPartition] = set()  # partitions whose high watermark has been seen
-        result = ReadResult(topic=name, window={})
+                    start[tp] = max(start[tp], at)
+        result = ReadResult(topic=bus.topic(topic),
+                            window={tp.partition: (start[tp], max(start[tp], stop[tp])) for tp in tps})
+        if progress is not None:
+            progress.total = sum(max(0, stop[tp] - start[tp]) for tp in tps)
+            progress.refresh()
         found: list[Located] = []
-        last_progress = time.monotonic()
-        while pending:
-            got = await client.getmany(*pending, timeout_ms=500)
-            moved = bool(got)
-            for tp in pending - known:
-                hw = client.highwater(tp)
-                if hw is not None:
-                    known.add(tp)
-                    stop[tp] = max(stop[tp], cap(hw))
-                    moved = True
-                    if progress is not None:
-                        progress.total = sum(max(0, stop[t] - start[t]) for t in known)
-                        progress.refresh()
-            for tp, msgs in got.items():
-                for msg in msgs:
-                    if not start[tp] <= msg.offset < stop[tp]:
-                        continue
-                    result.messages += 1
-                    _take(msg, bounds, keep_arrays, found, result)
-                    if progress is not None:
-                        progress.update(1)
-            for tp in pending & known:
-                if await client.position(tp) >= stop[tp]:
-                    pending.discard(tp)
-                    client.pause(tp)
-            if moved:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
-                where = ", ".join(f"{tp.partition}@{await client.position(tp)}/{stop[tp]}" for tp in pending)
-                raise TimeoutError(f"{name}: no progress for {STALL_TIMEOUT_S:.0f} s "
-                                   f"(partition@position/stop: {where})")
-        for tp in empty:
-            stop[tp] = start[tp]
-        result.window = {tp.partition: (start[tp], max(start[tp], stop[tp])) for tp in tps}
-    finally:
-        await consumer.stop()
+        async for batch in reader.read(start, stop):
+            for msg in batch:
+                result.messages += 1
+                _take(msg, bounds, keep_arrays, found, result)
+            if progress is not None:
+                progress.update(len(batch))
     result.records = _unique(found, result)
     result.failures.sort(key=lambda f: (f.partition, f.offset))
     return result
-
-
-async def _partitions(bus: Bus, name: str) -> list[int]:
-    admin = bus.admin_client()
-    await admin.start()
-    try:
-        if name not in await admin.list_topics():
-            raise LookupError(f"topic {name!r} does not exist on {bus.config.bootstrap_servers}")
-        described = await admin.describe_topics([name])
-    finally:
-        await admin.close()
-    return sorted(p["partition"] for d in described if d["topic"] == name for p in d["partitions"])
 
 
 def _take(msg: Any, bounds: Range, keep_arrays: bool, found: list[Located], result: ReadResult) -> None:

@@ -1,9 +1,9 @@
 """Re-scoring through the reward stage's own scoring path.
 
-A replay does not score records its own way: it builds the reward stage's ``RewardStage`` for a
-scorer configuration and calls its ``score`` for each record, so a replay gets exactly the
-stage's scorers (rules, user functions, judges, reward models, hybrids), retries and fallbacks,
-its reward router, and its hold-while-unavailable (a judge that is down stalls a replay; it
+A replay does not score records its own way: it scores them through ``reward.scoring.Scoring``,
+the reward stage's own path (no bus involved), so a replay gets exactly the stage's scorers
+(rules, user functions, judges, reward models, hybrids), retries and fallbacks, its reward
+router, and its hold-while-unavailable (a judge that is down stalls a replay; it
 never turns into 0). ``reward.max_in_flight`` records are scored at once, as in one member.
 
 What ``--scorer`` names (``resolve_scorer``):
@@ -31,10 +31,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from streamrl import metrics
-from streamrl.bus import Bus, DeadLetterError
-from streamrl.config import ConfigError, PipelineConfig
+from streamrl.config import load_section
+from streamrl.errors import ConfigError, Failure
 from streamrl.records import Trajectory
-from streamrl.reward.config import GroupHookConfig, RewardConfig, ScorerSpec
+from streamrl.reward.config import RewardConfig, ScorerSpec
+from streamrl.reward.scoring import Scoring
 
 
 
@@ -78,18 +79,13 @@ def load_reward_config(path: str | Path) -> RewardConfig:
     """A reward config from a YAML file: a pipeline config's ``reward:`` section, or the
     section alone. Other sections of a pipeline config are ignored."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--scorer {str(path)!r}: no such file")
-    try:
-        doc = OmegaConf.load(path)
-        section = doc.get("reward", doc) if OmegaConf.is_dict(doc) else doc
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RewardConfig), section))
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError(f"config field 'reward.{key}' in {path}: {str(exc).splitlines()[0]}") from None
+    doc = OmegaConf.load(path)
+    section = doc.get("reward", doc) if OmegaConf.is_dict(doc) else doc
+    return load_section(RewardConfig, section, "reward", str(path))
 
 
 def _only(rc: RewardConfig, name: str) -> RewardConfig:
@@ -104,28 +100,21 @@ def _only(rc: RewardConfig, name: str) -> RewardConfig:
 
 
 class Rescorer:
-    """``async with Rescorer(cfg, choice, bus) as r: scored = await r.score_all(records)``.
+    """``async with Rescorer(choice) as r: scored = await r.score_all(records)``.
     Raises ``ConfigError`` at construction for a bad scorer configuration."""
 
-    def __init__(self, cfg: PipelineConfig, choice: ScorerChoice, bus: Bus | None = None):
-        from streamrl.reward.stage import RewardStage
-
-        reward = dataclasses.replace(choice.reward, group_hook=GroupHookConfig())
-        cfg = dataclasses.replace(cfg, reward=reward)
-        if bus is None:
-            # RewardStage connects its bus only in run(), which a replay never calls; without a
-            # broker (--generate) it gets one that is never connected.
-            bus = Bus(dataclasses.replace(cfg.bus, bootstrap_servers="unused:0"))
+    def __init__(self, choice: ScorerChoice):
         self.choice = choice
-        self.stage = RewardStage(cfg, bus)
-        self.table = self.stage.table
+        self.scoring = Scoring(choice.reward, group_hook=False)
+        self.table = self.scoring.table
+        self.max_in_flight = choice.reward.max_in_flight
 
     async def __aenter__(self) -> "Rescorer":
-        await self.table.start()
+        await self.scoring.start()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self.table.close()
+        await self.scoring.close()
 
     def versions(self) -> dict[str, str]:
         return {name: e.version for name, e in sorted(self.table.entries.items())}
@@ -137,8 +126,8 @@ class Rescorer:
             return Scored(None, reason="unknown_data_source",
                           detail=f"no scorer serves data_source {record.data_source!r}")
         try:
-            reward, info = await self.stage.score(entry, record)
-        except DeadLetterError as exc:
+            reward, info = await self.scoring.score(entry, record)
+        except Failure as exc:
             return Scored(entry.name, version=entry.version, reason=exc.reason, detail=exc.detail)
         # fp32, as the stage publishes it (Rewarded.from_trajectory)
         return Scored(entry.name, float(np.float32(reward)), info, entry.version)
@@ -155,6 +144,6 @@ class Rescorer:
                 if progress is not None:
                     progress.update(1)
 
-        workers = min(self.stage.rc.max_in_flight, len(records))
+        workers = min(self.max_in_flight, len(records))
         await asyncio.gather(*(worker() for _ in range(workers)))
         return out  # type: ignore[return-value]

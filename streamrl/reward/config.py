@@ -22,25 +22,52 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-SCORER_TYPES = ("rule", "function", "judge", "model", "hybrid")
+from streamrl.errors import ConfigError
+from streamrl.scorers.rules import RULES
+
+SCORER_TYPES = ("rule", "function", "class", "judge", "model", "hybrid")
 EXECUTORS = ("auto", "inline", "thread", "process")
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's soft overlong punishment, as verl's DAPO reward manager applies it: a response of
+    more than ``max_resp_len - len`` tokens loses ``penalty_factor`` times the part of ``len`` it
+    runs into (linearly, all of it at ``max_resp_len``); ``reward_info`` gets ``overlong_reward``
+    and ``overlong``. Needs the record's ``response_ids``."""
+
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    max_resp_len: int = 0  # verl's data.max_response_length
 
 
 @dataclass
 class ScorerSpec:
     """One entry of the scorer table."""
 
-    type: str = "rule"  # rule | function | judge | model | hybrid
+    type: str = "rule"  # rule | function | class | judge | model | hybrid
     rule: str = ""  # type rule: a built-in rule scorer (streamrl.scorers.RULES); default: the entry's name
-    path: str = ""  # type function: "file.py:name" or "package.module:name", verl's signature
-    kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments for the function
+    # type function: "file.py:name" or "package.module:name", verl's signature. type class: a
+    # reward class, "file.py:ClassName": built with ``kwargs``, its ``compute_score`` (sync or
+    # async) scores each record and its ``post_process_scores``, if any, is the group hook.
+    path: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments (class: for __init__)
+    # type function: a batch function (verl's BatchRewardManager), called on micro-batches
+    batch: bool = False
+    batch_size: int = 32
+    batch_wait_ms: float = 20.0
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     # Which data_source values this entry serves. None: its own name; []: none (a hybrid part).
     data_sources: Optional[list[str]] = None
-    # Where a sync function runs: inline (on the event loop: cheap rules only), thread, or
-    # process (a worker process, killed at timeout_s: CPU-heavy work such as math equivalence or
-    # code checks). auto: process for functions and the math rule, inline for the other rules.
+    # Where a sync function runs: inline (on the event loop: cheap rules only), thread (up to
+    # reward.thread_concurrency at once: blocking remote calls, as verl's reward agent runs its
+    # functions), or process (a worker process, killed at timeout_s: CPU-heavy or unsafe work
+    # such as math equivalence or code checks). auto: thread for your functions, process for the
+    # math rule, inline for the other rules.
     executor: str = "auto"
-    timeout_s: float = 30.0  # per record, for rule / function / hybrid parts of those types
+    # Per record. Long enough for remote calls that take 1-40 s (the reward agent's own test).
+    timeout_s: float = 120.0
     version: str = ""  # reported in Rewarded.scorer.version; default: the module's VERSION or "0"
     # Failure reason -> score this config accepts instead of a dead letter, once retries are
     # spent, e.g. {timeout: 0.0}. The record says so: reward_info.status = "fallback:timeout".
@@ -66,8 +93,6 @@ class GroupHookConfig:
 
 def _default_scorers() -> dict[str, ScorerSpec]:
     """The built-in rules, each serving its usual data sources (``streamrl.scorers.RULES``)."""
-    from streamrl.scorers import RULES
-
     return {name: ScorerSpec(type="rule", rule=name, data_sources=list(rule.data_sources))
             for name, rule in RULES.items()}
 
@@ -82,11 +107,29 @@ class RewardConfig:
     # this long between tries: the record is held, never scored 0.
     unavailable_backoff_max_s: float = 30.0
     process_workers: int = 0  # worker processes for executor=process; 0: the CPU count
+    thread_concurrency: int = 64  # sync functions in threads at once, per member (blocking I/O)
+    process_memory_mb: int = 4096  # address-space cap of each worker process; 0: none
     # verl's reward_router_address for async user functions: the name of a judge entry in
     # ``scorers`` (its router's local proxy is passed) or a literal HOST:PORT. Empty: none, and
     # a function that requires one fails at start.
     reward_router: str = ""
     reward_model_tokenizer: str = ""  # HF name or path passed (loaded) to functions that take it
     drain_timeout_s: float = 30.0  # on stop: how long in-flight records may finish
+    # A reward beyond this magnitude (after the fp32 cast) is dead-lettered, not published: a
+    # scorer bug such as 1e39 (inf in fp32) would make the learner's advantages NaN.
+    max_abs_reward: float = 1e6
     scorers: dict[str, ScorerSpec] = field(default_factory=_default_scorers)
     group_hook: GroupHookConfig = field(default_factory=GroupHookConfig)
+    # Route data sources as verl's default_compute_score does where streamrl's defaults differ
+    # (openai/gsm8k strict, "math" to DAPO's scorer): streamrl.scorers.rules.verl_compat.
+    verl_compat: bool = False
+
+    def validate(self) -> "RewardConfig":
+        """Raise ``ConfigError`` naming the first bad field (the scorer table's own checks run
+        when it is built: ``reward.table.build_table``)."""
+        for name in ("max_in_flight", "max_attempts", "thread_concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"config field 'reward.{name}': must be at least 1")
+        if not self.max_abs_reward > 0:
+            raise ConfigError("config field 'reward.max_abs_reward': must be positive")
+        return self

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from streamrl import metrics
-from streamrl.bus import DeadLetterError
+from streamrl.errors import Failure as DeadLetterError
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.config import GroupHookConfig
-from streamrl.scorers import split_result
+from streamrl.scorers.base import split_result
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,16 @@ class _Group:
 
 
 class GroupCollector:
-    def __init__(self, cfg: GroupHookConfig):
+    """Holds each scored record until its group is complete, then runs the hook: ``fn``, or the
+    one ``cfg.function`` names (a built-in of ``hooks.HOOKS`` or ``file.py:name``)."""
+
+    def __init__(self, cfg: GroupHookConfig, fn: Any = None):
         from streamrl.reward.hooks import HOOKS
         from streamrl.scorers.loader import load_function
 
         self.cfg = cfg
         self.name = cfg.function
-        self.fn = HOOKS.get(cfg.function) or load_function(cfg.function)
+        self.fn = fn or HOOKS.get(cfg.function) or load_function(cfg.function)
         self.groups: dict[str, _Group] = {}
         self.finished: OrderedDict[str, None] = OrderedDict()
 
@@ -158,3 +161,21 @@ class GroupCollector:
                          "failed": len(g.failed) if g else None, **(extras or {})}
         reward = m.reward if score is None else float(np.float32(score))
         return dataclasses.replace(m, reward=reward, reward_info=info)
+
+
+def post_process_hook(method: Any) -> Any:
+    """A reward class's ``post_process_scores(scores, ...)`` as a group hook: it gets the group's
+    scores in order, plus whichever of ``data_sources``, ``solution_strs``, ``ground_truths``,
+    ``extra_infos`` its signature names, and returns the adjusted scores (or result dicts)."""
+    params = inspect.signature(method).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    def hook(members: list[dict[str, Any]], **_: Any) -> Any:
+        columns = {"data_sources": [m["data_source"] for m in members],
+                   "solution_strs": [m["response"] for m in members],
+                   "ground_truths": [m["ground_truth"] for m in members],
+                   "extra_infos": [m["extra_info"] for m in members]}
+        kwargs = {k: v for k, v in columns.items() if takes_all or k in params}
+        return method([m["reward"] for m in members], **kwargs)
+
+    return hook

@@ -1,11 +1,13 @@
 """The ``rollout`` and ``feed`` sections of the pipeline config (``PipelineConfig.rollout`` /
 ``.feed``). Plain dataclasses: OmegaConf checks YAML and ``key.path=value`` overrides against
-them at start, naming a bad field; ``check()`` adds the cross-field rules a type cannot say."""
+them at start, naming a bad field; ``validate()`` adds the cross-field rules a type cannot say."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from streamrl.errors import ConfigError
 
 BACKENDS = ("transformers", "vllm", "openai")
 
@@ -79,9 +81,7 @@ class RolloutConfig:
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
 
-    def check(self) -> "RolloutConfig":
-        from streamrl.errors import ConfigError
-
+    def validate(self) -> "RolloutConfig":
         if self.backend not in BACKENDS:
             raise ConfigError(f"config field 'rollout.backend': {self.backend!r} is not one of {BACKENDS}")
         if self.backend == "openai" and not self.openai.model:
@@ -122,9 +122,7 @@ class FeedConfig:
     ground_truth: str = "gsm8k"
     answer_field: str = "answer"
 
-    def check(self) -> "FeedConfig":
-        from streamrl.errors import ConfigError
-
+    def validate(self) -> "FeedConfig":
         if not self.dataset:
             raise ConfigError("config field 'feed.dataset': required (gsm8k, gsm8k:test, a .jsonl or "
                               ".parquet file, or hf:REPO)")

@@ -15,14 +15,13 @@ as is with ``prompt_template=""`` and ``ground_truth=verl``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import itertools
 import random
 import re
 import time
-from typing import Any, Iterator
+from typing import Any, ClassVar, Iterator
 
 import orjson
 
@@ -88,7 +87,7 @@ def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
 def build_prompts(cfg: FeedConfig) -> Iterator[Prompt]:
     """Every prompt of the feed, epoch by epoch. All rows are converted before the first is
     yielded, so a bad row stops the feed before anything is published."""
-    cfg.check()
+    cfg.validate()
     rows = read_rows(cfg.dataset, cfg.limit)
     base = [row_to_prompt(row, i, cfg.start_epoch, cfg, f"{describe(cfg.dataset)} row {i + 1}")
             for i, row in enumerate(rows)]
@@ -109,18 +108,31 @@ async def publish_feed(bus, cfg: FeedConfig, *, window: int = 1000) -> int:
     first = next(prompts, None)  # converts (and so checks) every row
     if first is None:
         return 0
-    producer = bus.producer("feed")
-    await producer.start()
-    count = 0
-    try:
-        pending: list[asyncio.Future] = []
-        for prompt in itertools.chain([first], prompts):
-            pending.append(await producer.send("prompts", prompt))
-            count += 1
-            if len(pending) >= window:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-    return count
+    async with bus.producer("feed") as producer:
+        return await producer.send_all("prompts", itertools.chain([first], prompts), window=window)
+
+
+class Feed:
+    """The feed as a stage: publishes its dataset once and ends."""
+
+    name: ClassVar[str] = "feed"
+
+    def __init__(self, bus: Any, cfg: FeedConfig):
+        self.bus, self.cfg = bus, cfg
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "Feed":
+        from streamrl.bus import Bus
+
+        return cls(Bus(cfg.bus), cfg.feed)
+
+    def validate(self) -> None:
+        self.cfg.validate()
+
+    def describe(self) -> str:
+        return f"{describe(self.cfg.dataset)} -> {self.bus.topic('prompts')}"
+
+    async def run(self, stop: Any = None) -> int:
+        count = await publish_feed(self.bus, self.cfg)
+        print(f"feed: published {count} prompts to {self.bus.topic('prompts')}", flush=True)
+        return count

@@ -10,7 +10,7 @@ right now. While the count is at the limit the worker holds the prompt it took a
 time shows in ``streamrl_rollout_gate_paused_seconds_total``. A new version on the policy topic
 releases it at once.
 
-The end offsets come from ``Consumer.end_offsets``, exact on Kafka and on the embedded broker
+The end offsets come from ``Reader.end_offsets``, exact on Kafka and on the embedded broker
 (whose ListOffsets answer is off by the size of the last batch). This worker's trajectories
 count as reserved until the broker acknowledges them, so the count never dips between the end
 of a generation and the end offset moving.
@@ -27,7 +27,7 @@ import logging
 import time
 
 from streamrl import metrics
-from streamrl.bus import Bus, TopicPartition
+from streamrl.bus import Bus, Reader
 from streamrl.rollout.weights import PolicyFollower
 
 log = logging.getLogger(__name__)
@@ -43,30 +43,26 @@ class StalenessGate:
         self.reserved = 0  # trajectories this worker is generating now
         self.held = False
         self.stopping = asyncio.Event()
-        self._consumer = bus.consumer(["rollouts"], None, "rollout") if self.enabled else None
-        self._partitions: list[TopicPartition] = []
+        self._reader = Reader(bus, ["rollouts"], "rollout") if self.enabled else None
 
     async def start(self) -> "StalenessGate":
-        if self._consumer is not None:
-            await self._consumer.start(subscribe=False)
-            topic = self.bus.topic("rollouts")
-            await self._consumer.client.topics()  # fetch metadata
-            parts = self._consumer.client.partitions_for_topic(topic)
-            if not parts:
-                raise RuntimeError(f"staleness gate: topic {topic} does not exist (streamrl topics create)")
-            self._partitions = [TopicPartition(topic, p) for p in sorted(parts)]
+        if self._reader is not None:
+            try:
+                await self._reader.start()
+            except LookupError as exc:
+                raise RuntimeError(f"staleness gate: {exc} (streamrl topics create)") from None
         return self
 
     async def stop(self) -> None:
         self.stopping.set()
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._reader is not None:
+            await self._reader.stop()
 
     def limit(self) -> int:
         return (self.follower.version + self.max_staleness + 1) * self.per_version
 
     async def produced(self) -> int:
-        ends = await self._consumer.end_offsets(self._partitions)
+        ends = await self._reader.end_offsets()
         return sum(ends.values()) - self.baseline
 
     async def acquire(self, n: int) -> float:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamrl import metrics
 from streamrl.bus import Bus, DeadLetterError, Message, Producer, StageLoop
@@ -31,6 +31,9 @@ from streamrl.rollout.gate import StalenessGate
 from streamrl.rollout.interactions import load_interaction
 from streamrl.rollout.weights import PolicyFollower
 
+if TYPE_CHECKING:
+    from streamrl.config import PipelineConfig
+
 log = logging.getLogger(__name__)
 
 STAGE = "rollout"
@@ -38,8 +41,10 @@ _RETRY_MAX_S = 30.0
 
 
 class RolloutWorker:
+    name: ClassVar[str] = STAGE
+
     def __init__(self, bus: Bus, cfg: RolloutConfig, backend: Backend | None = None):
-        self.bus, self.cfg = bus, cfg.check()
+        self.bus, self.cfg = bus, cfg.validate()
         self.backend = backend or make_backend(cfg)
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                      top_p=cfg.top_p)
@@ -64,6 +69,17 @@ class RolloutWorker:
             log.warning("the %s backend cannot load weights: trajectories are stamped version %d",
                         self.backend.name, self.backend.version)
         metrics.ROLLOUT_POLICY_VERSION.set(self.backend.version)
+
+    @classmethod
+    def from_config(cls, cfg: "PipelineConfig") -> "RolloutWorker":
+        """Loads the policy into the backend: before the first prompt is taken."""
+        return cls(Bus(cfg.bus), cfg.rollout)
+
+    def validate(self) -> None:
+        self.cfg.validate()
+
+    def describe(self) -> str:
+        return f"backend {self.cfg.backend}, policy {self.cfg.policy}, group {self.group}"
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Work until ``stop`` is set (or ``stop()`` is called), then drain and leave the group."""

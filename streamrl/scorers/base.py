@@ -10,17 +10,38 @@ scorers, user functions, the LLM judge and the reward model all present that one
 
 from __future__ import annotations
 
+from typing import Any
 
-class ScoreError(Exception):
-    """This record cannot be scored (e.g. the judge's answer has no score). The reward stage
-    retries a bounded number of times, then sends the record to dead letters with the reason."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+from streamrl.errors import Failure, Unavailable
 
 
-class ScorerUnavailable(Exception):
-    """The scorer's backend is down (every judge / reward server failing). The reward stage holds
-    the record and tries again later (back-pressure): an outage is never scored 0."""
+#: This record cannot be scored (e.g. the judge's answer has no score). The reward stage
+#: retries a bounded number of times, then sends the record to dead letters with the reason.
+ScoreError = Failure
+
+#: The scorer's backend is down (every judge / reward server failing). The reward stage holds
+#: the record and tries again later (back-pressure): an outage is never scored 0.
+ScorerUnavailable = Unavailable
+
+
+def split_result(result: Any, name: str = "scorer") -> tuple[float, dict[str, Any]]:
+    """A scorer's result as ``(score, extras)``, in every shape verl accepts: a number or bool, a
+    dict with ``score`` and extra fields, or a tuple / list ``(score, ...)`` (verl takes
+    ``res[0]``; the reward agent's functions return ``(score, query, response)``: the extra items
+    are kept as ``extras["extra"]``). Anything else is the scorer's error, not a reward."""
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ScoreError("bad_score", f"{name} returned a dict without 'score': {sorted(result)[:10]}")
+        extras = {k: v for k, v in result.items() if k != "score"}
+        result = result["score"]
+    else:
+        extras = {}
+    if isinstance(result, (list, tuple)) and result:
+        if len(result) > 1:
+            extras["extra"] = list(result[1:])
+        result = result[0]
+    try:
+        score = float(result)
+    except (TypeError, ValueError):
+        raise ScoreError("bad_score", f"{name} returned {type(result).__name__}, not a number") from None
+    return score, extras

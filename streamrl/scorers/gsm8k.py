@@ -16,11 +16,18 @@ Two modes behind one function, picked by ``method``:
 ``format_score`` is what an extracted but wrong answer earns (verl's meaning); ``score`` what a
 right one earns. The result is a dict: ``score`` plus ``pred``, the extracted answer, which lands
 in ``reward_info`` so a reader sees why a record scored what it did.
+
+Robust extraction runs inline on the event loop, on text a model wrote, so it is linear in the
+response: no pattern can backtrack over a run it already scanned (the old ``(?:^|\\n)\\s*`` made
+16k newlines cost 1.5 s), nested or unclosed ``\\boxed{`` are matched in one pass, at most
+``_MAX_CANDIDATES`` regions of each kind are read, and a number longer than ``_MAX_NUMBER_CHARS``
+is no answer (CPython's ``int(str)`` is quadratic and refuses more than 4300 digits).
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from fractions import Fraction
 from typing import Any
 
@@ -42,8 +49,16 @@ _CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's own "<<3*4=12>>" annotations
 _HASHES = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS = re.compile(r"(?:final\s+answer|answer)\s*(?:is|was|would\s+be|will\s+be|[:=])\s*:?\s*([^\n]*)",
                         re.IGNORECASE)
-_A_COLON = re.compile(r"(?:^|\n)\s*\**(?:A|Answer)\**\s*:\s*([^\n]*)")
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# "A: 42" at the start of a line. Anchored with MULTILINE "^" and only horizontal space before
+# it: the old "(?:^|\n)\s*" let every newline of a blank run rescan the rest of the run.
+_A_COLON = re.compile(r"^[^\S\n]*\**(?:A|Answer)\**\s*:\s*([^\n]*)", re.MULTILINE)
+_BRACE_TOKENS = re.compile(r"\\(?:boxed|fbox)\s*\{|[{}]")
+
+#: How many regions of one kind (``####``, ``\boxed``, "answer is", "A:") are read, from the last.
+#: Nested boxes overlap, so reading all of them would be quadratic; real answers are in the last few.
+_MAX_CANDIDATES = 16
+#: A longer run of digits is no answer: reading it as an int is quadratic (and refused > 4300 digits).
+_MAX_NUMBER_CHARS = 100
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -57,6 +72,8 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def _to_fraction(m: re.Match) -> Fraction | None:
+    if len(m.group("num")) > _MAX_NUMBER_CHARS or len(m.group("den") or "") > _MAX_NUMBER_CHARS:
+        return None
     digits = re.sub(r"[,\u2009\u202f]", "", m.group("num"))
     value = Fraction(digits)
     if m.group("den"):
@@ -67,31 +84,50 @@ def _to_fraction(m: re.Match) -> Fraction | None:
     return -value if (m.group("neg1") or m.group("neg2")) else value
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """The contents of every ``\\boxed{...}``, braces balanced (``\\boxed{\\text{\\$}18}``)."""
-    out = []
-    for m in _BOXED.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[m.end():i - 1])
-    return out
+def boxed_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of the contents of every closed ``\\boxed{...}`` / ``\\fbox{...}``, braces
+    balanced (``\\boxed{\\text{\\$}18}``), in the order the boxes open. One pass over the braces
+    with a stack, so nested or unclosed boxes cost O(len(text)), not a rescan per box; spans, not
+    strings, so nested boxes are not copied."""
+    spans: list[tuple[int, int]] = []
+    stack: list[int] = []  # per open brace: where its box's contents start, or -1 for a plain brace
+    for m in _BRACE_TOKENS.finditer(text):
+        token = m.group()
+        if token == "}":
+            if stack:
+                start = stack.pop()
+                if start >= 0:
+                    spans.append((start, m.start()))
+        else:
+            stack.append(m.end() if token != "{" else -1)
+    spans.sort()
+    return spans
+
+
+def boxed_contents(text: str, last: int = _MAX_CANDIDATES) -> list[str]:
+    """The contents of the last ``last`` closed boxes, in the order they open."""
+    return [text[a:b] for a, b in boxed_spans(text)[-last:]]
 
 
 def extract_answer(solution_str: str) -> Fraction | None:
     """The response's final answer: the last ``#### N``, else the last ``\\boxed{N}``, else the
-    last "the answer is N" / "Answer: N" / "A: N", else the last number anywhere."""
+    last "the answer is N" / "Answer: N" / "A: N", else the last number anywhere. Linear in the
+    response (see the module docstring)."""
     text = _CALCULATOR.sub("", solution_str)
-    for candidates in (_HASHES.findall(text), _boxed_contents(text), _ANSWER_IS.findall(text),
-                       _A_COLON.findall(text)):
+    for candidates in (_last_groups(_HASHES, text), boxed_contents(text),
+                       _last_groups(_ANSWER_IS, text), _last_groups(_A_COLON, text)):
         for region in reversed(candidates):
             value = parse_number(region)
             if value is not None:
                 return value
-    numbers = list(_NUMBER.finditer(_LATEX_FRAC.sub(r"\1/\2", text)))
-    return _to_fraction(numbers[-1]) if numbers else None
+    numbers = deque(_NUMBER.finditer(_LATEX_FRAC.sub(r"\1/\2", text)), maxlen=1)
+    return _to_fraction(numbers[0]) if numbers else None
+
+
+def _last_groups(pattern: re.Pattern[str], text: str) -> list[str]:
+    """Group 1 of the last ``_MAX_CANDIDATES`` matches, without holding every match: a list of
+    100k match strings costs more in allocation and GC than the scan itself."""
+    return [m.group(1) for m in deque(pattern.finditer(text), maxlen=_MAX_CANDIDATES)]
 
 
 def reference_number(ground_truth: str) -> Fraction:

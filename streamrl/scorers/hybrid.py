@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from streamrl.scorers import split_result
+from streamrl.scorers.base import split_result
 
 
 class HybridScorer:

@@ -77,6 +77,7 @@ class JudgeConfig:
     health_path: str = "/v1/models"  # GET on each server root; OpenAI, vLLM and SGLang all serve it
     health_interval_s: float = 5.0
     eject_after: int = 3  # consecutive failures
+    max_reply_bytes: int = 1024 * 1024  # a longer reply fails the record (bad_reply), unread
 
     def validate(self, name: str = "judge") -> None:
         """Fail at start, naming the field."""
@@ -96,7 +97,7 @@ class JudgeConfig:
                               f"(the number), has {groups}")
         if self.score_max <= self.score_min:
             raise ConfigError(f"config field '{name}.score_max': must be above score_min")
-        for f in ("concurrency", "max_tokens", "eject_after"):
+        for f in ("concurrency", "max_tokens", "eject_after", "max_reply_bytes"):
             if getattr(self, f) < 1:
                 raise ConfigError(f"config field '{name}.{f}': must be at least 1")
         for f in ("rpm", "tpm", "max_retries", "backoff_s", "backoff_max_s", "health_interval_s"):
@@ -137,7 +138,8 @@ class JudgeScorer:
         self.router = Router(list(config.urls), name=name, health_path=config.health_path,
                              health_interval_s=config.health_interval_s,
                              health_timeout_s=min(config.timeout_s, 5.0),
-                             eject_after=config.eject_after, headers=auth)
+                             eject_after=config.eject_after, headers=auth,
+                             max_reply_bytes=config.max_reply_bytes)
         self.limiter = RateLimiter(config.rpm, config.tpm, name=name)
         self._sem = asyncio.Semaphore(config.concurrency)
         self._session: aiohttp.ClientSession | None = None
@@ -225,7 +227,8 @@ class JudgeScorer:
 
 def _parse_completion(answer: Any) -> tuple[str, int | None]:
     """(the message text, total tokens used if reported) of a chat completion; raises on any
-    other shape (the router counts that against the server and retries)."""
+    other shape (null content, no choices): the router retries it elsewhere, then fails this
+    record alone (``BadReply``), never the server."""
     text = answer["choices"][0]["message"]["content"]
     if not isinstance(text, str):
         raise TypeError("message content is not text")

@@ -21,16 +21,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import importlib
-import importlib.util
 import inspect
 import multiprocessing
 import os
+import resource
+import signal
 import sys
-from pathlib import Path
+import threading
 from typing import Any, Callable
 
 from streamrl.errors import ConfigError
+from streamrl.loading import load_object
 from streamrl.scorers.base import ScoreError
 
 #: Keyword arguments the stage may offer a scorer beyond verl's four; a function gets the ones
@@ -38,31 +39,9 @@ from streamrl.scorers.base import ScoreError
 OPTIONAL_KWARGS = ("reward_router_address", "reward_model_tokenizer", "prompt")
 
 
-@functools.lru_cache(maxsize=None)
 def load_function(ref: str) -> Callable[..., Any]:
-    """``file.py:name`` (a path, relative to the working directory) or ``module:name``."""
-    target, sep, attr = ref.rpartition(":")
-    if not sep or not target or not attr:
-        raise ConfigError(f"scorer reference {ref!r}: expected 'file.py:name' or 'module:name'")
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise ConfigError(f"scorer reference {ref!r}: no file {path}")
-        mod_name = f"streamrl_user_scorer_{abs(hash(str(path)))}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as exc:
-            raise ConfigError(f"scorer reference {ref!r}: cannot import {target}: {exc}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"scorer reference {ref!r}: {target} has no function {attr!r}")
-    return fn
+    """A scorer function by ``file.py:name`` or ``module:name`` (``streamrl.loading``)."""
+    return load_object(ref, "scorer reference", "function")
 
 
 def module_version(fn: Callable[..., Any]) -> str:
@@ -118,25 +97,45 @@ def _call_in_worker(ref: str, kwargs: dict[str, Any], tokenizer: str = "") -> An
     return load_function(ref)(**kwargs)
 
 
+def _worker_init(memory_mb: int) -> None:
+    """First thing in every forked worker. A fork inherits the member's signal handling: its
+    SIGTERM/SIGINT handlers and asyncio's wake-up fd (``signal.set_wakeup_fd``), which is the
+    write end of the member's own event loop. Left so, the SIGTERM that pebble sends a worker
+    past its timeout would be written into the member's loop and stop the whole member. So: the
+    default handlers back, no wake-up fd, and an address-space cap so a runaway computation
+    (a SymPy comparison that grows without end) fails in its worker, not on the machine."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    if memory_mb > 0:
+        cap = memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
 class ProcessRunner:
     """A pool of worker processes (pebble) for sync scorers, shared by every entry that uses one.
     Workers are forked: a fork server or spawn would re-run the parent's ``__main__`` in every
     worker, and a service script's ``__main__`` starts a whole stage. A forked worker only runs
-    ``_call_in_worker``; it never touches the parent's event loop or Kafka connections."""
+    ``_call_in_worker``; it never touches the parent's event loop or Kafka connections
+    (``_worker_init``). A call past its timeout ends its own worker, and only that record fails."""
 
-    def __init__(self, workers: int = 0):
+    def __init__(self, workers: int = 0, memory_mb: int = 0):
         self.workers = workers or os.cpu_count() or 1
+        self.memory_mb = memory_mb
         self._pool = None
 
     def start(self) -> None:
         if self._pool is None:
             import pebble
 
-            self._pool = pebble.ProcessPool(max_workers=self.workers,
+            self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_worker_init,
+                                            initargs=(self.memory_mb,),
                                             context=multiprocessing.get_context("fork"))
 
     async def call(self, ref: str, kwargs: dict[str, Any], timeout_s: float,
                    tokenizer: str = "") -> Any:
+        import pebble
+
         self.start()
         future = self._pool.schedule(_call_in_worker, args=(ref, kwargs, tokenizer),
                                      timeout=timeout_s if timeout_s > 0 else None)
@@ -145,6 +144,10 @@ class ProcessRunner:
         except concurrent.futures.TimeoutError:
             raise ScoreError("timeout", f"{ref} ran over {timeout_s} s in its worker process "
                                         "(the worker was killed)") from None
+        except MemoryError:
+            raise ScoreError("memory", f"{ref} passed the worker's memory cap of {self.memory_mb} MB") from None
+        except pebble.ProcessExpired as exc:
+            raise ScoreError("worker_died", f"{ref}: its worker process died ({exc})") from None
 
     def close(self) -> None:
         if self._pool is not None:
@@ -153,27 +156,60 @@ class ProcessRunner:
             self._pool = None
 
 
+async def in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a thread of its own, marked daemon. A call abandoned at its timeout keeps
+    running (a thread cannot be killed), but it must not hold the member at exit: asyncio's
+    default executor joins its threads on shutdown, so one stuck call would stop a member from
+    ever leaving its group."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():  # cancelled: the caller timed out and went on
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is gone: nobody waits for this any more
+            pass
+
+    threading.Thread(target=run, name="streamrl-scorer", daemon=True).start()
+    return await future
+
+
 class FunctionScorer:
-    """A verl-signature function as a table entry's async scorer."""
+    """A verl-signature function as a table entry's async scorer: by reference (``ref``), or a
+    callable already built (``fn``: a reward class's bound ``compute_score``, which cannot be
+    re-loaded in a worker process)."""
 
     def __init__(self, ref: str, *, name: str, kwargs: dict[str, Any] | None = None,
                  executor: str = "inline", timeout_s: float = 30.0,
                  available: dict[str, Any] | None = None, runner: ProcessRunner | None = None,
-                 version: str = "", tokenizer_name: str = ""):
+                 version: str = "", tokenizer_name: str = "", threads: asyncio.Semaphore | None = None,
+                 fn: Callable[..., Any] | None = None):
         self.ref, self.name = ref, name
         where = f"config field 'reward.scorers.{name}"
         try:
-            self.fn = load_function(ref)
+            self.fn = fn or load_function(ref)
         except ConfigError as exc:
             raise ConfigError(f"{where}.path': {exc}") from None
+        if fn is not None and executor == "process":
+            raise ConfigError(f"{where}.executor': a reward class's compute_score runs inline or in "
+                              f"threads (its object lives in this process), not in a process")
         self.kwargs = dict(kwargs or {})
         self.is_async = inspect.iscoroutinefunction(self.fn)
         if self.is_async and executor not in ("auto", "inline"):
             raise ConfigError(f"{where}.executor': {ref} is async; it runs on the event loop, "
                               f"not in a {executor}")
         self.executor = "inline" if executor == "auto" and self.is_async else executor
-        if self.executor == "auto":
-            self.executor = "process"
+        if self.executor == "auto":  # a sync function: most often a blocking remote call
+            self.executor = "thread"
+        self.threads = threads or asyncio.Semaphore(64)
         if self.executor == "process" and runner is None:
             raise ValueError("executor=process needs a ProcessRunner")
         self.runner, self.timeout_s = runner, timeout_s
@@ -209,7 +245,8 @@ class FunctionScorer:
             tokenizer = self.tokenizer_name if call.pop("reward_model_tokenizer", None) is not None else ""
             return await self.runner.call(self.ref, call, self.timeout_s, tokenizer)
         if self.executor == "thread":
-            return await self._bounded(asyncio.to_thread(functools.partial(self.fn, **call)), timeout)
+            async with self.threads:
+                return await self._bounded(in_daemon_thread(functools.partial(self.fn, **call)), timeout)
         return self.fn(**call)
 
     async def _bounded(self, awaitable: Any, timeout: float | None) -> Any:
@@ -217,3 +254,46 @@ class FunctionScorer:
             return await asyncio.wait_for(awaitable, timeout)
         except asyncio.TimeoutError:
             raise ScoreError("timeout", f"{self.ref} ran over {timeout} s") from None
+
+
+class BatchFunctionScorer:
+    """verl's batch reward function (``BatchRewardManager``):
+    ``compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list``,
+    called in a thread on micro-batches of the records in flight (``batch_size`` at most, or what
+    came within ``batch_wait_ms``); each record gets its own entry of the list."""
+
+    def __init__(self, ref: str, *, name: str, kwargs: dict[str, Any] | None = None,
+                 timeout_s: float = 120.0, batch_size: int = 32, batch_wait_ms: float = 20.0,
+                 version: str = ""):
+        from streamrl.scorers.batching import MicroBatcher
+
+        self.ref, self.name, self.timeout_s = ref, name, timeout_s
+        try:
+            self.fn = load_function(ref)
+        except ConfigError as exc:
+            raise ConfigError(f"config field 'reward.scorers.{name}.path': {exc}") from None
+        self.kwargs = dict(kwargs or {})
+        self.batcher = MicroBatcher(self._run, batch_size, batch_wait_ms / 1000.0)
+        self.version = version or module_version(self.fn)
+
+    async def start(self) -> None:
+        """The batcher starts with the first record."""
+
+    async def close(self) -> None:
+        await self.batcher.close()
+
+    def set_share(self, fraction: float) -> None:
+        """No group-wide limits."""
+
+    async def __call__(self, data_source: str, solution_str: str, ground_truth: Any,
+                       extra_info: dict[str, Any] | None = None, **offered: Any) -> Any:
+        return await self.batcher.submit((data_source, solution_str, ground_truth, extra_info))
+
+    async def _run(self, items: list[tuple[Any, ...]]) -> list[Any]:
+        sources, solutions, truths, infos = (list(col) for col in zip(*items))
+        call = functools.partial(self.fn, data_sources=sources, solution_strs=solutions,
+                                 ground_truths=truths, extra_infos=infos, **self.kwargs)
+        try:
+            return list(await asyncio.wait_for(in_daemon_thread(call), self.timeout_s))
+        except asyncio.TimeoutError:
+            raise ScoreError("timeout", f"{self.ref} ran over {self.timeout_s} s on a batch of {len(items)}") from None

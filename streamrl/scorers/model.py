@@ -311,17 +311,7 @@ class ModelScorer:
     async def _run_batch(self, batch: list[_Item]) -> None:
         started = time.monotonic()
         pairs = [(i.prompt, i.response) for i in batch]
-        try:
-            results: list[Any] = list(await self._score(pairs))
-        except ScorerUnavailable as exc:  # the backend is down: every record waits
-            results = [exc] * len(batch)
-        except Exception as exc:  # noqa: BLE001 - one bad record must not fail its batch-mates
-            results = [exc] if len(pairs) == 1 else []
-            for pair in pairs[len(results):]:  # one by one: only the culprit gets the error
-                try:
-                    results.append((await self._score([pair]))[0])
-                except Exception as one:  # noqa: BLE001 - goes to that record's caller
-                    results.append(one)
+        results = await self._score_split(pairs)
         metrics.MODEL_BATCH_SIZE.labels(self.name).observe(len(batch))
         metrics.MODEL_BATCH_SECONDS.labels(self.name).observe(time.monotonic() - started)
         self.batch_sizes.append(len(batch))
@@ -332,6 +322,20 @@ class ModelScorer:
                 i.future.set_exception(r)
             else:
                 i.future.set_result(float(np.float32(r)))
+
+    async def _score_split(self, pairs: list[tuple[Any, str]]) -> list[Any]:
+        """A score or an exception per pair. A batch that fails (other than an outage, which
+        every record waits out) is halved until the failure is pinned on the records at fault,
+        so one poison record costs O(log batch) extra calls and fails alone."""
+        try:
+            return list(await self._score(pairs))
+        except ScorerUnavailable as exc:  # the backend is down: every record waits
+            return [exc] * len(pairs)
+        except Exception as exc:  # noqa: BLE001 - goes to that record's caller, or is split
+            if len(pairs) == 1:
+                return [exc]
+            half = len(pairs) // 2
+            return [*await self._score_split(pairs[:half]), *await self._score_split(pairs[half:])]
 
     async def _score(self, pairs: list[tuple[Any, str]]) -> np.ndarray:
         if self._local is not None:

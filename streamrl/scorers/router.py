@@ -24,6 +24,7 @@ import email.utils
 import itertools
 import logging
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar
 
@@ -32,6 +33,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from streamrl import metrics
+from streamrl.errors import Unavailable
 from streamrl.scorers.base import ScoreError, ScorerUnavailable
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,17 @@ T = TypeVar("T")
 def server_root(url: str) -> str:
     url = url.strip().rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def public_url(url: str) -> str:
+    """``url`` without user-info, query or fragment: what may appear in a metric label or a log
+    line (a key in ``https://user:key@host/?api_key=...`` must not)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 @dataclass
@@ -67,12 +80,17 @@ def retry_after_s(value: str | None, cap_s: float) -> float:
     return min(max(0.0, when.timestamp() - time.time()), cap_s)
 
 
-class RouterError(Exception):
-    """A request failed on one server. ``reason`` is a bounded metric label."""
+class RouterError(Unavailable):
+    """A request failed on one server (``reason``: timeout, connect, http_429, http_5xx): it
+    counts towards that server's ejection and is retried on another server;
+    ``ScorerUnavailable`` once retries run out."""
 
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
+
+class BadReply(ScoreError):
+    """A server answered, but not with something ``parse`` can read (HTTP 200 with null content,
+    empty choices, not JSON, a body over ``max_reply_bytes``). That is this request's problem,
+    not the server's: retried (on another server where there is one) without counting towards
+    ejection, then a ``ScoreError`` for this record alone, which goes to dead letters."""
 
 
 @dataclass
@@ -85,6 +103,7 @@ class Router:
     eject_after: int = 3
     headers: dict[str, str] = field(default_factory=dict, repr=False)  # e.g. Authorization
     retry_after_max_s: float = 60.0  # a server's Retry-After is honoured up to this long
+    max_reply_bytes: int = 8 * 1024 * 1024  # a longer reply is a BadReply, never read whole
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -120,7 +139,7 @@ class Router:
         preferring servers not in ``exclude`` (those a retry already tried)."""
         admitted = [s for s in self.servers.values() if not s.ejected]
         if not admitted:
-            raise ScorerUnavailable(f"{self.name}: all {len(self.servers)} servers are ejected "
+            raise ScorerUnavailable("all_ejected", f"{self.name}: all {len(self.servers)} servers are ejected "
                                     "(failing); holding records until one passes a health check")
         skip = set(exclude)
         fresh = [s for s in admitted if s.url not in skip] or admitted
@@ -140,17 +159,20 @@ class Router:
         if wait > 0:  # every server asked for time (Retry-After): honour it before calling
             await asyncio.sleep(wait)
         server.outstanding += 1
-        metrics.ROUTER_OUTSTANDING.labels(self.name, url).set(server.outstanding)
-        metrics.ROUTER_REQUESTS.labels(self.name, url).inc()
+        metrics.ROUTER_OUTSTANDING.labels(self.name, public_url(url)).set(server.outstanding)
+        metrics.ROUTER_REQUESTS.labels(self.name, public_url(url)).inc()
         started = time.monotonic()
         try:
             yield url
         except RouterError as exc:
             self._failed(url, exc.reason)
             raise
+        except BadReply as exc:  # the server is alive: neither a failure nor a success for it
+            metrics.ROUTER_ERRORS.labels(self.name, public_url(url), exc.reason).inc()
+            raise
         except asyncio.TimeoutError:
             self._failed(url, "timeout")
-            raise RouterError("timeout", url) from None
+            raise RouterError("timeout", public_url(url)) from None
         except aiohttp.ClientError as exc:
             self._failed(url, "connect")
             raise RouterError("connect", type(exc).__name__) from None
@@ -158,17 +180,19 @@ class Router:
             self._succeeded(url)
         finally:
             server.outstanding -= 1
-            metrics.ROUTER_OUTSTANDING.labels(self.name, url).set(server.outstanding)
-            metrics.ROUTER_REQUEST_SECONDS.labels(self.name, url).observe(time.monotonic() - started)
+            metrics.ROUTER_OUTSTANDING.labels(self.name, public_url(url)).set(server.outstanding)
+            metrics.ROUTER_REQUEST_SECONDS.labels(self.name, public_url(url)).observe(time.monotonic() - started)
 
     async def post_json(self, path: str, body: bytes, *, headers: dict[str, str],
                         parse: Callable[[Any], T], max_retries: int, backoff_s: float,
                         backoff_max_s: float, rejected: str = "rejected",
                         before_attempt: Callable[[], Awaitable[Any]] | None = None) -> T:
         """POST ``body`` (JSON) to ``path`` on the server ``pick`` chooses and return
-        ``parse(answer)``. Timeouts, connection errors, 429, 5xx and answers ``parse`` cannot
-        read are retried on another server where there is one, with exponential backoff and
-        jitter; when the retries run out: ``ScorerUnavailable``. Another 4xx means the request
+        ``parse(answer)``. Timeouts, connection errors, 429 and 5xx are retried on another server
+        where there is one, with exponential backoff and jitter; when the retries run out:
+        ``ScorerUnavailable`` (an outage: the record is held). An answer ``parse`` cannot read, or
+        one over ``max_reply_bytes``, is retried the same way; when the retries run out it is a
+        ``BadReply`` (a ``ScoreError``: this record fails alone). Another 4xx means the request
         itself is bad: ``ScoreError(rejected)``, not retried. ``before_attempt`` runs before each
         attempt (the rate limiter's wait)."""
         assert self._session is not None, "router not started"
@@ -180,42 +204,56 @@ class Router:
             async with self.lease(exclude=tried) as url:
                 tried.append(url)
                 async with self._session.post(url + path, data=body, headers=headers) as resp:
-                    raw = await resp.read()
+                    raw = await self._read_bounded(resp)
                     if resp.status in (429, 503):
                         delay = retry_after_s(resp.headers.get("Retry-After"), self.retry_after_max_s)
                         self.servers[url].not_before = time.monotonic() + delay
                     if resp.status == 429:
-                        raise RouterError("http_429", url)
+                        raise RouterError("http_429", public_url(url))
                     if resp.status >= 500:
-                        raise RouterError("http_5xx", f"{url}: HTTP {resp.status}")
+                        raise RouterError("http_5xx", f"{public_url(url)}: HTTP {resp.status}")
                     if resp.status >= 400:  # the request's fault, not the server's
-                        metrics.ROUTER_ERRORS.labels(self.name, url, "http_4xx").inc()
+                        metrics.ROUTER_ERRORS.labels(self.name, public_url(url), "http_4xx").inc()
                         raise ScoreError(rejected, f"HTTP {resp.status}: "
                                          f"{raw[:300].decode(errors='replace')}")
                 try:
                     return parse(orjson.loads(raw))
                 except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError,
                         AttributeError) as exc:
-                    raise RouterError("bad_response", f"{url}: {type(exc).__name__}") from None
+                    raise BadReply("bad_reply", f"{public_url(url)}: {type(exc).__name__}: {exc}"[:300]) from None
 
         def before_sleep(state) -> None:
             url = tried[-1] if tried else ""
-            metrics.ROUTER_RETRIES.labels(self.name, url).inc()
-            log.warning("%s: request to %s failed (%s); retry %d of %d", self.name, url,
+            metrics.ROUTER_RETRIES.labels(self.name, public_url(url)).inc()
+            log.warning("%s: request to %s failed (%s); retry %d of %d", self.name, public_url(url),
                         state.outcome.exception(), state.attempt_number, max_retries)
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(max_retries + 1),
             wait=wait_exponential_jitter(multiplier=backoff_s, max=backoff_max_s, jitter=backoff_s),
-            retry=retry_if_exception_type(RouterError), reraise=True, before_sleep=before_sleep)
+            retry=retry_if_exception_type((RouterError, BadReply)), reraise=True, before_sleep=before_sleep)
         try:
             return await retrying(attempt_once)
         except RouterError as exc:
-            raise ScorerUnavailable(f"{self.name}: {len(tried)} attempts failed, last on "
-                                    f"{tried[-1] if tried else '?'}: {exc}") from None
+            raise ScorerUnavailable(exc.reason, f"{self.name}: {len(tried)} attempts failed, last on "
+                                    f"{public_url(tried[-1]) if tried else '?'}: {exc}") from None
+
+    async def _read_bounded(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The reply's body, or ``BadReply("reply_too_large")`` as soon as it passes
+        ``max_reply_bytes`` (a runaway judge cannot fill this member's memory)."""
+        limit = self.max_reply_bytes
+        if (resp.content_length or 0) > limit:
+            raise BadReply("reply_too_large", f"{public_url(str(resp.url))}: Content-Length {resp.content_length} > {limit}")
+        chunks, size = [], 0
+        async for chunk in resp.content.iter_chunked(1 << 16):
+            size += len(chunk)
+            if size > limit:
+                raise BadReply("reply_too_large", f"{public_url(str(resp.url))}: more than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _failed(self, url: str, reason: str) -> None:
-        metrics.ROUTER_ERRORS.labels(self.name, url, reason).inc()
+        metrics.ROUTER_ERRORS.labels(self.name, public_url(url), reason).inc()
         if reason == "http_429":  # the server is alive, only busy: never eject for that
             return
         server = self.servers[url]
@@ -223,7 +261,7 @@ class Router:
         if not server.ejected and server.failures >= self.eject_after:
             server.ejected = True
             log.warning("%s: ejected %s after %d consecutive failures (last: %s)",
-                        self.name, url, server.failures, reason)
+                        self.name, public_url(url), server.failures, reason)
             self._export()
 
     def _succeeded(self, url: str) -> None:
@@ -252,7 +290,7 @@ class Router:
             server.failures = 0
             if server.ejected:
                 server.ejected = False
-                log.warning("%s: re-admitted %s (health check passed)", self.name, url)
+                log.warning("%s: re-admitted %s (health check passed)", self.name, public_url(url))
                 self._export()
         else:
             self._failed(url, "health")
@@ -295,10 +333,10 @@ class Router:
                             raise RouterError(f"http_{'429' if resp.status == 429 else '5xx'}")
                         return web.Response(body=payload, status=resp.status,
                                             content_type=resp.content_type)
+            except RouterError as exc:  # before its base class: one server failed
+                return web.Response(status=502, text=f"{self.name}: upstream failed: {exc.reason}")
             except ScorerUnavailable as exc:
                 return web.Response(status=503, text=str(exc))
-            except RouterError as exc:
-                return web.Response(status=502, text=f"{self.name}: upstream failed: {exc.reason}")
 
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", forward)

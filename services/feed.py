@@ -1,0 +1,9 @@
+"""The feed stage as a process: `python services/feed.py [--config FILE] [--bootstrap-servers
+HOST:PORT] [key.path=value ...]`, the same as `streamrl feed` (both start it through
+`streamrl.commands.common.serve_stage`)."""
+
+from streamrl.commands.common import stage_main
+from streamrl.rollout.feed import Feed
+
+if __name__ == "__main__":
+    raise SystemExit(stage_main(Feed))

@@ -1,0 +1,214 @@
+"""``StageLoop``, the loop every consuming stage runs, and ``OffsetTracker``, which knows how far
+a partition may be committed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Generic, Iterable, TypeVar
+
+from streamrl import metrics
+from streamrl.bus.checkpoint import Checkpoint
+from streamrl.bus.transport import Bus, Message, PartitionsCallback, Producer, TopicPartition
+from streamrl.errors import Failure
+from streamrl.records import RecordError, _Record
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+#: Raised by a stage handler: this record failed for good; dead-letter it with ``reason``.
+#: The one permanent per-record error of every stage (``streamrl.errors.Failure``).
+DeadLetterError = Failure
+
+
+@dataclass
+class _Partition:
+    pending: dict[int, float] = field(default_factory=dict)  # offset -> record timestamp (unix s)
+    next_offset: int = -1  # one past the last offset taken
+    committed: int = -1
+
+
+class OffsetTracker:
+    """Per partition: which offsets are taken but unfinished. The commit position is the lowest
+    unfinished offset, or one past the last taken, so a commit never skips a record."""
+
+    def __init__(self) -> None:
+        self.parts: dict[TopicPartition, _Partition] = {}
+
+    def take(self, tp: TopicPartition, offset: int, timestamp_ms: int | None = None) -> None:
+        """``timestamp_ms``: the record's Kafka timestamp (ms; -1 or None: none, use now)."""
+        p = self.parts.setdefault(tp, _Partition())
+        p.pending[offset] = timestamp_ms / 1000 if timestamp_ms and timestamp_ms > 0 else time.time()
+        p.next_offset = max(p.next_offset, offset + 1)
+
+    def done(self, tp: TopicPartition, offset: int) -> None:
+        p = self.parts.get(tp)
+        if p is not None:
+            p.pending.pop(offset, None)
+
+    def positions(self, only_changed: bool = True) -> dict[TopicPartition, int]:
+        out = {}
+        for tp, p in self.parts.items():
+            pos = min(p.pending) if p.pending else p.next_offset
+            if pos >= 0 and (pos != p.committed or not only_changed):
+                out[tp] = pos
+        return out
+
+    def oldest(self) -> dict[TopicPartition, float]:
+        """Per partition with unfinished records: the timestamp of the oldest one."""
+        return {tp: min(p.pending.values()) for tp, p in self.parts.items() if p.pending}
+
+    def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        for tp, pos in offsets.items():
+            if tp in self.parts:
+                self.parts[tp].committed = pos
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self.parts.pop(tp, None)
+
+
+Handler = Callable[[R, Message], Awaitable[Iterable[tuple[str, _Record]]]]
+
+
+class StageLoop(Generic[R]):
+    """The loop of a consuming stage: the framework owns it, a stage supplies ``decode`` and
+    ``handle``.
+
+    For each message: ``decode`` (a ``RecordError`` sends the original bytes to dead letters),
+    then ``handle(record, message)`` concurrently, at most ``max_in_flight`` at once; it returns
+    ``(topic, record)`` outputs or raises ``DeadLetterError``. A record is finished when its
+    outputs (or its dead letter) are acknowledged; every ``commit_interval_s`` a ``Checkpoint``
+    commits up to the lowest unfinished one. While ``max_in_flight`` records are unfinished the
+    loop stops fetching (back-pressure) but keeps the group membership alive. On ``stop()``:
+    stop fetching, let in-flight records finish for up to ``drain_timeout_s``, then checkpoint
+    and leave the group. Unfinished records are redelivered to whoever takes over.
+    Build it inside a running event loop (the Kafka clients bind to it).
+    """
+
+    def __init__(self, bus: Bus, *, stage: str, source: str, group: str,
+                 decode: Callable[[bytes], R], handle: Handler, max_in_flight: int = 64,
+                 drain_timeout_s: float = 30.0, producer: Producer | None = None,
+                 on_assign: PartitionsCallback | None = None,
+                 on_revoke: PartitionsCallback | None = None):
+        self.bus, self.stage, self.group = bus, stage, group
+        self.decode, self.handle = decode, handle
+        self.max_in_flight, self.drain_timeout_s = max_in_flight, drain_timeout_s
+        self.producer = producer or bus.producer(stage)
+        self._own_producer = producer is None
+        self.consumer = bus.consumer([source], group, stage, on_assigned=on_assign,
+                                     on_revoked=self._revoked)
+        self.tracker = OffsetTracker()
+        self.checkpoint = Checkpoint(self.consumer, self.producer, self.tracker)
+        self._on_revoke = on_revoke
+        self._tasks: set[asyncio.Task] = set()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.finished = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        if self._own_producer:
+            await self.producer.start()
+        await self.consumer.start()
+        last_commit = time.monotonic()
+        try:
+            while not self._stopping.is_set():
+                free = self.max_in_flight - len(self._tasks)
+                if free <= 0:
+                    self._slot_free.clear()
+                    self.consumer.pause(self.consumer.assignment())
+                    await self.consumer.getmany(timeout_ms=0)  # keeps the member alive
+                    try:
+                        await asyncio.wait_for(self._slot_free.wait(), 0.5)
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    paused = self.consumer.paused()
+                    if paused:
+                        self.consumer.resume(paused)
+                    for msg in await self.consumer.getmany(timeout_ms=100, max_records=free):
+                        self._start(msg)
+                if time.monotonic() - last_commit >= self.bus.config.commit_interval_s:
+                    await self.commit()
+                    last_commit = time.monotonic()
+        finally:
+            await self._drain()
+            await self.commit()
+            await self.consumer.stop()
+            if self._own_producer:
+                await self.producer.stop()
+
+    def _start(self, msg: Message) -> None:
+        tp = TopicPartition(msg.topic, msg.partition)
+        self.tracker.take(tp, msg.offset, msg.timestamp)
+        task = asyncio.create_task(self._process(msg, tp))
+        self._tasks.add(task)
+        metrics.BUS_IN_FLIGHT.labels(self.stage).set(len(self._tasks))
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        metrics.BUS_IN_FLIGHT.labels(self.stage).set(len(self._tasks))
+        self._slot_free.set()
+
+    async def _process(self, msg: Message, tp: TopicPartition) -> None:
+        started = time.monotonic()
+        try:
+            try:
+                record = self.decode(msg.value)
+            except RecordError as exc:
+                await (await self.producer.dead_letter(reason=exc.reason, detail=exc.detail, message=msg))
+            else:
+                try:
+                    outputs = list(await self.handle(record, msg))
+                except DeadLetterError as exc:
+                    acks = [await self.producer.dead_letter(
+                        reason=exc.reason, detail=exc.detail, message=msg,
+                        record_id=getattr(record, "id", None))]
+                else:
+                    acks = [await self.producer.send(topic, out) for topic, out in outputs]
+                await asyncio.gather(*acks)
+        except asyncio.CancelledError:
+            return  # shutting down: not finished, so not committed; it will be redelivered
+        except Exception as exc:  # noqa: BLE001 - a bug in a handler must not lose the record
+            log.exception("%s: unexpected error on %s[%d]@%d", self.stage, msg.topic, msg.partition, msg.offset)
+            try:
+                await (await self.producer.dead_letter(
+                    reason="handler_error", detail=f"{type(exc).__name__}: {exc}", message=msg))
+            except Exception:  # noqa: BLE001 - cannot even dead-letter: leave it uncommitted
+                log.exception("%s: dead letter failed; the record stays uncommitted", self.stage)
+                return
+        self.tracker.done(tp, msg.offset)
+        self.finished += 1
+        metrics.BUS_HANDLER_SECONDS.labels(self.stage).observe(time.monotonic() - started)
+        metrics.CONSUMER_LAST_PROGRESS.labels(self.stage, self.group).set(time.time())
+
+    async def commit(self, tps: Iterable[TopicPartition] | None = None) -> None:
+        """Checkpoint what is finished on ``tps`` (default: every partition assigned)."""
+        await self.checkpoint.commit(tps)
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        """Commit what is finished before partitions move; forget them after."""
+        if revoked:
+            await self.commit(revoked)
+            self.tracker.forget(revoked)
+            if self._on_revoke:
+                result = self._on_revoke(revoked)
+                if asyncio.iscoroutine(result):
+                    await result
+
+    async def _drain(self) -> None:
+        if not self._tasks:
+            return
+        done, pending = await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)

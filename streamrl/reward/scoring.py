@@ -1,0 +1,201 @@
+"""Scoring without the bus: a trajectory in, a ``Rewarded`` record or a ``Failure`` out.
+
+The reward stage, replay and ``streamrl.testing`` all score through ``Scoring``, so they share
+one path:
+
+1. look the record's ``data_source`` up in the scorer table (``reward.table``); none serves it:
+   ``Failure("unknown_data_source")``;
+2. score it. A failing scorer (``ScoreError`` or any exception) is retried ``max_attempts`` times
+   with backoff, then fails with its reason, unless the config allows a fallback score for that
+   reason (``reward_info.status = "fallback:<reason>"``). A scorer whose backend is down
+   (``ScorerUnavailable``) is retried without end: the record is held (the stage's loop stops
+   fetching once ``max_in_flight`` records are held). An outage is never scored 0;
+3. a NaN or infinite reward (in fp32) is never published: ``Failure("non_finite_reward")``, nor
+   one beyond ``reward.max_abs_reward``: ``Failure("reward_out_of_range")``;
+4. with a group hook, wait for the rest of the group (``groups.GroupCollector``);
+5. a ``Rewarded`` with the fp32 reward, ``reward_info`` (the scorer's extra fields and
+   ``status``) and ``scorer`` {name, version}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+import numpy as np
+from tenacity import (AsyncRetrying, retry_if_exception_type, retry_if_not_exception_type,
+                      stop_after_attempt, wait_exponential_jitter)
+
+from streamrl import metrics
+from streamrl.errors import Failure
+from streamrl.records import Rewarded, Trajectory
+from streamrl.reward.config import GroupHookConfig, OverlongBufferConfig, RewardConfig
+from streamrl.reward.table import Entry, ScorerTable, build_table
+from streamrl.scorers.base import ScoreError, ScorerUnavailable, split_result
+
+log = logging.getLogger(__name__)
+
+
+class _BadValue(Failure):
+    """A scorer returned NaN / inf in fp32, or a reward past ``reward.max_abs_reward``: not worth
+    a retry, never worth publishing (the learner's advantages would be NaN)."""
+
+
+class Scoring:
+    """The reward config's scorer table and group hook, with the stage's retries, holds and
+    fallbacks. Built from a config (a bad one raises ``ConfigError`` naming the field);
+    ``await start()`` before scoring, ``await close()`` after. ``group_hook=False`` leaves the
+    hook out (replay compares scorers, not adjusted rewards)."""
+
+    def __init__(self, rc: RewardConfig, group_hook: bool = True):
+        from streamrl.reward.groups import GroupCollector, post_process_hook
+
+        self.rc = rc.validate()
+        self.table: ScorerTable = build_table(rc)
+        self.groups = GroupCollector(rc.group_hook) if group_hook and rc.group_hook.function else None
+        # a reward class's post_process_scores is the group hook of its own entry
+        self.hooks = {e.name: GroupCollector(GroupHookConfig(function=f"{e.name}.post_process_scores",
+                                                             timeout_s=rc.group_hook.timeout_s),
+                                             post_process_hook(e.post_process))
+                      for e in self.table.entries.values() if group_hook and e.post_process is not None}
+
+    async def start(self) -> None:
+        await self.table.start()
+
+    async def close(self) -> None:
+        await self.table.close()
+
+    def entry_for(self, traj: Trajectory) -> Entry:
+        """The entry that serves ``traj``'s data source, or ``Failure("unknown_data_source")``."""
+        entry = self.table.lookup(traj.data_source)
+        if entry is None:
+            known = ", ".join(sorted(self.table.routes)[:20])
+            raise Failure("unknown_data_source", f"no scorer serves data_source {traj.data_source!r} (known: {known})")
+        return entry
+
+    async def reward(self, traj: Trajectory) -> Rewarded:
+        """``traj`` scored (and settled with its group, under a hook), or a ``Failure``."""
+        entry = None
+        try:
+            entry = self.entry_for(traj)
+            reward, info = await self.score(entry, traj)
+        except Failure as exc:
+            metrics.REWARD_FAILED.labels(entry.name if entry else "", exc.reason).inc()
+            hook = self.hooks.get(entry.name, self.groups) if entry else self.groups
+            if hook is not None:
+                await hook.failed(traj)
+            raise
+        metrics.REWARD_SCORED.labels(entry.name, info["status"]).inc()
+        metrics.REWARD_VALUE.labels(entry.name).observe(reward)
+        rewarded = Rewarded.from_trajectory(traj, reward=reward, reward_info=info, scorer=entry.label)
+        hook = self.hooks.get(entry.name, self.groups)
+        if hook is not None and hook.applies(traj):
+            rewarded = await hook.settle(rewarded)
+        return rewarded
+
+    async def score(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:
+        """The record's reward and ``reward_info``, or ``Failure``. Holds (retries
+        without end) while the scorer is unavailable."""
+        rc = self.rc
+        held = False
+
+        def on_hold(state: Any) -> None:
+            nonlocal held
+            metrics.REWARD_UNAVAILABLE.labels(entry.name).inc()
+            if not held:
+                held = True
+                metrics.REWARD_HELD.labels(entry.name).inc()
+            # once per record at warning level: an outage holds up to max_in_flight records
+            log.log(logging.WARNING if state.attempt_number == 1 else logging.DEBUG,
+                    "%s unavailable (%s): holding record %s, try %d", entry.name,
+                    state.outcome.exception(), traj.id, state.attempt_number)
+
+        hold = AsyncRetrying(
+            retry=retry_if_exception_type(ScorerUnavailable), reraise=True, before_sleep=on_hold,
+            wait=wait_exponential_jitter(multiplier=rc.retry_backoff_s, max=rc.unavailable_backoff_max_s,
+                                      jitter=rc.retry_backoff_s))
+        try:
+            async for attempt in hold:
+                with attempt:
+                    return await self._score_bounded(entry, traj)
+        finally:
+            if held:
+                metrics.REWARD_HELD.labels(entry.name).dec()
+        raise AssertionError("unreachable")
+
+    async def _score_bounded(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:
+        rc = self.rc
+        tries = 0
+
+        def count(state: Any) -> None:
+            exc = state.outcome.exception()
+            log.warning("%s failed on %s (%s: %s); retry %d of %d", entry.name, traj.id,
+                        type(exc).__name__, exc, state.attempt_number, rc.max_attempts - 1)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(rc.max_attempts), reraise=True, before_sleep=count,
+            retry=retry_if_not_exception_type((ScorerUnavailable, _BadValue, asyncio.CancelledError)),
+            wait=wait_exponential_jitter(multiplier=rc.retry_backoff_s, max=10.0, jitter=rc.retry_backoff_s))
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    tries += 1
+                    score, extras = await self._score_once(entry, traj)
+        except (ScorerUnavailable, asyncio.CancelledError):
+            raise
+        except _BadValue as exc:
+            raise Failure(exc.reason, f"{entry.name}: {exc.detail}") from None
+        except Exception as exc:  # noqa: BLE001 - every scorer failure ends here, named
+            reason = exc.reason if isinstance(exc, ScoreError) else "scorer_error"
+            detail = exc.detail if isinstance(exc, ScoreError) else f"{type(exc).__name__}: {exc}"
+            if reason in entry.fallbacks:
+                score = entry.fallbacks[reason]
+                return float(np.float32(score)), {"status": f"fallback:{reason}", "error": detail[:500],
+                                                  "attempts": tries}
+            raise Failure(reason, f"{entry.name}: {detail} (after {tries} attempts)") from None
+        info = {**extras, "status": "ok"}
+        if tries > 1:
+            info["attempts"] = tries
+        if entry.overlong.enable:
+            score = overlong_penalty(entry.overlong, traj, score, info)
+        return score, info
+
+    async def _score_once(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:
+        started = time.monotonic()
+        try:
+            result = await entry.scorer(traj.data_source, traj.response, traj.ground_truth,
+                                        traj.extra_info, prompt=traj.prompt)
+            score, extras = split_result(result, entry.name)
+        except ScorerUnavailable:
+            raise
+        except Exception as exc:
+            reason = exc.reason if isinstance(exc, ScoreError) else "scorer_error"
+            metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, reason).inc()
+            raise
+        metrics.REWARD_SCORE_SECONDS.labels(entry.name).observe(time.monotonic() - started)
+        value = np.float32(score)
+        if not math.isfinite(value):
+            bad = _BadValue("non_finite_reward", f"reward {score!r} is not finite in fp32")
+        elif abs(value) > self.rc.max_abs_reward:
+            bad = _BadValue("reward_out_of_range", f"reward {score!r} is beyond reward.max_abs_reward "
+                                                   f"({self.rc.max_abs_reward})")
+        else:
+            return score, extras
+        metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, bad.reason).inc()
+        raise bad
+
+
+def overlong_penalty(cfg: OverlongBufferConfig, traj: Trajectory, score: float, info: dict[str, Any]) -> float:
+    """DAPO's soft overlong punishment on ``score`` (``OverlongBufferConfig``), recording
+    ``acc`` (the scorer's own score, unless it gave one), ``overlong_reward`` and ``overlong`` in
+    ``info`` as verl's DAPO reward manager does."""
+    if traj.response_ids is None:
+        raise Failure("no_response_ids", "overlong_buffer counts response tokens: the record has no response_ids")
+    exceed = len(traj.array("response_ids")) - (cfg.max_resp_len - cfg.len)
+    penalty = min(-exceed / cfg.len * cfg.penalty_factor, 0.0)
+    info.setdefault("acc", score)
+    info.update(overlong_reward=penalty, overlong=penalty < 0)
+    return score + penalty

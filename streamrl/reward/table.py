@@ -1,0 +1,222 @@
+"""The reward stage's scorer table: ``data_source`` -> the entry that scores it.
+
+``build_table`` turns ``reward.scorers`` into entries (built-in rules, user functions, LLM judges,
+reward models, hybrids) and checks everything it can when the stage starts (references resolve,
+signatures fit, sections are valid), so a bad config fails then, naming the field, and not on the
+first record. Judge, model and math modules load only when an entry needs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamrl.config import load_section
+from streamrl.errors import ConfigError
+from streamrl.loading import load_object
+from streamrl.reward.config import EXECUTORS, SCORER_TYPES, OverlongBufferConfig, RewardConfig, ScorerSpec
+from streamrl.scorers.loader import BatchFunctionScorer
+from streamrl.scorers.rules import RULES, serves, verl_compat
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Entry:
+    """One row of the table: the scorer (an async callable with verl's signature and
+    ``start`` / ``close`` / ``set_share``) and what the stage needs to know about it."""
+
+    name: str
+    scorer: Any
+    version: str
+    data_sources: list[str]
+    fallbacks: dict[str, float] = field(default_factory=dict)
+    overlong: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    post_process: Any = None  # a reward class's post_process_scores: this entry's group hook
+
+    @property
+    def label(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version}
+
+
+class ScorerTable:
+    """``data_source`` -> ``Entry``. Built by ``build_table``; ``start`` before use."""
+
+    def __init__(self, entries: dict[str, Entry], runner: Any, reward_router: str = ""):
+        self.entries, self.runner, self.reward_router = entries, runner, reward_router
+        self.routes: dict[str, Entry] = {}  # data source (or "prefix*") -> entry
+        for entry in entries.values():
+            for ds in entry.data_sources:
+                if ds in self.routes:
+                    raise ConfigError(f"config field 'reward.scorers.{entry.name}.data_sources': "
+                                      f"{ds!r} is already served by {self.routes[ds].name!r}")
+                self.routes[ds] = entry
+        # prefixes, longest first: "aime2024*" before "aime*"
+        self._prefixes = sorted((ds for ds in self.routes if ds.endswith("*")), key=len, reverse=True)
+
+    def lookup(self, data_source: str) -> Entry | None:
+        entry = self.routes.get(data_source)
+        if entry is None:
+            prefix = next((p for p in self._prefixes if serves(p, data_source)), None)
+            entry = self.routes.get(prefix) if prefix else None
+        return entry
+
+    async def start(self) -> None:
+        for entry in self.entries.values():
+            await entry.scorer.start()
+        address = await self._router_address()
+        if address:
+            from streamrl.scorers.loader import FunctionScorer
+            for entry in self.entries.values():
+                if isinstance(entry.scorer, FunctionScorer):
+                    entry.scorer.available["reward_router_address"] = address
+
+    async def _router_address(self) -> str:
+        if not self.reward_router:
+            return ""
+        entry = self.entries.get(self.reward_router)
+        if entry is None:
+            return self.reward_router  # a literal HOST:PORT
+        return await entry.scorer.router_address()
+
+    async def close(self) -> None:
+        for entry in self.entries.values():
+            try:
+                await entry.scorer.close()
+            except Exception:  # noqa: BLE001 - close the others regardless
+                log.exception("closing scorer %s failed", entry.name)
+        if self.runner is not None:
+            self.runner.close()
+
+    def set_share(self, fraction: float) -> None:
+        for entry in self.entries.values():
+            entry.scorer.set_share(fraction)
+
+
+def build_table(cfg: RewardConfig) -> ScorerTable:
+    """The table for a reward config. Raises ``ConfigError`` naming the field."""
+    from streamrl.scorers.loader import ProcessRunner
+
+    runner = ProcessRunner(cfg.process_workers, cfg.process_memory_mb)
+    threads = asyncio.Semaphore(cfg.thread_concurrency)  # shared by every thread-executor entry
+    router = cfg.reward_router
+    if router and router not in cfg.scorers and ":" not in router:
+        raise ConfigError(f"config field 'reward.reward_router': {router!r} is neither a scorer "
+                          f"entry nor HOST:PORT")
+    if router in cfg.scorers and cfg.scorers[router].type != "judge":
+        raise ConfigError(f"config field 'reward.reward_router': entry {router!r} is a "
+                          f"{cfg.scorers[router].type} scorer; only a judge has a router")
+    available: dict[str, Any] = {
+        # the real address is filled in at start; the signature check only needs to know
+        # whether there will be one
+        "reward_router_address": "pending" if router else None,
+        "reward_model_tokenizer": None,  # loaded below when configured
+        "prompt": "",  # every record offers its prompt
+    }
+    if cfg.reward_model_tokenizer:
+        from streamrl.scorers.loader import load_tokenizer
+
+        try:
+            available["reward_model_tokenizer"] = load_tokenizer(cfg.reward_model_tokenizer)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"config field 'reward.reward_model_tokenizer': cannot load "
+                              f"{cfg.reward_model_tokenizer!r}: {exc}") from None
+    entries: dict[str, Entry] = {}
+    hybrids = []
+    scorers = verl_compat(cfg.scorers, ScorerSpec) if cfg.verl_compat else cfg.scorers
+    for name, spec in scorers.items():
+        where = f"config field 'reward.scorers.{name}"
+        if spec.type not in SCORER_TYPES:
+            raise ConfigError(f"{where}.type': {spec.type!r} is not one of {SCORER_TYPES}")
+        if spec.executor not in EXECUTORS:
+            raise ConfigError(f"{where}.executor': {spec.executor!r} is not one of {EXECUTORS}")
+        data_sources = [name] if spec.data_sources is None else list(spec.data_sources)
+        ob = spec.overlong_buffer
+        if ob.enable and not 0 < ob.len < ob.max_resp_len:
+            raise ConfigError(f"{where}.overlong_buffer': needs 0 < len < max_resp_len "
+                              f"(got len {ob.len}, max_resp_len {ob.max_resp_len})")
+        if spec.type == "hybrid":
+            hybrids.append((name, spec, data_sources))
+            continue
+        scorer = _build_scorer(name, spec, available, runner, cfg.reward_model_tokenizer, threads)
+        entries[name] = Entry(name, scorer, spec.version or str(getattr(scorer, "version", "0")),
+                              data_sources, dict(spec.fallbacks), spec.overlong_buffer,
+                              getattr(getattr(scorer, "instance", None), "post_process_scores", None))
+    for name, spec, data_sources in hybrids:
+        from streamrl.scorers.hybrid import HybridScorer
+
+        parts = {}
+        for part, weight in spec.parts.items():
+            if part not in entries:
+                raise ConfigError(f"config field 'reward.scorers.{name}.parts': {part!r} is not a "
+                                  f"non-hybrid entry of reward.scorers")
+            parts[part] = (entries[part].scorer, float(weight))
+        try:
+            scorer = HybridScorer(name, parts)
+        except ValueError as exc:
+            raise ConfigError(f"config field 'reward.scorers.{name}.parts': {exc}") from None
+        entries[name] = Entry(name, scorer, spec.version or scorer.version, data_sources,
+                              dict(spec.fallbacks))
+    return ScorerTable(entries, runner, router)
+
+
+def _build_scorer(name: str, spec: ScorerSpec, available: dict[str, Any], runner: Any,
+                  tokenizer_name: str, threads: asyncio.Semaphore) -> Any:
+    from streamrl.scorers.loader import FunctionScorer
+
+    where = f"config field 'reward.scorers.{name}"
+    if spec.type == "class":
+        return _build_class(name, spec, available, threads)
+    if spec.type == "function" and spec.batch:
+        if spec.batch_size < 1:
+            raise ConfigError(f"{where}.batch_size': must be at least 1")
+        return BatchFunctionScorer(spec.path, name=name, kwargs=dict(spec.kwargs), timeout_s=spec.timeout_s,
+                                   batch_size=spec.batch_size, batch_wait_ms=spec.batch_wait_ms,
+                                   version=spec.version)
+    if spec.type in ("rule", "function"):
+        if spec.type == "rule":
+            rule = RULES.get(spec.rule or name)
+            if rule is None:
+                raise ConfigError(f"{where}.rule': {spec.rule or name!r} is not a built-in rule "
+                                  f"({sorted(RULES)}); use type: function for your own")
+            ref, executor = rule.ref, (rule.executor if spec.executor == "auto" else spec.executor)
+        else:
+            if not spec.path:
+                raise ConfigError(f"{where}.path': a function scorer needs 'file.py:name' or 'module:name'")
+            ref, executor = spec.path, spec.executor
+        return FunctionScorer(ref, name=name, kwargs=dict(spec.kwargs), executor=executor,
+                              timeout_s=spec.timeout_s, available=available, runner=runner,
+                              version=spec.version, tokenizer_name=tokenizer_name, threads=threads)
+    section = f"reward.scorers.{name}.{spec.type}"
+    try:
+        if spec.type == "judge":
+            from streamrl.scorers.judge import JudgeConfig, JudgeScorer
+
+            return JudgeScorer(load_section(JudgeConfig, spec.judge, section), name=name)
+        from streamrl.scorers.model import ModelScorer, ModelScorerConfig
+
+        return ModelScorer(load_section(ModelScorerConfig, spec.model, section), name=name)
+    except ConfigError as exc:  # their checks name the field after the entry: give the full path
+        raise ConfigError(str(exc).replace(f"'{name}.", f"'{section}.", 1)) from None
+
+
+def _build_class(name: str, spec: ScorerSpec, available: dict[str, Any], threads: asyncio.Semaphore) -> Any:
+    """A reward class (``path: file.py:ClassName``) built with ``kwargs``; its ``compute_score``
+    is the entry's scorer (``.instance`` keeps the object for ``post_process_scores``)."""
+    from streamrl.scorers.loader import FunctionScorer
+
+    where = f"config field 'reward.scorers.{name}"
+    cls = load_object(spec.path, f"reward.scorers.{name}.path", "class")
+    try:
+        instance = cls(**spec.kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where}.kwargs': {spec.path}({', '.join(spec.kwargs)}): {exc}") from None
+    if not callable(getattr(instance, "compute_score", None)):
+        raise ConfigError(f"{where}.path': {spec.path} has no compute_score method")
+    scorer = FunctionScorer(f"{spec.path}.compute_score", name=name, executor=spec.executor,
+                            timeout_s=spec.timeout_s, available=available, version=spec.version,
+                            threads=threads, fn=instance.compute_score)
+    scorer.instance = instance
+    return scorer

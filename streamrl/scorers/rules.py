@@ -1,0 +1,75 @@
+"""The built-in rule scorers and verl's ``default_compute_score`` over them.
+
+As in verl's ``reward_score`` package, each rule is a small module with verl's scorer signature
+(``gsm8k``, ``math_verify``); this registry says which data sources each serves and where it runs
+by default. The reward stage's table (``streamrl.reward.table``) starts from these entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from streamrl.loading import load_object
+from streamrl.scorers.base import ScoreError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A built-in rule scorer: its function, where it runs by default, what it serves."""
+
+    ref: str
+    executor: str  # inline: microseconds of regex; process: CPU-heavy (SymPy)
+    data_sources: tuple[str, ...]
+
+
+RULES: dict[str, Rule] = {
+    "gsm8k": Rule("streamrl.scorers.gsm8k:compute_score", "inline", ("gsm8k", "openai/gsm8k")),
+    "math": Rule("streamrl.scorers.math_verify:compute_score", "process",
+                 ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
+                  "HuggingFaceH4/MATH-500")),
+    # a trailing "*" serves every data source with that prefix (verl: data_source.startswith("aime"))
+    "math_dapo": Rule("streamrl.scorers.math_dapo:compute_score", "process",
+                      ("math_dapo", "math_dapo_reasoning", "aime*")),
+}
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: str | None,
+                          extra_info: dict[str, Any] | None = None, **kwargs: Any) -> float | dict:
+    """verl's ``default_compute_score``: one call, dispatched to the built-in rule that serves
+    ``data_source``, run right here (no worker process, no timeout)."""
+    for rule in RULES.values():
+        if any(serves(pattern, data_source) for pattern in rule.data_sources):
+            return load_object(rule.ref)(data_source, solution_str, ground_truth, extra_info, **kwargs)
+    raise ScoreError("unknown_data_source", f"no built-in scorer for data_source {data_source!r}")
+
+
+def serves(pattern: str, data_source: str) -> bool:
+    """A route: an exact data source, or a prefix ending in ``*``."""
+    return data_source.startswith(pattern[:-1]) if pattern.endswith("*") else data_source == pattern
+
+
+def verl_compat(scorers: dict[str, Any], spec_type: type) -> dict[str, Any]:
+    """The scorer table with data sources routed as verl's ``default_compute_score`` routes them
+    (``reward.verl_compat: true``), where streamrl's defaults differ:
+
+    - ``openai/gsm8k``: verl's gsm8k in its strict mode (``#### N`` only, format score 0), where
+      streamrl's default reads every common answer form;
+    - ``math``: DAPO's scorer (``math_dapo``: ``Answer:`` line, +1/-1, ``acc``), where streamrl's
+      default is the MATH rule.
+
+    Entries the config set itself keep their routes except for those two data sources."""
+    out = dict(scorers)
+    if "gsm8k" in out and "openai/gsm8k" in (out["gsm8k"].data_sources or []):
+        out["gsm8k"] = _without(out["gsm8k"], "openai/gsm8k")
+        out["verl_gsm8k"] = spec_type(type="rule", rule="gsm8k", data_sources=["openai/gsm8k"],
+                                      kwargs={"method": "strict", "format_score": 0.0, "score": 1.0})
+    if "math" in out and "math" in (out["math"].data_sources or []) and "math_dapo" in out:
+        out["math"] = _without(out["math"], "math")
+        out["math_dapo"] = dataclasses.replace(out["math_dapo"], data_sources=[*(out["math_dapo"].data_sources or []), "math"])
+    return out
+
+
+def _without(spec: Any, data_source: str) -> Any:
+    return dataclasses.replace(spec, data_sources=[d for d in spec.data_sources if d != data_source])

@@ -1,0 +1,191 @@
+"""The package's import structure, read with ``ast`` (nothing is imported):
+
+- the Kafka client is imported by ``streamrl/bus/transport.py`` (and the benchmark's baseline,
+  ``streamrl/bus/_bare.py``) only, so replacing it is a change to one module;
+- nothing outside the bus reaches into a client (``.client``);
+- streamrl's modules import each other without circles, counting imports inside functions
+  (a circle hidden in a function still breaks whichever module is imported first).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "streamrl"
+KAFKA_CLIENTS = {"aiokafka", "kafka", "confluent_kafka"}
+KAFKA_ALLOWED = {"streamrl/bus/transport.py", "streamrl/bus/_bare.py"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> dict[str, tuple[Path, ast.Module]]:
+    """Every module of the package: name -> (path, syntax tree)."""
+    return {module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def where(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth (functions too), except under ``if TYPE_CHECKING``
+    (those never run)."""
+    out: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                out.append(child)
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def imported_names(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    """The absolute module names an import statement names (``from X import y``: ``X.y`` and
+    ``X``; the caller keeps whichever is a module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        anchor = module.split(".") if is_package else module.split(".")[:-1]
+        anchor = anchor[:len(anchor) - (node.level - 1)]
+        base = ".".join(anchor + ([base] if base else []))
+    return [f"{base}.{alias.name}" for alias in node.names] + [base]
+
+
+def import_graph(mods: dict[str, tuple[Path, ast.Module]]) -> dict[str, set[str]]:
+    """Module -> the modules of ``mods`` it imports."""
+    graph: dict[str, set[str]] = {name: set() for name in mods}
+    for name, (path, tree) in mods.items():
+        is_package = path.name == "__init__.py"
+        for node in imports(tree):
+            names = imported_names(node, name, is_package)
+            if isinstance(node, ast.ImportFrom):
+                # ``from X import y``: the module X.y if there is one, else X itself
+                submodules = [n for n in names[:-1] if n in mods]
+                targets = submodules if len(submodules) == len(names) - 1 else submodules + [names[-1]]
+            else:
+                targets = names
+            for target in targets:
+                while target and target not in mods:  # ``import a.b.c`` where c is not a module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (a path that returns to its start) per strongly connected component."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan; the graph is small enough for recursion
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    out = []
+    for component in components:
+        start = min(component)
+        paths = {start: [start]}
+        todo = [start]
+        while todo:  # breadth first inside the component, back to the start
+            v = todo.pop(0)
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    out.append(paths[v] + [start])
+                    todo = []
+                    break
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    todo.append(w)
+    return sorted(out)
+
+
+def test_only_the_bus_transport_imports_a_kafka_client():
+    found = []
+    for name, (path, tree) in sources().items():
+        rel = str(path.relative_to(PACKAGE.parent))
+        if rel in KAFKA_ALLOWED:
+            continue
+        for node in imports(tree):
+            roots = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if not node.level else [])
+            for root in roots:
+                if root.split(".")[0] in KAFKA_CLIENTS:
+                    found.append(f"{where(path, node)}: import {root}")
+    assert not found, "Kafka clients imported outside streamrl/bus/transport.py:\n" + "\n".join(found)
+
+
+def test_nothing_outside_the_bus_reaches_into_a_client():
+    found = []
+    for name, (path, tree) in sources().items():
+        if name == "streamrl.bus" or name.startswith("streamrl.bus."):
+            continue
+        found += [f"{where(path, node)}: .{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr == "client"]
+    assert not found, "raw client reached outside the bus (add what it needs to the bus):\n" + "\n".join(found)
+
+
+def test_the_circle_check_sees_every_form_of_import():
+    """The checker itself, on a made-up package: function-level, relative and ``from pkg import
+    module`` imports are edges; ``if TYPE_CHECKING`` imports are not."""
+    code = {
+        "pkg/__init__.py": "from pkg.a import A\n",
+        "pkg/a.py": "A = 1\ndef f():\n    from .sub import b\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "from pkg import c\n",
+        "pkg/c.py": "import pkg.a\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import d\n",
+        "pkg/d.py": "from pkg.c import x, y\n",
+    }
+    mods = {name: (Path(path), ast.parse(text)) for path, text in code.items()
+            for name in [path[:-3].replace("/__init__", "").replace("/", ".")]}
+    graph = import_graph(mods)
+    assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.sub.b"}, "pkg.sub": set(), "pkg.sub.b": {"pkg.c"},
+                     "pkg.c": {"pkg.a"}, "pkg.d": {"pkg.c"}}
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
+
+
+def test_no_import_circles():
+    found = cycles(import_graph(sources()))
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)

@@ -1,0 +1,156 @@
+"""Poison replies stay per record (issue: survives faults). Two real judges in this process: a
+healthy one, and one that answers HTTP 200 with null content, empty choices, garbage or a 20 MB
+body for some records. Under the real reward stage on the real broker every record ends
+rewarded or dead-lettered in bounded time, the poison records with the reason, the healthy
+server is never ejected and keeps its traffic, and no reply is read past the size bound."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+
+from aiohttp import web
+
+from streamrl import metrics
+from streamrl.config import PipelineConfig
+from streamrl.records import Trajectory
+from streamrl.reward.config import ScorerSpec
+from streamrl.reward.stage import RewardStage
+from tests.helpers import serve_app
+from tests.test_reward_judge_outage import collect, produce, wait_for
+
+NAME = "poison_judge"
+POISON = {"null": {"choices": [{"message": {"role": "assistant", "content": None}}]},
+          "empty": {"choices": []},
+          "garbage": b"<html>oops</html>",
+          "huge": b'{"choices": [{"message": {"content": "' + b"x" * (20 * 1024 * 1024) + b'"}}]}'}
+
+
+def answer(kind: str) -> web.Response:
+    reply = POISON.get(kind)
+    if reply is None:
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": "Score: 9"}}]})
+    if isinstance(reply, bytes):
+        return web.Response(body=reply, content_type="application/json")
+    return web.json_response(reply)
+
+
+async def judge(poisonous: bool, seen: list[str]) -> tuple[web.AppRunner, str]:
+    """A judge; the poisonous one answers each record by the kind its response names."""
+
+    async def chat(request: web.Request) -> web.Response:
+        text = (await request.json())["messages"][-1]["content"]
+        kind = next((k for k in POISON if f"[{k}]" in text), "ok")
+        seen.append(kind)
+        return answer(kind if poisonous else "ok")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "judge"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    return await serve_app(app)
+
+
+def test_poison_replies_fail_their_record_alone(bus):
+    kinds = ["ok", "null", "ok", "empty", "ok", "garbage", "ok", "huge"] * 3
+    records = [Trajectory(id=f"p-{i}", group_id=f"g-{i}", group_size=1, policy_version=0, data_source="judged",
+                          prompt="q", response=f"answer [{k}]", ground_truth="a") for i, k in enumerate(kinds)]
+
+    async def main():
+        healthy_seen: list[str] = []
+        poison_seen: list[str] = []
+        healthy, healthy_url = await judge(False, healthy_seen)
+        poison, poison_url = await judge(True, poison_seen)
+        cfg = PipelineConfig()
+        cfg.bus = bus.config
+        cfg.reward.group = f"reward-{bus.config.topic_prefix}"
+        cfg.reward.max_attempts = 1
+        cfg.reward.retry_backoff_s = 0.01
+        # both URLs on one judge: the poisonous server answers everything, poison only for some
+        cfg.reward.scorers[NAME] = ScorerSpec(type="judge", data_sources=["judged"], judge={
+            "urls": [poison_url, healthy_url], "timeout_s": 5.0, "max_retries": 2, "backoff_s": 0.01,
+            "backoff_max_s": 0.02, "eject_after": 2, "health_interval_s": 0.0})
+        stage = RewardStage(cfg)
+        out: dict[str, list] = {"rewarded": [], "dead": []}
+        stop = asyncio.Event()
+        run = asyncio.create_task(stage.run(stop))
+        reader = asyncio.create_task(collect(bus, out))
+        try:
+            await produce(bus, records)
+            done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60)
+            ejected = stage.table.entries[NAME].scorer.router.ejected
+            stop.set()
+            await run
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await healthy.cleanup()
+            await poison.cleanup()
+        return done, ejected, out, healthy_seen, poison_seen
+
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    done, ejected, out, healthy_seen, poison_seen = asyncio.run(main())
+    assert done, f"{len(out['rewarded'])} rewarded + {len(out['dead'])} dead of {len(kinds)}"
+    rewarded = {r.id for r in out["rewarded"]}
+    dead = {d.record_id: d for d in out["dead"]}
+    # a poison reply from one server is retried on the other, which scores it: every record is
+    # rewarded, with the healthy server's 9; none is lost, none is dead
+    assert rewarded | dead.keys() == {r.id for r in records}
+    assert all(r.reward_info["judge_score_raw"] == 9.0 for r in out["rewarded"])
+    assert ejected == []  # poison replies never eject a server
+    assert healthy_seen and poison_seen  # both kept their traffic
+    assert {"null", "empty", "garbage", "huge"} <= set(poison_seen)
+    errors = metrics.ROUTER_ERRORS
+    assert sum(errors.labels(NAME, url, "reply_too_large")._value.get()
+               for url in stage_urls(errors)) >= 1
+    # the 20 MB bodies were never read whole (3 of them; the bound is 1 MiB)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 * 1024
+
+
+def stage_urls(counter) -> list[str]:
+    return sorted({labels[1] for labels in counter._metrics if labels[0] == NAME})
+
+
+def test_a_judge_that_only_answers_poison_dead_letters_the_record_with_the_reason(bus):
+    records = [Trajectory(id=f"q-{i}", group_id=f"h-{i}", group_size=1, policy_version=0, data_source="judged",
+                          prompt="q", response=f"answer [{k}]", ground_truth="a")
+               for i, k in enumerate(["null", "ok", "garbage", "ok"])]
+
+    async def main():
+        seen: list[str] = []
+        poison, url = await judge(True, seen)
+        cfg = PipelineConfig()
+        cfg.bus = bus.config
+        cfg.reward.group = f"reward-{bus.config.topic_prefix}"
+        cfg.reward.max_attempts = 2
+        cfg.reward.retry_backoff_s = 0.01
+        cfg.reward.scorers[NAME] = ScorerSpec(type="judge", data_sources=["judged"], judge={
+            "urls": [url], "timeout_s": 5.0, "max_retries": 1, "backoff_s": 0.01, "backoff_max_s": 0.02,
+            "eject_after": 1, "health_interval_s": 0.0})
+        stage = RewardStage(cfg)
+        out: dict[str, list] = {"rewarded": [], "dead": []}
+        stop = asyncio.Event()
+        run = asyncio.create_task(stage.run(stop))
+        reader = asyncio.create_task(collect(bus, out))
+        try:
+            await produce(bus, records)
+            done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60)
+            ejected = stage.table.entries[NAME].scorer.router.ejected
+            stop.set()
+            await run
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await poison.cleanup()
+        return done, ejected, out
+
+    done, ejected, out = asyncio.run(main())
+    assert done
+    assert ejected == []  # eject_after 1, yet the server is up: not ejected
+    assert sorted(r.id for r in out["rewarded"]) == ["q-1", "q-3"]
+    dead = {d.record_id: d for d in out["dead"]}
+    assert sorted(dead) == ["q-0", "q-2"]
+    assert all(d.reason == "bad_reply" for d in dead.values())
+    assert "TypeError" in dead["q-0"].detail and "JSONDecodeError" in dead["q-2"].detail

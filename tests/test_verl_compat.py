@@ -1,0 +1,126 @@
+"""verl's reward shapes and routing: ``verl_compat`` routes data sources as verl's
+``default_compute_score`` does (read from verl's ``verl/utils/reward_score/__init__.py``), DAPO's
+scorer serves ``math_dapo`` / ``aime*`` with +1/-1 and ``acc``; scored through the stage's own
+path without a broker (``streamrl.testing``)."""
+
+from __future__ import annotations
+
+import sys
+
+from streamrl.loading import load_object
+from streamrl.records import Rewarded
+from streamrl.reward.config import RewardConfig
+from streamrl.reward.table import build_table
+from streamrl.testing import score, trajectory
+
+#: verl's default_compute_score: data source -> the scorer it picks (where streamrl has one)
+VERL_ROUTES = {
+    "openai/gsm8k": "verl_gsm8k",  # gsm8k.compute_score, strict
+    "lighteval/MATH": "math", "DigitalLearningGmbH/MATH-lighteval": "math", "HuggingFaceH4/MATH-500": "math",
+    "math_dapo": "math_dapo", "math": "math_dapo", "math_dapo_reasoning": "math_dapo",
+    "aime24": "math_dapo", "aime_2025": "math_dapo",
+}
+
+
+def test_verl_compat_routes_as_verl_and_the_default_differs_where_readme_says():
+    compat = build_table(RewardConfig(verl_compat=True, process_workers=1))
+    assert {ds: compat.lookup(ds).name for ds in VERL_ROUTES} == VERL_ROUTES
+    default = build_table(RewardConfig(process_workers=1))
+    assert default.lookup("openai/gsm8k").name == "gsm8k" and default.lookup("math").name == "math"
+    assert default.lookup("aime2024").name == "math_dapo" and default.lookup("chess") is None
+
+
+def test_gsm8k_strict_under_verl_compat_and_robust_by_default():
+    recs = [trajectory(data_source="openai/gsm8k", response="The answer is 42.", ground_truth="42"),
+            trajectory(data_source="openai/gsm8k", response="so #### 42", ground_truth="42")]
+    strict = score(recs, {"verl_compat": True})
+    robust = score(recs)
+    assert [r.reward for r in strict] == [0.0, 1.0]  # verl's strict mode reads only "#### N"
+    assert [r.reward for r in robust] == [1.0, 1.0]
+
+
+def test_dapo_scorer_shape():
+    out = score([trajectory(data_source="math_dapo", response="work...\nAnswer: \\frac{1}{2}", ground_truth="0.5"),
+                 trajectory(data_source="aime24", response="Answer: 17", ground_truth="18"),
+                 trajectory(data_source="math_dapo", response="no final line", ground_truth="3")],
+                {"process_workers": 1})
+    assert all(isinstance(o, Rewarded) for o in out)
+    assert [o.reward for o in out] == [1.0, -1.0, -1.0]
+    assert [o.reward_info["acc"] for o in out] == [True, False, False]
+    assert out[0].scorer["name"] == "math_dapo" and out[1].reward_info["pred"] == "17"
+
+
+VERL_USER_FILE = '''
+import asyncio
+
+
+def tuple_score(data_source, solution_str, ground_truth, extra_info=None):
+    """The asynchronous reward agent's shape: (score, query, response)."""
+    return float(solution_str.strip() == ground_truth), "query?", solution_str
+
+
+class LengthReward:
+    """A reward class as verl users write them: constructed with kwargs, compute_score per
+    sample (async here), post_process_scores over the group."""
+
+    def __init__(self, bonus=0.0):
+        self.bonus = bonus
+        self.seen = []
+
+    async def compute_score(self, data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+        await asyncio.sleep(0)
+        self.seen.append(solution_str)
+        return {"score": float(solution_str == ground_truth) + self.bonus, "length": len(solution_str)}
+
+    def post_process_scores(self, scores, solution_strs):
+        best = max(scores)
+        return [1.0 if s == best else 0.0 for s in scores]
+
+
+CALLS = []
+
+
+def batch_score(data_sources, solution_strs, ground_truths, extra_infos, scale=1.0):
+    """verl's BatchRewardManager signature: lists in, a list out."""
+    CALLS.append(len(solution_strs))
+    return [scale * float(s == g) for s, g in zip(solution_strs, ground_truths)]
+'''
+
+
+def test_verl_reward_code_runs_unchanged(tmp_path):
+    user = tmp_path / "verl_rewards.py"
+    user.write_text(VERL_USER_FILE)
+    reward = {"scorers": {
+        "agent": {"type": "function", "path": f"{user}:tuple_score", "data_sources": ["agent"]},
+        "cls": {"type": "class", "path": f"{user}:LengthReward", "kwargs": {"bonus": 0.5},
+                "data_sources": ["cls"]},
+        "batched": {"type": "function", "path": f"{user}:batch_score", "batch": True, "batch_size": 8,
+                    "batch_wait_ms": 200, "kwargs": {"scale": 2.0}, "data_sources": ["batched"]}}}
+    records = ([trajectory(data_source="agent", response=r, ground_truth="7") for r in ("7", "8")]
+               + [trajectory(data_source="cls", group_id="G", group_size=3, response=r, ground_truth="ab")
+                  for r in ("ab", "abc", "x")]
+               + [trajectory(data_source="batched", response=str(i % 2), ground_truth="1") for i in range(16)])
+    out = score(records, reward)
+    assert all(isinstance(o, Rewarded) for o in out), [getattr(o, "detail", "") for o in out]
+    agent, cls, batched = out[:2], out[2:5], out[5:]
+    assert [o.reward for o in agent] == [1.0, 0.0] and agent[0].reward_info["extra"] == ["query?", "7"]
+    # compute_score per sample (1.5, 0.5, 0.5), then post_process_scores over the group
+    assert [o.reward for o in cls] == [1.0, 0.0, 0.0]
+    assert [o.reward_info["group"]["raw_reward"] for o in cls] == [1.5, 0.5, 0.5]
+    assert cls[1].reward_info["length"] == 3
+    assert [o.reward for o in batched] == [2.0 * (i % 2) for i in range(16)]
+    module = sys.modules[load_object(f"{user}:batch_score").__module__]
+    assert sum(module.CALLS) == 16 and max(module.CALLS) == 8 and len(module.CALLS) <= 4  # micro-batches
+
+
+def test_dapo_overlong_buffer_and_acc():
+    reward = {"process_workers": 1, "scorers": {"math_dapo": {
+        "overlong_buffer": {"enable": True, "len": 4, "penalty_factor": 1.0, "max_resp_len": 10}}}}
+    recs = [trajectory(data_source="math_dapo", response="Answer: 3", ground_truth="3", response_ids=list(range(n)))
+            for n in (6, 8, 10)] + [trajectory(data_source="math_dapo", response="Answer: 3", ground_truth="3")]
+    out = score(recs, reward)
+    # expected length 10 - 4 = 6: 6 tokens no penalty, 8 tokens -2/4, 10 tokens -4/4
+    assert [o.reward for o in out[:3]] == [1.0, 0.5, 0.0]
+    assert [o.reward_info["overlong"] for o in out[:3]] == [False, True, True]
+    assert out[1].reward_info["overlong_reward"] == -0.5 and out[1].reward_info["acc"] is True
+    assert out[3].reason == "no_response_ids"
