@@ -114,8 +114,10 @@ class Launcher:
             if code is None or (code == 0 and st.kind in JOBS):
                 continue
             recent = [t for t in st.restarts if now - t < self.policy.window_s]
-            if st.kind == "feed" or len(recent) >= self.policy.max_restarts:
-                self.gave_up = self.gave_up or name  # a feed is not re-run: it would publish twice
+            # exit 2 is a bad config or argument (one line in its log): a restart cannot fix it;
+            # a feed is not re-run either: it would publish its prompts twice
+            if code == 2 or st.kind == "feed" or len(recent) >= self.policy.max_restarts:
+                self.gave_up = self.gave_up or name
                 continue
             delay = self.policy.backoff_s * 2 ** len(recent)
             st.restart_at = now + delay

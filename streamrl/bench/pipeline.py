@@ -4,7 +4,7 @@ One workload, run in one invocation on one broker:
 
 (a) **synchronous**, as verl's default trainer runs: generate a batch, score the whole batch,
     train on it, publish the weights, repeat. In this process, no queue, the same components:
-    the rollout ``run_group`` over the same backend, the reward stage's own ``score`` (retries,
+    the rollout ``run_group`` over the same backend, the reward stage's own ``Scoring`` (retries,
     fp32 rewards) over the same judge, the same learner trainer and weight writer;
 (b) **streaming** through the real stages, each its own process: rollout worker
     (``RolloutWorker``), reward group member (``python -m streamrl reward``, the CLI itself),
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-high-ms", type=float, default=400.0)
     parser.add_argument("--judge-concurrency", type=int, default=4)
     parser.add_argument("--step-s", type=float, default=0.4, help="the learner's time per mini-batch update")
-    parser.add_argument("--dataset", default=DATASET, help="GSM8K-style .jsonl for the prompts")
+    parser.add_argument("--dataset", default=DATASET, help="GSM8K-style dataset: a packaged name (gsm8k) or a .jsonl/.parquet file")
     parser.add_argument("--out", default="runs/bench", help="where the JSON, plot and logs go")
 
 
@@ -202,8 +202,7 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
     from streamrl.learner.trainer import Sample as TrainSample
     from streamrl.learner.trainer import Trainer
     from streamrl.policy import save_policy
-    from streamrl.records import Rewarded
-    from streamrl.reward.stage import RewardStage
+    from streamrl.reward.scoring import Scoring
     from streamrl.rollout.backends import SamplingParams
     from streamrl.rollout.episode import ChatRenderer, run_group
     from transformers.utils import logging as transformers_logging
@@ -213,9 +212,8 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
                                max_retries=o.max_retries)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
     renderer = ChatRenderer(backend.tokenizer)
-    reward = RewardStage(cfg)
-    await reward.table.start()
-    entry = reward.table.lookup(DATA_SOURCE)
+    reward = Scoring(cfg.reward)
+    await reward.start()
     trainer = FixedStepTrainer(Trainer(cfg.learner), w.step_s)
     transformers_logging.disable_progress_bar()
     gen_slots = asyncio.Semaphore(w.workers * w.prompts_in_flight)
@@ -225,8 +223,7 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
             return await run_group(prompt, w.group_size, backend, params, renderer)
 
     async def score(traj):
-        value, info = await reward.score(entry, traj)
-        return Rewarded.from_trajectory(traj, reward=value, reward_info=info, scorer=entry.label)
+        return await reward.reward(traj)
 
     phases = {"generate": 0.0, "score": 0.0, "train": 0.0}
     trained = 0
@@ -255,7 +252,7 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
             for name, took in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
                 phases[name] += took
     finally:
-        await reward.table.close()
+        await reward.close()
         await backend.close()
     return {"ends": ends, "trained": trained, "phases_s": {k: v / w.versions for k, v in phases.items()}}
 
@@ -444,9 +441,10 @@ def main(args: argparse.Namespace) -> int:
     from streamrl.commands.common import broker_for
     from streamrl.config import PipelineConfig
 
+    from streamrl.datasets import read_rows
+
     w = workload_from(args)
-    if not Path(args.dataset).exists():
-        raise SystemExit(f"streamrl bench pipeline: --dataset {args.dataset!r} not found")
+    read_rows(args.dataset, limit=1, field="--dataset")  # a bad name fails now, in one line
     out = Path(args.out)
     cfg = PipelineConfig()
     cfg.bus.bootstrap_servers = args.bootstrap_servers

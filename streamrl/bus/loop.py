@@ -11,7 +11,7 @@ from typing import Awaitable, Callable, Generic, Iterable, TypeVar
 
 from streamrl import metrics
 from streamrl.bus.checkpoint import Checkpoint
-from streamrl.bus.transport import Bus, Message, PartitionsCallback, Producer, TopicPartition
+from streamrl.bus.transport import Bus, Message, PartitionsCallback, Producer, TopicPartition, is_transient
 from streamrl.errors import Failure
 from streamrl.records import RecordError, _Record
 
@@ -106,6 +106,7 @@ class StageLoop(Generic[R]):
         self.checkpoint = Checkpoint(self.consumer, self.producer, self.tracker)
         self._on_revoke = on_revoke
         self._tasks: set[asyncio.Task] = set()
+        self._by_partition: dict[TopicPartition, set[asyncio.Task]] = {}
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self.finished = 0
@@ -150,11 +151,13 @@ class StageLoop(Generic[R]):
         self.tracker.take(tp, msg.offset, msg.timestamp)
         task = asyncio.create_task(self._process(msg, tp))
         self._tasks.add(task)
+        self._by_partition.setdefault(tp, set()).add(task)
         metrics.BUS_IN_FLIGHT.labels(self.stage).set(len(self._tasks))
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(lambda t: self._task_done(t, tp))
 
-    def _task_done(self, task: asyncio.Task) -> None:
+    def _task_done(self, task: asyncio.Task, tp: TopicPartition) -> None:
         self._tasks.discard(task)
+        self._by_partition.get(tp, set()).discard(task)
         metrics.BUS_IN_FLIGHT.labels(self.stage).set(len(self._tasks))
         self._slot_free.set()
 
@@ -169,12 +172,11 @@ class StageLoop(Generic[R]):
                 try:
                     outputs = list(await self.handle(record, msg))
                 except DeadLetterError as exc:
-                    acks = [await self.producer.dead_letter(
+                    await self._send_until_acked(lambda: [self.producer.dead_letter(
                         reason=exc.reason, detail=exc.detail, message=msg,
-                        record_id=getattr(record, "id", None))]
+                        record_id=getattr(record, "id", None))])
                 else:
-                    acks = [await self.producer.send(topic, out) for topic, out in outputs]
-                await asyncio.gather(*acks)
+                    await self._send_until_acked(lambda: [self.producer.send(topic, out) for topic, out in outputs])
         except asyncio.CancelledError:
             return  # shutting down: not finished, so not committed; it will be redelivered
         except Exception as exc:  # noqa: BLE001 - a bug in a handler must not lose the record
@@ -190,14 +192,41 @@ class StageLoop(Generic[R]):
         metrics.BUS_HANDLER_SECONDS.labels(self.stage).observe(time.monotonic() - started)
         metrics.CONSUMER_LAST_PROGRESS.labels(self.stage, self.group).set(time.time())
 
+    async def _send_until_acked(self, sends: Callable[[], list[Awaitable[asyncio.Future]]]) -> None:
+        """Send a record's outputs and wait for every acknowledgement. A transient Kafka error
+        (leader change, timeout, broker restarting) is waited out with backoff and the outputs
+        are sent again (a duplicate downstream is fine: sinks are idempotent); only a permanent
+        error reaches the caller, which dead-letters the record."""
+        delay = 0.2
+        while True:
+            try:
+                acks = [await send for send in sends()]
+                await asyncio.gather(*acks)
+                return
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                metrics.BUS_SEND_RETRIES.labels(self.stage).inc()
+                log.warning("%s: transient send error (%s: %s); retrying in %.1f s", self.stage,
+                            type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
     async def commit(self, tps: Iterable[TopicPartition] | None = None) -> None:
         """Checkpoint what is finished on ``tps`` (default: every partition assigned)."""
         await self.checkpoint.commit(tps)
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
-        """Commit what is finished before partitions move; forget them after."""
+        """Commit what is finished before partitions move, cancel what is still in flight on
+        them (the new owner redoes it: nothing of it was committed), forget them after."""
         if revoked:
             await self.commit(revoked)
+            cancelled = [t for tp in revoked for t in self._by_partition.pop(tp, set())]
+            for task in cancelled:
+                task.cancel()
+            if cancelled:
+                await asyncio.wait(cancelled)
+                log.info("%s: %d records in flight on revoked partitions handed over", self.stage, len(cancelled))
             self.tracker.forget(revoked)
             if self._on_revoke:
                 result = self._on_revoke(revoked)

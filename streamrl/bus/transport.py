@@ -81,6 +81,13 @@ class TopicSettings(Protocol):
     def config(self) -> Mapping[str, str]: ...
 
 
+def is_transient(exc: BaseException) -> bool:
+    """A Kafka error worth waiting out (leader change, request timeout, broker restarting, a
+    connection lost): the client says so with ``retriable``. Anything else (a record too large,
+    an authorisation failure) is permanent for that record."""
+    return isinstance(exc, _UNREACHABLE) or (isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False)))
+
+
 def _kafka_tp(tp: TopicPartition) -> aiokafka.TopicPartition:
     return aiokafka.TopicPartition(tp.topic, tp.partition)
 

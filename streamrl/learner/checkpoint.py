@@ -4,8 +4,10 @@ de-duplication window, saved together so they always agree.
 Layout: ``<checkpoint_dir>/ckpt-<seq>/`` holding ``policy/`` (Hugging Face layout, safetensors:
 ``load_policy`` reads it), ``optimizer.pt`` (tensors only; read back with
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects) and ``state.json``
-(version, offsets, de-dup window, counters). A checkpoint is written into a hidden sibling
-directory and renamed into place: a crash mid-write leaves the previous one as the latest.
+(version, offsets, de-dup window, counters, lineage). A checkpoint is written into a hidden
+sibling directory, every file fsync'd, and renamed into place (the directory fsync'd too): a crash
+mid-write leaves the previous one as the latest. The previous ones (``keep``) stay as fallbacks:
+``latest_good`` skips a checkpoint that cannot be read.
 
 Why the offsets live here and not only in Kafka: the weights and the offsets must describe the
 same moment. On restart the learner seeks to these offsets, so the records consumed after the
@@ -17,6 +19,7 @@ offset come back too, and the de-dup window saved alongside skips them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 _NAME = re.compile(r"^ckpt-(\d{8})$")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,6 +40,8 @@ class LearnerState:
     trained_records: int = 0
     offsets: dict[str, int] = field(default_factory=dict)  # partition (as str) -> next offset
     assembler: dict[str, Any] = field(default_factory=dict)  # de-dup window, closed groups
+    lineage: str = ""  # this training line (streamrl.records.PolicyVersion.lineage)
+    abandoned: dict[str, int] = field(default_factory=dict)  # earlier line -> last version kept
     created_at: float = field(default_factory=time.time)
 
 
@@ -50,6 +56,36 @@ def checkpoints(directory: str | Path) -> list[Path]:
 def latest(directory: str | Path) -> Path | None:
     found = checkpoints(directory)
     return found[-1] if found else None
+
+
+def latest_good(directory: str | Path) -> tuple[Path, LearnerState] | None:
+    """The newest checkpoint that reads back whole (state and weights present), newest first;
+    a damaged one is skipped with a warning."""
+    for path in reversed(checkpoints(directory)):
+        try:
+            state = load_state(path)
+            if not (policy_dir(path) / "config.json").is_file() or not (path / "optimizer.pt").is_file():
+                raise FileNotFoundError("policy/config.json or optimizer.pt missing")
+            return path, state
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("checkpoint %s is unreadable (%s): falling back to an older one", path, exc)
+    return None
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dict[str, Any],
@@ -72,9 +108,9 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     state.created_at = time.time()
     with open(tmp / "state.json", "w") as f:
         json.dump(asdict(state), f)
-        f.flush()
-        os.fsync(f.fileno())
+    _fsync_tree(tmp)
     os.replace(tmp, final)
+    _fsync_dir(root)
     for old in checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -18,6 +18,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 KL_LOSS_TYPES = ("low_var_kl", "kl")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
+INCOMPLETE_GROUPS = ("drop", "train")
 
 
 @dataclass
@@ -65,13 +66,20 @@ class LearnerConfig:
     group_timeout_s: float = 300.0  # an incomplete group older than this ...
     allow_partial_groups: bool = False  # ... trains as it is (True) or goes to dead letters
     dedup_window: int = 100_000  # finished record ids remembered (and checkpointed)
+    # Records the reward stage's group hook published unadjusted (its group timed out: status
+    # incomplete / late in reward_info.group): mixing them with adjusted ones skews a batch, so
+    # they are dropped (dead letter "incomplete_group") unless "train".
+    incomplete_groups: str = "drop"
+    max_abs_reward: float = 1e6  # a reward beyond this (or not finite) is refused: "bad_reward"
+    max_response_tokens: int = 0  # a longer response is refused ("response_too_long"); 0: no limit
     versions: int = 0  # stop once the policy version reaches this (across restarts); 0 = never
     consumer_group: str = "streamrl-learner"
 
     # -- outputs ------------------------------------------------------------------------------
     checkpoint_dir: str = "runs/learner/checkpoints"
     checkpoint_every: int = 1  # versions between checkpoints (offsets are committed with them)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest is loaded on restart; an older one if it is unreadable
+    keep_weights: int = 4  # v<N> directories kept (rollout workers load the newest few)
     weights_dir: str = "runs/learner/weights"  # v<N>/ per version; a shared filesystem on clusters
 
     def validate(self) -> "LearnerConfig":
@@ -81,21 +89,23 @@ class LearnerConfig:
 
         choices = {"algorithm": ALGORITHMS, "loss_agg_mode": LOSS_AGG_MODES,
                    "kl_loss_type": KL_LOSS_TYPES, "is_mode": IS_MODES,
-                   "missing_logprobs": MISSING_LOGPROBS}
+                   "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 bad(name, f"one of {', '.join(allowed)}")
-        positive = ("lr", "temperature", "is_cap")
+        positive = ("lr", "temperature", "is_cap", "max_abs_reward")
         for name in positive:
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
         at_least_one = ("groups_per_mini_batch", "mini_batches_per_version", "ppo_epochs",
-                        "micro_batch_size", "dedup_window", "checkpoint_every", "keep_checkpoints")
+                        "micro_batch_size", "dedup_window", "checkpoint_every", "keep_checkpoints",
+                        "keep_weights")
         for name in at_least_one:
             if getattr(self, name) < 1:
                 bad(name, "must be >= 1")
         non_negative = ("max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
-                        "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s")
+                        "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
+                        "max_response_tokens")
         for name in non_negative:
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")

@@ -1,23 +1,24 @@
 """The staleness gate: a rollout worker never runs more than ``max_staleness`` versions ahead
-of what the learner has consumed.
+of what the learner has consumed, and no lost record costs a slot for good.
 
-The learner turns ``trajectories_per_version`` trajectories into one version. With the learner
-at version ``v``, trajectories up to ``(v + max_staleness + 1) * trajectories_per_version`` may
-exist; the count is the rollouts topic's end offsets summed over partitions (every worker's
-output, read from the broker, so any number of workers share one budget), minus
-``gate_baseline`` for a topic that already held records, plus what this worker is generating
-right now. While the count is at the limit the worker holds the prompt it took and polls; the
-time shows in ``streamrl_rollout_gate_paused_seconds_total``. A new version on the policy topic
-releases it at once.
+The learner turns ``trajectories_per_version`` trajectories into one version. The gate counts
+the work that is still *outstanding*: trajectories produced (the rollouts topic's end offsets
+summed over partitions, every worker's output, minus ``gate_baseline`` for a topic that already
+held records; plus what this worker is generating right now) minus what is finished with: the
+records the learner has trained (``trained_records`` of its latest ``streamrl.policy`` record)
+and every trajectory dead-lettered on the way: by the reward stage (dead letters whose source
+is the rollouts topic) or by the learner (stale, incomplete groups, bad values: source
+rewarded), counted from ``streamrl.deadletter`` as they happen. The worker
+generates while outstanding work is under ``(max_staleness + 1) * trajectories_per_version``;
+at the limit it holds the prompt it took and polls (``streamrl_rollout_gate_paused_seconds_total``).
+A new version on the policy topic releases it at once.
 
-The end offsets come from ``Reader.end_offsets``, exact on Kafka and on the embedded broker
-(whose ListOffsets answer is off by the size of the last batch). This worker's trajectories
-count as reserved until the broker acknowledges them, so the count never dips between the end
-of a generation and the end offset moving.
-
-The bound is approximate by the groups other workers are generating at the same moment, and a
-stage that drops trajectories for good (dead letters before the learner) uses up budget: with
-``max_staleness=0`` the learner must then make its versions from fewer records than it asks for.
+Without losses this is the bound ``(v + max_staleness + 1) * trajectories_per_version`` on
+everything produced; with losses (a scorer failing on some records, stale records the learner
+drops) the freed slots come back, so the run never freezes at the bound. The end offsets come
+from ``Reader.end_offsets``, exact on Kafka and on the embedded broker. This worker's
+trajectories count as reserved until the broker acknowledges them, so the count never dips
+between the end of a generation and the end offset moving.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 
 from streamrl import metrics
 from streamrl.bus import Bus, Reader
+from streamrl.records import DeadLetter, RecordError
 from streamrl.rollout.weights import PolicyFollower
 
 log = logging.getLogger(__name__)
@@ -44,26 +46,40 @@ class StalenessGate:
         self.held = False
         self.stopping = asyncio.Event()
         self._reader = Reader(bus, ["rollouts"], "rollout") if self.enabled else None
+        self._dead = Reader(bus, ["deadletter"], "rollout") if self.enabled else None
+        self.dead_rollouts = 0  # trajectories dead-lettered downstream (reward, learner), seen so far
 
     async def start(self) -> "StalenessGate":
-        if self._reader is not None:
-            try:
-                await self._reader.start()
-            except LookupError as exc:
-                raise RuntimeError(f"staleness gate: {exc} (streamrl topics create)") from None
+        for reader in (self._reader, self._dead):
+            if reader is not None:
+                try:
+                    await reader.start()
+                except LookupError as exc:
+                    raise RuntimeError(f"staleness gate: {exc} (streamrl topics create)") from None
         return self
 
     async def stop(self) -> None:
         self.stopping.set()
-        if self._reader is not None:
-            await self._reader.stop()
+        for reader in (self._reader, self._dead):
+            if reader is not None:
+                await reader.stop()
 
     def limit(self) -> int:
-        return (self.follower.version + self.max_staleness + 1) * self.per_version
+        return (self.max_staleness + 1) * self.per_version
 
-    async def produced(self) -> int:
+    async def outstanding(self) -> int:
+        """Trajectories produced or being generated that nobody has finished with yet."""
         ends = await self._reader.end_offsets()
-        return sum(ends.values()) - self.baseline
+        downstream = {self.bus.topic("rollouts"), self.bus.topic("rewarded")}
+        for msg in await self._dead.fetch(timeout_ms=0):
+            try:
+                if DeadLetter.decode(msg.value, 2**26).source_topic in downstream:
+                    self.dead_rollouts += 1
+            except RecordError:
+                continue
+        latest = self.follower.latest
+        trained = latest.trained_records if latest is not None else 0
+        return sum(ends.values()) - self.baseline + self.reserved - trained - self.dead_rollouts
 
     async def acquire(self, n: int) -> float:
         """Wait until ``n`` more trajectories may be generated and reserve them; returns the
@@ -75,12 +91,12 @@ class StalenessGate:
         while True:
             if self.stopping.is_set():
                 raise asyncio.CancelledError("worker stopping")
-            count = await self.produced() + self.reserved
+            count = await self.outstanding()
             if count < self.limit():
                 break
             if not self.held:
-                log.info("staleness gate: %d trajectories, limit %d at learner version %d: holding",
-                         count, self.limit(), self.follower.version)
+                log.info("staleness gate: %d trajectories outstanding, limit %d at learner version %d: "
+                         "holding", count, self.limit(), self.follower.version)
             self.held = True
             metrics.ROLLOUT_GATE_HELD.set(1)
             self.follower.updated.clear()

@@ -62,6 +62,7 @@ class RolloutWorker:
         self.loop = StageLoop(bus, stage=STAGE, source="prompts", group=self.group, decode=Prompt.decode,
                               handle=self.handle, max_in_flight=cfg.max_in_flight, producer=self.producer)
         self._loaded_offset = -1  # policy-topic offset of the version in use (-1: the startup weights)
+        self.lineage: str | None = None  # the training line of the weights in use
         self._load_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._label = self.backend.name
@@ -119,6 +120,7 @@ class RolloutWorker:
             self._loaded_offset = offset  # a version that fails to load is not retried
             if latest.weights_uri is None:
                 if latest.version == 0:  # the initial weights, which this worker started from
+                    self.lineage = latest.lineage
                     return 0.0
                 log.error("policy version %d has no weights_uri: keeping version %d",
                           latest.version, self.backend.version)
@@ -130,6 +132,7 @@ class RolloutWorker:
                 log.error("policy version %d: %s; keeping version %d", latest.version, exc, self.backend.version)
                 metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
                 return 0.0
+            self.lineage = latest.lineage
             log.info("loaded policy version %d in %.2fs", latest.version, took)
             metrics.ROLLOUT_WEIGHT_LOAD_SECONDS.observe(took)
             metrics.ROLLOUT_POLICY_VERSION.set(latest.version)
@@ -147,6 +150,8 @@ class RolloutWorker:
 
         try:
             started = time.monotonic()
+            await before_turn()  # the newest weights before the first turn, and their line
+            lineage = self.lineage
             trajectories = await self._generate(prompt, n, before_turn)
             took = time.monotonic() - started
         except BaseException:
@@ -157,6 +162,7 @@ class RolloutWorker:
         tokens = 0
         for t in trajectories:
             t.timings.update(gate_wait_s=gate_s, weight_load_s=load_s)
+            t.lineage = lineage
             mask = t.array("response_mask")
             ids = t.array("response_ids")
             tokens += int(mask.sum()) if mask is not None else (len(ids) if ids is not None else 0)
