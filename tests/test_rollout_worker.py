@@ -207,3 +207,15 @@ def test_rollout_and_feed_verbs_run_as_processes(bus_config, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "streamrl", "rollout", *common, "rollout.backend=nope"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "rollout.backend" in bad.stderr
+
+
+def test_weights_load_only_from_under_the_configured_prefixes(tmp_path):
+    from streamrl.rollout.worker import weights_allowed
+
+    root = tmp_path / "run" / "weights"
+    assert weights_allowed(str(root / "v3"), [str(root)])
+    assert weights_allowed(f"file://{root / 'v3'}", [str(root)])
+    assert not weights_allowed(str(root / ".." / ".." / "elsewhere"), [str(root)])  # no escape by ..
+    assert not weights_allowed("/etc/evil", [str(root)])
+    assert weights_allowed("s3://bucket/run/v3", ["s3://bucket/run/"]) and not weights_allowed("s3://other/v3", [str(root)])
+    assert weights_allowed("/anywhere", [])  # no prefixes configured

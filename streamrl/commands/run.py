@@ -80,7 +80,9 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
 
     bus = Bus(cfg.bus)
     await ensure_topics(bus)
-    common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0"]
+    # every stage gets the run's directories: rollout workers load weights only from there
+    common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",
+              f"learner.checkpoint_dir={out}/checkpoints", f"learner.weights_dir={out}/weights"]
     launcher = make_launcher(cfg, out / "logs")
     interactive = sys.stderr.isatty()
 
@@ -102,8 +104,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
     await observer.start()
     ended = "interrupted"
     try:
-        launcher.start("learner", ["learner", *common, f"learner.checkpoint_dir={out}/checkpoints",
-                                   f"learner.weights_dir={out}/weights"], "learner")
+        launcher.start("learner", ["learner", *common], "learner")
         for _ in range(cfg.run.reward_members):
             start_reward()
         for i in range(cfg.run.rollout_workers):

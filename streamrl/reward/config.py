@@ -64,7 +64,7 @@ class ScorerSpec:
     # reward.thread_concurrency at once: blocking remote calls, as verl's reward agent runs its
     # functions), or process (a worker process, killed at timeout_s: CPU-heavy or unsafe work
     # such as math equivalence or code checks). auto: thread for your functions, process for the
-    # math rule, inline for the other rules.
+    # math rules, thread for gsm8k.
     executor: str = "auto"
     # Per record. Long enough for remote calls that take 1-40 s (the reward agent's own test).
     timeout_s: float = 120.0

@@ -70,6 +70,10 @@ class RolloutConfig:
     max_in_flight: int = 4  # prompts this worker works on at once; their generations share batches
     max_batch_rows: int = 0  # most sequences in one engine call; 0: transformers 64, vllm 1024
     follow_policy: bool = True  # watch the policy topic and load new versions
+    # Load a version's weights only from under these prefixes (directories or URI prefixes): a
+    # policy record is read from a topic, so where it points is checked. Empty: the learner's
+    # learner.weights_dir of the same config.
+    weights_prefixes: list[str] = field(default_factory=list)
     # Staleness gate. The worker holds while the trajectories in the rollouts topic (minus
     # ``gate_baseline``) reach (learner version + max_staleness + 1) * trajectories_per_version.
     # trajectories_per_version 0 disables it (the learner's batch size in trajectories).

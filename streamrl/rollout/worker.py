@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamrl import metrics
@@ -74,7 +76,10 @@ class RolloutWorker:
     @classmethod
     def from_config(cls, cfg: "PipelineConfig") -> "RolloutWorker":
         """Loads the policy into the backend: before the first prompt is taken."""
-        return cls(Bus(cfg.bus), cfg.rollout)
+        rollout = cfg.rollout
+        if not rollout.weights_prefixes:
+            rollout = dataclasses.replace(rollout, weights_prefixes=[cfg.learner.weights_dir])
+        return cls(Bus(cfg.bus), rollout)
 
     def validate(self) -> None:
         self.cfg.validate()
@@ -124,6 +129,12 @@ class RolloutWorker:
                     return 0.0
                 log.error("policy version %d has no weights_uri: keeping version %d",
                           latest.version, self.backend.version)
+                metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
+                return 0.0
+            if not weights_allowed(latest.weights_uri, self.cfg.weights_prefixes):
+                log.error("policy version %d: weights_uri %r is not under rollout.weights_prefixes %s; "
+                          "keeping version %d", latest.version, latest.weights_uri, self.cfg.weights_prefixes,
+                          self.backend.version)
                 metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
                 return 0.0
             try:
@@ -188,6 +199,18 @@ class RolloutWorker:
                     delay = min(delay * 2, _RETRY_MAX_S)
                     continue
                 raise asyncio.CancelledError("worker stopping") from None
+
+
+def weights_allowed(uri: str, prefixes: list[str]) -> bool:
+    """``uri`` lies under one of ``prefixes`` (local paths compared resolved, so ``..`` and links
+    cannot leave them; other URIs by prefix). No prefixes: anything (tests, custom setups)."""
+    if not prefixes:
+        return True
+    if "://" in uri and not uri.startswith("file://"):
+        return any(uri.startswith(p) for p in prefixes if "://" in p)
+    path = Path(uri.removeprefix("file://")).resolve()
+    return any(path.is_relative_to(Path(p.removeprefix("file://")).resolve()) for p in prefixes if "://" not in p
+               or p.startswith("file://"))
 
 
 class _GateReleasingProducer(Producer):

@@ -20,12 +20,12 @@ class Rule:
     """A built-in rule scorer: its function, where it runs by default, what it serves."""
 
     ref: str
-    executor: str  # inline: microseconds of regex; process: CPU-heavy (SymPy)
+    executor: str  # thread: off the event loop, with a timeout; process: CPU-heavy (SymPy)
     data_sources: tuple[str, ...]
 
 
 RULES: dict[str, Rule] = {
-    "gsm8k": Rule("streamrl.scorers.gsm8k:compute_score", "inline", ("gsm8k", "openai/gsm8k")),
+    "gsm8k": Rule("streamrl.scorers.gsm8k:compute_score", "thread", ("gsm8k", "openai/gsm8k")),
     "math": Rule("streamrl.scorers.math_verify:compute_score", "process",
                  ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                   "HuggingFaceH4/MATH-500")),
