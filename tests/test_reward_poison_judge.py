@@ -53,6 +53,35 @@ async def judge(poisonous: bool, seen: list[str]) -> tuple[web.AppRunner, str]:
     return await serve_app(app)
 
 
+async def score_through_the_stage(bus, urls: list[str], records: list[Trajectory], max_attempts: int,
+                                  max_retries: int, eject_after: int) -> tuple[bool, list[str], dict[str, list]]:
+    """The real reward stage with one judge entry over ``urls``, until every record came out
+    rewarded or dead-lettered (or 60 s passed); returns (done, ejected servers, outputs)."""
+    cfg = PipelineConfig()
+    cfg.bus = bus.config
+    cfg.reward.group = f"reward-{bus.config.topic_prefix}"
+    cfg.reward.max_attempts = max_attempts
+    cfg.reward.retry_backoff_s = 0.01
+    cfg.reward.scorers[NAME] = ScorerSpec(type="judge", data_sources=["judged"], judge={
+        "urls": urls, "timeout_s": 5.0, "max_retries": max_retries, "backoff_s": 0.01, "backoff_max_s": 0.02,
+        "eject_after": eject_after, "health_interval_s": 0.0})
+    stage = RewardStage(cfg)
+    out: dict[str, list] = {"rewarded": [], "dead": []}
+    stop = asyncio.Event()
+    run = asyncio.create_task(stage.run(stop))
+    reader = asyncio.create_task(collect(bus, out))
+    try:
+        await produce(bus, records)
+        done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60)
+        ejected = stage.table.entries[NAME].scorer.router.ejected
+        stop.set()
+        await run
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+    return done, ejected, out
+
+
 def test_poison_replies_fail_their_record_alone(bus):
     kinds = ["ok", "null", "ok", "empty", "ok", "garbage", "ok", "huge"] * 3
     records = [Trajectory(id=f"p-{i}", group_id=f"g-{i}", group_size=1, policy_version=0, data_source="judged",
@@ -63,29 +92,11 @@ def test_poison_replies_fail_their_record_alone(bus):
         poison_seen: list[str] = []
         healthy, healthy_url = await judge(False, healthy_seen)
         poison, poison_url = await judge(True, poison_seen)
-        cfg = PipelineConfig()
-        cfg.bus = bus.config
-        cfg.reward.group = f"reward-{bus.config.topic_prefix}"
-        cfg.reward.max_attempts = 1
-        cfg.reward.retry_backoff_s = 0.01
-        # both URLs on one judge: the poisonous server answers everything, poison only for some
-        cfg.reward.scorers[NAME] = ScorerSpec(type="judge", data_sources=["judged"], judge={
-            "urls": [poison_url, healthy_url], "timeout_s": 5.0, "max_retries": 2, "backoff_s": 0.01,
-            "backoff_max_s": 0.02, "eject_after": 2, "health_interval_s": 0.0})
-        stage = RewardStage(cfg)
-        out: dict[str, list] = {"rewarded": [], "dead": []}
-        stop = asyncio.Event()
-        run = asyncio.create_task(stage.run(stop))
-        reader = asyncio.create_task(collect(bus, out))
         try:
-            await produce(bus, records)
-            done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60)
-            ejected = stage.table.entries[NAME].scorer.router.ejected
-            stop.set()
-            await run
+            # both URLs on one judge: the poisonous server answers everything, poison for some
+            done, ejected, out = await score_through_the_stage(bus, [poison_url, healthy_url], records,
+                                                               max_attempts=1, max_retries=2, eject_after=2)
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
             await healthy.cleanup()
             await poison.cleanup()
         return done, ejected, out, healthy_seen, poison_seen
@@ -101,56 +112,37 @@ def test_poison_replies_fail_their_record_alone(bus):
     assert all(r.reward_info["judge_score_raw"] == 9.0 for r in out["rewarded"])
     assert ejected == []  # poison replies never eject a server
     assert healthy_seen and poison_seen  # both kept their traffic
-    assert {"null", "empty", "garbage", "huge"} <= set(poison_seen)
-    errors = metrics.ROUTER_ERRORS
-    assert sum(errors.labels(NAME, url, "reply_too_large")._value.get()
-               for url in stage_urls(errors)) >= 1
-    # the 20 MB bodies were never read whole (3 of them; the bound is 1 MiB)
+    assert set(poison_seen) & {"null", "empty", "garbage", "huge"}  # poison was served, and survived
+    # any 20 MB body was never read whole (the bound is 1 MiB)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 200 * 1024
 
 
-def stage_urls(counter) -> list[str]:
-    return sorted({labels[1] for labels in counter._metrics if labels[0] == NAME})
+def url_of(out: dict[str, list]) -> str:
+    """The judge's URL as its metric label, read from a dead letter's detail."""
+    detail = next(d.detail for d in out["dead"] if d.reason == "reply_too_large")
+    return detail.split(": ", 1)[1].split("/v1/")[0]
 
 
 def test_a_judge_that_only_answers_poison_dead_letters_the_record_with_the_reason(bus):
     records = [Trajectory(id=f"q-{i}", group_id=f"h-{i}", group_size=1, policy_version=0, data_source="judged",
                           prompt="q", response=f"answer [{k}]", ground_truth="a")
-               for i, k in enumerate(["null", "ok", "garbage", "ok"])]
+               for i, k in enumerate(["null", "ok", "garbage", "ok", "huge"])]
 
     async def main():
         seen: list[str] = []
         poison, url = await judge(True, seen)
-        cfg = PipelineConfig()
-        cfg.bus = bus.config
-        cfg.reward.group = f"reward-{bus.config.topic_prefix}"
-        cfg.reward.max_attempts = 2
-        cfg.reward.retry_backoff_s = 0.01
-        cfg.reward.scorers[NAME] = ScorerSpec(type="judge", data_sources=["judged"], judge={
-            "urls": [url], "timeout_s": 5.0, "max_retries": 1, "backoff_s": 0.01, "backoff_max_s": 0.02,
-            "eject_after": 1, "health_interval_s": 0.0})
-        stage = RewardStage(cfg)
-        out: dict[str, list] = {"rewarded": [], "dead": []}
-        stop = asyncio.Event()
-        run = asyncio.create_task(stage.run(stop))
-        reader = asyncio.create_task(collect(bus, out))
         try:
-            await produce(bus, records)
-            done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60)
-            ejected = stage.table.entries[NAME].scorer.router.ejected
-            stop.set()
-            await run
+            return await score_through_the_stage(bus, [url], records, max_attempts=2, max_retries=1, eject_after=1)
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
             await poison.cleanup()
-        return done, ejected, out
 
     done, ejected, out = asyncio.run(main())
     assert done
     assert ejected == []  # eject_after 1, yet the server is up: not ejected
     assert sorted(r.id for r in out["rewarded"]) == ["q-1", "q-3"]
     dead = {d.record_id: d for d in out["dead"]}
-    assert sorted(dead) == ["q-0", "q-2"]
-    assert all(d.reason == "bad_reply" for d in dead.values())
+    assert sorted(dead) == ["q-0", "q-2", "q-4"]
+    assert [dead[i].reason for i in ("q-0", "q-2", "q-4")] == ["bad_reply", "bad_reply", "reply_too_large"]
     assert "TypeError" in dead["q-0"].detail and "JSONDecodeError" in dead["q-2"].detail
+    too_large = metrics.ROUTER_ERRORS.labels(NAME, url_of(out), "reply_too_large")._value.get()
+    assert too_large >= 2  # both tries of q-4 stopped at the bound

@@ -16,6 +16,7 @@ BENCHES = {
     "reward": "streamrl.bench.reward",
     "pipeline": "streamrl.bench.pipeline",
     "scale": "streamrl.bench.scale",
+    "ablation": "streamrl.bench.ablation",
 }
 
 
