@@ -85,6 +85,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrl.plotting import pyplot, save
+
 HELP = "verl reward-agent ablation: sync vs mini-batch pipeline vs one-step off-policy vs both"
 
 MODES = ("sync", "pipeline_only", "off_policy_only", "both")
@@ -395,10 +397,7 @@ async def run_mode(mode: str, w: Workload, prompts: list[Prompt], progress: Any)
 
 def plot(results: dict[str, ModeResult], reduction: dict[str, float], w: Workload, path: Path) -> None:
     """Seconds per mode; reductions next to the agent's; the first steps' timelines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig = plt.figure(figsize=(11, 7.2))
     grid = fig.add_gridspec(2, 2, height_ratios=[1, 1.15])
@@ -452,10 +451,7 @@ def plot(results: dict[str, ModeResult], reduction: dict[str, float], w: Workloa
             title=f"The first {shown} steps: one device, generation and updates in turn")
     ax3.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
     ax3.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save(fig, path, dpi=80)
 
 
 async def _bench(w: Workload, prompts: list[Prompt]) -> dict[str, ModeResult]:

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.bench._sim import JudgeLatency
+from streamrl.plotting import pyplot, save
 
 HELP = "streaming pipeline vs a synchronous barrier (time per version, speedup, efficiency vs bound)"
 
@@ -380,10 +381,7 @@ async def run_streaming(w: Workload, cfg, cfg_path: Path, prompts: list, run_dir
 
 def plot(results: dict[str, dict[str, Any]], w: Workload, bound_s: float, path: Path) -> None:
     """Seconds per version for each run against the bound, and versions over time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     names = list(results)
@@ -401,10 +399,7 @@ def plot(results: dict[str, dict[str, Any]], w: Workload, bound_s: float, path: 
     ax2.set(xlabel="seconds since version 0", ylabel="policy version", title="Versions over time")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save(fig, path, dpi=80)
 
 
 async def _bench(args: argparse.Namespace, w: Workload, bootstrap: str, out: Path) -> dict[str, Any]:

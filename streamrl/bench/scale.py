@@ -32,6 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from streamrl.plotting import pyplot, save
+
 HELP = "reward group scaling: throughput with 1, 2 and 4 members against a latency-bound judge"
 
 DATA_SOURCE = "bench"
@@ -177,10 +179,7 @@ async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     members = [r["members"] for r in rows]
     fig, ax = plt.subplots(figsize=(5, 3.6))
@@ -193,10 +192,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
            xticks=members)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save(fig, path, dpi=80)
 
 
 def main(args: argparse.Namespace) -> int:

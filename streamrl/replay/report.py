@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import orjson
 
+from streamrl.plotting import save
 from streamrl.records import Rewarded, Trajectory
 
 THRESHOLD = 0.5
@@ -243,5 +244,4 @@ def plot(report: dict[str, Any], path: Path) -> None:
         right.legend()
         right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set(title="mean reward by policy version", xlabel="policy version", ylabel="mean reward")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save(fig, path, dpi=100)
