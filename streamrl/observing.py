@@ -78,7 +78,7 @@ class Observer:
     async def poll(self, timeout_ms: int = 500) -> Observation:
         obs = self.obs
         for msg in await self._reader.fetch(timeout_ms=timeout_ms):
-            topic = msg.topic.rsplit(".", 1)[-1]
+            topic = self.bus.config.short_topic(msg.topic)
             try:
                 if topic == "rewarded":
                     rec = Rewarded.decode(msg.value)
