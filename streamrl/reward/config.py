@@ -91,6 +91,27 @@ class GroupHookConfig:
     data_sources: list[str] = field(default_factory=list)  # only these; empty: every data source
 
 
+@dataclass
+class RewardServerConfig:
+    """A reward-model server the reward stage launches and supervises itself (one entry of
+    ``reward.servers``; ``streamrl.scorers.servers``): ``replicas`` local processes, each
+    health-checked before the stage scores, restarted with backoff when it dies, stopped with
+    the stage. A model entry scores on it with ``model: {server: NAME}`` instead of ``urls``."""
+
+    name: str = ""
+    model: str = ""  # the model directory or hub id the server loads
+    backend: str = "vllm"  # vllm (vllm serve) | sglang (sglang.launch_server) | transformers (streamrl's own, CPU or CUDA)
+    replicas: int = 1
+    gpus_per_replica: int = 1  # CUDA devices per replica (tensor parallel); transformers: 0 = CPU
+    port: int = 0  # the first replica's port, replica i on port + i; 0: free ports, picked at start
+    host: str = "127.0.0.1"
+    args: list[str] = field(default_factory=list)  # extra command-line arguments, appended as given
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
+    startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
+    restart_backoff_s: float = 1.0  # first wait before restarting a replica that died; doubles
+    restart_backoff_max_s: float = 60.0
+
+
 def _default_scorers() -> dict[str, ScorerSpec]:
     """The built-in rules, each serving its usual data sources (``streamrl.scorers.RULES``)."""
     return {name: ScorerSpec(type="rule", rule=name, data_sources=list(rule.data_sources))
@@ -120,6 +141,9 @@ class RewardConfig:
     max_abs_reward: float = 1e6
     scorers: dict[str, ScorerSpec] = field(default_factory=_default_scorers)
     group_hook: GroupHookConfig = field(default_factory=GroupHookConfig)
+    # reward-model servers this stage launches (streamrl.scorers.servers); model entries name
+    # one with model.server
+    servers: list[RewardServerConfig] = field(default_factory=list)
     # Route data sources as verl's default_compute_score does where streamrl's defaults differ
     # (openai/gsm8k strict, "math" to DAPO's scorer): streamrl.scorers.rules.verl_compat.
     verl_compat: bool = False

@@ -46,6 +46,7 @@ class ScorerTable:
 
     def __init__(self, entries: dict[str, Entry], runner: Any, reward_router: str = ""):
         self.entries, self.runner, self.reward_router = entries, runner, reward_router
+        self.servers: Any = None  # reward.servers (streamrl.scorers.servers.RewardServers), if any
         self.routes: dict[str, Entry] = {}  # data source (or "prefix*") -> entry
         for entry in entries.values():
             for ds in entry.data_sources:
@@ -64,6 +65,8 @@ class ScorerTable:
         return entry
 
     async def start(self) -> None:
+        if self.servers is not None:  # up and healthy before the scorers that call them start
+            await self.servers.start()
         for entry in self.entries.values():
             await entry.scorer.start()
         address = await self._router_address()
@@ -87,6 +90,8 @@ class ScorerTable:
                 await entry.scorer.close()
             except Exception:  # noqa: BLE001 - close the others regardless
                 log.exception("closing scorer %s failed", entry.name)
+        if self.servers is not None:
+            await self.servers.close()
         if self.runner is not None:
             self.runner.close()
 
@@ -159,7 +164,11 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
             raise ConfigError(f"config field 'reward.scorers.{name}.parts': {exc}") from None
         entries[name] = Entry(name, scorer, spec.version or scorer.version, data_sources,
                               dict(spec.fallbacks))
-    return ScorerTable(entries, runner, router)
+    table = ScorerTable(entries, runner, router)
+    from streamrl.scorers.servers import RewardServers
+
+    table.servers = RewardServers.for_table(cfg.servers, entries)  # attaches model.server entries
+    return table
 
 
 def _build_scorer(name: str, spec: ScorerSpec, available: dict[str, Any], runner: Any,
