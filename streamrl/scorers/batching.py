@@ -42,11 +42,15 @@ class MicroBatcher(Generic[T]):
         return await future
 
     async def close(self) -> None:
+        """Stop the worker; callers still waiting (queued, or in the batch being scored) are
+        cancelled, never left hanging."""
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
+        while self._queue is not None and not self._queue.empty():
+            self._queue.get_nowait().future.cancel()
 
     async def _serve(self) -> None:
         assert self._queue is not None
@@ -66,7 +70,12 @@ class MicroBatcher(Generic[T]):
             batch = [p for p in batch if not p.future.done()]  # a caller that gave up
             if batch:
                 self.sizes.append(len(batch))
-                await self._settle(batch)
+                try:
+                    await self._settle(batch)
+                except asyncio.CancelledError:
+                    for p in batch:
+                        p.future.cancel()
+                    raise
 
     async def _settle(self, batch: list[_Pending[T]]) -> None:
         try:

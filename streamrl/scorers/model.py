@@ -64,6 +64,7 @@ import orjson
 from streamrl import metrics
 from streamrl.errors import ConfigError
 from streamrl.scorers.base import ScorerUnavailable
+from streamrl.scorers.batching import MicroBatcher
 from streamrl.scorers.judge import render_prompt
 from streamrl.scorers.router import Router, public_url
 
@@ -236,14 +237,6 @@ class RewardInput:
         return [{k: list(enc[k][i]) for k in keys} for i in range(len(pairs))]
 
 
-@dataclass
-class _Item:
-    prompt: Any
-    response: str
-    future: asyncio.Future
-    queued_at: float
-
-
 class TransformersRewardModel:
     """The local model: ``score(pairs)`` tokenises, sorts by length, runs forward passes of at
     most ``max_batch_tokens`` padded tokens and returns fp32 scores in the input order. Blocking:
@@ -330,8 +323,8 @@ class ModelScorer:
     def __init__(self, config: ModelScorerConfig, name: str = "model"):
         config.validate(name)
         self.config, self.name = config, name
-        self._queue: asyncio.Queue[_Item] | None = None
-        self._worker: asyncio.Task | None = None
+        # records in flight are scored in dynamic batches: max_batch_size, or max_wait_ms after the first
+        self._batcher: MicroBatcher | None = None
         self._local: TransformersRewardModel | None = None
         self._session: aiohttp.ClientSession | None = None
         self.router: Router | None = None
@@ -370,7 +363,7 @@ class ModelScorer:
         if c.backend != "transformers" and protocol_of(c.backend) != wanted:
             raise ConfigError(f"config field '{where}.backend': {c.backend!r} does not speak the "
                               f"protocol of server {c.server!r} (a {backend} server)")
-        if self._worker is not None:
+        if self._batcher is not None:
             raise RuntimeError(f"{self!r}: attach_server after start()")
         if c.backend == "transformers":  # the default: the server decides
             c.backend = wanted
@@ -380,7 +373,7 @@ class ModelScorer:
         self._make_router(urls)
 
     async def start(self) -> "ModelScorer":
-        if self._worker is not None:
+        if self._batcher is not None:
             return self
         c = self.config
         if not c.remote:
@@ -398,8 +391,7 @@ class ModelScorer:
             await self.router.start(self._session)
             if self.protocol == "vllm" and c.activation_field == "auto":
                 await self.check_server_version()
-        self._queue = asyncio.Queue()
-        self._worker = asyncio.create_task(self._run())
+        self._batcher = MicroBatcher(self._run_batch, c.max_batch_size, c.max_wait_ms / 1000.0)
         return self
 
     async def check_server_version(self) -> str | None:
@@ -427,18 +419,9 @@ class ModelScorer:
         return None
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-            self._worker = None
-        if self._queue is not None:
-            while not self._queue.empty():
-                item = self._queue.get_nowait()
-                if not item.future.done():
-                    item.future.cancel()
+        if self._batcher is not None:
+            await self._batcher.close()
+            self._batcher = None
         if self.router is not None:
             await self.router.close()
         if self._session is not None:
@@ -459,62 +442,21 @@ class ModelScorer:
 
     async def __call__(self, data_source: str, solution_str: str, ground_truth: Any,
                        extra_info: dict | None = None, **kwargs: Any) -> dict:
-        if self._queue is None:
+        if self._batcher is None:
             raise RuntimeError(f"{self!r}: await start() first")
         prompt = kwargs.get("prompt")
         if prompt is None and extra_info:
             prompt = extra_info.get("prompt")
-        loop = asyncio.get_running_loop()
-        item = _Item(prompt, solution_str or "", loop.create_future(), time.monotonic())
-        self._queue.put_nowait(item)
-        return {"score": await item.future}
+        return {"score": float(np.float32(await self._batcher.submit((prompt, solution_str or ""))))}
 
-    # -- the batching worker -------------------------------------------------------------------
-    async def _gather(self) -> list[_Item]:
-        assert self._queue is not None
-        first = await self._queue.get()
-        batch = [first]
-        deadline = first.queued_at + self.config.max_wait_ms / 1000.0
-        while len(batch) < self.config.max_batch_size:
-            if not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                batch.append(await asyncio.wait_for(self._queue.get(), left))
-            except asyncio.TimeoutError:
-                break
-        return [i for i in batch if not i.future.done()]  # a cancelled caller needs no score
-
-    async def _run(self) -> None:
-        while True:
-            batch = await self._gather()
-            if not batch:
-                continue
-            try:
-                await self._run_batch(batch)
-            except asyncio.CancelledError:
-                for i in batch:
-                    if not i.future.done():
-                        i.future.cancel()
-                raise
-
-    async def _run_batch(self, batch: list[_Item]) -> None:
+    async def _run_batch(self, pairs: list[tuple[Any, str]]) -> list[Any]:
+        """One dynamic batch: a score or an exception per record (``_score_split``)."""
         started = time.monotonic()
-        pairs = [(i.prompt, i.response) for i in batch]
         results = await self._score_split(pairs)
-        metrics.MODEL_BATCH_SIZE.labels(self.name).observe(len(batch))
+        metrics.MODEL_BATCH_SIZE.labels(self.name).observe(len(pairs))
         metrics.MODEL_BATCH_SECONDS.labels(self.name).observe(time.monotonic() - started)
-        self.batch_sizes.append(len(batch))
-        for i, r in zip(batch, results):
-            if i.future.done():
-                continue
-            if isinstance(r, BaseException):
-                i.future.set_exception(r)
-            else:
-                i.future.set_result(float(np.float32(r)))
+        self.batch_sizes.append(len(pairs))
+        return results
 
     async def _score_split(self, pairs: list[tuple[Any, str]]) -> list[Any]:
         """A score or an exception per pair. A batch that fails (other than an outage, which
