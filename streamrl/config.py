@@ -57,6 +57,11 @@ class BusConfig:
         (``streamrl.rewarded``), as users type either."""
         return self.topic_prefix + "." + self.short_topic(name) if self.topic_prefix else name
 
+    def group(self, stage: str, configured: str = "") -> str:
+        """A stage's consumer group: ``configured``, else ``<prefix>-<stage>`` (``streamrl-reward``),
+        so two pipelines with different prefixes on one Kafka never share a group."""
+        return configured or f"{self.topic_prefix or 'streamrl'}-{stage}"
+
     def short_topic(self, name: str) -> str:
         """``streamrl.rewarded`` -> ``rewarded``; a short name stays as it is."""
         prefix = self.topic_prefix + "."
@@ -88,16 +93,28 @@ class AutoscaleConfig:
 
 @dataclass
 class RayConfig:
-    """``streamrl run --launcher ray``: where Ray is and what each stage's actor asks for."""
+    """``streamrl run --launcher ray``: where Ray is, what each stage's actor asks for, and what
+    reaches the stages on other nodes (``streamrl.ray_launcher``)."""
 
-    address: str = ""  # "" starts a local Ray; "auto" or ray://HOST:PORT joins a cluster
-    num_cpus: int = 0  # for a local Ray: logical CPUs (0: the machine's)
-    resources: dict[str, dict[str, float]] = field(default_factory=lambda: {
-        "rollout": {"num_cpus": 1, "num_gpus": 0},
-        "reward": {"num_cpus": 1, "num_gpus": 0},
-        "learner": {"num_cpus": 1, "num_gpus": 0},
-        "feed": {"num_cpus": 0.1, "num_gpus": 0},
-    })
+    address: str = ""  # "" starts a local Ray; "auto", HOST:PORT or ray://HOST:PORT joins a cluster
+    # A local Ray's logical CPUs; 0: this machine's, or what the stages ask for in all if more
+    # (on one machine they share its cores, as under the local launcher)
+    num_cpus: int = 0
+    # What each stage's actor asks for, over the defaults (streamrl.ray_launcher.DEFAULT_RESOURCES:
+    # learner 1 CPU, rollout 1 CPU or 0.25 with backend openai, reward and feed 0.25 CPU, no GPU):
+    # {feed|rollout|reward|learner: {num_cpus, num_gpus, memory_gb, <custom Ray resource>: n}}
+    resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    # NAMES of environment variables passed from this shell to every stage (judge keys, the SASL
+    # password, S3 credentials); their values are never logged or put in Ray's runtime_env
+    env_vars: list[str] = field(default_factory=list)
+    # A directory Ray uploads to every node (runtime_env working_dir) and the stages run in: a
+    # source checkout, your scorer files. Empty: streamrl is installed on every node, and the
+    # stages run in this directory where it exists on their node
+    working_dir: str = ""
+    # Before anything starts, check that the cluster can hold every stage (off for a cluster that
+    # autoscales); a stage Ray has not placed after placement_timeout_s fails the run, named
+    check_placement: bool = True
+    placement_timeout_s: float = 120.0
 
 
 @dataclass

@@ -1,99 +1,498 @@
 """The Ray launcher (``streamrl run --launcher ray``): each stage is a Ray actor placed with the
-resources its config asks for (``num_gpus`` for rollout, a reward model, the learner). The actor
-runs the stage's usual command (``python -m streamrl VERB ...``) as its child, so a stage behaves
-the same under Ray, under compose and by hand, and gets SIGTERM (a clean drain and commit) when
-it is stopped. Ray sets ``CUDA_VISIBLE_DEVICES`` for the actor; the child inherits it.
+resources its config asks for (``run.ray.resources``: CPUs, GPUs, memory, custom resources). The
+actor runs the stage's usual command (``python -m streamrl VERB ...``) as its child, so a stage
+behaves the same under Ray, under compose and by hand, and gets SIGTERM (a clean drain and
+commit) when it is stopped. Ray sets ``CUDA_VISIBLE_DEVICES`` for the actor; the child inherits it.
+
+Across nodes (``RayLauncher.for_run`` checks all of this before any stage starts):
+
+- the broker must be reachable from every node: the embedded one listens on this machine's
+  loopback, so a cluster of more than one node needs ``--bootstrap-servers``;
+- every stage must fit: each against the largest node, and all of them together, placed in the
+  order ``streamrl run`` starts them; a stage that cannot is named with its config field;
+- environment variables named in ``run.ray.env_vars`` reach each stage's process, their values
+  passed as an argument of its actor (not in Ray's ``runtime_env``: Ray's runtime-env agent
+  writes a runtime_env's ``env_vars`` to its log in plain text);
+- the config file is shipped to nodes that do not have it; the run's directories are absolute;
+  ``run.ray.working_dir`` is uploaded by Ray (a source checkout, scorer files) and the stages
+  run in it; weights reach other nodes through ``learner.weights_uri`` (``streamrl.weights_store``)
+  or a filesystem every node mounts at the same path.
 
 ``ray`` is the ``[ray]`` extra, imported here only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import math
 import os
+import re
 import subprocess
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from streamrl.broker import stop_process
 from streamrl.config import RestartConfig
+from streamrl.errors import ConfigError, StreamrlError
 from streamrl.launching import Launcher, _die_with_parent, stage_command
 
+log = logging.getLogger(__name__)
 
+#: the stages, in the order ``streamrl run`` starts them (the placement check places them so)
+STAGES = ("learner", "reward", "rollout", "feed")
+#: what each stage's actor asks for unless ``run.ray.resources.<stage>`` says otherwise: the
+#: learner computes (add ``num_gpus`` on GPU nodes); a rollout worker with a local engine
+#: (transformers, vllm) computes; reward members and the feed wait on I/O (judges, reward-model
+#: servers, the broker) and ask for a fraction of a CPU
+DEFAULT_RESOURCES: dict[str, dict[str, float]] = {
+    "learner": {"num_cpus": 1.0},
+    "rollout": {"num_cpus": 1.0},
+    "reward": {"num_cpus": 0.25},
+    "feed": {"num_cpus": 0.25},
+}
+#: a rollout worker whose backend is a server (``rollout.backend: openai``) waits on it
+REMOTE_ROLLOUT: dict[str, float] = {"num_cpus": 0.25}
+_RAY_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory_gb": "memory"}
+_GIB = 2 ** 30
+_EPS = 1e-6
+#: left out of ``run.ray.working_dir``'s upload (Ray also honours its .gitignore)
+WORKING_DIR_EXCLUDES = [".git/", ".venv/", "venv/", "runs/", "build/", "dist/", "*.egg-info/", "__pycache__/"]
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+# -- what the stages ask for, and whether the cluster can hold them -----------------------------
+def stage_resources(cfg: Any) -> dict[str, dict[str, float]]:
+    """Each stage's ask: ``DEFAULT_RESOURCES`` (``REMOTE_ROLLOUT`` for the openai backend) with
+    ``run.ray.resources`` over it; a bad entry is a ``ConfigError`` naming it."""
+    given = cfg.run.ray.resources
+    for kind, ask in given.items():
+        if kind not in STAGES:
+            raise ConfigError(f"config field 'run.ray.resources.{kind}': not a stage (one of {', '.join(STAGES)})")
+        for key, value in ask.items():
+            if not value >= 0:
+                raise ConfigError(f"config field 'run.ray.resources.{kind}.{key}': must be >= 0 (got {value})")
+    out = {}
+    for kind in STAGES:
+        base = REMOTE_ROLLOUT if kind == "rollout" and cfg.rollout.backend == "openai" else DEFAULT_RESOURCES[kind]
+        out[kind] = {**base, **given.get(kind, {})}
+    return out
+
+
+def stage_counts(cfg: Any) -> dict[str, int]:
+    """How many actors of each stage ``streamrl run`` may start (the reward group at its
+    autoscaling maximum)."""
+    run = cfg.run
+    return {"learner": 1, "reward": max(run.reward_members, run.autoscale.max_members),
+            "rollout": run.rollout_workers, "feed": 1}
+
+
+def actor_options(ask: dict[str, float]) -> dict[str, Any]:
+    """A stage's ask as Ray actor options."""
+    options: dict[str, Any] = {"num_cpus": ask.get("num_cpus", 0.0), "num_gpus": ask.get("num_gpus", 0.0)}
+    if ask.get("memory_gb"):
+        options["memory"] = int(ask["memory_gb"] * _GIB)
+    custom = {key: value for key, value in ask.items() if key not in _RAY_NAMES and value}
+    if custom:
+        options["resources"] = custom
+    return options
+
+
+def _demand(ask: dict[str, float]) -> dict[str, tuple[float, str]]:
+    """Ray resource name -> (amount in Ray's units, the config key)."""
+    return {_RAY_NAMES.get(key, key): (value * _GIB if key == "memory_gb" else value, key)
+            for key, value in ask.items() if value > 0}
+
+
+def describe(resource: str, amount: float) -> str:
+    """``1 CPU``, ``0.25 CPU``, ``2 GPUs``, ``4 GiB of memory``, ``1 of the resource 'x'``."""
+    if resource == "memory":
+        return f"{amount / _GIB:.3g} GiB of memory"
+    n = f"{amount:g}"
+    if resource in ("CPU", "GPU"):
+        return f"{n} {resource}{'s' if amount > 1 else ''}"
+    return f"{n} of the resource {resource!r}"
+
+
+def check_placement(asks: dict[str, dict[str, float]], counts: dict[str, int],
+                    nodes: list[dict[str, float]], scaled_from: int | None = None) -> str | None:
+    """None when every stage can be placed on ``nodes`` (each node's resources, in Ray's names);
+    else one line naming the first stage that cannot, why, and the field to change. Each stage
+    is held against the largest node, then all are placed first-fit in start order, as Ray
+    places them one after the other."""
+    for kind in STAGES:
+        if not counts.get(kind):
+            continue
+        for resource, (amount, key) in _demand(asks[kind]).items():
+            largest = max((node.get(resource, 0.0) for node in nodes), default=0.0)
+            if largest + _EPS < amount:
+                has = ("the cluster has none" if largest <= 0
+                       else f"the largest node has {describe(resource, largest)}")
+                return f"stage '{kind}' asks for {describe(resource, amount)}; {has} (run.ray.resources.{kind}.{key})"
+    free = [dict(node) for node in nodes]
+    placed: list[str] = []
+    for kind in STAGES:
+        demand = _demand(asks[kind])
+        for i in range(counts.get(kind, 0)):
+            name = f"{kind}-{i}" if kind in ("reward", "rollout") else kind
+            node = next((f for f in free if all(f.get(r, 0.0) + _EPS >= a for r, (a, _) in demand.items())), None)
+            if node is not None:
+                for resource, (amount, _) in demand.items():
+                    node[resource] -= amount
+                placed.append(name)
+                continue
+            short = [r for r, (a, _) in demand.items() if not any(f.get(r, 0.0) + _EPS >= a for f in free)]
+            resource = short[0] if short else next(iter(demand))
+            amount, key = demand[resource]
+            total = sum(node.get(resource, 0.0) for node in nodes)
+            used = total - sum(f.get(resource, 0.0) for f in free)
+            why = (f"the stages before it ({_listed(placed)}) take {describe(resource, used)} of the cluster's "
+                   f"{describe(resource, total)}, and it asks for {describe(resource, amount)}" if short else
+                   f"no node has all of {', '.join(describe(r, a) for r, (a, _) in demand.items())} free "
+                   f"once {_listed(placed)} are placed")
+            more = (f"; the reward group may grow to run.autoscale.max_members={counts['reward']}"
+                    if kind == "reward" and scaled_from is not None and i >= scaled_from else "")
+            return f"stage '{name}' cannot be placed: {why} (run.ray.resources.{kind}.{key}, or a bigger cluster{more})"
+    return None
+
+
+def _listed(names: list[str]) -> str:
+    """``learner, reward-0..5, rollout-0``: runs of one stage's members collapsed."""
+    runs: list[list[str]] = []
+    for name in names:
+        kind = name.rsplit("-", 1)[0]
+        if runs and runs[-1][0].rsplit("-", 1)[0] == kind and "-" in name:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ", ".join(", ".join(r) if len(r) < 3 else f"{r[0]}..{r[-1].rsplit('-', 1)[1]}" for r in runs)
+
+
+def stage_env(cfg: Any) -> dict[str, str]:
+    """The variables named in ``run.ray.env_vars`` (and the SASL password's, when SASL is on),
+    with their values from this process's environment. Errors name the variable, never a value."""
+    names = list(cfg.run.ray.env_vars)
+    if cfg.bus.sasl_mechanism and cfg.bus.sasl_password_env and cfg.bus.sasl_password_env not in names:
+        names.append(cfg.bus.sasl_password_env)
+    env = {}
+    for i, name in enumerate(names):
+        if not _ENV_NAME.fullmatch(name):  # perhaps a value pasted by mistake: not echoed
+            raise ConfigError(f"config field 'run.ray.env_vars': entry {i} is not a variable name "
+                              f"(give NAMES; their values are read from this environment)")
+        if name not in os.environ:
+            field = "run.ray.env_vars" if name in cfg.run.ray.env_vars else "bus.sasl_password_env"
+            raise ConfigError(f"config field {field!r}: {name} is not set in this environment")
+        env[name] = os.environ[name]
+    return env
+
+
+# -- the actor ------------------------------------------------------------------------------------
 class _StageProcess:
-    """The body of the stage actor: one stage process and its log."""
+    """The body of the stage actor: one stage process and its log (on the actor's node)."""
 
-    def __init__(self, argv: list[str], log_path: str):
+    def __init__(self, argv: list[str], log_path: str, env: dict[str, str] | None = None,
+                 cwd: str | None = None, files: dict[str, str] | None = None):
+        import ray
+
         self.log_path = log_path
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        argv = _localise(argv, files or {})
+        run_in = cwd if cwd and os.path.isdir(cwd) else os.getcwd()
         with open(log_path, "ab") as out:
+            out.write(f"[ray] node {self.node_id} ({self.node_ip}), in {run_in}\n".encode())
+            out.flush()
             self.proc = subprocess.Popen(stage_command(argv), stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent, cwd=run_in,
+                                         env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+
+    def ready(self) -> dict[str, Any]:
+        return {"node_id": self.node_id, "node_ip": self.node_ip, "pid": self.proc.pid}
 
     def returncode(self) -> int | None:
         return self.proc.poll()
 
-    def stop(self, timeout_s: float) -> int | None:
+    def stop(self, timeout_s: float) -> tuple[int | None, str]:
         stop_process(self.proc, timeout_s)
-        return self.proc.returncode
+        return self.proc.returncode, self.tail(40)
+
+    def tail(self, lines: int = 20) -> str:
+        path = Path(self.log_path)
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
+def _localise(argv: list[str], files: dict[str, str]) -> list[str]:
+    """``--config PATH`` where PATH is not on this node: a copy of the driver's file, written here."""
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        path = argv[i + 1]
+        if arg == "--config" and path in files and not os.path.exists(path):
+            text = files[path]
+            local = Path(tempfile.gettempdir()) / "streamrl-config" / (
+                f"{hashlib.sha256(text.encode()).hexdigest()[:16]}-{Path(path).name}")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(text)
+            argv[i + 1] = str(local)
+    return argv
+
+
+# -- the launcher ---------------------------------------------------------------------------------
 class RayLauncher(Launcher):
     """Stages as Ray actors. The supervision is ``Launcher``'s (a crashed stage process is started
     again in a new actor); an actor lost with its node is restarted by Ray itself
-    (``max_restarts``), which re-runs the stage."""
+    (``max_restarts``, not for the feed), which re-runs the stage. Every wait on Ray is bounded
+    and names the stage it was for."""
+
+    #: how long a started actor may answer a status call before the run fails, naming it
+    answer_timeout_s = 30.0
 
     def __init__(self, log_dir: Path, address: str = "", num_cpus: int = 0,
                  resources: dict[str, dict[str, float]] | None = None,
-                 restart: RestartConfig | None = None, stop_timeout_s: float = 90.0):
+                 restart: RestartConfig | None = None, stop_timeout_s: float = 90.0,
+                 env: dict[str, str] | None = None, working_dir: str = "",
+                 placement_timeout_s: float = 120.0, cwd: str | None = None):
         from streamrl.errors import need
 
         super().__init__(restart, stop_timeout_s)
         ray = need("ray", "ray", "streamrl run --launcher ray")
         self._ray = ray
+        self.connected = False  # this launcher connected to Ray (close() disconnects)
+        # run.ray.working_dir is a job-level runtime_env: Ray uploads it once, at connection,
+        # and every actor of this driver runs in its copy
+        runtime_env = {"working_dir": working_dir, "excludes": WORKING_DIR_EXCLUDES} if working_dir else None
         if not ray.is_initialized():
             kwargs = {"address": address} if address else {"num_cpus": num_cpus or None}
-            ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
+            try:
+                ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                         runtime_env=runtime_env, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError, OSError) as exc:
+                why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                fields = "run.ray.address" + (", run.ray.working_dir" if working_dir else "")
+                what = f"join the Ray cluster at {address!r}" if address else "start a local Ray"
+                raise StreamrlError(f"cannot {what} ({fields}): {why}") from None
+            self.connected = True
+        elif working_dir and not (ray.get_runtime_context().runtime_env or {}).get("working_dir"):
+            raise StreamrlError("run.ray.working_dir: Ray is already initialized in this process without it "
+                                "(pass runtime_env={'working_dir': ...} to ray.init, or let the launcher connect)")
         self._actor_cls = ray.remote(_StageProcess)
         self.log_dir = log_dir
-        self.resources = resources or {}
-        self.actors: dict[str, object] = {}
+        self.resources = {**DEFAULT_RESOURCES, **(resources or {})}  # stage -> ask (config keys)
+        self.placement_timeout_s = placement_timeout_s
+        self._env = dict(env or {})
+        self._cwd = None if working_dir else (cwd or os.getcwd())  # with working_dir: Ray's copy of it
+        self._files: dict[str, str] = {}  # config files, shipped to nodes that lack them
+        self.actors: dict[str, Any] = {}
+        self.notes: list[str] = []  # lines for the user, from for_run
         self._exited: dict[str, int | None] = {}
         self._generation: dict[str, int] = {}
+        self._pending: dict[str, tuple[Any, float]] = {}  # not placed (or not started) yet
+        self._where: dict[str, dict[str, Any]] = {}  # name -> node id, ip, pid
+        self._tails: dict[str, str] = {}  # a stopped stage's log tail (its node may be another)
 
+    # -- ``streamrl run``: connect, check, then start --------------------------------------------
+    @classmethod
+    def for_run(cls, cfg: Any, log_dir: Path, embedded_broker: bool) -> "RayLauncher":
+        """Connect to Ray (or start a local one) for ``streamrl run`` and check, before any stage
+        starts, that this run can work there: the broker reachable from every node, every stage
+        placeable, every named variable set. Each failure is one ``StreamrlError`` line."""
+        ray_cfg = cfg.run.ray
+        asks = stage_resources(cfg)
+        counts = stage_counts(cfg)
+        env = stage_env(cfg)
+        working_dir = ""
+        if ray_cfg.working_dir:
+            working_dir = str(Path(ray_cfg.working_dir).expanduser().resolve())
+            if not Path(working_dir).is_dir():
+                raise ConfigError(f"config field 'run.ray.working_dir': {ray_cfg.working_dir!r} is not a directory")
+        if not ray_cfg.placement_timeout_s > 0:
+            raise ConfigError("config field 'run.ray.placement_timeout_s': must be > 0")
+        notes = []
+        num_cpus = ray_cfg.num_cpus
+        if not ray_cfg.address and not num_cpus:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            wanted = sum(asks[kind].get("num_cpus", 0.0) * counts[kind] for kind in STAGES)
+            num_cpus = max(cores, math.ceil(wanted - _EPS))
+            if num_cpus > cores:
+                notes.append(f"ray: a local Ray with {num_cpus} logical CPUs for the stages' {wanted:g} "
+                             f"(this machine has {cores} cores, which they share; run.ray.num_cpus sets it)")
+        launcher = cls(log_dir, address=ray_cfg.address, num_cpus=num_cpus, resources=asks,
+                       restart=cfg.run.restart, stop_timeout_s=cfg.run.stop_timeout_s, env=env,
+                       working_dir=working_dir, placement_timeout_s=ray_cfg.placement_timeout_s)
+        try:
+            launcher._check_cluster(cfg, asks, counts, embedded_broker, notes)
+        except BaseException:
+            launcher.close()
+            raise
+        launcher.notes = notes
+        return launcher
+
+    def _check_cluster(self, cfg: Any, asks: dict[str, dict[str, float]], counts: dict[str, int],
+                       embedded_broker: bool, notes: list[str]) -> None:
+        ray = self._ray
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        address = cfg.run.ray.address
+        here = ray.util.get_node_ip_address()
+        hosts = sorted({n.get("NodeManagerAddress", "") for n in nodes})
+        client_host = address[len("ray://"):].rsplit(":", 1)[0] if address.startswith("ray://") else ""
+        remote_client = bool(client_host) and client_host not in ("127.0.0.1", "localhost", "::1", here)
+        other_hosts = [h for h in hosts if h != here] if not remote_client else hosts
+        where = f"the Ray cluster at {address!r}" if address else "the local Ray"
+        if embedded_broker and (len(nodes) > 1 or other_hosts or remote_client):
+            raise StreamrlError(
+                f"{where} has {len(nodes)} node{'s' * (len(nodes) != 1)}, and the embedded broker listens on this "
+                f"machine's loopback only: give a Kafka every node reaches with --bootstrap-servers HOST:PORT "
+                f"(or STREAMRL_BOOTSTRAP_SERVERS)")
+        servers = [s.strip() for s in cfg.bus.bootstrap_servers.split(",") if s.strip()]
+        loopback = [s for s in servers if s.rsplit(":", 1)[0].strip("[]") in ("127.0.0.1", "localhost", "::1")]
+        if not embedded_broker and other_hosts and loopback:
+            raise StreamrlError(
+                f"--bootstrap-servers {','.join(loopback)} is a loopback address, and {where} has nodes on other "
+                f"hosts ({', '.join(other_hosts)}): give the broker's address every node reaches")
+        if cfg.run.ray.check_placement:
+            problem = check_placement(asks, counts, [n.get("Resources", {}) for n in nodes],
+                                      scaled_from=cfg.run.reward_members if cfg.run.autoscale.max_members else None)
+            if problem:
+                raise StreamrlError(problem + ("" if address else "; on one machine, run.ray.num_cpus adds logical CPUs"
+                                               if "CPU" in problem else ""))
+        if len(nodes) > 1 and not cfg.learner.weights_uri:
+            notes.append(f"ray: {len(nodes)} nodes: rollout workers on other nodes than the learner's read the weights "
+                         f"at {self.log_dir.parent / 'weights'}, so that must be a filesystem they share; or set "
+                         f"learner.weights_uri (s3://..., gs://...)")
+
+    def close(self) -> None:
+        """Disconnect from Ray if this launcher connected: a local Ray it started ends with it, a
+        cluster it joined keeps running."""
+        if self.connected:
+            self._ray.shutdown()
+            self.connected = False
+
+    # -- Launcher -----------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], kind: str) -> None:
         old = self.actors.get(name)
         if old is not None:
             self._ray.kill(old)
         self._exited.pop(name, None)
+        self._where.pop(name, None)
         generation = self._generation[name] = self._generation.get(name, -1) + 1
-        options = {"num_cpus": 1, "num_gpus": 0, "max_restarts": self.policy.max_restarts,
-                   **self.resources.get(kind, {})}
-        self.actors[name] = self._actor_cls.options(
-            name=f"streamrl-{name}-{os.getpid()}-{generation}", **options).remote(
-            argv, str(self.log_dir / f"{name}.log"))
+        options = {**actor_options(self.resources.get(kind, {})),
+                   "max_restarts": 0 if kind == "feed" else self.policy.max_restarts}  # a feed re-run publishes twice
+        try:
+            actor = self._actor_cls.options(name=f"streamrl-{name}-{os.getpid()}-{generation}", **options).remote(
+                argv, str(self.log_dir / f"{name}.log"), self._env, self._cwd, self._files_for(argv))
+        except Exception as exc:  # e.g. the working_dir upload refused
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise StreamrlError(f"stage {name!r}: Ray cannot start its actor: {why}") from None
+        self.actors[name] = actor
+        self._pending[name] = (actor.ready.remote(), time.monotonic())
+
+    def _files_for(self, argv: list[str]) -> dict[str, str]:
+        for arg, path in zip(argv, argv[1:]):
+            if arg == "--config" and path not in self._files and os.path.isfile(path):
+                self._files[path] = Path(path).read_text()
+        return {p: t for p, t in self._files.items() if p in argv}
+
+    def _placed(self, name: str) -> bool:
+        """Whether the stage's actor runs (its process started); raises, naming the stage, once
+        Ray has not placed it within ``placement_timeout_s``."""
+        if name not in self._pending:
+            return True
+        ref, since = self._pending[name]
+        done, _ = self._ray.wait([ref], timeout=0)
+        if not done:
+            waited = time.monotonic() - since
+            if waited > self.placement_timeout_s:
+                raise StreamrlError(self._not_placed(name, waited))
+            return False
+        del self._pending[name]
+        try:
+            self._where[name] = self._ray.get(ref, timeout=self.answer_timeout_s)
+        except self._ray.exceptions.RayActorError:  # it died starting: _poll reports it
+            self._where[name] = {}
+        except self._ray.exceptions.GetTimeoutError:
+            raise StreamrlError(f"stage {name!r}: its Ray actor did not answer "
+                                f"in {self.answer_timeout_s:.0f} s") from None
+        return True
+
+    def _not_placed(self, name: str, waited: float) -> str:
+        kind = self.stages[name].kind if name in self.stages else name
+        demand = _demand(self.resources.get(kind, {}))
+        try:
+            free = self._ray.available_resources()
+            free_now = ", ".join(describe(r, free.get(r, 0.0)) for r in demand) or "-"
+        except Exception:
+            free_now = "unknown"
+        asks = ", ".join(describe(r, a) for r, (a, _) in demand.items()) or "nothing"
+        return (f"stage {name!r} was not placed in {waited:.0f} s: it asks for {asks}; free in the cluster now: "
+                f"{free_now} (other jobs may hold them; run.ray.resources.{kind}, run.ray.placement_timeout_s)")
 
     def _poll(self, name: str) -> int | None:
         if name in self._exited:
             return self._exited[name]
+        if not self._placed(name):
+            return None
         try:
-            return self._ray.get(self.actors[name].returncode.remote(), timeout=30)
+            return self._ray.get(self.actors[name].returncode.remote(), timeout=self.answer_timeout_s)
         except self._ray.exceptions.RayActorError:  # the actor itself is gone for good
             return -1
+        except self._ray.exceptions.GetTimeoutError:
+            node = self._where.get(name, {}).get("node_ip", "?")
+            raise StreamrlError(f"stage {name!r} did not answer in {self.answer_timeout_s:.0f} s: its Ray actor "
+                                f"on node {node} is overloaded, or the node is gone") from None
 
     def _stop(self, name: str, timeout_s: float) -> None:
         if name in self._exited:
             return
-        actor = self.actors[name]
-        self._exited[name] = self._ray.get(actor.stop.remote(timeout_s), timeout=timeout_s + 30)
-        self._ray.kill(actor)
+        self._stop_all_of([name], timeout_s)
 
     def _stop_all(self, timeout_s: float) -> None:
-        live = {n: a for n, a in self.actors.items() if n not in self._exited}
-        codes = self._ray.get([a.stop.remote(timeout_s) for a in live.values()], timeout=timeout_s + 30)
-        for (name, actor), code in zip(live.items(), codes):
+        self._stop_all_of([n for n in self.actors if n not in self._exited], timeout_s)
+
+    def _stop_all_of(self, names: list[str], timeout_s: float) -> None:
+        """SIGTERM every named stage's process at once, wait for them (bounded), then end the
+        actors; one that never got placed, or does not answer, is ended and named in the log."""
+        refs = {}
+        pending = [self._pending[n][0] for n in names if n in self._pending]
+        if pending:  # one starting now gets its SIGTERM; one Ray cannot place is just ended
+            self._ray.wait(pending, num_returns=len(pending), timeout=min(10.0, timeout_s))
+        for name in names:
+            try:
+                placed = self._placed(name)
+            except StreamrlError:
+                placed = False
+            if placed:
+                refs[name] = self.actors[name].stop.remote(timeout_s)
+            else:
+                self._exited[name] = None
+        if refs:
+            self._ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s + 30)
+        for name, ref in refs.items():
+            try:
+                code, self._tails[name] = self._ray.get(ref, timeout=0)
+            except self._ray.exceptions.GetTimeoutError:
+                log.warning("stage %s did not stop in %.0f s; ending its Ray actor", name, timeout_s + 30)
+                code = None
+            except self._ray.exceptions.RayActorError:
+                code = -1
             self._exited[name] = code
-            self._ray.kill(actor)
+        for name in names:
+            try:
+                self._ray.kill(self.actors[name])
+            except Exception:  # already gone
+                pass
 
     def log_tail(self, name: str, lines: int = 20) -> str:
+        """From the stage's actor (its log is on the actor's node), else what it said when it
+        stopped, else the file here."""
+        actor = self.actors.get(name)
+        if actor is not None and name not in self._exited and name not in self._pending:
+            try:
+                return self._ray.get(actor.tail.remote(lines), timeout=10)
+            except Exception:
+                pass
+        if name in self._tails:
+            return "\n".join(self._tails[name].splitlines()[-lines:])
         path = self.log_dir / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""

@@ -376,7 +376,7 @@ def test_keda_scales_the_reward_group_on_its_lag(tmp_path):
     (trigger,) = spec["triggers"]
     meta = trigger["metadata"]
     assert trigger["type"] == "kafka"
-    assert meta["consumerGroup"] == cfg.reward.group == "streamrl-reward"
+    assert meta["consumerGroup"] == cfg.bus.group("reward", cfg.reward.group) == "streamrl-reward"
     assert meta["topic"] == cfg.bus.topic("rollouts")
     assert int(meta["lagThreshold"]) > 0
     assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= _partitions("rollouts")

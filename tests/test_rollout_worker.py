@@ -218,4 +218,5 @@ def test_weights_load_only_from_under_the_configured_prefixes(tmp_path):
     assert not weights_allowed(str(root / ".." / ".." / "elsewhere"), [str(root)])  # no escape by ..
     assert not weights_allowed("/etc/evil", [str(root)])
     assert weights_allowed("s3://bucket/run/v3", ["s3://bucket/run/"]) and not weights_allowed("s3://other/v3", [str(root)])
+    assert not weights_allowed("s3://bucket/run10/v3", ["s3://bucket/run1"])  # a path boundary, not a string prefix
     assert weights_allowed("/anywhere", [])  # no prefixes configured

@@ -48,10 +48,13 @@ def main(args: argparse.Namespace) -> int:
             raise StreamrlError(f"--autoscale wants MIN:MAX with 1 <= MIN <= MAX, got {args.autoscale!r}")
         cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
         cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
-    out = Path(cfg.run.out_dir).resolve() / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.run.out_dir).resolve() / time.strftime("%Y%m%d-%H%M%S")  # absolute: stages run elsewhere
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
+    # the broker or any stage starts
+    launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
     with broker_for(cfg) as bootstrap:
-        result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop))
+        result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop, launcher))
     print(json.dumps(result), flush=True)
     return {"done": 0, "interrupted": 130}.get(result["ended"], 1)
 
@@ -65,14 +68,16 @@ def make_launcher(cfg, log_dir: Path):
     if run.launcher == "ray":
         from streamrl.ray_launcher import RayLauncher
 
-        return RayLauncher(log_dir, address=run.ray.address, num_cpus=run.ray.num_cpus, resources=run.ray.resources,
-                           restart=run.restart, stop_timeout_s=run.stop_timeout_s)
+        launcher = RayLauncher.for_run(cfg, log_dir, embedded_broker=not cfg.bus.bootstrap_servers)
+        for note in launcher.notes:
+            print(note, file=sys.stderr, flush=True)
+        return launcher
     from streamrl.errors import ConfigError
 
     raise ConfigError(f"config field 'run.launcher': {cfg.run.launcher!r} is not local or ray")
 
 
-async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dict:
+async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launcher=None) -> dict:
     from streamrl.bus import Bus
     from streamrl.launching import LagAutoscaler
     from streamrl.observing import Observer, observe_until, status_line, summarise
@@ -83,7 +88,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
     # every stage gets the run's directories: rollout workers load weights only from there
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",
               f"learner.checkpoint_dir={out}/checkpoints", f"learner.weights_dir={out}/weights"]
-    launcher = make_launcher(cfg, out / "logs")
+    launcher = launcher or make_launcher(cfg, out / "logs")
     interactive = sys.stderr.isatty()
 
     def show(line: str) -> None:
@@ -100,7 +105,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event) -> dic
     auto = cfg.run.autoscale
     scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
                            auto.window_s, auto.cooldown_s) if auto.max_members else None
-    observer = Observer(bus, reward_group=cfg.reward.group)
+    observer = Observer(bus, reward_group=cfg.bus.group("reward", cfg.reward.group))
     await observer.start()
     ended = "interrupted"
     try:

@@ -73,7 +73,7 @@ class LearnerConfig:
     max_abs_reward: float = 1e6  # a reward beyond this (or not finite) is refused: "bad_reward"
     max_response_tokens: int = 0  # a longer response is refused ("response_too_long"); 0: no limit
     versions: int = 0  # stop once the policy version reaches this (across restarts); 0 = never
-    consumer_group: str = "streamrl-learner"
+    consumer_group: str = ""  # "": <bus.topic_prefix>-learner
 
     # -- outputs ------------------------------------------------------------------------------
     checkpoint_dir: str = "runs/learner/checkpoints"
@@ -81,6 +81,10 @@ class LearnerConfig:
     keep_checkpoints: int = 2  # the newest is loaded on restart; an older one if it is unreadable
     keep_weights: int = 4  # v<N> directories kept (rollout workers load the newest few)
     weights_dir: str = "runs/learner/weights"  # v<N>/ per version; a shared filesystem on clusters
+    # Also upload each version to <weights_uri>/v<N>/ (fsspec: s3://BUCKET/PATH, gs://...,
+    # file:///shared/dir) and announce that URI, for rollout workers on other nodes; empty: they
+    # load weights_dir's path (streamrl.weights_store)
+    weights_uri: str = ""
 
     def validate(self) -> "LearnerConfig":
         """Raise ``ConfigError`` naming the first bad field."""
@@ -113,4 +117,8 @@ class LearnerConfig:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (or 0 for off)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             bad("dtype", "one of float32, bfloat16, float16")
+        if self.weights_uri:
+            from streamrl.weights_store import check_uri
+
+            check_uri(self.weights_uri, "learner.weights_uri")
         return self

@@ -98,7 +98,8 @@ class Learner:
         self.assembler.load_state_dict(self.state.assembler)
         self.tracker = OffsetTracker()
         self.producer = bus.producer(STAGE)
-        self.consumer = bus.consumer(["rewarded"], cfg.consumer_group, STAGE,
+        self.group = bus.config.group(STAGE, cfg.consumer_group)
+        self.consumer = bus.consumer(["rewarded"], self.group, STAGE,
                                      on_assigned=self._assigned, on_revoked=self._revoked)
         self.checkpointer = Checkpoint(self.consumer, self.producer, self.tracker)
         self._version_metrics: list[dict[str, float]] = []
@@ -117,7 +118,7 @@ class Learner:
         self.cfg.validate()
 
     def describe(self) -> str:
-        return (f"version {self.version}, group {self.cfg.consumer_group}, checkpoints in "
+        return (f"version {self.version}, group {self.group}, checkpoints in "
                 f"{self.cfg.checkpoint_dir}")
 
     @property
@@ -134,7 +135,7 @@ class Learner:
     def _revoked(self, revoked: set[TopicPartition]) -> None:
         if revoked:
             log.warning("learner: partitions revoked (%s); is a second learner in group %r?",
-                        sorted(tp.partition for tp in revoked), self.cfg.consumer_group)
+                        sorted(tp.partition for tp in revoked), self.group)
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> checkpoint.LearnerState:
@@ -305,7 +306,7 @@ class Learner:
         for t in taken:
             self.tracker.done(TopicPartition(t.message.topic, t.message.partition), t.message.offset)
         n = len(taken)
-        metrics.CONSUMER_LAST_PROGRESS.labels(STAGE, self.cfg.consumer_group).set(time.time())
+        metrics.CONSUMER_LAST_PROGRESS.labels(STAGE, self.group).set(time.time())
         self.state.consumed_records += n
         self.state.trained_records += n
         self.state.mini_batches += 1
@@ -349,11 +350,17 @@ class Learner:
 
         target = Path(self.cfg.weights_dir) / f"v{version}"
         path = await asyncio.to_thread(save_policy, self.trainer.model, self.trainer.tokenizer, target)
-        record = PolicyVersion(version=version, weights_uri=str(path.resolve()),
+        uri = str(path.resolve())
+        if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
+            from streamrl import weights_store
+
+            uri = await asyncio.to_thread(weights_store.upload, path,
+                                          weights_store.version_uri(self.cfg.weights_uri, version))
+        record = PolicyVersion(version=version, weights_uri=uri,
                                trained_records=self.state.trained_records, metrics=summary,
                                lineage=self.state.lineage)
         await self.producer.send_and_wait("policy", record)
-        log.info("learner: version %d at %s (%d records trained)", version, path, self.state.trained_records)
+        log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)
         await asyncio.to_thread(self._prune_weights, version)
         return record
 
@@ -364,6 +371,13 @@ class Learner:
         for path in root.glob("v*"):
             if path.name[1:].isdigit() and int(path.name[1:]) <= version - self.cfg.keep_weights:
                 shutil.rmtree(path, ignore_errors=True)
+        if self.cfg.weights_uri:
+            from streamrl import weights_store
+
+            try:
+                weights_store.prune(self.cfg.weights_uri, version, self.cfg.keep_weights)
+            except Exception as exc:  # a failed clean-up costs storage, not the run
+                log.warning("learner: pruning old versions at %s failed: %s", self.cfg.weights_uri, exc)
 
     async def _announce_current(self) -> None:
         """At start: make sure ``policy`` names the weights this learner starts from, so rollout

@@ -61,9 +61,8 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     the rollout backend (``cfg.rollout``: backend, sampling), score them with ``scorer`` and
     report; returns the JSON report's path. Needs a broker only to publish."""
     from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
-    from streamrl.rollout.episode import ChatRenderer, InteractionRunner, run_group
+    from streamrl.rollout.episode import ChatRenderer, MultiTurn, run_group
     from streamrl.rollout.feed import build_prompts
-    from streamrl.rollout.interactions import load_interaction
 
     _check_publish_topic(publish_topic)
     feed = dataclasses.replace(cfg.feed, dataset=prompts, group_size=samples, limit=limit, epochs=1,
@@ -76,9 +75,7 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     backend.version = policy_version
     params = SamplingParams(max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p)
     renderer = ChatRenderer(backend.tokenizer)
-    ic = rc.interaction
-    interaction = (InteractionRunner(load_interaction(ic.name, dict(ic.kwargs)), ic.name,
-                                     ic.max_assistant_turns, ic.max_user_turns) if ic.name else None)
+    interaction = MultiTurn.from_config(rc)  # the same interactions and tools as the rollout workers
     trajectories: list[Trajectory] = []
     failures: list[dict[str, Any]] = []
     try:

@@ -19,6 +19,7 @@ imported where they are used.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -112,6 +113,23 @@ class RewardServerConfig:
     restart_backoff_max_s: float = 60.0
 
 
+TURN_REDUCERS = ("none", "last", "sum", "mean", "max", "discounted")
+
+
+@dataclass
+class TurnScoresConfig:
+    """Multi-turn trajectories carry a score per turn (``turns[i].score``: the interaction's
+    score of an answer, a tool call's step reward). ``reducer`` folds them, in transcript order,
+    into one number added to the scorer's reward: ``reward = score + weight * reduce(scores)``
+    (``reward_info.turn_reward``). ``discounted`` is the return ``sum(gamma**t * s_t)``, so a
+    success in fewer turns is worth more. ``none``: the turn scores stay in the record only. The
+    learner trains on the resulting trajectory reward; there is no per-turn credit."""
+
+    reducer: str = "none"  # none | last | sum | mean | max | discounted
+    weight: float = 1.0
+    gamma: float = 1.0  # discounted only
+
+
 def _default_scorers() -> dict[str, ScorerSpec]:
     """The built-in rules, each serving its usual data sources (``streamrl.scorers.RULES``)."""
     return {name: ScorerSpec(type="rule", rule=name, data_sources=list(rule.data_sources))
@@ -120,7 +138,7 @@ def _default_scorers() -> dict[str, ScorerSpec]:
 
 @dataclass
 class RewardConfig:
-    group: str = "streamrl-reward"  # the consumer group id (--group overrides)
+    group: str = ""  # the consumer group id (--group overrides); "": <bus.topic_prefix>-reward
     max_in_flight: int = 256  # records being scored at once per member (back-pressure above)
     max_attempts: int = 3  # tries of a failing scorer before the record is dead-lettered
     retry_backoff_s: float = 0.2  # first retry's wait; doubles each time, with jitter
@@ -141,6 +159,7 @@ class RewardConfig:
     max_abs_reward: float = 1e6
     scorers: dict[str, ScorerSpec] = field(default_factory=_default_scorers)
     group_hook: GroupHookConfig = field(default_factory=GroupHookConfig)
+    turn_scores: TurnScoresConfig = field(default_factory=TurnScoresConfig)  # multi-turn scores into the reward
     # reward-model servers this stage launches (streamrl.scorers.servers); model entries name
     # one with model.server
     servers: list[RewardServerConfig] = field(default_factory=list)
@@ -156,4 +175,11 @@ class RewardConfig:
                 raise ConfigError(f"config field 'reward.{name}': must be at least 1")
         if not self.max_abs_reward > 0:
             raise ConfigError("config field 'reward.max_abs_reward': must be positive")
+        ts = self.turn_scores
+        if ts.reducer not in TURN_REDUCERS:
+            raise ConfigError(f"config field 'reward.turn_scores.reducer': {ts.reducer!r} is not one of {TURN_REDUCERS}")
+        if not math.isfinite(ts.weight):
+            raise ConfigError("config field 'reward.turn_scores.weight': must be finite")
+        if not 0 < ts.gamma <= 1:
+            raise ConfigError("config field 'reward.turn_scores.gamma': must be in (0, 1]")
         return self

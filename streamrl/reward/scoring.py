@@ -12,6 +12,8 @@ one path:
    fetching once ``max_in_flight`` records are held). An outage is never scored 0;
 3. a NaN or infinite reward (in fp32) is never published: ``Failure("non_finite_reward")``, nor
    one beyond ``reward.max_abs_reward``: ``Failure("reward_out_of_range")``;
+   With ``reward.turn_scores`` a multi-turn record's reward is the scorer's plus ``weight *
+   reduce(turn scores)`` (``reward_info.turn_reward``), under the same two bounds;
 4. with a group hook, wait for the rest of the group (``groups.GroupCollector``);
 5. a ``Rewarded`` with the fp32 reward, ``reward_info`` (the scorer's extra fields and
    ``status``) and ``scorer`` {name, version}.
@@ -32,7 +34,7 @@ from tenacity import (AsyncRetrying, retry_if_exception_type, retry_if_not_excep
 from streamrl import metrics
 from streamrl.errors import Failure
 from streamrl.records import Rewarded, Trajectory
-from streamrl.reward.config import GroupHookConfig, OverlongBufferConfig, RewardConfig
+from streamrl.reward.config import GroupHookConfig, OverlongBufferConfig, RewardConfig, TurnScoresConfig
 from streamrl.reward.table import Entry, ScorerTable, build_table
 from streamrl.scorers.base import ScoreError, ScorerUnavailable, split_result
 
@@ -120,11 +122,36 @@ class Scoring:
         try:
             async for attempt in hold:
                 with attempt:
-                    return await self._score_bounded(entry, traj)
+                    reward, info = await self._score_bounded(entry, traj)
+                    return self._with_turn_reward(traj, reward, info)
         finally:
             if held:
                 metrics.REWARD_HELD.labels(entry.name).dec()
         raise AssertionError("unreachable")
+
+    def _with_turn_reward(self, traj: Trajectory, reward: float, info: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        """``reward`` plus ``reward.turn_scores``' reduction of the record's turn scores, checked
+        against the same bounds as a scorer's reward."""
+        cfg = self.rc.turn_scores
+        if cfg.reducer == "none":
+            return reward, info
+        scores = turn_scores(traj)
+        if scores is None:  # no transcript: a single-turn or text-only record
+            return reward, info
+        reduced = reduce_turn_scores(scores, cfg)
+        added = cfg.weight * reduced
+        total = reward + added
+        info.update(turn_reward=added, turn_scores={"reducer": cfg.reducer, "weight": cfg.weight, "scores": scores,
+                                                    "reduced": reduced, "scorer_reward": reward})
+        if cfg.reducer == "discounted":
+            info["turn_scores"]["gamma"] = cfg.gamma
+        value = np.float32(total)
+        if not math.isfinite(value):
+            raise Failure("non_finite_reward", f"reward {reward!r} + turn reward {added!r} is not finite in fp32")
+        if abs(value) > self.rc.max_abs_reward:
+            raise Failure("reward_out_of_range", f"reward {reward!r} + turn reward {added!r} is beyond "
+                                                 f"reward.max_abs_reward ({self.rc.max_abs_reward})")
+        return total, info
 
     async def _score_bounded(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:
         rc = self.rc
@@ -199,3 +226,35 @@ def overlong_penalty(cfg: OverlongBufferConfig, traj: Trajectory, score: float, 
     info.setdefault("acc", score)
     info.update(overlong_reward=penalty, overlong=penalty < 0)
     return score + penalty
+
+
+def turn_scores(traj: Trajectory) -> list[float] | None:
+    """The per-turn scores of a multi-turn record, in transcript order: every ``turns[i].score``
+    (the interaction's score of an answer, a tool call's step reward). A record written before
+    turns carried scores gives its ``extra_info.turn_scores``. None: the record has no turns."""
+    if not traj.turns:
+        return None
+    scores = [float(t["score"]) for t in traj.turns
+              if isinstance(t, dict) and isinstance(t.get("score"), (int, float)) and not isinstance(t["score"], bool)]
+    if not scores and not any(isinstance(t, dict) and "score" in t for t in traj.turns):
+        legacy = (traj.extra_info or {}).get("turn_scores")
+        if isinstance(legacy, list):
+            scores = [float(x) for x in legacy if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    return scores
+
+
+def reduce_turn_scores(scores: list[float], cfg: TurnScoresConfig) -> float:
+    """One number from a record's turn scores (``TurnScoresConfig``); 0 when there are none."""
+    if not scores:
+        return 0.0
+    if cfg.reducer == "last":
+        return scores[-1]
+    if cfg.reducer == "sum":
+        return float(sum(scores))
+    if cfg.reducer == "mean":
+        return float(sum(scores) / len(scores))
+    if cfg.reducer == "max":
+        return max(scores)
+    if cfg.reducer == "discounted":
+        return float(sum(cfg.gamma ** t * s for t, s in enumerate(scores)))
+    raise ValueError(f"turn score reducer {cfg.reducer!r}")

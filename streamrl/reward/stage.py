@@ -34,6 +34,7 @@ class RewardStage:
 
     def __init__(self, cfg: PipelineConfig, bus: Bus | None = None):
         self.cfg, self.rc = cfg, cfg.reward
+        self.group = cfg.bus.group(STAGE, cfg.reward.group)
         self.scoring = Scoring(cfg.reward)
         self.table = self.scoring.table
         self.bus = bus or Bus(cfg.bus)
@@ -47,13 +48,13 @@ class RewardStage:
         self.rc.validate()
 
     def describe(self) -> str:
-        return f"group {self.rc.group}, scorers {', '.join(self.table.entries)}"
+        return f"group {self.group}, scorers {', '.join(self.table.entries)}"
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         await self.scoring.start()
         try:
             self.loop = StageLoop(
-                self.bus, stage=STAGE, source=SOURCE, group=self.rc.group, decode=self._decode,
+                self.bus, stage=STAGE, source=SOURCE, group=self.group, decode=self._decode,
                 handle=self.handle, max_in_flight=self.rc.max_in_flight,
                 drain_timeout_s=self.rc.drain_timeout_s,
                 on_assign=self._assigned, on_revoke=self._revoked)
@@ -87,7 +88,7 @@ class RewardStage:
 
             total = load_specs()[SOURCE].partitions
         fraction = min(1.0, owned / total)
-        metrics.REWARD_PARTITION_SHARE.labels(self.rc.group).set(fraction)
+        metrics.REWARD_PARTITION_SHARE.labels(self.group).set(fraction)
         self.table.set_share(fraction)
 
     # -- one record ----------------------------------------------------------------------------

@@ -77,7 +77,17 @@ class WeightLoadError(Exception):
 
 
 def weights_path(uri: str) -> Path:
-    """A ``weights_uri`` (a local directory, optionally ``file://``) as a path."""
+    """A ``weights_uri`` as a local directory: a path (optionally ``file://``) as it is; any other
+    URI (``s3://``, ``gs://``, ...: ``learner.weights_uri``) downloaded first with fsspec, into a
+    directory of this process that ``load_weights`` removes once loaded (``streamrl.weights_store``)."""
+    from streamrl import weights_store
+
+    if weights_store.is_remote(uri):
+        try:
+            return weights_store.download(uri)
+        except Exception as exc:  # the filesystem's own errors (missing, denied, no s3fs ...)
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise WeightLoadError(f"weights {uri!r}: cannot download: {why}") from exc
     path = Path(uri.removeprefix("file://"))
     if not path.is_dir():
         raise WeightLoadError(f"weights {uri!r}: not a directory here")
@@ -198,7 +208,12 @@ class _LocalEngine(Backend):
     async def load_weights(self, uri: str, version: int) -> float:
         async with self._lock:
             started = time.monotonic()
-            await asyncio.to_thread(self._load_weights, uri)
+            try:
+                await asyncio.to_thread(self._load_weights, uri)
+            finally:
+                from streamrl import weights_store
+
+                weights_store.release(uri)  # a downloaded copy is not needed once loaded
             self.version = version
             return time.monotonic() - started
 

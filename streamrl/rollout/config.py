@@ -17,14 +17,45 @@ GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after 
 
 @dataclass
 class InteractionConfig:
-    """Multi-turn with simulated feedback. ``name`` empty: single turn. Otherwise a registered
-    name (``gsm8k``) or the dotted path of a class with verl's Interaction API
-    (``my_pkg.my_module.MyInteraction``); ``kwargs`` go to its constructor as verl's ``config``."""
+    """One interaction for every sample (streamrl's older form; verl's per-sample form is
+    ``rollout.multi_turn``). ``name`` empty: none. Otherwise a registered name (``gsm8k``) or
+    the path of a class with verl's Interaction API (``my_pkg.my_module:MyInteraction``);
+    ``kwargs`` go to its constructor as verl's ``config``. Its turn limits are its own; tools
+    and the other limits come from ``rollout.multi_turn``."""
 
     name: str = ""
     max_assistant_turns: int = 3
     max_user_turns: int = 2
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MultiTurnConfig:
+    """verl's ``rollout.multi_turn`` (same field names): interactions picked per sample from an
+    interaction config, tools from a tool config, and the limits of an episode. Either path set
+    turns multi-turn on; both empty (and ``rollout.interaction.name`` empty): single turn.
+
+    - ``interaction_config_path``: verl's interaction config (``interaction: [{name, class_name,
+      config}]``); each sample names its interaction in ``extra_info.interaction_kwargs.name``.
+    - ``tool_config_path``: verl's tool config (``tools: [{class_name, config, tool_schema}]``);
+      every tool is offered to every sample, ``extra_info.tools_kwargs`` configures it per sample.
+    A relative path that is not a file names a packaged one (``interaction_config/gsm8k.yaml``)."""
+
+    interaction_config_path: str = ""
+    tool_config_path: str = ""
+    max_assistant_turns: int = 3  # model turns per episode (verl: null = unbounded; here >= 1)
+    # Non-model turns per episode: interaction feedback and rounds of tool responses, counted
+    # together as verl's agent loop counts them.
+    max_user_turns: int = 2
+    max_parallel_calls: int = 1  # tool calls executed per model turn; further ones are ignored
+    max_tool_response_length: int = 256  # characters of a tool's answer shown to the model
+    tool_response_truncate_side: str = "middle"  # left (keep the start) | right (keep the end) | middle
+    tool_timeout_s: float = 30.0  # per tool call (create + execute); past it the model reads an error
+    format: str = "hermes"  # how tool calls are written: <tool_call>{"name", "arguments"}</tool_call>
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.interaction_config_path or self.tool_config_path)
 
 
 @dataclass
@@ -72,7 +103,7 @@ class RolloutConfig:
     follow_policy: bool = True  # watch the policy topic and load new versions
     # Load a version's weights only from under these prefixes (directories or URI prefixes): a
     # policy record is read from a topic, so where it points is checked. Empty: the learner's
-    # learner.weights_dir of the same config.
+    # learner.weights_dir (and learner.weights_uri, when set) of the same config.
     weights_prefixes: list[str] = field(default_factory=list)
     # Staleness gate. The worker holds while the trajectories in the rollouts topic (minus
     # ``gate_baseline``) reach (learner version + max_staleness + 1) * trajectories_per_version.
@@ -82,6 +113,7 @@ class RolloutConfig:
     gate_baseline: int = 0  # records already in a reused rollouts topic before this run
     gate_poll_s: float = 0.5
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
 
@@ -101,6 +133,23 @@ class RolloutConfig:
         if self.interaction.name and (self.interaction.max_assistant_turns < 1 or self.interaction.max_user_turns < 0):
             raise ConfigError("config field 'rollout.interaction.max_assistant_turns': >= 1 "
                               "(and max_user_turns >= 0)")
+        mt = self.multi_turn
+        if self.interaction.name and mt.interaction_config_path:
+            raise ConfigError("config field 'rollout.interaction.name': set it or "
+                              "'rollout.multi_turn.interaction_config_path', not both")
+        if mt.max_assistant_turns < 1:
+            raise ConfigError("config field 'rollout.multi_turn.max_assistant_turns': must be >= 1")
+        for name in ("max_user_turns", "max_parallel_calls", "max_tool_response_length"):
+            if getattr(mt, name) < (1 if name != "max_user_turns" else 0):
+                raise ConfigError(f"config field 'rollout.multi_turn.{name}': must be >= "
+                                  f"{1 if name != 'max_user_turns' else 0}")
+        if mt.tool_response_truncate_side not in ("left", "right", "middle"):
+            raise ConfigError("config field 'rollout.multi_turn.tool_response_truncate_side': "
+                              f"{mt.tool_response_truncate_side!r} is not left|right|middle")
+        if not mt.tool_timeout_s > 0:
+            raise ConfigError("config field 'rollout.multi_turn.tool_timeout_s': must be > 0")
+        if mt.format != "hermes":
+            raise ConfigError(f"config field 'rollout.multi_turn.format': {mt.format!r} is not supported (hermes)")
         return self
 
 

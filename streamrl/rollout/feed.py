@@ -52,6 +52,9 @@ def group_id(data_source: str, epoch: int, index: int, prompt: Any) -> str:
 
 def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
                   where: str = "row") -> Prompt:
+    """One dataset row as a prompt. The row's ``extra_info`` is copied whole into the prompt's,
+    so verl's per-sample fields (``interaction_kwargs``, ``tools_kwargs``) reach the rollout
+    worker's interactions and tools as the dataset wrote them."""
     try:
         if cfg.prompt_template:
             text = cfg.prompt_template.format(**row)

@@ -28,9 +28,8 @@ from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
 from streamrl.rollout.config import RolloutConfig
-from streamrl.rollout.episode import ChatRenderer, InteractionRunner, run_group
+from streamrl.rollout.episode import ChatRenderer, MultiTurn, run_group
 from streamrl.rollout.gate import StalenessGate
-from streamrl.rollout.interactions import load_interaction
 from streamrl.rollout.weights import PolicyFollower
 
 if TYPE_CHECKING:
@@ -51,10 +50,9 @@ class RolloutWorker:
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                      top_p=cfg.top_p)
         self.renderer = ChatRenderer(self.backend.tokenizer)
-        ic = cfg.interaction
-        self.interaction = (InteractionRunner(load_interaction(ic.name, dict(ic.kwargs)), ic.name,
-                                              ic.max_assistant_turns, ic.max_user_turns)
-                            if ic.name else None)
+        # interactions (per sample, by interaction_kwargs.name) and tools, loaded before the
+        # first prompt: a bad config file or class fails at start, naming the field
+        self.multi_turn = MultiTurn.from_config(cfg)
         self.follower = PolicyFollower(bus, STAGE)
         self.gate = StalenessGate(bus, self.follower, max_staleness=cfg.max_staleness,
                                   per_version=cfg.trajectories_per_version,
@@ -77,8 +75,9 @@ class RolloutWorker:
     def from_config(cls, cfg: "PipelineConfig") -> "RolloutWorker":
         """Loads the policy into the backend: before the first prompt is taken."""
         rollout = cfg.rollout
-        if not rollout.weights_prefixes:
-            rollout = dataclasses.replace(rollout, weights_prefixes=[cfg.learner.weights_dir])
+        if not rollout.weights_prefixes:  # where this config's learner writes (and uploads) weights
+            prefixes = [cfg.learner.weights_dir, *([cfg.learner.weights_uri] if cfg.learner.weights_uri else [])]
+            rollout = dataclasses.replace(rollout, weights_prefixes=prefixes)
         return cls(Bus(cfg.bus), rollout)
 
     def validate(self) -> None:
@@ -187,7 +186,7 @@ class RolloutWorker:
         while True:
             try:
                 return await run_group(prompt, n, self.backend, self.params, self.renderer,
-                                       self.interaction, before_turn)
+                                       self.multi_turn, before_turn)
             except BackendError as exc:
                 raise DeadLetterError("backend_error", str(exc)) from None
             except BackendUnavailable as exc:
@@ -207,7 +206,7 @@ def weights_allowed(uri: str, prefixes: list[str]) -> bool:
     if not prefixes:
         return True
     if "://" in uri and not uri.startswith("file://"):
-        return any(uri.startswith(p) for p in prefixes if "://" in p)
+        return any(uri == p or uri.startswith(p.rstrip("/") + "/") for p in prefixes if "://" in p)
     path = Path(uri.removeprefix("file://")).resolve()
     return any(path.is_relative_to(Path(p.removeprefix("file://")).resolve()) for p in prefixes if "://" not in p
                or p.startswith("file://"))
