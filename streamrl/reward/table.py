@@ -148,7 +148,7 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
         scorer = _build_scorer(name, spec, available, runner, cfg.reward_model_tokenizer, threads)
         entries[name] = Entry(name, scorer, spec.version or str(getattr(scorer, "version", "0")),
                               data_sources, dict(spec.fallbacks), spec.overlong_buffer,
-                              getattr(getattr(scorer, "instance", None), "post_process_scores", None))
+                              _post_process(scorer))
     for name, spec, data_sources in hybrids:
         from streamrl.scorers.hybrid import HybridScorer
 
@@ -213,7 +213,7 @@ def _build_scorer(name: str, spec: ScorerSpec, available: dict[str, Any], runner
 
 def _build_class(name: str, spec: ScorerSpec, available: dict[str, Any], threads: asyncio.Semaphore) -> Any:
     """A reward class (``path: file.py:ClassName``) built with ``kwargs``; its ``compute_score``
-    is the entry's scorer (``.instance`` keeps the object for ``post_process_scores``)."""
+    is the entry's scorer (``_post_process`` finds the object's ``post_process_scores``)."""
     from streamrl.scorers.loader import FunctionScorer
 
     where = f"config field 'reward.scorers.{name}"
@@ -227,5 +227,11 @@ def _build_class(name: str, spec: ScorerSpec, available: dict[str, Any], threads
     scorer = FunctionScorer(f"{spec.path}.compute_score", name=name, executor=spec.executor,
                             timeout_s=spec.timeout_s, available=available, version=spec.version,
                             threads=threads, fn=instance.compute_score)
-    scorer.instance = instance
     return scorer
+
+
+def _post_process(scorer: Any) -> Any:
+    """A reward class's ``post_process_scores`` (its group hook), found through the bound
+    ``compute_score`` the entry scores with; None for everything else."""
+    owner = getattr(getattr(scorer, "fn", None), "__self__", None)
+    return getattr(owner, "post_process_scores", None) if owner is not None else None
