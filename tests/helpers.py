@@ -39,7 +39,28 @@ async def serve_app(app, port: int = 0):
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
-class JudgeServer:
+class AppServer:
+    """A real HTTP server in the test process: a subclass adds its routes in ``routes``;
+    ``await start()`` serves them on a free port (``self.url``), ``await stop()`` ends it."""
+
+    _runner: web.AppRunner | None = None
+    url = ""
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    async def start(self):
+        app = web.Application()
+        self.routes(app)
+        self._runner, self.url = await serve_app(app)
+        return self
+
+    async def stop(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+
+class JudgeServer(AppServer):
     """A judge speaking the OpenAI chat API: ``POST /v1/chat/completions`` answers ``reply`` (a
     string, or a function of the last message's content) after ``latency`` seconds;
     ``GET /v1/models`` is its health check. ``failing`` makes both answer 503; ``fail_next``
@@ -52,8 +73,6 @@ class JudgeServer:
         self.fail_next = 0
         self.chats: list[tuple[float, dict, dict]] = []  # (time, headers, body)
         self.health_checks = 0
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -80,13 +99,6 @@ class JudgeServer:
             return web.Response(status=503, text="down")
         return web.json_response({"object": "list", "data": [{"id": "judge", "object": "model"}]})
 
-    async def start(self) -> "JudgeServer":
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        self._runner, self.url = await serve_app(app)
-        return self
-
-    async def stop(self) -> None:
-        if self._runner:
-            await self._runner.cleanup()

@@ -14,7 +14,7 @@ from aiohttp import web
 from streamrl.config import ConfigError
 from streamrl.scorers.base import ScoreError, ScorerUnavailable
 from streamrl.scorers.model import ModelScorer, ModelScorerConfig, bundled_minilm_dir
-from tests.helpers import serve_app
+from tests.helpers import AppServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -80,7 +80,7 @@ def test_batches_are_sorted_by_length_and_split_by_padded_tokens():
     assert batched.dtype == np.float32
 
 
-class RewardServer:
+class RewardServer(AppServer):
     """vLLM's pooling server, reduced: ``POST /classify`` with a list ``input`` answers one
     ``probs`` per input (score = number of words / 100), data in shuffled order with ``index``;
     ``GET /health``. ``failing``: 503 everywhere."""
@@ -88,8 +88,6 @@ class RewardServer:
     def __init__(self):
         self.inputs: list[list[str]] = []
         self.failing = False
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     async def _classify(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -107,16 +105,9 @@ class RewardServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.failing else 200)
 
-    async def start(self) -> "RewardServer":
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/classify", self._classify)
         app.router.add_get("/health", self._health)
-        self._runner, self.url = await serve_app(app)
-        return self
-
-    async def stop(self) -> None:
-        if self._runner:
-            await self._runner.cleanup()
 
 
 def test_http_backend_batches_through_the_router():
@@ -224,7 +215,7 @@ def chat_rm_dir(path, adds_bos: bool = True):
     return path
 
 
-class PoolingServer:
+class PoolingServer(AppServer):
     """A reward server in the test process speaking the real protocol of
 
     - vLLM (``protocol="vllm"``): ``GET /version`` -> ``{"version": version}`` (no route when
@@ -248,8 +239,6 @@ class PoolingServer:
             self.tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         self.bodies: list[dict] = []
         self.ids: list[list[int]] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     def raw(self, text: str | None = None, ids: list[int] | None = None) -> float:
         if ids is None and self.tok is not None:
@@ -294,18 +283,11 @@ class PoolingServer:
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": self.version})
 
-    async def start(self) -> "PoolingServer":
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/classify", self._classify)
         app.router.add_get("/health", self._health)
         if self.version is not None:
             app.router.add_get("/version", self._version)
-        self._runner, self.url = await serve_app(app)
-        return self
-
-    async def stop(self) -> None:
-        if self._runner:
-            await self._runner.cleanup()
 
 
 CHATS = [("What is 6 times 7?", "6 times 7 is 42."),
