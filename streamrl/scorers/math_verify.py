@@ -1,33 +1,43 @@
 """Math: is the response's final answer equivalent to the reference?
 
-Equivalence is Hugging Face's ``math-verify`` (LaTeX and plain expressions parsed to SymPy, then
-compared symbolically and numerically: ``\\frac{1}{2}`` = ``0.5``, ``x=3`` = ``3``, intervals,
-sets, matrices), not a hand-written comparator. Before it compares, both sides are normalised the
-way MATH and DAPO write answers (what verl's ``math_dapo.normalize_final_answer`` and the MATH
-``strip_string`` handle): escaped dollars (``\\$10``), ``\\text{...}`` units (``5\\text{ cm}``)
-and choices (``\\text{(A)}``), degrees (``30^\\circ``), ``\\dfrac`` / ``\\tfrac``, ``\\left`` /
-``\\right``, thin spaces (``\\!``, ``\\,``) and thousands separators (``1{,}000``). Without that,
-``\\$10`` as a ground truth does not parse at all and the record is dead-lettered. Unlike those
-normalisers, a unit is not silently dropped when both sides name a known one: ``5\\text{ m}`` is
-not ``5\\text{ cm}``.
+math-verify's verdict is the floor. The response and the ground truth are read the way
+math-verify documents and verl's ``math_verify`` calls it: the ground truth as ``\\boxed{gt}``, the
+whole response (its last ``max_response_chars``) through ``LatexExtractionConfig`` (every
+``\\boxed{}``, ``$...$`` and "final answer is" form, answers joined by "and" / "," read as one set,
+its own LaTeX normalisation: units, ``\\!`` thousands separators, ``\\dfrac`` ...) and
+``ExprExtractionConfig`` (plain numbers such as ``10,455``), then ``verify``. Where math-verify
+says "equal", so does this scorer, with one documented exception (``_different_units``:
+``5\\text{ m}`` is not ``5\\text{ cm}``; math-verify drops units). Where it says "different" or cannot parse,
+streamrl's own rules may only *add* an equivalence, each one in ``_ADDITIONS``:
 
-The response's answer is the last ``\\boxed{...}`` (found in one linear pass), else whatever
-math-verify's own extraction finds in the last ``max_response_chars`` characters.
+- ``math_notation``: the last box and the ground truth normalised the way MATH and DAPO write
+  answers (what verl's ``math_dapo.normalize_final_answer`` and MATH's ``strip_string`` handle):
+  escaped dollars (``\\$10``), ``\\text{...}`` units and choices (``\\text{(A)}``), degrees,
+  ``\\left`` / ``\\right``, control spaces and digit groups (``1\\,234``, ``1\\ 234``: math-verify
+  reads 1 + 234), then compared by math-verify. Without it ``\\$10`` as a ground truth does not
+  parse at all and the record is dead-lettered.
+- ``spread_boxes``: a ground truth of n >= 2 items (``1,-2``, ``\\{1,2,3\\}``, ``k = 45, n = 2``)
+  against the response's last n top-level boxes, whatever text separates them (math-verify joins
+  boxes only when "and", "or" or "," alone stand between them).
 
 Bounded time. SymPy can run away on adversarial input (``[2^{\\frac{1}{2^{1000}}}, \\infty)``
 against ``[1, +\\infty)`` grew to 4 GB in 30 s), so parsing and comparing each have a budget
-(``parse_timeout_s``, ``verify_timeout_s``; scorer kwargs). In a main thread, as in the reward
-stage's worker processes (pebble runs the task on the forked worker's main thread) and in
-``default_compute_score``, math-verify's own ``signal.alarm`` timeouts enforce it; a timer the
-caller had armed is put back afterwards. Signals cannot be used off the main thread (the
-``thread`` executor), so there a trace function ends the work at the deadline instead (it fires
-on Python calls, which is where SymPy spends its time). Running out of budget is
-``ScoreError("timeout")``, which the stage retries, then dead-letters or maps to a configured
-fallback; never a silent 0.
+(``parse_timeout_s``, ``verify_timeout_s``; scorer kwargs). math-verify's own one-shot
+``signal.alarm`` is not used: the exception it raises can land inside a weakref callback or a
+``__del__`` (SymPy's caches make many), where Python prints it and carries on, and nothing ends the
+work any more. Instead, on a main thread (the reward stage's worker processes, where pebble runs
+the task on the forked worker's main thread, and ``default_compute_score``) a repeating timer
+raises at the deadline and every 50 ms after until the work has stopped, and a timer the caller
+had armed is put back afterwards; off the main thread (the ``thread`` executor), where signals
+cannot be used, a trace function raises at the first Python call after the deadline, and because
+CPython switches a tracer off once it raises, a profile function then re-arms it and raises at
+the next call into C. Running out of budget is ``ScoreError("timeout")``, which the stage retries,
+then dead-letters or maps to a configured fallback; never a silent 0.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import signal
@@ -41,7 +51,7 @@ from typing import Any, Callable, TypeVar
 from streamrl.scorers.base import ScoreError
 from streamrl.scorers.gsm8k import boxed_spans
 
-VERSION = "2"  # 2: ground truths normalised (\$, units, degrees, ...); timeouts are scorer failures
+VERSION = "3"  # 3: math-verify's verdict is the floor; streamrl only adds equivalences
 
 #: Budgets for math-verify's parsing (ground truth and response together) and comparing, seconds.
 PARSE_TIMEOUT_S = 5.0
@@ -81,6 +91,10 @@ _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?:\s*\.|(?![A-Za-z]))")
 _THIN_SPACES = re.compile(r"(?<!\\)\\[!,;:](?![A-Za-z])|[\u2009\u202f]")
 _SPACES = re.compile(r"(?<!\\)\\ |~")  # "\ " and "~" are spaces; "\\ " is a line break
 _BRACED_COMMA = re.compile(r"(?<=\d)\{,\}(?=\d)")
+# "11,\! 111" is one number: the comma of a thin-spaced separator keeps no space after it
+_THIN_COMMA = re.compile(r"(?<=\d),\\!\s*(?=\d{3}(?!\d))")
+# digit groups set apart by a control or thin space: "1\,234", "1\ 234", "1~234" (SI style)
+_SPACED_GROUPS = re.compile(r"(?<=\d)(?:\\[,;:! ]|~|[\u2009\u202f])(?=\d{3}(?!\d))")
 _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _DISPLAY_FRAC = re.compile(r"\\[dt]frac(?![A-Za-z])")
 _DISPLAY_BINOM = re.compile(r"\\[dt]binom(?![A-Za-z])")
@@ -88,9 +102,11 @@ _DISPLAY_BINOM = re.compile(r"\\[dt]binom(?![A-Za-z])")
 
 def normalize_latex(text: str) -> str:
     """Rewrites that are safe anywhere in a response: escaped dollars, display-style fractions,
-    ``\\left`` / ``\\right``, degree marks, thin and control spaces, braced thousands commas,
+    ``\\left`` / ``\\right``, degree marks, thin and control spaces, digit groups set apart by
+    them (``1\\,234``), braced and thin-spaced thousands commas (``1{,}000``, ``1,\\! 000``),
     Unicode minus."""
     text = text.replace("\\$", "").replace("\u2212", "-").replace("\\displaystyle", "")
+    text = _SPACED_GROUPS.sub("", _THIN_COMMA.sub(",", text))
     text = _DISPLAY_FRAC.sub(r"\\frac", text)
     text = _DISPLAY_BINOM.sub(r"\\binom", text)
     text = _LEFT_RIGHT.sub("", text)
@@ -166,7 +182,7 @@ class _Deadline:
     def __init__(self, seconds: float, phase: str):
         self.seconds, self.phase = float(seconds), phase
         self.end = time.monotonic() + self.seconds if self.seconds > 0 else math.inf
-        # signal.alarm works only on the main thread of the main interpreter
+        # signals work only on the main thread of the main interpreter
         self.signals = threading.current_thread() is threading.main_thread()
 
     def remaining(self) -> float:
@@ -176,74 +192,138 @@ class _Deadline:
         return ScoreError("timeout", f"math-verify {self.phase} ran over {self.seconds:g} s")
 
 
-class _TraceDeadline:
-    """A per-thread trace function that raises math-verify's ``TimeoutException`` (a
-    ``BaseException``, so SymPy's ``except Exception`` does not swallow it) at the first Python
-    call after the deadline: the off-main-thread stand-in for ``signal.alarm``. It chains to a
-    tracer already installed (a debugger, coverage) and puts it back afterwards."""
+class _AlarmDeadline:
+    """Main thread: ``SIGALRM`` at the deadline and every ``REPEAT_S`` after, each raising
+    math-verify's ``TimeoutException`` (a ``BaseException``, so SymPy's ``except Exception`` does
+    not swallow it), until ``disarm``. One shot is not enough: a handler that runs while a
+    weakref callback or ``__del__`` executes raises there, and Python swallows it. The caller's
+    handler and timer (pytest-timeout, a supervisor) are put back, the timer minus the time
+    spent."""
+
+    REPEAT_S = 0.05
 
     def __init__(self, end: float, exc: type[BaseException]):
-        self.end, self.exc, self.fired = end, exc, False
-        self.previous: Callable[..., Any] | None = None
+        self.end, self.exc, self.active = end, exc, False
 
-    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if time.monotonic() > self.end:
-            self.fired = True
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.active:
             raise self.exc("streamrl: math-verify deadline")
-        return self.previous(frame, event, arg) if self.previous is not None else None
 
-    def __enter__(self) -> "_TraceDeadline":
-        self.previous = sys.gettrace()
-        sys.settrace(self)
-        return self
+    def arm(self) -> None:
+        self.outer_handler = signal.getsignal(signal.SIGALRM)
+        self.outer_delay, self.outer_interval = signal.getitimer(signal.ITIMER_REAL)
+        self.started = time.monotonic()
+        self.active = True
+        signal.signal(signal.SIGALRM, self._handler)
+        signal.setitimer(signal.ITIMER_REAL, max(self.end - time.monotonic(), 1e-3), self.REPEAT_S)
 
-    def __exit__(self, *exc_info: Any) -> None:
-        sys.settrace(self.previous)
+    def disarm(self) -> None:
+        while True:  # a tick may still land here before ``active`` is cleared: then do it again
+            try:
+                self.active = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, self.outer_handler if self.outer_handler is not None else signal.SIG_DFL)
+                if self.outer_delay > 0:
+                    spent = time.monotonic() - self.started
+                    signal.setitimer(signal.ITIMER_REAL, max(self.outer_delay - spent, 1e-3), self.outer_interval)
+                return
+            except self.exc:
+                continue
 
 
-def _bounded(call: Callable[[int | None], T], deadline: _Deadline) -> T:
-    """``call(timeout)`` within ``deadline``: ``timeout`` is what to pass to math-verify (whole
-    seconds for its ``signal.alarm``, or None off the main thread, where a trace function keeps
-    the deadline instead). Running out is ``ScoreError("timeout")``."""
+class _TraceDeadline:
+    """Off the main thread: a trace function that raises math-verify's ``TimeoutException`` at
+    the first Python call after the deadline. CPython switches off a trace (or profile) function
+    that raises; if the exception is then swallowed (raised inside a weakref callback or a
+    ``__del__``, where Python only prints it) nothing would stop the work. So once it has fired,
+    a profile function (its own slot) re-arms the tracer and raises at the next call into C, and
+    the tracer re-arms the profiler in turn, until ``disarm``: whichever raises in a frame that
+    lets the exception through ends the work. Before the deadline only the tracer runs, on call
+    events. A tracer or profiler already installed (a debugger, coverage) is chained to and put
+    back afterwards."""
+
+    def __init__(self, end: float, exc: type[BaseException]):
+        self.end, self.exc, self.active, self.fired = end, exc, False, False
+        self.previous_trace: Callable[..., Any] | None = None
+        self.previous_profile: Callable[..., Any] | None = None
+
+    def _fire(self) -> None:
+        self.fired = True
+        sys.settrace(self._trace)
+        sys.setprofile(self._profile)
+        raise self.exc("streamrl: math-verify deadline")
+
+    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if self.active and time.monotonic() > self.end:
+            self._fire()
+        return self.previous_trace(frame, event, arg) if self.previous_trace is not None else None
+
+    def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if not self.active:
+            return
+        if event == "c_call":
+            self._fire()
+        if sys.gettrace() is None:
+            sys.settrace(self._trace)
+
+    def arm(self) -> None:
+        self.previous_trace, self.previous_profile = sys.gettrace(), sys.getprofile()
+        self.active = True
+        sys.settrace(self._trace)
+
+    def disarm(self) -> None:
+        while True:
+            try:
+                self.active = False
+                sys.setprofile(self.previous_profile)
+                sys.settrace(self.previous_trace)
+                return
+            except self.exc:
+                continue
+
+
+def _bounded(call: Callable[[], T], deadline: _Deadline) -> T:
+    """``call()`` (math-verify with its own timeouts off) within ``deadline``: running out is
+    ``ScoreError("timeout")``."""
     from math_verify.errors import TimeoutException
 
     left = deadline.remaining()
     if left <= 0:
         raise deadline.expired()
+    if math.isinf(left):
+        return call()
+    guard = (_AlarmDeadline if deadline.signals else _TraceDeadline)(deadline.end, TimeoutException)
     try:
-        if math.isinf(left):
-            return call(None)
-        if deadline.signals:
-            outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
-            started = time.monotonic()
-            try:
-                return call(max(1, math.ceil(left)))
-            finally:
-                # math-verify cancels the alarm with alarm(0) and restores the old handler; a
-                # timer the caller had armed (pytest-timeout, a supervisor) is re-armed here
-                if outer_delay > 0:
-                    spent = time.monotonic() - started
-                    signal.setitimer(signal.ITIMER_REAL, max(outer_delay - spent, 1e-3), outer_interval)
-        tracer = _TraceDeadline(deadline.end, TimeoutException)
-        with tracer:
-            result = call(None)
-        if tracer.fired:  # raised, but something swallowed it: the result cannot be trusted
-            raise deadline.expired()
-        return result
+        try:
+            guard.arm()
+            return call()
+        finally:
+            guard.disarm()
     except TimeoutException:
         raise deadline.expired() from None
 
 
-def _parse(text: str, deadline: _Deadline) -> list[Any]:
+class _QuietTimeoutWarning(logging.Filter):
+    """math-verify warns once per process that its timeouts are off; here they are replaced."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_QuietTimeoutWarning())
+
+
+def _parse(text: str, deadline: _Deadline, configs: tuple[Any, ...] | None = None) -> list[Any]:
     """math-verify's ``parse`` of ``text`` within ``deadline``; [] when nothing parses."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
     from math_verify.errors import TimeoutException
 
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
+    chosen = configs if configs is not None else (LatexExtractionConfig(), ExprExtractionConfig())
 
-    def call(timeout: int | None) -> list[Any]:
+    def call() -> list[Any]:
         try:
-            return parse(text, extraction_config=configs, parsing_timeout=timeout, raise_on_error=True)
+            return parse(text, extraction_config=chosen, parsing_timeout=None, raise_on_error=True)
         except TimeoutException:
             raise
         except Exception:  # noqa: BLE001 - what math-verify does by default: unparsable is no answer
@@ -258,9 +338,9 @@ def _verify(gold: list[Any], pred: list[Any], deadline: _Deadline) -> bool:
     from math_verify.errors import TimeoutException
 
     for g, p in product(gold, pred):
-        def call(timeout: int | None, g: Any = g, p: Any = p) -> bool:
+        def call(g: Any = g, p: Any = p) -> bool:
             try:
-                return bool(verify(g, p, timeout_seconds=timeout, raise_on_error=True))
+                return bool(verify(g, p, timeout_seconds=None, raise_on_error=True))
             except TimeoutException:
                 raise
             except Exception:  # noqa: BLE001 - what math-verify does by default: not equal
@@ -279,41 +359,153 @@ def _parse_first(texts: list[str], deadline: _Deadline) -> list[Any]:
     return []
 
 
+# -- math-verify's reading: the floor --------------------------------------------------------------
+
+_FINAL_ANSWER = re.compile(r"(?i)final\s+answer")
+
+
+def _response_readings(text: str) -> list[tuple[Any, ...]]:
+    """The extraction configs math-verify documents for a model's output: boxed answers first
+    (``boxed_match_priority=0``), and, where the response also says "final answer" (the only
+    patterns that rank between the two), math-verify's default order as verl calls it."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    readings: list[tuple[Any, ...]] = [(LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())]
+    if "\\boxed" in text and _FINAL_ANSWER.search(text):
+        readings.append((ExprExtractionConfig(), LatexExtractionConfig()))
+    return readings
+
+
+def math_verify_equal(text: str, gold: list[Any], parsing: _Deadline, comparing: _Deadline) -> tuple[bool, list[Any]]:
+    """math-verify's own verdict on ``text`` (a response's tail) against the parsed ground truth,
+    and what it read; no streamrl rule takes part."""
+    pred: list[Any] = []
+    for configs in _response_readings(text):
+        pred = _parse(text, parsing, configs)
+        if gold and pred and _verify(gold, pred, comparing):
+            return True, pred
+    return False, pred
+
+
+# -- streamrl's additions ----------------------------------------------------------------------------
+
+def _different_units(gold_unit: str | None, pred_unit: str | None) -> bool:
+    """The one rule that overrides a math-verify "equal": both answers name a known unit and the
+    units differ (``5\\text{ m}`` against ``5\\text{ cm}``). math-verify strips units before
+    comparing, so it calls these equal; a grader does not."""
+    return bool(gold_unit and pred_unit and gold_unit != pred_unit)
+
+
+def _top_level_boxes(text: str) -> list[str]:
+    """The contents of the boxes not inside another box, in order."""
+    out: list[str] = []
+    end = -1
+    for a, b in boxed_spans(text):
+        if a >= end:
+            out.append(text[a:b])
+            end = b
+    return out
+
+
+def _items(answer: str) -> int:
+    """How many items a ground truth lists: top-level commas (and "and") of its normalised
+    text, an enclosing ``\\{...\\}`` set removed. ``(1, 2)`` is one item, ``(1,2),(2,1)`` two."""
+    text = answer.strip()
+    if text.startswith("\\{") and text.endswith("\\}"):
+        text = text[2:-2]
+    text = re.sub(r"\\text\{\s*and\s*\}|\band\b", ",", text)
+    depth, count = 0, 1
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0 and text[i - 1:i] != "\\":
+            count += 1
+    return count
+
+
+def _normalised_box(content: str) -> str:
+    value, _ = normalize_answer(content)
+    return value
+
+
+_ADDITIONS = ("math_notation", "spread_boxes")
+
+
+def _streamrl_equal(text: str, gold_text: str, golds: list[list[Any]], parsing: _Deadline,
+                    comparing: _Deadline) -> tuple[str | None, list[Any]]:
+    """The first of ``_ADDITIONS`` that finds ``text`` equal to the ground truth (its name), and
+    the answer it read. Only asked where math-verify said "different" or could not parse."""
+    boxes = _top_level_boxes(text)
+    pred: list[Any] = []
+    # math_notation: the last box (else the whole tail) in MATH/DAPO notation
+    if boxes:
+        boxed = _normalised_box(boxes[-1])
+        if boxed:
+            pred = _parse(f"\\boxed{{{boxed}}}", parsing)
+    if not pred:
+        pred = _parse(normalize_latex(text), parsing)
+    if pred and any(gold and _verify(gold, pred, comparing) for gold in golds):
+        return "math_notation", pred
+    # spread_boxes: an n-item ground truth against the last n boxes
+    n = _items(gold_text)
+    if n >= 2 and len(boxes) >= n:
+        joined = ", ".join(_normalised_box(b) for b in boxes[-n:])
+        spread = _parse(f"\\boxed{{{joined}}}", parsing)
+        if spread and any(gold and _verify(gold, spread, comparing) for gold in golds):
+            return "spread_boxes", spread
+    return None, pred
+
+
 # -- the scorer -----------------------------------------------------------------------------------
+
+def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARSE_TIMEOUT_S,
+          verify_timeout_s: float = VERIFY_TIMEOUT_S,
+          max_response_chars: int = MAX_RESPONSE_CHARS) -> tuple[bool, str, list[Any]]:
+    """``(equal, why, read)``: the verdict, which rule gave it (``"math-verify"``, one of
+    ``_ADDITIONS``, ``"units"`` for the veto, ``"different"``, or ``"no answer"``) and the answer
+    read. Raises ``ScoreError`` like ``compute_score``."""
+    parsing = _Deadline(parse_timeout_s, "parsing")
+    comparing = _Deadline(verify_timeout_s, "comparison")
+    answer = ground_truth_answer(ground_truth)
+    gold_mv = _parse(f"\\boxed{{{answer}}}", parsing) if answer.strip() else []
+    gold_text, gold_unit = normalize_answer(answer)
+    # a reference that still has "$" is prose around math: math-verify's extraction reads it
+    wrappers = [gold_text] if "$" in gold_text else [f"\\boxed{{{gold_text}}}", f"${gold_text}$", gold_text]
+    gold_st = _parse_first(wrappers, parsing) if gold_text else []
+    if not gold_mv and not gold_st:
+        raise ScoreError("bad_ground_truth", f"math-verify cannot parse the ground truth {ground_truth[:80]!r}")
+
+    text = solution_str[-max_response_chars:] if max_response_chars > 0 else solution_str
+    boxes = _top_level_boxes(text)
+    pred_unit = normalize_answer(boxes[-1])[1] if boxes else None
+    equal, pred = math_verify_equal(text, gold_mv, parsing, comparing)
+    if equal:
+        if _different_units(gold_unit, pred_unit):
+            return False, "units", pred
+        return True, "math-verify", pred
+    rule, read = _streamrl_equal(text, gold_text, [gold_mv, gold_st], parsing, comparing)
+    if rule is not None and not _different_units(gold_unit, pred_unit):
+        return True, rule, read
+    pred = pred or read
+    return False, "different" if pred else "no answer", pred
+
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str | None,
                   extra_info: dict[str, Any] | None = None, *, score: float = 1.0,
                   format_score: float = 0.0, parse_timeout_s: float = PARSE_TIMEOUT_S,
                   verify_timeout_s: float = VERIFY_TIMEOUT_S,
                   max_response_chars: int = MAX_RESPONSE_CHARS, **kwargs: Any) -> dict[str, Any]:
-    """``score`` if the last answer in ``solution_str`` (boxed, ``$...$``, or a bare expression)
-    equals ``ground_truth``; ``format_score`` if an answer was found but differs; else 0.
-    ``ScoreError("timeout")`` if parsing or comparing runs over its budget (see the module
-    docstring); ``ScoreError("bad_ground_truth")`` if the reference does not parse."""
+    """``score`` if ``solution_str``'s final answer equals ``ground_truth`` (see the module
+    docstring: math-verify's verdict, plus streamrl's documented additions); ``format_score`` if
+    an answer was found but differs; else 0. ``ScoreError("timeout")`` if parsing or comparing
+    runs over its budget; ``ScoreError("bad_ground_truth")`` if the reference does not parse."""
     if ground_truth is None:
         raise ScoreError("no_ground_truth", "a math record needs ground_truth")
-    ground_truth = str(ground_truth)  # some datasets store a bare number
-    parsing = _Deadline(parse_timeout_s, "parsing")
-    gold_text, gold_unit = normalize_answer(ground_truth_answer(ground_truth))
-    # a reference that still has "$" is prose around math: math-verify's extraction reads it
-    wrappers = [gold_text] if "$" in gold_text else [f"\\boxed{{{gold_text}}}", f"${gold_text}$", gold_text]
-    gold = _parse_first(wrappers, parsing) if gold_text else []
-    if not gold:
-        raise ScoreError("bad_ground_truth", f"math-verify cannot parse the ground truth {ground_truth[:80]!r}")
-
-    text = solution_str[-max_response_chars:] if max_response_chars > 0 else solution_str
-    spans = boxed_spans(text)
-    pred, pred_unit = [], None
-    if spans:
-        boxed_text, pred_unit = normalize_answer(text[spans[-1][0]:spans[-1][1]])
-        if boxed_text:
-            pred = _parse(f"\\boxed{{{boxed_text}}}", parsing)
-    if not pred:
-        pred, pred_unit = _parse(normalize_latex(text), parsing), None
+    equal, _, pred = judge(solution_str, str(ground_truth),  # some datasets store a bare number
+                           parse_timeout_s=parse_timeout_s, verify_timeout_s=verify_timeout_s,
+                           max_response_chars=max_response_chars)
     if not pred:
         return {"score": 0.0, "pred": None}
-    shown = str(pred[-1])
-    if gold_unit and pred_unit and gold_unit != pred_unit:  # 5 m is not 5 cm
-        return {"score": float(format_score), "pred": shown}
-    ok = _verify(gold, pred, _Deadline(verify_timeout_s, "comparison"))
-    return {"score": float(score if ok else format_score), "pred": shown}
+    return {"score": float(score if equal else format_score), "pred": str(pred[-1])}
