@@ -222,3 +222,44 @@ def test_the_process_executor_turns_a_runaway_into_a_timeout_from_math_verify():
         assert "math-verify comparison" in err.detail  # not "the worker was killed"
     finally:
         runner.close()
+
+
+def _swallowing_runaway(deadline_s: float, limit_s: float) -> Callable[[], str]:
+    """SymPy work whose first interruption after the deadline lands inside a weakref callback
+    (SymPy's caches make many), where Python prints an exception and carries on: what once made a
+    20 s budget take 120 s. Until just past the deadline only callbacks run; then plain SymPy
+    calls until ``limit_s``, returning "not stopped" if nothing ended it."""
+    import types
+    import weakref
+
+    import sympy.core.cache
+
+    # a callback that counts as SymPy code (its globals are a SymPy module's)
+    callback = types.FunctionType((lambda ref: None).__code__, vars(sympy.core.cache))
+
+    class Dropped:
+        pass
+
+    def work() -> str:
+        start = time.monotonic()
+        while time.monotonic() < start + deadline_s + 0.2:
+            obj = Dropped()
+            ref = weakref.ref(obj, callback)  # noqa: F841 - kept alive so the callback runs at del
+            del obj
+        while time.monotonic() < start + limit_s:
+            sympy.Integer(3) + 1
+        return "not stopped"
+
+    return work
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_deadline_swallowed_in_a_weakref_callback_still_ends_the_work(where: str):
+    def bounded() -> str:
+        return math_verify._bounded(_swallowing_runaway(0.3, 15.0), math_verify._Deadline(0.3, "comparison"))
+
+    start = time.monotonic()
+    with pytest.raises(ScoreError) as err:
+        bounded() if where == "main" else _in_thread(bounded)
+    assert err.value.reason == "timeout"
+    assert time.monotonic() - start < 3.0  # was the full 15 s: the first raise was swallowed

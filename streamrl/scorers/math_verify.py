@@ -29,9 +29,10 @@ work any more. Instead, on a main thread (the reward stage's worker processes, w
 the task on the forked worker's main thread, and ``default_compute_score``) a repeating timer
 raises at the deadline and every 50 ms after until the work has stopped, and a timer the caller
 had armed is put back afterwards; off the main thread (the ``thread`` executor), where signals
-cannot be used, a trace function raises at the first Python call after the deadline, and because
-CPython switches a tracer off once it raises, a profile function then re-arms it and raises at
-the next call into C. Running out of budget is ``ScoreError("timeout")``, which the stage retries,
+cannot be used, a trace function raises at the first call into math-library code after the
+deadline, and because CPython switches a tracer off once it raises, a profile function re-arms
+it until the work has stopped. Either raises only in SymPy / math-verify code, never inside a
+lock-holding section of ``logging`` or ``threading``. Running out of budget is ``ScoreError("timeout")``, which the stage retries,
 then dead-letters or maps to a configured fallback; never a silent 0.
 """
 
@@ -192,13 +193,25 @@ class _Deadline:
         return ScoreError("timeout", f"math-verify {self.phase} ran over {self.seconds:g} s")
 
 
+#: Where a deadline may interrupt: only on entering (or, for the alarm, while running) code of
+#: the math libraries. An exception raised anywhere else (between a lock's acquire and release in
+#: ``logging`` or ``threading``, inside ``sys.unraisablehook``) could leave the process broken;
+#: raised here it is no different from an error SymPy itself raises.
+_INTERRUPTIBLE = ("sympy", "mpmath", "math_verify", "latex2sympy2_extended", "antlr4")
+
+
+def _interruptible(frame: FrameType | None) -> bool:
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return isinstance(name, str) and name.split(".", 1)[0] in _INTERRUPTIBLE
+
+
 class _AlarmDeadline:
     """Main thread: ``SIGALRM`` at the deadline and every ``REPEAT_S`` after, each raising
     math-verify's ``TimeoutException`` (a ``BaseException``, so SymPy's ``except Exception`` does
-    not swallow it), until ``disarm``. One shot is not enough: a handler that runs while a
-    weakref callback or ``__del__`` executes raises there, and Python swallows it. The caller's
-    handler and timer (pytest-timeout, a supervisor) are put back, the timer minus the time
-    spent."""
+    not swallow it) if math-library code is running, until ``disarm``. One shot is not enough:
+    a handler that runs while a weakref callback or ``__del__`` executes raises there, and Python
+    swallows it. The caller's handler and timer (pytest-timeout, a supervisor) are put back, the
+    timer minus the time spent."""
 
     REPEAT_S = 0.05
 
@@ -206,7 +219,7 @@ class _AlarmDeadline:
         self.end, self.exc, self.active = end, exc, False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        if self.active:
+        if self.active and _interruptible(frame):
             raise self.exc("streamrl: math-verify deadline")
 
     def arm(self) -> None:
@@ -232,38 +245,30 @@ class _AlarmDeadline:
 
 
 class _TraceDeadline:
-    """Off the main thread: a trace function that raises math-verify's ``TimeoutException`` at
-    the first Python call after the deadline. CPython switches off a trace (or profile) function
-    that raises; if the exception is then swallowed (raised inside a weakref callback or a
-    ``__del__``, where Python only prints it) nothing would stop the work. So once it has fired,
-    a profile function (its own slot) re-arms the tracer and raises at the next call into C, and
-    the tracer re-arms the profiler in turn, until ``disarm``: whichever raises in a frame that
-    lets the exception through ends the work. Before the deadline only the tracer runs, on call
-    events. A tracer or profiler already installed (a debugger, coverage) is chained to and put
-    back afterwards."""
+    """Off the main thread: a trace function that raises math-verify's ``TimeoutException`` on
+    the first call into math-library code after the deadline. CPython switches a trace function
+    off once it raises; if the exception is then swallowed (raised inside a weakref callback or a
+    ``__del__``, where Python only prints it) nothing would stop the work any more: the cause of a
+    20 s budget once taking 120 s. So after firing, a profile function (its own slot, which never
+    raises) re-arms the tracer whenever it finds it off, until ``disarm``. Before the deadline
+    only the tracer runs, on call events. A tracer or profiler already installed (a debugger,
+    coverage) is chained to and put back afterwards."""
 
     def __init__(self, end: float, exc: type[BaseException]):
         self.end, self.exc, self.active, self.fired = end, exc, False, False
         self.previous_trace: Callable[..., Any] | None = None
         self.previous_profile: Callable[..., Any] | None = None
 
-    def _fire(self) -> None:
-        self.fired = True
-        sys.settrace(self._trace)
-        sys.setprofile(self._profile)
-        raise self.exc("streamrl: math-verify deadline")
-
     def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if self.active and time.monotonic() > self.end:
-            self._fire()
+        if self.active and time.monotonic() > self.end and _interruptible(frame):
+            if not self.fired:
+                self.fired = True
+                sys.setprofile(self._rearm)
+            raise self.exc("streamrl: math-verify deadline")
         return self.previous_trace(frame, event, arg) if self.previous_trace is not None else None
 
-    def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if not self.active:
-            return
-        if event == "c_call":
-            self._fire()
-        if sys.gettrace() is None:
+    def _rearm(self, frame: FrameType, event: str, arg: Any) -> None:
+        if self.active and sys.gettrace() is None:
             sys.settrace(self._trace)
 
     def arm(self) -> None:
@@ -272,14 +277,9 @@ class _TraceDeadline:
         sys.settrace(self._trace)
 
     def disarm(self) -> None:
-        while True:
-            try:
-                self.active = False
-                sys.setprofile(self.previous_profile)
-                sys.settrace(self.previous_trace)
-                return
-            except self.exc:
-                continue
+        self.active = False
+        sys.setprofile(self.previous_profile)
+        sys.settrace(self.previous_trace)
 
 
 def _bounded(call: Callable[[], T], deadline: _Deadline) -> T:
