@@ -1,0 +1,185 @@
+"""Answer pairs for the math scorer's property test: the issue's examples and generated pairs
+(numbers with separators, sets, tuples, intervals, assignments, answers over several boxes),
+each with the verdict a grader gives and, where streamrl's own rule (not math-verify) is expected
+to find it equal, that rule's name. Generated from a fixed seed, so every run sees the same pairs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Pair:
+    family: str
+    response: str
+    ground_truth: str
+    correct: bool
+    added: str | None = None  # the streamrl rule expected to call it equal where math-verify does not
+
+
+P = Pair
+#: The forms issue 22 reports, as written there.
+ISSUE: list[Pair] = [
+    P("thousands", "The final answer is $10,455$.", "10455", True),
+    P("thousands", "So the total is $\\boxed{11,\\! 111,\\! 111,\\! 100}$.", "11111111100", True),
+    P("thousands", "Hence $\\boxed{32,\\! 349}$.", "32349", True),
+    P("boxes", "$\\boxed{-2} \\quad \\text{and} \\quad \\boxed{1}$", "1,-2", True),
+    P("boxes", "The pairs are $\\boxed{(1, 2)}, \\boxed{(2, 1)}, \\boxed{(3, 4)}$.", "(1, 2), (2, 1), (3, 4)", True),
+    P("boxes", "$\\boxed{1},\\boxed{2},\\boxed{3}$", "\\{1,2,3\\}", True),
+    P("assignments", "$\\boxed{k = 45} \\quad \\text{and} \\quad \\boxed{n = 2}$", "k = 45, n = 2", True),
+    P("assignments", "The roots are $x_{1}=2, x_{2}=3$.", "2, 3", True),
+    P("assignments", "So $x_{1}=\\boxed{2}$, $x_{2}=\\boxed{3}$.", "x_1 = 2, x_2 = 3", True),
+    # the same forms with a wrong value
+    P("thousands", "The final answer is $10,456$.", "10455", False),
+    P("thousands", "So the total is $\\boxed{11,\\! 111,\\! 111,\\! 101}$.", "11111111100", False),
+    P("boxes", "$\\boxed{-2} \\quad \\text{and} \\quad \\boxed{3}$", "1,-2", False),
+    P("assignments", "$\\boxed{k = 2} \\quad \\text{and} \\quad \\boxed{n = 45}$", "k = 45, n = 2", False),
+]
+
+_SEPARATORS = {",": None, "{,}": None, ",\\!": None, ",\\! ": None,
+               "\\,": "math_notation", "\\ ": "math_notation", "~": "math_notation"}
+_JOINERS = {", ": None, " and ": None, "$ or $": None, " \\quad \\text{and} \\quad ": None,
+            "$ \\text{ or } $": "spread_boxes", "$, and then $": "spread_boxes", "$; $": "spread_boxes"}
+
+
+def _grouped(n: int, sep: str) -> str:
+    digits = str(n)
+    head = len(digits) % 3 or 3
+    groups = [digits[:head]] + [digits[i:i + 3] for i in range(head, len(digits), 3)]
+    return sep.join(groups)
+
+
+def generated(seed: int = 22) -> list[Pair]:
+    rng = random.Random(seed)
+    pairs: list[Pair] = []
+    # numbers with thousands separators: boxed, in a "final answer" sentence, in plain text
+    for sep, added in _SEPARATORS.items():
+        for _ in range(6):
+            n = rng.randrange(1_000, 10_000_000_000)
+            wrong = n + rng.choice([1, 9, 1000])
+            gt = rng.choice([str(n), _grouped(n, "{,}")])
+            for value, ok in ((n, True), (wrong, False)):
+                shown = _grouped(value, sep)
+                response = rng.choice([f"The total is $\\boxed{{{shown}}}$.",
+                                       f"The final answer is ${shown}$."])
+                pairs.append(Pair("separators", response, gt, ok, added if ok else None))
+        if sep == ",":
+            n = rng.randrange(1_000, 1_000_000)
+            pairs.append(Pair("separators", f"The answer is {_grouped(n, ',')}.", str(n), True))
+            pairs.append(Pair("separators", f"The answer is {_grouped(n + 1, ',')}.", str(n), False))
+    # sets: any order, written as a set or a list
+    for _ in range(16):
+        values = rng.sample(range(-20, 40), 3)
+        shuffled = rng.sample(values, 3)
+        gt = rng.choice(["\\{{{}\\}}", "{}"]).format(", ".join(map(str, values)))
+        shown = rng.choice(["\\{{{}\\}}", "{}"]).format(", ".join(map(str, shuffled)))
+        wrong = rng.choice([v for v in range(-20, 40) if v not in values])
+        bad = rng.choice(["\\{{{}\\}}", "{}"]).format(", ".join(map(str, shuffled[:2] + [wrong])))
+        pairs.append(Pair("sets", f"The solutions are $\\boxed{{{shown}}}$.", gt, True))
+        pairs.append(Pair("sets", f"The solutions are $\\boxed{{{bad}}}$.", gt, False))
+    # tuples: order matters
+    for _ in range(12):
+        a, b = rng.sample(range(-9, 30), 2)
+        pairs.append(Pair("tuples", f"The point is $\\boxed{{({a}, {b})}}$.", f"({a},{b})", True))
+        pairs.append(Pair("tuples", f"The point is $\\boxed{{({b}, {a})}}$.", f"({a},{b})", False))
+    # intervals: brackets matter
+    for _ in range(12):
+        a, b = sorted(rng.sample(range(-20, 20), 2))
+        left, right = rng.choice("[("), rng.choice("])")
+        other = {"[": "(", "(": "["}[left]
+        gt = f"{left}{a},{b}{right}"
+        pairs.append(Pair("intervals", f"So $x \\in \\boxed{{{left}{a}, {b}{right}}}$.", gt, True))
+        pairs.append(Pair("intervals", f"So $x \\in \\boxed{{{other}{a}, {b}{right}}}$.", gt, False))
+    # assignments: names bind values
+    for _ in range(10):
+        a, b = rng.sample(range(1, 60), 2)
+        gt = f"k = {a}, n = {b}"
+        for shown, ok in ((f"$\\boxed{{k = {a}}} \\quad \\text{{and}} \\quad \\boxed{{n = {b}}}$", True),
+                          (f"$\\boxed{{k = {a}, n = {b}}}$", True),
+                          (f"$\\boxed{{n = {b}, k = {a}}}$", True),
+                          (f"$\\boxed{{k = {b}, n = {a}}}$", False)):
+            pairs.append(Pair("assignments", shown, gt, ok))
+        pairs.append(Pair("assignments", f"So $x_{{1}}={a}, x_{{2}}={b}$.", f"{a}, {b}", True))
+        pairs.append(Pair("assignments", f"So $x_{{1}}={a}, x_{{2}}={b + 1}$.", f"{a}, {b}", False))
+    # an answer over several boxes, whatever stands between them
+    for joiner, added in _JOINERS.items():
+        for _ in range(4):
+            values = rng.sample(range(-9, 30), rng.choice([2, 3]))
+            gt = rng.choice(["\\{{{}\\}}", "{}"]).format(", ".join(map(str, values)))
+            wrong = rng.choice([v for v in range(-9, 30) if v not in values])
+            for shown, ok in ((values, True), (values[:-1] + [wrong], False)):
+                boxes = joiner.join(f"\\boxed{{{v}}}" for v in rng.sample(shown, len(shown)))
+                pairs.append(Pair("boxes", f"The answers are ${boxes}$.", gt, ok, added if ok else None))
+    return pairs
+
+
+def all_pairs() -> list[Pair]:
+    """Every pair the suite holds: the hand-graded table of ``test_math_parity`` (answers written
+    the way a model's response carries them), the issue's examples, the generated ones. The
+    hand table's additions are marked in ``HAND_ADDED``."""
+    from tests.test_math_parity import ROWS
+
+    hand = [Pair(f"hand:{r.case}", r.response(), r.ground_truth, r.correct, HAND_ADDED.get((r.answer, r.ground_truth)))
+            for r in ROWS]
+    return hand + ISSUE + generated()
+
+
+#: Hand-table rows that math-verify calls different and a streamrl rule calls equal (none: on
+#: these 78 rows math-verify is right wherever it answers "equal" but one, the unit veto).
+HAND_ADDED: dict[tuple[str, str], str] = {}
+#: Rows where math-verify says "equal" and streamrl "different", with the documented rule.
+VETOED: dict[tuple[str, str], str] = {("5\\text{ m}", "5\\text{ cm}"): "units"}
+
+
+def agreement(verdict: Callable[[str, str], bool]) -> dict[str, tuple[int, int]]:
+    """How often ``verdict(response, ground_truth)`` matches the expected verdict, per group of
+    pairs (a scorer that raises has not agreed)."""
+    from tests.test_math_parity import ROWS
+
+    groups = {"hand (78)": all_pairs()[:len(ROWS)], "issue": ISSUE, "generated": generated()}
+    out = {}
+    for name, pairs in groups.items():
+        agree = 0
+        for pair in pairs:
+            try:
+                agree += verdict(pair.response, pair.ground_truth) is pair.correct
+            except Exception:  # noqa: BLE001
+                pass
+        out[name] = (agree, len(pairs))
+    return out
+
+
+def main(argv: list[str]) -> None:
+    """``python -m tests.math_pairs [OLD_MODULE.py ...]``: agreement with the expected verdicts
+    for streamrl's math scorer, verl's ``math_verify`` (if importable) and each named file's
+    ``compute_score`` (e.g. an older ``streamrl/scorers/math_verify.py`` from ``git show``)."""
+    import importlib.util
+    from pathlib import Path
+
+    from streamrl.scorers.math_verify import compute_score
+    from tests.test_math_parity import verl_scorers
+
+    scorers: dict[str, Callable[[str, str], bool]] = {}
+    for path in argv:
+        spec = importlib.util.spec_from_file_location(f"math_pairs_{Path(path).stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        scorers[path] = lambda r, g, m=module: m.compute_score("math", r, g)["score"] == 1.0
+    verl = verl_scorers().get("verl math_verify")
+    if verl is not None:
+        scorers["verl math_verify"] = verl
+    scorers["streamrl math"] = lambda r, g: compute_score("math", r, g)["score"] == 1.0
+    for name, verdict in scorers.items():
+        counts = agreement(verdict)
+        print(f"{name}: " + ", ".join(f"{group} {a}/{n}" for group, (a, n) in counts.items())
+              + f", all {sum(a for a, _ in counts.values())}/{sum(n for _, n in counts.values())}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
