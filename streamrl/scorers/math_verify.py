@@ -471,11 +471,23 @@ def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARS
     answer = ground_truth_answer(ground_truth)
     gold_mv = _parse(f"\\boxed{{{answer}}}", parsing) if answer.strip() else []
     gold_text, gold_unit = normalize_answer(answer)
-    # a reference that still has "$" is prose around math: math-verify's extraction reads it
-    wrappers = [gold_text] if "$" in gold_text else [f"\\boxed{{{gold_text}}}", f"${gold_text}$", gold_text]
-    gold_st = _parse_first(wrappers, parsing) if gold_text else []
-    if not gold_mv and not gold_st:
-        raise ScoreError("bad_ground_truth", f"math-verify cannot parse the ground truth {ground_truth[:80]!r}")
+
+    read_gold: list[list[Any]] = []
+
+    def streamrl_gold() -> list[Any]:
+        """The ground truth in streamrl's notation, read once and only where needed."""
+        if read_gold:
+            return read_gold[0]
+        # a reference that still has "$" is prose around math: math-verify's extraction reads it
+        wrappers = [gold_text] if "$" in gold_text else [f"\\boxed{{{gold_text}}}", f"${gold_text}$", gold_text]
+        gold = _parse_first(wrappers, parsing) if gold_text else []
+        if not gold and not gold_mv:
+            raise ScoreError("bad_ground_truth", f"math-verify cannot parse the ground truth {ground_truth[:80]!r}")
+        read_gold.append(gold)
+        return gold
+
+    if not gold_mv:
+        streamrl_gold()  # raises if streamrl's notation cannot read it either
 
     text = solution_str[-max_response_chars:] if max_response_chars > 0 else solution_str
     boxes = _top_level_boxes(text)
@@ -485,7 +497,7 @@ def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARS
         if _different_units(gold_unit, pred_unit):
             return False, "units", pred
         return True, "math-verify", pred
-    rule, read = _streamrl_equal(text, gold_text, [gold_mv, gold_st], parsing, comparing)
+    rule, read = _streamrl_equal(text, gold_text, [gold_mv, streamrl_gold()], parsing, comparing)
     if rule is not None and not _different_units(gold_unit, pred_unit):
         return True, rule, read
     pred = pred or read
