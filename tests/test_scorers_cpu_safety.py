@@ -234,8 +234,12 @@ def _swallowing_runaway(deadline_s: float, limit_s: float) -> Callable[[], str]:
 
     import sympy.core.cache
 
+    def busy(ref: object) -> None:  # long enough that a one-shot alarm lands in it
+        for _ in range(20_000):
+            pass
+
     # a callback that counts as SymPy code (its globals are a SymPy module's)
-    callback = types.FunctionType((lambda ref: None).__code__, vars(sympy.core.cache))
+    callback = types.FunctionType(busy.__code__, vars(sympy.core.cache))
 
     class Dropped:
         pass
