@@ -39,6 +39,15 @@ ISSUE: list[Pair] = [
     P("assignments", "$\\boxed{k = 2} \\quad \\text{and} \\quad \\boxed{n = 45}$", "k = 45, n = 2", False),
 ]
 
+#: A ground truth written in LaTeX, as math-verify's README writes gold (read whole, as well).
+LATEX_GOLD: list[Pair] = [
+    P("latex gold", "So $\\boxed{-3, 4}$.", "$\\boxed{4}$ and $\\boxed{-3}$", True),
+    P("latex gold", "So $\\boxed{-3, 5}$.", "$\\boxed{4}$ and $\\boxed{-3}$", False),
+    P("latex gold", "The roots are $\\boxed{\\{2, 7\\}}$.", "\\(\\boxed{7}\\), \\(\\boxed{2}\\)", True),
+    P("latex gold", "It is $\\boxed{\\frac{3}{4}}$.", "$0.75$", True),
+    P("latex gold", "It is $\\boxed{\\frac{3}{5}}$.", "$0.75$", False),
+]
+
 _SEPARATORS = {",": None, "{,}": None, ",\\!": None, ",\\! ": None,
                "\\,": "math_notation", "\\ ": "math_notation", "~": "math_notation"}
 _JOINERS = {", ": None, " and ": None, "$ or $": None, " \\quad \\text{and} \\quad ": None,
@@ -124,7 +133,7 @@ def all_pairs() -> list[Pair]:
 
     hand = [Pair(f"hand:{r.case}", r.response(), r.ground_truth, r.correct, HAND_ADDED.get((r.answer, r.ground_truth)))
             for r in ROWS]
-    return hand + ISSUE + generated()
+    return hand + ISSUE + LATEX_GOLD + generated()
 
 
 #: Hand-table rows that math-verify calls different and a streamrl rule calls equal (none: on
@@ -139,7 +148,8 @@ def agreement(verdict: Callable[[str, str], bool]) -> dict[str, tuple[int, int]]
     pairs (a scorer that raises has not agreed)."""
     from tests.test_math_parity import ROWS
 
-    groups = {"hand (78)": all_pairs()[:len(ROWS)], "issue": ISSUE, "generated": generated()}
+    groups = {"hand": all_pairs()[:len(ROWS)], "issue 22": ISSUE, "LaTeX gold": LATEX_GOLD,
+              "generated": generated()}
     out = {}
     for name, pairs in groups.items():
         agree = 0

@@ -6,7 +6,8 @@ rows listed in ``VETOED`` (a documented rule says why); and the pairs where stre
 and math-verify does not are exactly those marked with the rule expected to add them.
 
 The oracle below calls math-verify directly, not through streamrl: the ground truth as
-``\\boxed{gt}`` (verl's ``math_verify`` does the same), the response with
+``\\boxed{gt}`` (verl's ``math_verify`` does the same) and, where it is written in LaTeX
+(``$...$``, boxes), also whole, as math-verify's README reads gold; the response with
 ``LatexExtractionConfig(boxed_match_priority=0)`` + ``ExprExtractionConfig`` and with
 math-verify's default order; equal if either reading verifies.
 """
@@ -24,11 +25,13 @@ PAIRS = all_pairs()
 
 
 def math_verify_says_equal(response: str, ground_truth: str) -> bool:
-    gold = parse(f"\\boxed{{{ground_truth}}}", [LatexExtractionConfig(), ExprExtractionConfig()])
+    golds = [parse(f"\\boxed{{{ground_truth}}}", [LatexExtractionConfig(), ExprExtractionConfig()])]
+    if any(mark in ground_truth for mark in ("$", "\\(", "\\[", "\\boxed")):
+        golds.append(parse(ground_truth, [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]))
     for configs in ([LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
                     [ExprExtractionConfig(), LatexExtractionConfig()]):
         pred = parse(response, configs)
-        if gold and pred and verify(gold, pred):
+        if pred and any(gold and verify(gold, pred) for gold in golds):
             return True
     return False
 

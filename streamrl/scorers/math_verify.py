@@ -362,6 +362,14 @@ def _parse_first(texts: list[str], deadline: _Deadline) -> list[Any]:
 # -- math-verify's reading: the floor --------------------------------------------------------------
 
 _FINAL_ANSWER = re.compile(r"(?i)final\s+answer")
+_LATEX_ANCHOR = re.compile(r"\$|\\\(|\\\[|\\boxed")
+
+
+def _gold_configs() -> tuple[Any, ...]:
+    """How math-verify's README reads a gold answer written in LaTeX (``$...$``, boxes)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 
 
 def _response_readings(text: str) -> list[tuple[Any, ...]]:
@@ -470,6 +478,8 @@ def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARS
     comparing = _Deadline(verify_timeout_s, "comparison")
     answer = ground_truth_answer(ground_truth)
     gold_mv = _parse(f"\\boxed{{{answer}}}", parsing) if answer.strip() else []
+    # a reference written as math-verify's README writes gold ("$...$", boxes): also read whole
+    gold_direct = _parse(ground_truth, parsing, _gold_configs()) if _LATEX_ANCHOR.search(ground_truth) else []
     gold_text, gold_unit = normalize_answer(answer)
 
     read_gold: list[list[Any]] = []
@@ -481,23 +491,25 @@ def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARS
         # a reference that still has "$" is prose around math: math-verify's extraction reads it
         wrappers = [gold_text] if "$" in gold_text else [f"\\boxed{{{gold_text}}}", f"${gold_text}$", gold_text]
         gold = _parse_first(wrappers, parsing) if gold_text else []
-        if not gold and not gold_mv:
+        if not gold and not gold_mv and not gold_direct:
             raise ScoreError("bad_ground_truth", f"math-verify cannot parse the ground truth {ground_truth[:80]!r}")
         read_gold.append(gold)
         return gold
 
-    if not gold_mv:
+    if not gold_mv and not gold_direct:
         streamrl_gold()  # raises if streamrl's notation cannot read it either
 
     text = solution_str[-max_response_chars:] if max_response_chars > 0 else solution_str
     boxes = _top_level_boxes(text)
     pred_unit = normalize_answer(boxes[-1])[1] if boxes else None
     equal, pred = math_verify_equal(text, gold_mv, parsing, comparing)
+    if not equal and gold_direct:
+        equal, pred = math_verify_equal(text, gold_direct, parsing, comparing)
     if equal:
         if _different_units(gold_unit, pred_unit):
             return False, "units", pred
         return True, "math-verify", pred
-    rule, read = _streamrl_equal(text, gold_text, [gold_mv, streamrl_gold()], parsing, comparing)
+    rule, read = _streamrl_equal(text, gold_text, [gold_mv, gold_direct, streamrl_gold()], parsing, comparing)
     if rule is not None and not _different_units(gold_unit, pred_unit):
         return True, rule, read
     pred = pred or read
