@@ -259,11 +259,20 @@ def _swallowing_runaway(deadline_s: float, limit_s: float) -> Callable[[], str]:
 
 @pytest.mark.parametrize("where", ["main", "thread"])
 def test_a_deadline_swallowed_in_a_weakref_callback_still_ends_the_work(where: str):
+    from math_verify.errors import TimeoutException
+
     def bounded() -> str:
         return math_verify._bounded(_swallowing_runaway(0.3, 15.0), math_verify._Deadline(0.3, "comparison"))
 
+    swallowed: list[type[BaseException] | None] = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: swallowed.append(unraisable.exc_type)
     start = time.monotonic()
-    with pytest.raises(ScoreError) as err:
-        bounded() if where == "main" else _in_thread(bounded)
+    try:
+        with pytest.raises(ScoreError) as err:
+            bounded() if where == "main" else _in_thread(bounded)
+    finally:
+        sys.unraisablehook = previous_hook
     assert err.value.reason == "timeout"
     assert time.monotonic() - start < 3.0  # was the full 15 s: the first raise was swallowed
+    assert TimeoutException in swallowed  # the case arose: a raise landed in the callback
