@@ -384,7 +384,7 @@ def _response_readings(text: str) -> list[tuple[Any, ...]]:
     return readings
 
 
-def math_verify_equal(text: str, gold: list[Any], parsing: _Deadline, comparing: _Deadline) -> tuple[bool, list[Any]]:
+def _math_verify_equal(text: str, gold: list[Any], parsing: _Deadline, comparing: _Deadline) -> tuple[bool, list[Any]]:
     """math-verify's own verdict on ``text`` (a response's tail) against the parsed ground truth,
     and what it read; no streamrl rule takes part."""
     pred: list[Any] = []
@@ -502,9 +502,9 @@ def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARS
     text = solution_str[-max_response_chars:] if max_response_chars > 0 else solution_str
     boxes = _top_level_boxes(text)
     pred_unit = normalize_answer(boxes[-1])[1] if boxes else None
-    equal, pred = math_verify_equal(text, gold_mv, parsing, comparing)
+    equal, pred = _math_verify_equal(text, gold_mv, parsing, comparing)
     if not equal and gold_direct:
-        equal, pred = math_verify_equal(text, gold_direct, parsing, comparing)
+        equal, pred = _math_verify_equal(text, gold_direct, parsing, comparing)
     if equal:
         if _different_units(gold_unit, pred_unit):
             return False, "units", pred
