@@ -183,10 +183,22 @@ def main(argv: list[str]) -> None:
     if verl is not None:
         scorers["verl math_verify"] = verl
     scorers["streamrl math"] = lambda r, g: compute_score("math", r, g)["score"] == 1.0
+    from tests.test_math_floor import math_verify_says_equal
+
+    pairs = all_pairs()
+    floor = [math_verify_says_equal(p.response, p.ground_truth) for p in pairs]
+    scorers = {"math-verify itself": math_verify_says_equal, **scorers}
     for name, verdict in scorers.items():
         counts = agreement(verdict)
         print(f"{name}: " + ", ".join(f"{group} {a}/{n}" for group, (a, n) in counts.items())
               + f", all {sum(a for a, _ in counts.values())}/{sum(n for _, n in counts.values())}")
+        lost = 0
+        for pair, equal in zip(pairs, floor):
+            try:
+                lost += equal and verdict(pair.response, pair.ground_truth) is not True
+            except Exception:  # noqa: BLE001
+                lost += equal
+        print(f"    of math-verify's {sum(floor)} 'equal' verdicts, called different: {lost}")
 
 
 if __name__ == "__main__":
