@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
-from streamrl.reward.config import RewardConfig
+from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
+                                    apply_verl_keys)
 from streamrl.rollout.config import FeedConfig, RolloutConfig
 
 T = TypeVar("T")
@@ -156,6 +157,26 @@ class PipelineConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     feed: FeedConfig = field(default_factory=FeedConfig)
+    # verl's keys, with verl's meaning, folded into reward.scorers by load_config
+    # (streamrl.reward.config.apply_verl_keys)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+
+    def validate(self) -> "PipelineConfig":
+        """Every stage's section checked as that stage checks it at its start, the reward
+        stage's scorer table built (user functions loaded, signatures checked) and closed:
+        ``streamrl run`` calls this before the broker or any stage starts, so a bad field is
+        one line and exit 2 there, not a stage that fails 15 s later. Nothing heavy loads: no
+        policy, no dataset, no reward model weights."""
+        from streamrl.reward.table import build_table
+
+        self.feed.validate()
+        self.rollout.validate()
+        self.learner.validate()
+        table = build_table(self.reward.validate())
+        if table.runner is not None:
+            table.runner.close()
+        return self
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
@@ -170,11 +191,51 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         path = resolve_config(str(path))
         with _config_errors(f" in {path}"):
             merged = OmegaConf.merge(merged, OmegaConf.load(path))
+    before = _scorer_identities(merged)
     for override in overrides:
         with _config_errors(f" on the command line ({override})"):
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+            merged = _override(merged, override)
+    _drop_stale_kwargs(merged, before, overrides)
     with _config_errors(f" in {path}" if path else ""):
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        cfg = OmegaConf.to_object(merged)
+    if isinstance(cfg, PipelineConfig):
+        apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model)
+    return cfg  # type: ignore[return-value]
+
+
+def _override(merged: DictConfig, override: str) -> DictConfig:
+    """One ``key.path=value`` onto the config. A mapping value (``key={...}``) replaces the
+    mapping at ``key``, so ``reward.scorers.gsm8k.kwargs={}`` clears it and
+    ``reward.scorers.gsm8k={type: function, path: f.py:score}`` starts that entry afresh from
+    the defaults; any other value is merged in, as in verl."""
+    parsed = OmegaConf.from_dotlist([override])
+    key = override.split("=", 1)[0].strip()
+    value = OmegaConf.select(parsed, key)
+    current = OmegaConf.select(merged, key, default=None)
+    if isinstance(value, DictConfig) and isinstance(current, DictConfig):
+        kind = OmegaConf.get_type(current)
+        if kind is not None and kind is not dict:
+            value = OmegaConf.merge(OmegaConf.structured(kind), value)
+        OmegaConf.update(merged, key, value, merge=False)
+        return merged
+    return OmegaConf.merge(merged, parsed)
+
+
+def _scorer_identities(merged: DictConfig) -> dict[str, tuple[Any, ...]]:
+    scorers = OmegaConf.select(merged, "reward.scorers", default=None)
+    return {str(k): (v.type, v.rule, v.path) for k, v in scorers.items()} if scorers is not None else {}
+
+
+def _drop_stale_kwargs(merged: DictConfig, before: dict[str, tuple[Any, ...]], overrides: Sequence[str]) -> None:
+    """``kwargs`` belong to the function they were written for: when the command line changes an
+    entry's ``type``, ``rule`` or ``path`` and gives it no ``kwargs``, the ones from the config
+    file are dropped (``local.yaml``'s ``method: flexible`` is no argument of your function)."""
+    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    for name, identity in _scorer_identities(merged).items():
+        target = f"reward.scorers.{name}.kwargs"
+        if name in before and identity != before[name] and not any(
+                k == target or k.startswith(target + ".") or target.startswith(k + ".") for k in keys):
+            merged.reward.scorers[name].kwargs = {}
 
 
 @contextlib.contextmanager
