@@ -195,7 +195,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
     for override in overrides:
         with _config_errors(f" on the command line ({override})"):
             merged = _override(merged, override)
-    _drop_stale_kwargs(merged, before, overrides)
+    merged = _drop_stale_kwargs(merged, before, overrides)
     with _config_errors(f" in {path}" if path else ""):
         cfg = OmegaConf.to_object(merged)
     if isinstance(cfg, PipelineConfig):
@@ -215,7 +215,11 @@ def _override(merged: DictConfig, override: str) -> DictConfig:
     if isinstance(value, DictConfig) and isinstance(current, DictConfig):
         kind = OmegaConf.get_type(current)
         if kind is not None and kind is not dict:
-            value = OmegaConf.merge(OmegaConf.structured(kind), value)
+            try:
+                value = OmegaConf.merge(OmegaConf.structured(kind), value)
+            except OmegaConfBaseException as exc:  # name the field from the top
+                exc.full_key = f"{key}.{exc.full_key}" if getattr(exc, "full_key", None) else key
+                raise
         OmegaConf.update(merged, key, value, merge=False)
         return merged
     return OmegaConf.merge(merged, parsed)
@@ -226,16 +230,21 @@ def _scorer_identities(merged: DictConfig) -> dict[str, tuple[Any, ...]]:
     return {str(k): (v.type, v.rule, v.path) for k, v in scorers.items()} if scorers is not None else {}
 
 
-def _drop_stale_kwargs(merged: DictConfig, before: dict[str, tuple[Any, ...]], overrides: Sequence[str]) -> None:
+def _drop_stale_kwargs(merged: DictConfig, before: dict[str, tuple[Any, ...]], overrides: Sequence[str]) -> DictConfig:
     """``kwargs`` belong to the function they were written for: when the command line changes an
-    entry's ``type``, ``rule`` or ``path`` and gives it no ``kwargs``, the ones from the config
-    file are dropped (``local.yaml``'s ``method: flexible`` is no argument of your function)."""
-    keys = [o.split("=", 1)[0].strip() for o in overrides]
+    entry's ``type``, ``rule`` or ``path``, the ``kwargs`` the config file gave it are dropped
+    (``local.yaml``'s ``method: flexible`` is no argument of your function); those the command
+    line gives it stay."""
+    keyed = [(o.split("=", 1)[0].strip(), o) for o in overrides]
     for name, identity in _scorer_identities(merged).items():
         target = f"reward.scorers.{name}.kwargs"
-        if name in before and identity != before[name] and not any(
-                k == target or k.startswith(target + ".") or target.startswith(k + ".") for k in keys):
-            merged.reward.scorers[name].kwargs = {}
+        if name not in before or identity == before[name] or any(target.startswith(k + ".") for k, _ in keyed):
+            continue  # unchanged, new, or given whole on the command line
+        merged.reward.scorers[name].kwargs = {}
+        for key, override in keyed:
+            if key == target or key.startswith(target + "."):
+                merged = _override(merged, override)
+    return merged
 
 
 @contextlib.contextmanager
