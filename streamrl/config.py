@@ -162,22 +162,6 @@ class PipelineConfig:
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
-    def validate(self) -> "PipelineConfig":
-        """Every stage's section checked as that stage checks it at its start, the reward
-        stage's scorer table built (user functions loaded, signatures checked) and closed:
-        ``streamrl run`` calls this before the broker or any stage starts, so a bad field is
-        one line and exit 2 there, not a stage that fails 15 s later. Nothing heavy loads: no
-        policy, no dataset, no reward model weights."""
-        from streamrl.reward.table import build_table
-
-        self.feed.validate()
-        self.rollout.validate()
-        self.learner.validate()
-        table = build_table(self.reward.validate())
-        if table.runner is not None:
-            table.runner.close()
-        return self
-
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 schema: type[T] = PipelineConfig) -> T:  # type: ignore[assignment]

@@ -256,8 +256,6 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
       a failure scores 0.
 
     A bad value is a ``ConfigError`` naming the verl key."""
-    from streamrl.config import load_section
-
     manager, extra = rm.reward_manager, dict(rm.reward_kwargs)
     if manager not in REWARD_MANAGERS:
         raise ConfigError(f"config field 'reward_model.reward_manager': {manager!r} is not one of "
@@ -271,10 +269,18 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
         if unknown:
             raise ConfigError(f"config field 'reward_model.reward_kwargs': verl's dapo reward manager takes "
                               f"max_resp_len and overlong_buffer_cfg, not {unknown}")
-        buffer = {k: v for k, v in dict(extra.get("overlong_buffer_cfg") or {}).items() if k != "log"}
+        buffer = dict(extra.get("overlong_buffer_cfg") or {})
+        where = "config field 'reward_model.reward_kwargs.overlong_buffer_cfg"
+        unknown = sorted(set(buffer) - {"enable", "len", "penalty_factor", "log"})
+        if unknown:
+            raise ConfigError(f"{where}': verl's overlong buffer has enable, len, penalty_factor, log; not {unknown}")
         if buffer.get("enable"):
-            overlong = load_section(OverlongBufferConfig, {**buffer, "max_resp_len": extra.get("max_resp_len") or 0},
-                                    "reward_model.reward_kwargs.overlong_buffer_cfg")
+            try:
+                overlong = OverlongBufferConfig(enable=True, len=int(buffer.get("len", 0)),
+                                                penalty_factor=float(buffer.get("penalty_factor", 1.0)),
+                                                max_resp_len=int(extra.get("max_resp_len") or 0))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{where}': {exc}") from None
             if not 0 < overlong.len < overlong.max_resp_len:
                 raise ConfigError("config field 'reward_model.reward_kwargs.overlong_buffer_cfg.len': needs "
                                   f"0 < len < max_resp_len (got {overlong.len}, max_resp_len {overlong.max_resp_len})")
