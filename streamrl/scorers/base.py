@@ -1,6 +1,6 @@
 """What every scorer shares: the errors that tell the reward stage what to do with a failure.
 
-A scorer is any callable with verl's signature (DESIGN.md), sync or async::
+A scorer is any callable with verl's signature (docs/contracts.md), sync or async::
 
     compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict
 
