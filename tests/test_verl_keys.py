@@ -206,3 +206,14 @@ def test_each_replay_gets_its_own_directory(tmp_path):
     first, second = new_replay_dir(tmp_path / "replay"), new_replay_dir(tmp_path / "replay")
     assert first != second and first.is_dir() and second.is_dir() and first.parent == second.parent
 
+
+
+def test_replay_reads_verls_keys_from_a_pipeline_yaml(tmp_path, reward_file):
+    from streamrl.replay.rescore import load_reward_config
+
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"custom_reward_function: {{path: '{reward_file}', name: plain}}\n"
+                      "reward_model: {reward_manager: prime}\nreward: {max_attempts: 1}\n")
+    rc = load_reward_config(config)
+    assert rc.max_attempts == 1 and rc.scorers["custom_reward_function"].executor == "process"
+    assert Scoring(rc).table.lookup("openai/gsm8k").name == "custom_reward_function"
