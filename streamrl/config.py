@@ -188,22 +188,16 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
 
 
 def _override(merged: DictConfig, override: str) -> DictConfig:
-    """One ``key.path=value`` onto the config. A mapping value (``key={...}``) replaces the
-    mapping at ``key``, so ``reward.scorers.gsm8k.kwargs={}`` clears it and
-    ``reward.scorers.gsm8k={type: function, path: f.py:score}`` starts that entry afresh from
-    the defaults; any other value is merged in, as in verl."""
+    """One ``key.path=value`` onto the config, merged as in verl, except that a mapping given
+    for a free-form mapping (``kwargs``, ``fallbacks``, ``run.ray.resources``, the scorer
+    table) replaces it: ``reward.scorers.gsm8k.kwargs={}`` clears the kwargs, where a merge
+    would keep every key the file gave. A config section (a dataclass) is still merged field by
+    field."""
     parsed = OmegaConf.from_dotlist([override])
     key = override.split("=", 1)[0].strip()
     value = OmegaConf.select(parsed, key)
     current = OmegaConf.select(merged, key, default=None)
-    if isinstance(value, DictConfig) and isinstance(current, DictConfig):
-        kind = OmegaConf.get_type(current)
-        if kind is not None and kind is not dict:
-            try:
-                value = OmegaConf.merge(OmegaConf.structured(kind), value)
-            except OmegaConfBaseException as exc:  # name the field from the top
-                exc.full_key = f"{key}.{exc.full_key}" if getattr(exc, "full_key", None) else key
-                raise
+    if isinstance(value, DictConfig) and isinstance(current, DictConfig) and OmegaConf.get_type(current) is dict:
         OmegaConf.update(merged, key, value, merge=False)
         return merged
     return OmegaConf.merge(merged, parsed)
@@ -221,13 +215,17 @@ def _drop_stale_kwargs(merged: DictConfig, before: dict[str, tuple[Any, ...]], o
     line gives it stay."""
     keyed = [(o.split("=", 1)[0].strip(), o) for o in overrides]
     for name, identity in _scorer_identities(merged).items():
+        if name not in before or identity == before[name]:
+            continue
         target = f"reward.scorers.{name}.kwargs"
-        if name not in before or identity == before[name] or any(target.startswith(k + ".") for k, _ in keyed):
-            continue  # unchanged, new, or given whole on the command line
         merged.reward.scorers[name].kwargs = {}
-        for key, override in keyed:
+        for key, override in keyed:  # in order, as given
             if key == target or key.startswith(target + "."):
                 merged = _override(merged, override)
+            elif target.startswith(key + "."):  # the entry (or the table) given whole
+                given = OmegaConf.select(OmegaConf.from_dotlist([override]), target, default=None)
+                if given is not None:
+                    merged.reward.scorers[name].kwargs = given
     return merged
 
 

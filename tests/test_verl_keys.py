@@ -131,8 +131,12 @@ def test_overriding_a_scorer_drops_the_files_kwargs_and_a_mapping_replaces(rewar
     assert load_config("local.yaml", ["reward.scorers.gsm8k.kwargs={method: strict}"]).reward.scorers["gsm8k"].kwargs == {"method": "strict"}
     assert load_config("local.yaml", ["reward.scorers.gsm8k.timeout_s=5"]).reward.scorers["gsm8k"].kwargs == {
         "method": "flexible", "format_score": 0.1}  # a field set alone merges, as in verl
-    fresh = load_config("local.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain', kwargs: {{scale: 3}}}}"])
-    assert fresh.reward.scorers["gsm8k"].kwargs == {"scale": 3} and fresh.reward.scorers["gsm8k"].timeout_s == 120.0
+    whole = load_config("local.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain'}}"])
+    assert whole.reward.scorers["gsm8k"].kwargs == {} and whole.reward.scorers["gsm8k"].type == "function"
+    whole = load_config("local.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain', kwargs: {{scale: 3}}}}",
+                                       "reward.scorers.gsm8k.timeout_s=7"])
+    assert whole.reward.scorers["gsm8k"].kwargs == {"scale": 3} and whole.reward.scorers["gsm8k"].timeout_s == 7.0
+    assert load_config("local.yaml", ["run.ray.resources={reward: {num_cpus: 2}}"]).run.ray.resources == {"reward": {"num_cpus": 2.0}}
     with pytest.raises(ConfigError, match="reward.scorers.gsm8k.typo"):
         load_config("local.yaml", ["reward.scorers.gsm8k={typo: 1}"])
 
