@@ -19,7 +19,10 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 run: $(BIN)/.installed
 	$(BIN)/streamrl run
 
+# .ci/test-tools installs prometheus, promtool and amtool (root with apt-get), or says in one
+# line what to install
 test: $(BIN)/.installed
+	.ci/test-tools
 	$(BIN)/python -m pytest -q
 
 bench-bus: $(BIN)/.installed

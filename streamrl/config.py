@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
-from streamrl.reward.config import RewardConfig
+from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
+                                    apply_verl_keys)
 from streamrl.rollout.config import FeedConfig, RolloutConfig
 
 T = TypeVar("T")
@@ -156,6 +157,10 @@ class PipelineConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     feed: FeedConfig = field(default_factory=FeedConfig)
+    # verl's keys, with verl's meaning, folded into reward.scorers by load_config
+    # (streamrl.reward.config.apply_verl_keys)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
@@ -170,11 +175,58 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
         path = resolve_config(str(path))
         with _config_errors(f" in {path}"):
             merged = OmegaConf.merge(merged, OmegaConf.load(path))
+    before = _scorer_identities(merged)
     for override in overrides:
         with _config_errors(f" on the command line ({override})"):
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([override]))
+            merged = _override(merged, override)
+    merged = _drop_stale_kwargs(merged, before, overrides)
     with _config_errors(f" in {path}" if path else ""):
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        cfg = OmegaConf.to_object(merged)
+    if isinstance(cfg, PipelineConfig):
+        apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model)
+    return cfg  # type: ignore[return-value]
+
+
+def _override(merged: DictConfig, override: str) -> DictConfig:
+    """One ``key.path=value`` onto the config, merged as in verl, except that a mapping given
+    for a free-form mapping (``kwargs``, ``fallbacks``, ``run.ray.resources``, the scorer
+    table) replaces it: ``reward.scorers.gsm8k.kwargs={}`` clears the kwargs, where a merge
+    would keep every key the file gave. A config section (a dataclass) is still merged field by
+    field."""
+    parsed = OmegaConf.from_dotlist([override])
+    key = override.split("=", 1)[0].strip()
+    value = OmegaConf.select(parsed, key)
+    current = OmegaConf.select(merged, key, default=None)
+    if isinstance(value, DictConfig) and isinstance(current, DictConfig) and OmegaConf.get_type(current) is dict:
+        OmegaConf.update(merged, key, value, merge=False)
+        return merged
+    return OmegaConf.merge(merged, parsed)
+
+
+def _scorer_identities(merged: DictConfig) -> dict[str, tuple[Any, ...]]:
+    scorers = OmegaConf.select(merged, "reward.scorers", default=None)
+    return {str(k): (v.type, v.rule, v.path) for k, v in scorers.items()} if scorers is not None else {}
+
+
+def _drop_stale_kwargs(merged: DictConfig, before: dict[str, tuple[Any, ...]], overrides: Sequence[str]) -> DictConfig:
+    """``kwargs`` belong to the function they were written for: when the command line changes an
+    entry's ``type``, ``rule`` or ``path``, the ``kwargs`` the config file gave it are dropped
+    (``local.yaml``'s ``method: flexible`` is no argument of your function); those the command
+    line gives it stay."""
+    keyed = [(o.split("=", 1)[0].strip(), o) for o in overrides]
+    for name, identity in _scorer_identities(merged).items():
+        if name not in before or identity == before[name]:
+            continue
+        target = f"reward.scorers.{name}.kwargs"
+        merged.reward.scorers[name].kwargs = {}
+        for key, override in keyed:  # in order, as given
+            if key == target or key.startswith(target + "."):
+                merged = _override(merged, override)
+            elif target.startswith(key + "."):  # the entry (or the table) given whole
+                given = OmegaConf.select(OmegaConf.from_dotlist([override]), target, default=None)
+                if given is not None:
+                    merged.reward.scorers[name].kwargs = given
+    return merged
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import platform
 import socket
 from importlib import metadata as _metadata
 
-from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, Info, Summary, start_http_server
 
 # -- bus: every consuming / producing stage -----------------------------------------------------
 BUS_CONSUMED = Counter("streamrl_bus_consumed_records_total", "Records taken from a topic",
@@ -160,6 +160,13 @@ REWARD_SCORE_SECONDS = Histogram("streamrl_reward_score_seconds",
                                           5, 10, 30, 60, 120))
 REWARD_VALUE = Histogram("streamrl_reward_value", "Rewards published, before any group hook",
                          ["scorer"], buckets=(-1, -.5, 0, .1, .25, .5, .75, .9, 1, 2, 5))
+# verl logs a scorer's extra fields (its reward_extra_info: acc, pred, overlong, ...) per data
+# source; these are their numeric values (bools as 0/1), _sum / _count the mean. ``field`` is a
+# key the scorer returns, ``data_source`` a routed data source: the stage keeps at most
+# REWARD_INFO_MAX_SERIES pairs per process, so neither can grow without bound.
+REWARD_INFO = Summary("streamrl_reward_info", "Numeric fields a scorer returns beside its score "
+                      "(verl's reward_extra_info, e.g. acc), per data source", ["data_source", "field"])
+REWARD_INFO_MAX_SERIES = 200
 REWARD_GROUPS = Counter("streamrl_reward_groups_total",
                         "Groups through the group hook (status: applied, incomplete, late, "
                         "hook_error)", ["status"])

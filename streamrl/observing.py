@@ -19,6 +19,7 @@ from streamrl.bus import Bus, Reader, TopicPartition
 from streamrl.launching import LagAutoscaler, Launcher
 from streamrl.plotting import pyplot, save
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded
+from streamrl.scorers.base import numeric_info
 from streamrl.topics import load_specs
 
 
@@ -37,6 +38,29 @@ class VersionStats:
 
 
 @dataclass
+class SourceStats:
+    """Rewarded records of one data source: the mean reward and the mean of every numeric field
+    its scorer returned (verl's reward_extra_info, e.g. ``acc``)."""
+
+    records: int = 0
+    sums: Counter = field(default_factory=Counter)
+    counts: Counter = field(default_factory=Counter)
+
+    def add(self, reward: float, info: dict[str, Any]) -> None:
+        self.records += 1
+        for key, value in {"reward": reward, **numeric_info(info)}.items():
+            self.sums[key] += value
+            self.counts[key] += 1
+
+    def means(self) -> dict[str, float]:
+        return {"records": self.records, **{k: round(self.sums[k] / n, 4) for k, n in self.counts.items()}}
+
+
+#: data sources the summary keeps apart; the rest are counted under "(other)"
+MAX_SOURCES = 50
+
+
+@dataclass
 class Observation:
     """What the topics say about the run so far (records counted once by ``id``)."""
 
@@ -47,6 +71,7 @@ class Observation:
     deadletters: Counter = field(default_factory=Counter)
     versions: dict[int, float] = field(default_factory=dict)  # version -> announced at (unix s)
     by_version: dict[int, VersionStats] = field(default_factory=lambda: defaultdict(VersionStats))
+    by_source: dict[str, SourceStats] = field(default_factory=dict)
     seen_ids: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.time)
 
@@ -91,6 +116,8 @@ class Observer:
                     stats.reward_sum += rec.reward
                     stats.first_scored = min(stats.first_scored, rec.scored_at)
                     stats.last_scored = max(stats.last_scored, rec.scored_at)
+                    source = rec.data_source if rec.data_source in obs.by_source or len(obs.by_source) < MAX_SOURCES else "(other)"
+                    obs.by_source.setdefault(source, SourceStats()).add(rec.reward, rec.reward_info)
                 elif topic == "policy":
                     pv = PolicyVersion.decode(msg.value)
                     obs.versions[pv.version] = pv.created_at
@@ -139,6 +166,7 @@ def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
         "reward_by_version": {str(v): round(obs.by_version[v].mean, 4) for v in versions},
         "records": {"prompts": obs.prompts, "rollouts": obs.rollouts, "rewarded": obs.rewarded,
                     "trained": obs.trained},
+        "by_data_source": {ds: s.means() for ds, s in sorted(obs.by_source.items())},
         "deadletters": sum(obs.deadletters.values()),
         "deadletter_reasons": dict(obs.deadletters),
         "seconds": round(time.time() - obs.started, 1),

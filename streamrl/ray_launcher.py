@@ -29,7 +29,6 @@ import math
 import os
 import re
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -200,7 +199,7 @@ class _StageProcess:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        argv = _localise(argv, files or {})
+        argv = _localise(argv, files or {}, Path(log_path).parent)
         run_in = cwd if cwd and os.path.isdir(cwd) else os.getcwd()
         with open(log_path, "ab") as out:
             out.write(f"[ray] node {self.node_id} ({self.node_ip}), in {run_in}\n".encode())
@@ -224,15 +223,16 @@ class _StageProcess:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
-def _localise(argv: list[str], files: dict[str, str]) -> list[str]:
-    """``--config PATH`` where PATH is not on this node: a copy of the driver's file, written here."""
+def _localise(argv: list[str], files: dict[str, str], into: Path) -> list[str]:
+    """``--config PATH`` where PATH is not on this node: a copy of the driver's file, written
+    into ``into`` (the run's log directory on this node, beside the stage's log: the run's own
+    files, never a stray copy in the temp directory)."""
     argv = list(argv)
     for i, arg in enumerate(argv[:-1]):
         path = argv[i + 1]
         if arg == "--config" and path in files and not os.path.exists(path):
             text = files[path]
-            local = Path(tempfile.gettempdir()) / "streamrl-config" / (
-                f"{hashlib.sha256(text.encode()).hexdigest()[:16]}-{Path(path).name}")
+            local = into / f"config-{hashlib.sha256(text.encode()).hexdigest()[:16]}-{Path(path).name}"
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(text)
             argv[i + 1] = str(local)

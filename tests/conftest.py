@@ -46,3 +46,23 @@ def bus_config(bootstrap: str) -> BusConfig:
 @pytest.fixture
 def bus(bus_config: BusConfig) -> Bus:
     return Bus(bus_config)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ray keeps every session's directory (logs, sockets, spilled objects) under its temp dir
+    after shutdown; the suite's Ray clusters, in this process and in the ``streamrl run``
+    subprocesses that inherit the variable, put theirs in one directory of this run, removed at
+    the end. A short path: Ray's socket paths must fit 107 bytes."""
+    if "RAY_TMPDIR" not in os.environ:
+        import tempfile
+
+        os.environ["RAY_TMPDIR"] = config._streamrl_ray_tmp = tempfile.mkdtemp(prefix="streamrl-ray-", dir="/tmp")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = getattr(config, "_streamrl_ray_tmp", None)
+    if path:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop("RAY_TMPDIR", None)

@@ -35,7 +35,7 @@ def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         pytest.fail(f"`{name}` is not on PATH: install Debian's {PACKAGES[name]} package "
-                    f"(apt-get install -y {PACKAGES[name]}); .ci/run does")
+                    f"(apt-get install -y {PACKAGES[name]}); `make test` does (.ci/test-tools)")
     return path
 
 

@@ -38,7 +38,7 @@ def _binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         pytest.fail(f"`{name}` is not on PATH: install Debian's prometheus package "
-                    "(apt-get install -y prometheus); .ci/run does")
+                    "(apt-get install -y prometheus); `make test` does (.ci/test-tools)")
     return path
 
 

@@ -202,9 +202,10 @@ def test_env_vars_are_passed_by_name_and_never_echoed(monkeypatch):
 
 def test_a_config_file_missing_on_a_node_is_written_there(tmp_path):
     gone = str(tmp_path / "on-the-driver-only.yaml")
-    argv = _localise(["reward", "--config", gone, "a.b=1"], {gone: "reward: {max_in_flight: 7}\n"})
+    argv = _localise(["reward", "--config", gone, "a.b=1"], {gone: "reward: {max_in_flight: 7}\n"}, tmp_path / "logs")
     assert argv[0] == "reward" and argv[2] != gone and argv[3] == "a.b=1"
     assert Path(argv[2]).read_text() == "reward: {max_in_flight: 7}\n"
+    assert Path(argv[2]).parent == tmp_path / "logs"  # the run's own directory, not the temp directory
     here = tmp_path / "here.yaml"
     here.write_text("x")
-    assert _localise(["feed", "--config", str(here)], {str(here): "y"}) == ["feed", "--config", str(here)]
+    assert _localise(["feed", "--config", str(here)], {str(here): "y"}, tmp_path) == ["feed", "--config", str(here)]

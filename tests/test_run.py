@@ -61,6 +61,9 @@ def test_run_goes_to_its_end_and_reports(tmp_path):
     plot = Path(summary["plot"])
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "version 2/2" in err  # the live status line
+    # the rewarded records per data source, as the last line says them
+    assert summary["by_data_source"]["gsm8k"]["records"] == records["rewarded"]
+    assert f"(gsm8k: reward {summary['by_data_source']['gsm8k']['reward']}" in err.strip().splitlines()[-1]
 
 
 def test_ctrl_c_stops_every_stage_and_leaves_no_process(tmp_path):

@@ -165,7 +165,6 @@ def test_user_scorer_by_module_name(user_file, monkeypatch):
     (dict(type="hybrid", parts={"ghost": 1.0}), {}, "ghost"),
     (dict(type="rule", rule="chess"), {}, "not a built-in rule"),
     (dict(type="telepathy"), {}, "type"),
-    (dict(path="{f}:exact", data_sources=["gsm8k"]), {}, "already served"),
     (dict(path="{f}:exact"), {"reward_router": "nowhere"}, "reward_router"),
 ])
 def test_bad_scorer_config_fails_at_start_naming_the_field(user_file, spec, reward, message):

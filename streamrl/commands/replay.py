@@ -29,7 +29,8 @@ bounds (--from / --to, inclusive, repeatable; all must hold):
 
 The replay joins no consumer group and commits nothing; it stops at the end offsets it finds at
 start. Records are de-duplicated by id. Writes report.json, report.md, report.png and the
-per-record results to --out; the last line of stdout is the path of report.json.
+per-record results to --out (default: a new runs/replay/<time>/ for each replay); the last line
+of stdout is the path of report.json.
 
 --generate evaluates a checkpoint instead: it samples --samples responses per prompt of
 --prompts (JSONL / parquet with question and answer, read like the prompt feed: feed.*) with
@@ -50,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="upper bound, inclusive: offset:N, time:T or version:N")
     parser.add_argument("--scorer", required=True, metavar="NAME|FILE",
                         help="the scorer to re-score with (see below)")
-    parser.add_argument("--out", default="runs/replay", help="output directory (default: runs/replay)")
+    parser.add_argument("--out", default="", metavar="DIR",
+                        help="output directory (default: a new runs/replay/<time>/ per replay)")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl",
                         help="per-record results file format (default: jsonl)")
     parser.add_argument("--publish-topic", default="", metavar="NAME",
@@ -74,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     from streamrl.rollout.feed import FeedError
 
     cfg = load(args)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else new_replay_dir(Path("runs") / "replay")
     try:
         if args.generate:
             if not args.policy or not args.prompts:
@@ -100,10 +102,28 @@ def main(args: argparse.Namespace) -> int:
         path = asyncio.run(job())
     except (ConfigError, BoundError, FeedError, LookupError, FileNotFoundError) as exc:
         print(f"streamrl replay: {exc}", file=sys.stderr)
+        if not args.out and not any(out.iterdir()):
+            out.rmdir()  # the directory this replay made, left empty
         return 2
     _summary(path)
     print(path, flush=True)
     return 0
+
+
+def new_replay_dir(parent: Path) -> Path:
+    """``parent/<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``, ... when one replay follows another within
+    the second), never a directory an earlier replay wrote: one directory per replay."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 10_000):
+        path = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{parent}: no free directory for {stamp}")
 
 
 def _summary(path: Path) -> None:

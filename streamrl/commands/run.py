@@ -48,6 +48,7 @@ def main(args: argparse.Namespace) -> int:
             raise StreamrlError(f"--autoscale wants MIN:MAX with 1 <= MIN <= MAX, got {args.autoscale!r}")
         cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
         cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
+    validate_stages(cfg)
     out = Path(cfg.run.out_dir).resolve() / time.strftime("%Y%m%d-%H%M%S")  # absolute: stages run elsewhere
     (out / "logs").mkdir(parents=True, exist_ok=True)
     # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
@@ -57,6 +58,32 @@ def main(args: argparse.Namespace) -> int:
         result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop, launcher))
     print(json.dumps(result), flush=True)
     return {"done": 0, "interrupted": 130}.get(result["ended"], 1)
+
+
+def validate_stages(cfg) -> None:
+    """Every stage's section checked as that stage checks it at its start, and the reward
+    stage's scorer table built (user functions loaded, signatures checked) and closed, before
+    the broker or any stage starts: a bad field is one line and exit 2 here, not a stage that
+    fails 15 s later. Nothing heavy loads (no policy, dataset or reward-model weights). Under
+    Ray with ``run.ray.working_dir`` the stages run in that directory, so relative scorer paths
+    are resolved from it."""
+    import os
+
+    from streamrl.reward.table import build_table
+
+    cfg.feed.validate()
+    cfg.rollout.validate()
+    cfg.learner.validate()
+    here = os.getcwd()
+    working_dir = os.path.expanduser(cfg.run.ray.working_dir) if cfg.run.launcher == "ray" else ""
+    if working_dir and os.path.isdir(working_dir):
+        os.chdir(working_dir)
+    try:
+        table = build_table(cfg.reward.validate())
+    finally:
+        os.chdir(here)
+    if table.runner is not None:
+        table.runner.close()
 
 
 def make_launcher(cfg, log_dir: Path):
@@ -129,13 +156,41 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
         if interactive:
             print(file=sys.stderr)
         await observer.stop()
+    failure = None
     if ended.startswith("failed:"):
         name = ended.split(":", 1)[1]
-        print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{launcher.log_tail(name)}",
-              file=sys.stderr)
+        tail = launcher.log_tail(name)
+        print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{tail}", file=sys.stderr)
+        failure = {"stage": name, "returncode": launcher.returncode(name),
+                   "error": next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")}
     summary = summarise(observer.obs, out / "reward.png")
     summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count())
-    print(f"run {ended}: {summary['versions']} versions, reward {summary['reward_first']} -> "
-          f"{summary['reward_last']}, {summary['records']['rewarded']} rewarded, "
-          f"{summary['deadletters']} dead letters, plot {summary['plot']}", file=sys.stderr, flush=True)
+    if failure:
+        summary["failure"] = failure
+    print(summary_line(summary, cfg.run.timeout_s), file=sys.stderr, flush=True)
     return summary
+
+
+def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
+    """The run's last line on stderr: what failed, if anything, then what the run did: versions,
+    rewards (overall and per data source, with the scorer's extra fields such as ``acc``),
+    records, dead letters."""
+    ended = summary["ended"]
+    if ended.startswith("failed:"):
+        f = summary.get("failure") or {}
+        head = (f"run failed: stage {f.get('stage', ended.split(':', 1)[1])} exited with "
+                f"{f.get('returncode')}" + (f" ({f['error']})" if f.get("error") else ""))
+    elif ended == "timeout":
+        head = f"run timeout: stopped after run.timeout_s ({timeout_s:g} s)"
+    else:
+        head = f"run {ended}"
+    if summary["reward_first"] is None:
+        reward = "no record rewarded"
+    else:
+        reward = f"reward {summary['reward_first']} -> {summary['reward_last']}"
+    sources = "; ".join(f"{ds}: " + ", ".join(f"{k} {v}" for k, v in stats.items() if k != "records")
+                        for ds, stats in (summary.get("by_data_source") or {}).items())
+    return (f"{head}: {summary['versions']} versions, {reward}"
+            + (f" ({sources})" if sources else "")
+            + f", {summary['records']['rewarded']} rewarded, {summary['deadletters']} dead letters, "
+              f"plot {summary['plot']}")

@@ -34,7 +34,8 @@ from streamrl import metrics
 from streamrl.config import load_section
 from streamrl.errors import ConfigError, Failure
 from streamrl.records import Trajectory
-from streamrl.reward.config import RewardConfig, ScorerSpec
+from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig, ScorerSpec,
+                                    apply_verl_keys)
 from streamrl.reward.scoring import Scoring
 
 
@@ -76,8 +77,9 @@ def resolve_scorer(spec: str, base: RewardConfig) -> ScorerChoice:
 
 
 def load_reward_config(path: str | Path) -> RewardConfig:
-    """A reward config from a YAML file: a pipeline config's ``reward:`` section, or the
-    section alone. Other sections of a pipeline config are ignored."""
+    """A reward config from a YAML file: a pipeline config's ``reward:`` section (with verl's
+    ``custom_reward_function`` / ``reward_model`` keys folded in, as ``load_config`` does), or
+    the section alone. Other sections of a pipeline config are ignored."""
     from omegaconf import OmegaConf
 
     path = Path(path)
@@ -85,7 +87,12 @@ def load_reward_config(path: str | Path) -> RewardConfig:
         raise ConfigError(f"--scorer {str(path)!r}: no such file")
     doc = OmegaConf.load(path)
     section = doc.get("reward", doc) if OmegaConf.is_dict(doc) else doc
-    return load_section(RewardConfig, section, "reward", str(path))
+    rc = load_section(RewardConfig, section, "reward", str(path))
+    if OmegaConf.is_dict(doc) and ("custom_reward_function" in doc or "reward_model" in doc):
+        apply_verl_keys(rc, load_section(CustomRewardFunctionConfig, doc.get("custom_reward_function") or {},
+                                         "custom_reward_function", str(path)),
+                        load_section(RewardModelConfig, doc.get("reward_model") or {}, "reward_model", str(path)))
+    return rc
 
 
 def _only(rc: RewardConfig, name: str) -> RewardConfig:

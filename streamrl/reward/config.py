@@ -19,6 +19,7 @@ imported where they are used.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -59,7 +60,9 @@ class ScorerSpec:
     batch_size: int = 32
     batch_wait_ms: float = 20.0
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
-    # Which data_source values this entry serves. None: its own name; []: none (a hybrid part).
+    # Which data_source values this entry serves (exact, or a "prefix*"). None: its own name, or
+    # for a built-in rule entry (gsm8k, math, math_dapo) that rule's usual data sources, which
+    # any entry of yours that names one of them takes over (``routes``); []: none (a hybrid part).
     data_sources: Optional[list[str]] = None
     # Where a sync function runs: inline (on the event loop: cheap rules only), thread (up to
     # reward.thread_concurrency at once: blocking remote calls, as verl's reward agent runs its
@@ -131,9 +134,27 @@ class TurnScoresConfig:
 
 
 def _default_scorers() -> dict[str, ScorerSpec]:
-    """The built-in rules, each serving its usual data sources (``streamrl.scorers.RULES``)."""
-    return {name: ScorerSpec(type="rule", rule=name, data_sources=list(rule.data_sources))
-            for name, rule in RULES.items()}
+    """The built-in rules, each serving its usual data sources (``streamrl.scorers.RULES``)
+    until an entry of the user's claims them (``routes``)."""
+    return {name: ScorerSpec(type="rule", rule=name) for name in RULES}
+
+
+def routes(scorers: dict[str, ScorerSpec]) -> tuple[dict[str, ScorerSpec], set[str]]:
+    """Every entry with its ``data_sources`` spelled out, and the names of the entries whose
+    routes are *default routes*: a built-in rule entry (named after its rule) whose
+    ``data_sources`` were not given serves the rule's usual data sources, and yields each of
+    them to any other entry whose ``data_sources`` match it (exactly, or by a ``prefix*``;
+    ``custom_reward_function``'s ``*`` matches all). Every other route is the user's own: two
+    of them claiming the same data source is an error (``reward.table.ScorerTable``)."""
+    out, defaults = {}, set()
+    for name, spec in scorers.items():
+        if spec.data_sources is None:
+            rule = RULES.get(name) if spec.type == "rule" and spec.rule in ("", name) else None
+            if rule is not None:
+                defaults.add(name)
+            spec = dataclasses.replace(spec, data_sources=list(rule.data_sources) if rule else [name])
+        out[name] = spec
+    return out, defaults
 
 
 @dataclass
@@ -183,3 +204,118 @@ class RewardConfig:
         if not 0 < ts.gamma <= 1:
             raise ConfigError("config field 'reward.turn_scores.gamma': must be in (0, 1]")
         return self
+
+
+# -- verl's own keys ------------------------------------------------------------------------------
+# A verl user types ``custom_reward_function.path=...`` and ``reward_model.reward_manager=...``;
+# streamrl reads them with verl's meaning and turns them into scorer-table entries
+# (``apply_verl_keys``), so there is one table and one routing rule either way.
+
+REWARD_MANAGERS = ("naive", "batch", "dapo", "prime")
+#: The entry ``custom_reward_function`` becomes in ``reward.scorers``.
+CUSTOM_ENTRY = "custom_reward_function"
+#: verl's prime reward manager scores in a process pool, 300 s per record, and scores 0 whatever
+#: fails; these are the failure reasons it maps to 0 (a backend outage still holds the record).
+PRIME_FALLBACK_REASONS = ("timeout", "scorer_error", "worker_died", "memory", "bad_score")
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """verl's ``custom_reward_function``: a function with verl's scorer signature that scores
+    every data source (verl calls it instead of ``default_compute_score``), with
+    ``reward_kwargs`` added to every call. Data sources you route to entries of
+    ``reward.scorers`` yourself stay with them."""
+
+    path: Optional[str] = None  # a file (``my_reward.py``, ``file://...``) or ``pkg://package.module``
+    name: str = "compute_score"
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardModelConfig:
+    """The part of verl's ``reward_model`` section that picks how the scoring function runs.
+    ``reward_kwargs`` are what verl hands the reward manager: the batch function's keyword
+    arguments (batch), ``max_resp_len`` and ``overlong_buffer_cfg`` (dapo)."""
+
+    enable: bool = False  # verl's model-based reward: here a reward.scorers entry of type model
+    reward_manager: str = "naive"  # naive | batch | dapo | prime
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig) -> None:
+    """Fold verl's keys into ``reward.scorers`` (in place), with verl's meaning:
+
+    - ``custom_reward_function.path`` / ``.name``: an entry ``custom_reward_function`` serving
+      ``*``, every data source no entry of the user's routes (the built-in rules' default
+      routes yield to it, as verl's custom function replaces ``default_compute_score``);
+      ``reward_kwargs`` are its ``kwargs``;
+    - ``reward_model.reward_manager`` shapes that entry (or, without a custom function, the
+      built-in rules): ``naive`` one call per record; ``batch`` verl's batch signature on
+      micro-batches (``reward_model.reward_kwargs`` to every call); ``dapo`` DAPO's overlong
+      buffer from ``reward_model.reward_kwargs``; ``prime`` worker processes, 300 s per record,
+      a failure scores 0.
+
+    A bad value is a ``ConfigError`` naming the verl key."""
+    manager, extra = rm.reward_manager, dict(rm.reward_kwargs)
+    if manager not in REWARD_MANAGERS:
+        raise ConfigError(f"config field 'reward_model.reward_manager': {manager!r} is not one of "
+                          f"{REWARD_MANAGERS}")
+    if rm.enable:
+        raise ConfigError("config field 'reward_model.enable': a reward model is a reward.scorers entry "
+                          "here (type: model, see configs/reward.example.yaml)")
+    overlong = None
+    if manager == "dapo":
+        unknown = sorted(set(extra) - {"max_resp_len", "overlong_buffer_cfg"})
+        if unknown:
+            raise ConfigError(f"config field 'reward_model.reward_kwargs': verl's dapo reward manager takes "
+                              f"max_resp_len and overlong_buffer_cfg, not {unknown}")
+        buffer = dict(extra.get("overlong_buffer_cfg") or {})
+        where = "config field 'reward_model.reward_kwargs.overlong_buffer_cfg"
+        unknown = sorted(set(buffer) - {"enable", "len", "penalty_factor", "log"})
+        if unknown:
+            raise ConfigError(f"{where}': verl's overlong buffer has enable, len, penalty_factor, log; not {unknown}")
+        if buffer.get("enable"):
+            try:
+                overlong = OverlongBufferConfig(enable=True, len=int(buffer.get("len", 0)),
+                                                penalty_factor=float(buffer.get("penalty_factor", 1.0)),
+                                                max_resp_len=int(extra.get("max_resp_len") or 0))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{where}': {exc}") from None
+            if not 0 < overlong.len < overlong.max_resp_len:
+                raise ConfigError("config field 'reward_model.reward_kwargs.overlong_buffer_cfg.len': needs "
+                                  f"0 < len < max_resp_len (got {overlong.len}, max_resp_len {overlong.max_resp_len})")
+    elif manager != "batch" and extra:
+        raise ConfigError(f"config field 'reward_model.reward_kwargs': verl's {manager} reward manager takes "
+                          f"none (got {sorted(extra)})")
+
+    def shaped(spec: ScorerSpec) -> ScorerSpec:
+        if manager == "batch":
+            return dataclasses.replace(spec, batch=True, kwargs={**extra, **spec.kwargs})
+        if manager == "dapo" and overlong is not None:
+            return dataclasses.replace(spec, overlong_buffer=overlong)
+        if manager == "prime":
+            return dataclasses.replace(spec, executor="process", timeout_s=300.0,
+                                       fallbacks={**dict.fromkeys(PRIME_FALLBACK_REASONS, 0.0), **spec.fallbacks})
+        return spec
+
+    if crf.path:
+        reward.scorers[CUSTOM_ENTRY] = shaped(ScorerSpec(
+            type="function", path=_reference(crf.path, crf.name), kwargs=dict(crf.reward_kwargs),
+            data_sources=["*"]))
+    elif manager == "batch":
+        raise ConfigError("config field 'reward_model.reward_manager': batch needs a batch function in "
+                          "custom_reward_function.path (verl's default_compute_score scores one record)")
+    elif manager != "naive":
+        _, defaults = routes(reward.scorers)
+        for name in defaults:
+            reward.scorers[name] = shaped(reward.scorers[name])
+
+
+def _reference(path: str, name: str) -> str:
+    """verl's module path (``file.py``, ``file://file.py``, ``pkg://package.module``) and object
+    name as streamrl's loader reference."""
+    if not name:
+        raise ConfigError("config field 'custom_reward_function.name': empty (verl's default: compute_score)")
+    if path.startswith("pkg://"):
+        return f"{path[len('pkg://'):].replace('/', '.')}:{name}"
+    return f"{path.removeprefix('file://')}:{name}"

@@ -36,7 +36,7 @@ from streamrl.errors import Failure
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.config import GroupHookConfig, OverlongBufferConfig, RewardConfig, TurnScoresConfig
 from streamrl.reward.table import Entry, ScorerTable, build_table
-from streamrl.scorers.base import ScoreError, ScorerUnavailable, split_result
+from streamrl.scorers.base import ScoreError, ScorerUnavailable, numeric_info, split_result
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class Scoring:
             raise
         metrics.REWARD_SCORED.labels(entry.name, info["status"]).inc()
         metrics.REWARD_VALUE.labels(entry.name).observe(reward)
+        observe_info(traj.data_source, info)
         rewarded = Rewarded.from_trajectory(traj, reward=reward, reward_info=info, scorer=entry.label)
         hook = self.hooks.get(entry.name, self.groups)
         if hook is not None and hook.applies(traj):
@@ -213,6 +214,21 @@ class Scoring:
             return score, extras
         metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, bad.reason).inc()
         raise bad
+
+
+_info_series: set[tuple[str, str]] = set()
+
+
+def observe_info(data_source: str, info: dict[str, Any]) -> None:
+    """``streamrl_reward_info{data_source, field}``, for at most ``REWARD_INFO_MAX_SERIES``
+    pairs in this process (a scorer that returns ever new keys cannot grow the registry)."""
+    for key, value in numeric_info(info).items():
+        pair = (data_source, key)
+        if pair not in _info_series:
+            if len(_info_series) >= metrics.REWARD_INFO_MAX_SERIES:
+                continue
+            _info_series.add(pair)
+        metrics.REWARD_INFO.labels(data_source, key).observe(value)
 
 
 def overlong_penalty(cfg: OverlongBufferConfig, traj: Trajectory, score: float, info: dict[str, Any]) -> float:

@@ -16,7 +16,8 @@ from typing import Any
 from streamrl.config import load_section
 from streamrl.errors import ConfigError
 from streamrl.loading import load_object
-from streamrl.reward.config import EXECUTORS, SCORER_TYPES, OverlongBufferConfig, RewardConfig, ScorerSpec
+from streamrl.reward.config import (EXECUTORS, SCORER_TYPES, OverlongBufferConfig, RewardConfig, ScorerSpec,
+                                    routes)
 from streamrl.scorers.loader import BatchFunctionScorer
 from streamrl.scorers.rules import RULES, serves, verl_compat
 
@@ -35,6 +36,7 @@ class Entry:
     fallbacks: dict[str, float] = field(default_factory=dict)
     overlong: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     post_process: Any = None  # a reward class's post_process_scores: this entry's group hook
+    default_route: bool = False  # a built-in rule on its usual data sources: yields them (reward.config.routes)
 
     @property
     def label(self) -> dict[str, str]:
@@ -48,12 +50,31 @@ class ScorerTable:
         self.entries, self.runner, self.reward_router = entries, runner, reward_router
         self.servers: Any = None  # reward.servers (streamrl.scorers.servers.RewardServers), if any
         self.routes: dict[str, Entry] = {}  # data source (or "prefix*") -> entry
-        for entry in entries.values():
+        self.yielded: dict[str, str] = {}  # a built-in's default route -> the entry that took it
+        own = [e for e in entries.values() if not e.default_route]
+        for entry in own:  # the user's routes first: each data source at most once
             for ds in entry.data_sources:
                 if ds in self.routes:
-                    raise ConfigError(f"config field 'reward.scorers.{entry.name}.data_sources': "
-                                      f"{ds!r} is already served by {self.routes[ds].name!r}")
+                    raise ConfigError(
+                        f"config field 'reward.scorers.{entry.name}.data_sources': {ds!r} is claimed by "
+                        f"both {self.routes[ds].name!r} and {entry.name!r}; a data source goes to one entry "
+                        f"(take it out of one, e.g. reward.scorers.{self.routes[ds].name}.data_sources=[...])")
                 self.routes[ds] = entry
+        for entry in entries.values():  # then the built-ins' usual data sources nobody took
+            if not entry.default_route:
+                continue
+            for ds in entry.data_sources:
+                # an exact route of the user's takes that data source; a "prefix*" of theirs
+                # (custom_reward_function's "*") every default route under it
+                taker = next((e for p, e in self.routes.items()
+                              if p == ds or (p.endswith("*") and serves(p, ds.rstrip("*")))), None)
+                if taker is not None:
+                    self.yielded[ds] = taker.name
+                elif ds in self.routes:  # two built-ins (verl_compat moves routes between them)
+                    raise ConfigError(f"config field 'reward.scorers.{entry.name}.data_sources': {ds!r} "
+                                      f"is claimed by both {self.routes[ds].name!r} and {entry.name!r}")
+                else:
+                    self.routes[ds] = entry
         # prefixes, longest first: "aime2024*" before "aime*"
         self._prefixes = sorted((ds for ds in self.routes if ds.endswith("*")), key=len, reverse=True)
 
@@ -130,14 +151,17 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
                               f"{cfg.reward_model_tokenizer!r}: {exc}") from None
     entries: dict[str, Entry] = {}
     hybrids = []
-    scorers = verl_compat(cfg.scorers, ScorerSpec) if cfg.verl_compat else cfg.scorers
+    scorers, defaults = routes(cfg.scorers)
+    if cfg.verl_compat:
+        scorers = verl_compat(scorers, ScorerSpec)
+        defaults |= {"verl_gsm8k"} if "gsm8k" in defaults else set()
     for name, spec in scorers.items():
         where = f"config field 'reward.scorers.{name}"
         if spec.type not in SCORER_TYPES:
             raise ConfigError(f"{where}.type': {spec.type!r} is not one of {SCORER_TYPES}")
         if spec.executor not in EXECUTORS:
             raise ConfigError(f"{where}.executor': {spec.executor!r} is not one of {EXECUTORS}")
-        data_sources = [name] if spec.data_sources is None else list(spec.data_sources)
+        data_sources = list(spec.data_sources or [])
         ob = spec.overlong_buffer
         if ob.enable and not 0 < ob.len < ob.max_resp_len:
             raise ConfigError(f"{where}.overlong_buffer': needs 0 < len < max_resp_len "
@@ -148,7 +172,7 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
         scorer = _build_scorer(name, spec, available, runner, cfg.reward_model_tokenizer, threads)
         entries[name] = Entry(name, scorer, spec.version or str(getattr(scorer, "version", "0")),
                               data_sources, dict(spec.fallbacks), spec.overlong_buffer,
-                              _post_process(scorer))
+                              _post_process(scorer), default_route=name in defaults)
     for name, spec, data_sources in hybrids:
         from streamrl.scorers.hybrid import HybridScorer
 

@@ -1,4 +1,4 @@
-"""Scorers: one small module per kind, each with verl's scorer signature (DESIGN.md).
+"""Scorers: one small module per kind, each with verl's scorer signature (docs/contracts.md).
 
 - ``rules``: the built-in rules (``gsm8k``, ``math``) and verl's ``default_compute_score``;
 - ``loader``: user functions (``file.py:name`` / ``module:name``), run inline, in threads or in

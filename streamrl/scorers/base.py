@@ -1,6 +1,6 @@
 """What every scorer shares: the errors that tell the reward stage what to do with a failure.
 
-A scorer is any callable with verl's signature (DESIGN.md), sync or async::
+A scorer is any callable with verl's signature (docs/contracts.md), sync or async::
 
     compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict
 
@@ -10,6 +10,7 @@ scorers, user functions, the LLM judge and the reward model all present that one
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from streamrl.errors import Failure, Unavailable
@@ -45,3 +46,18 @@ def split_result(result: Any, name: str = "scorer") -> tuple[float, dict[str, An
     except (TypeError, ValueError):
         raise ScoreError("bad_score", f"{name} returned {type(result).__name__}, not a number") from None
     return score, extras
+
+
+#: ``reward_info`` keys the reward stage itself writes: not a scorer's extra fields
+STAGE_INFO = frozenset({"status", "attempts", "error"})
+
+
+def numeric_info(info: dict[str, Any]) -> dict[str, float]:
+    """A ``reward_info``'s numeric extra fields (bools as 0/1, finite numbers only): what verl
+    logs per data source (``acc``, ``overlong``, ...), exported as ``streamrl_reward_info`` and
+    averaged per data source in ``streamrl run``'s summary."""
+    out = {}
+    for key, value in info.items():
+        if key not in STAGE_INFO and isinstance(value, (int, float)) and math.isfinite(value):
+            out[key] = float(value)
+    return out

@@ -1,6 +1,6 @@
 """User scorers: loading them, checking their signature at start, and running them.
 
-A user scorer is a function with verl's signature (DESIGN.md), sync or async, named as
+A user scorer is a function with verl's signature (docs/contracts.md), sync or async, named as
 ``path/to/file.py:name`` or ``package.module:name``. ``FunctionScorer`` wraps one so the stage sees
 every scorer the same way (an async callable with ``start`` / ``close`` / ``set_share``):
 
