@@ -17,6 +17,7 @@ from typing import Any, Iterator, Sequence, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from streamrl.archive.config import ArchiveConfig
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
 from streamrl.reward.config import RewardConfig
@@ -156,6 +157,7 @@ class PipelineConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     feed: FeedConfig = field(default_factory=FeedConfig)
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),

@@ -48,8 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lower bound: offset:N, time:T or version:N (see below)")
     parser.add_argument("--to", dest="hi", action="append", default=[], metavar="KIND:VALUE",
                         help="upper bound, inclusive: offset:N, time:T or version:N")
-    parser.add_argument("--scorer", required=True, metavar="NAME|FILE",
-                        help="the scorer to re-score with (see below)")
+    parser.add_argument("--scorer", default="", metavar="NAME|FILE",
+                        help="the scorer to re-score with (see below); without it, report what is stored: "
+                             "rewards by version and data source, dead letters by reason")
+    parser.add_argument("--archive", default="", metavar="PATH|URI",
+                        help="read an archive (a run's <run dir>/archive, s3://..., gs://...) instead of a "
+                             "broker; default with no broker: ./archive, else the newest run's under run.out_dir")
     parser.add_argument("--out", default="runs/replay", help="output directory (default: runs/replay)")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl",
                         help="per-record results file format (default: jsonl)")
@@ -83,6 +87,8 @@ def main(args: argparse.Namespace) -> int:
                 raise ConfigError("--from / --to bound a topic replay; --generate reads --prompts")
             if args.samples < 1 or args.limit < 0:
                 raise ConfigError("--samples must be >= 1 and --limit >= 0")
+            if not args.scorer:
+                raise ConfigError("--generate needs --scorer")
             if args.publish_topic:
                 require_bootstrap(cfg)
             job = functools.partial(
@@ -90,11 +96,16 @@ def main(args: argparse.Namespace) -> int:
                 out=out, samples=args.samples, limit=args.limit, policy_version=args.policy_version,
                 fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress)
         else:
-            require_bootstrap(cfg)
+            archive = _source(cfg, args.archive)
             bounds = Range(tuple(parse_bound(b) for b in args.lo), tuple(parse_bound(b) for b in args.hi))
+            if args.publish_topic:
+                require_bootstrap(cfg)
+            if not args.scorer:
+                return _inventory(cfg, args.topic, bounds, archive)
             job = functools.partial(
                 replay_topic, cfg, topic=args.topic, scorer=args.scorer, out=out, bounds=bounds,
-                fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress)
+                fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress,
+                archive=archive)
         port = metrics.serve(cfg.metrics.port, cfg.metrics.host)
         print(f"metrics: http://{cfg.metrics.host}:{port}/metrics", flush=True)
         path = asyncio.run(job())
@@ -103,6 +114,60 @@ def main(args: argparse.Namespace) -> int:
         return 2
     _summary(path)
     print(path, flush=True)
+    return 0
+
+
+def _source(cfg, archive: str) -> str | None:
+    """The archive to read (None: the broker). Without ``--archive`` and without a broker, the
+    archive of the run directory this is run in, or the newest run's; it says which."""
+    from streamrl.archive import store
+    from streamrl.errors import StreamrlError
+    from streamrl.replay.reader import find_archive
+
+    if archive:
+        store.check_uri(archive, "--archive")
+        if not store.is_archive(archive):
+            raise FileNotFoundError(f"--archive {archive}: no archive there (expected rollouts/, rewarded/ "
+                                    f"or deadletter/ with .parquet files)")
+        return archive
+    if cfg.bus.bootstrap_servers:
+        require_bootstrap(cfg)
+        return None
+    found = find_archive(cfg.run.out_dir)
+    if found is None:
+        raise StreamrlError(f"no broker and no archive: pass --archive PATH|URI (a run's <run dir>/archive), "
+                            f"run this in a run directory or where `streamrl run` wrote {cfg.run.out_dir}/, "
+                            f"or pass --bootstrap-servers HOST:PORT (env STREAMRL_BOOTSTRAP_SERVERS)")
+    print(f"replay: no broker given: reading the archive {found} (--archive or --bootstrap-servers to "
+          f"read another)", file=sys.stderr, flush=True)
+    return found
+
+
+def _inventory(cfg, topic: str, bounds, archive: str | None) -> int:
+    """``streamrl replay`` without ``--scorer``: what is stored, as tables, then one JSON line."""
+    import orjson
+
+    from streamrl.replay.inventory import inventory, render
+    from streamrl.replay.reader import archive_dead_letters, read_archive, read_range, topic_dead_letters
+
+    if archive:
+        read = read_archive(archive, topic, bounds)
+        from streamrl.archive import store
+
+        dead = archive_dead_letters(archive) if store.files(archive, "deadletter") else []
+        source = {"archive": archive, "topic": read.topic, **bounds.describe()}
+    else:
+        from streamrl.bus import Bus
+
+        async def both():
+            bus = Bus(cfg.bus)
+            return await read_range(bus, topic, bounds), await topic_dead_letters(bus)
+
+        read, dead = asyncio.run(both())
+        source = {"topic": read.topic, **bounds.describe()}
+    inv = inventory(read.records, dead, source=source, duplicates=read.duplicates)
+    print(render(inv), file=sys.stderr, flush=True)
+    print(orjson.dumps(inv).decode(), flush=True)
     return 0
 
 
