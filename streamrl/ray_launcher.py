@@ -42,7 +42,7 @@ from streamrl.launching import Launcher, _die_with_parent, stage_command
 log = logging.getLogger(__name__)
 
 #: the stages, in the order ``streamrl run`` starts them (the placement check places them so)
-STAGES = ("learner", "reward", "rollout", "feed")
+STAGES = ("learner", "archive", "reward", "rollout", "feed")
 #: what each stage's actor asks for unless ``run.ray.resources.<stage>`` says otherwise: the
 #: learner computes (add ``num_gpus`` on GPU nodes); a rollout worker with a local engine
 #: (transformers, vllm) computes; reward members and the feed wait on I/O (judges, reward-model
@@ -52,6 +52,7 @@ DEFAULT_RESOURCES: dict[str, dict[str, float]] = {
     "rollout": {"num_cpus": 1.0},
     "reward": {"num_cpus": 0.25},
     "feed": {"num_cpus": 0.25},
+    "archive": {"num_cpus": 0.25},
 }
 #: a rollout worker whose backend is a server (``rollout.backend: openai``) waits on it
 REMOTE_ROLLOUT: dict[str, float] = {"num_cpus": 0.25}
@@ -86,7 +87,7 @@ def stage_counts(cfg: Any) -> dict[str, int]:
     autoscaling maximum)."""
     run = cfg.run
     return {"learner": 1, "reward": max(run.reward_members, run.autoscale.max_members),
-            "rollout": run.rollout_workers, "feed": 1}
+            "rollout": run.rollout_workers, "feed": 1, "archive": int(cfg.archive.enabled)}
 
 
 def actor_options(ask: dict[str, float]) -> dict[str, Any]:
@@ -447,8 +448,8 @@ class RayLauncher(Launcher):
             return
         self._stop_all_of([name], timeout_s)
 
-    def _stop_all(self, timeout_s: float) -> None:
-        self._stop_all_of([n for n in self.actors if n not in self._exited], timeout_s)
+    def _stop_all(self, timeout_s: float, names: list[str]) -> None:
+        self._stop_all_of([n for n in names if n in self.actors and n not in self._exited], timeout_s)
 
     def _stop_all_of(self, names: list[str], timeout_s: float) -> None:
         """SIGTERM every named stage's process at once, wait for them (bounded), then end the

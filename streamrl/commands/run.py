@@ -89,6 +89,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",
               f"learner.checkpoint_dir={out}/checkpoints", f"learner.weights_dir={out}/weights"]
     launcher = launcher or make_launcher(cfg, out / "logs")
+    archive = (cfg.archive.uri or str(out / "archive")) if cfg.archive.enabled else None
     interactive = sys.stderr.isatty()
 
     def show(line: str) -> None:
@@ -110,6 +111,8 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     ended = "interrupted"
     try:
         launcher.start("learner", ["learner", *common], "learner")
+        if archive:  # stopped after the others (launching.LAST): it reads what they wrote to the end
+            launcher.start("archive", ["archive", *common, f"archive.uri={archive}"], "archive")
         for _ in range(cfg.run.reward_members):
             start_reward()
         for i in range(cfg.run.rollout_workers):
@@ -134,8 +137,10 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
         print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{launcher.log_tail(name)}",
               file=sys.stderr)
     summary = summarise(observer.obs, out / "reward.png")
-    summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count())
+    summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count(),
+                   archive=archive)
     print(f"run {ended}: {summary['versions']} versions, reward {summary['reward_first']} -> "
           f"{summary['reward_last']}, {summary['records']['rewarded']} rewarded, "
-          f"{summary['deadletters']} dead letters, plot {summary['plot']}", file=sys.stderr, flush=True)
+          f"{summary['deadletters']} dead letters, plot {summary['plot']}"
+          + (f", archive {archive} (replay it: streamrl replay)" if archive else ""), file=sys.stderr, flush=True)
     return summary
