@@ -184,3 +184,48 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
     assert read.messages == len(first) + len(second) + read.duplicates
     assert {loc.record.id for loc in read_archive(uri, "rollouts").records} == {r.id for r in rollouts}
     assert "archive: group" in log.read_text()  # the start-up banner, as every stage prints it
+
+
+def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(bootstrap, tmp_path):
+    """``streamrl run`` (on the test broker, to compare with its topic after), then replay from
+    its archive with no broker: every rewarded record once, re-scored as the run scored it."""
+    import json
+
+    from streamrl.config import BusConfig
+    from streamrl.replay.reader import read_range
+
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    run = subprocess.run(
+        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", "--bootstrap-servers", bootstrap,
+         f"bus.topic_prefix={prefix}", f"run.out_dir={tmp_path / 'runs'}", "run.reward_members=1",
+         "feed.limit=48", "learner.versions=1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    archive = summary["archive"]
+    assert archive == str(Path(summary["out"]) / "archive") and f"archive {archive}" in run.stderr
+    on_topic = asyncio.run(read_range(Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)), "rewarded"))
+    assert len(on_topic.records) == summary["records"]["rewarded"] > 0
+
+    archived = read_archive(archive, "rewarded")
+    assert [loc.record.id for loc in archived.records] == [loc.record.id for loc in on_topic.records]
+    [scorer] = {loc.record.scorer["name"] for loc in archived.records}  # whatever the run scored with
+    env = {k: v for k, v in os.environ.items() if k != "STREAMRL_BOOTSTRAP_SERVERS"}
+    env["PYTHONPATH"] = str(ROOT)
+    replay = subprocess.run(
+        [sys.executable, "-m", "streamrl", "replay", "--archive", archive, "--scorer", scorer,
+         "--out", str(tmp_path / "replay"), "--no-progress"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    report = orjson.loads(Path(replay.stdout.strip().splitlines()[-1]).read_bytes())
+    assert report["records"] == len(on_topic.records) and report["failed"] == 0
+    assert report["agreement"] == 1.0 and report["mean_new"] == pytest.approx(report["mean_old"], abs=1e-6)
+
+    # inside the run directory, with nothing running: the run's archive, named, and what it holds
+    here = subprocess.run([sys.executable, "-m", "streamrl", "replay"], cwd=summary["out"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert here.returncode == 0, here.stderr[-3000:]
+    assert "reading the archive archive" in here.stderr
+    inventory = json.loads(here.stdout.strip().splitlines()[-1])
+    assert inventory["records"] == len(on_topic.records)
+    assert sum(v["n"] for v in inventory["by_version"].values()) == len(on_topic.records)

@@ -24,7 +24,7 @@ from collections import Counter
 from typing import ClassVar
 
 from streamrl import metrics
-from streamrl.archive.store import ArchiveError, Batch, Writer, to_row
+from streamrl.archive.store import REWARD_CONFIG, ArchiveError, Batch, Writer, to_row
 from streamrl.bus import Bus, Checkpoint, Message, OffsetTracker, TopicPartition
 from streamrl.config import PipelineConfig
 
@@ -34,6 +34,13 @@ STAGE = "archive"
 #: A file write that fails (object store unreachable) is retried this often, with backoff, before
 #: the stage exits (and is restarted): its records stay uncommitted meanwhile, so nothing is lost.
 WRITE_ATTEMPTS = 6
+
+
+def _reward_yaml(cfg: PipelineConfig) -> str:
+    """The config's ``reward:`` section as YAML (names of environment variables, never secrets)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml({"reward": OmegaConf.structured(cfg.reward)})
 
 
 class ArchiveStage:
@@ -68,6 +75,7 @@ class ArchiveStage:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         self.writer = Writer(self.ac.uri, self.ac.compression)
+        await asyncio.to_thread(self.writer.write_text, REWARD_CONFIG, _reward_yaml(self.cfg))
         self.producer = self.bus.producer(STAGE)  # dead letters
         self.consumer = self.bus.consumer(self.ac.topics, self.group, STAGE, on_revoked=self._revoked)
         self.checkpoint = Checkpoint(self.consumer, self.producer, self.tracker)

@@ -56,6 +56,9 @@ _TYPED = {"id": (str, "t"), "group_id": (str, "t"), "policy_version": (int, "t")
           "reward": ((int, float), "r"), "scored_at": ((int, float), "r"), "created_at": ((int, float), ""),
           "stage": (str, "d"), "reason": (str, "d"), "record_id": (str, "")}
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
+#: The run's ``reward:`` section, kept with its records: replay resolves ``--scorer NAME`` with it,
+#: so the scorer a run used re-scores its archive the same way (its kwargs included).
+REWARD_CONFIG = "reward.yaml"
 
 
 class ArchiveError(Failure):
@@ -241,7 +244,30 @@ class Writer:
         return path, int(self.fs.size(path))
 
 
+    def write_text(self, name: str, text: str) -> None:
+        """A small file at the archive's root (``REWARD_CONFIG``), replaced whole."""
+        self.fs.makedirs(self.root, exist_ok=True)
+        with self.fs.open(f"{self.root}/{name}", "w") as f:
+            f.write(text)
+
+
 # -- reading --------------------------------------------------------------------------------------
+
+def reward_config(uri: str) -> Any:
+    """The reward config the archived run scored with (``REWARD_CONFIG``, as the archive stage
+    found it in its own config), as a ``RewardConfig``; None if the archive has none."""
+    from omegaconf import OmegaConf
+
+    from streamrl.config import load_section
+    from streamrl.reward.config import RewardConfig
+
+    fs, root = filesystem(uri)
+    path = f"{root}/{REWARD_CONFIG}"
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "r") as f:
+        doc = OmegaConf.create(f.read())
+    return load_section(RewardConfig, doc.get("reward", doc), "reward", f"{uri.rstrip('/')}/{REWARD_CONFIG}")
 
 def files(uri: str, topic: str) -> list[str]:
     """The complete files of ``topic`` in the archive, oldest name first (hidden names skipped)."""

@@ -102,6 +102,8 @@ def main(args: argparse.Namespace) -> int:
                 require_bootstrap(cfg)
             if not args.scorer:
                 return _inventory(cfg, args.topic, bounds, archive)
+            if archive and not args.config:
+                _run_reward_config(cfg, archive)
             job = functools.partial(
                 replay_topic, cfg, topic=args.topic, scorer=args.scorer, out=out, bounds=bounds,
                 fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress,
@@ -141,6 +143,18 @@ def _source(cfg, archive: str) -> str | None:
     print(f"replay: no broker given: reading the archive {found} (--archive or --bootstrap-servers to "
           f"read another)", file=sys.stderr, flush=True)
     return found
+
+
+def _run_reward_config(cfg, archive: str) -> None:
+    """Without ``--config``, a scorer name means what it meant in the archived run: its reward
+    config is kept in the archive (``streamrl.archive.store.REWARD_CONFIG``)."""
+    from streamrl.archive import store
+
+    rc = store.reward_config(archive)
+    if rc is not None:
+        cfg.reward = rc
+        print(f"replay: scorer names as the archived run configured them ({archive.rstrip('/')}/"
+              f"{store.REWARD_CONFIG}; --config to use another)", file=sys.stderr, flush=True)
 
 
 def _inventory(cfg, topic: str, bounds, archive: str | None) -> int:
