@@ -8,6 +8,7 @@ entrypoint is ``streamrl``, compose and Kubernetes run ``streamrl VERB``, and bo
 from __future__ import annotations
 
 import argparse
+import os
 
 from streamrl.commands.common import add_config_arguments, serve_stage
 
@@ -16,8 +17,9 @@ HELP = "archive rollouts, rewarded and deadletter to Parquet files (a path or s3
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--uri", default="", metavar="PATH|URI",
-                        help="where the files go (archive.uri): a directory, file://, s3://BUCKET/PATH, gs://...")
+    parser.add_argument("--uri", default=os.environ.get("STREAMRL_ARCHIVE_URI", ""), metavar="PATH|URI",
+                        help="where the files go (archive.uri; env STREAMRL_ARCHIVE_URI): a directory, "
+                             "file://, s3://BUCKET/PATH, gs://...")
 
 
 def main(args: argparse.Namespace) -> int:
