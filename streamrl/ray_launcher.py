@@ -42,7 +42,7 @@ from streamrl.launching import Launcher, _die_with_parent, stage_command
 log = logging.getLogger(__name__)
 
 #: the stages, in the order ``streamrl run`` starts them (the placement check places them so)
-STAGES = ("learner", "archive", "reward", "rollout", "feed")
+STAGES = ("learner", "reward", "rollout", "feed")
 #: what each stage's actor asks for unless ``run.ray.resources.<stage>`` says otherwise: the
 #: learner computes (add ``num_gpus`` on GPU nodes); a rollout worker with a local engine
 #: (transformers, vllm) computes; reward members and the feed wait on I/O (judges, reward-model
@@ -52,7 +52,6 @@ DEFAULT_RESOURCES: dict[str, dict[str, float]] = {
     "rollout": {"num_cpus": 1.0},
     "reward": {"num_cpus": 0.25},
     "feed": {"num_cpus": 0.25},
-    "archive": {"num_cpus": 0.25},
 }
 #: a rollout worker whose backend is a server (``rollout.backend: openai``) waits on it
 REMOTE_ROLLOUT: dict[str, float] = {"num_cpus": 0.25}
@@ -87,7 +86,7 @@ def stage_counts(cfg: Any) -> dict[str, int]:
     autoscaling maximum)."""
     run = cfg.run
     return {"learner": 1, "reward": max(run.reward_members, run.autoscale.max_members),
-            "rollout": run.rollout_workers, "feed": 1, "archive": int(cfg.archive.enabled)}
+            "rollout": run.rollout_workers, "feed": 1}
 
 
 def actor_options(ask: dict[str, float]) -> dict[str, Any]:

@@ -44,7 +44,23 @@ class ArchiveConfig:
         if self.compression not in ("zstd", "snappy", "gzip", "lz4", "none"):
             raise ConfigError(f"config field 'archive.compression': {self.compression!r} is not "
                               f"zstd, snappy, gzip, lz4 or none")
-        from streamrl.archive.store import check_uri
-
         check_uri(self.uri, "archive.uri")
         return self
+
+
+def check_uri(uri: str, field_name: str = "archive.uri") -> None:
+    """A local path, or a URI whose fsspec filesystem is installed; else ``ConfigError`` naming
+    the field and the extra to install."""
+    if "://" not in uri:
+        return
+    protocol = uri.split("://", 1)[0]
+    import fsspec
+
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise ConfigError(f"config field {field_name!r}: fsspec knows no filesystem {protocol!r}") from None
+    except ImportError:
+        extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(protocol, protocol)
+        raise ConfigError(f"config field {field_name!r}: {protocol}:// needs its fsspec filesystem: "
+                          f"pip install 'streamrl[{extra}]'") from None

@@ -31,7 +31,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from streamrl.errors import ConfigError, Failure, need
+from streamrl.archive.config import ARCHIVED
+from streamrl.errors import Failure
 from streamrl.records import (_ARRAY_DTYPES, DEADLETTER_SCHEMA, REWARDED_SCHEMA, TRAJECTORY_SCHEMA,
                               pack_array)
 
@@ -66,26 +67,10 @@ class ArchiveError(Failure):
     it goes to dead letters, the stage goes on."""
 
 
-def check_uri(uri: str, field_name: str = "archive.uri") -> None:
-    """A local path, or a URI whose fsspec filesystem is installed; else ``ConfigError`` naming
-    the field and the extra to install."""
-    if "://" not in uri:
-        return
-    protocol = uri.split("://", 1)[0]
-    fsspec = need("fsspec", "archive", f"config field {field_name!r}")
-    try:
-        fsspec.get_filesystem_class(protocol)
-    except ValueError:
-        raise ConfigError(f"config field {field_name!r}: fsspec knows no filesystem {protocol!r}") from None
-    except ImportError:
-        extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(protocol, protocol)
-        raise ConfigError(f"config field {field_name!r}: {protocol}:// needs its fsspec filesystem: "
-                          f"pip install 'streamrl[{extra}]'") from None
-
-
 def filesystem(uri: str) -> tuple[Any, str]:
     """(fsspec filesystem, root path in it) for a local path or URI."""
-    fsspec = need("fsspec", "archive", "the archive")
+    import fsspec
+
     fs, root = fsspec.core.url_to_fs(uri if "://" in uri else os.path.abspath(uri))
     return fs, root.rstrip("/")
 
@@ -281,8 +266,6 @@ def files(uri: str, topic: str) -> list[str]:
 
 def is_archive(uri: str) -> bool:
     """Whether ``uri`` holds an archive (a directory of any archived topic with a file)."""
-    from streamrl.archive.config import ARCHIVED
-
     return any(files(uri, t) for t in ARCHIVED)
 
 

@@ -123,11 +123,12 @@ def _source(cfg, archive: str) -> str | None:
     """The archive to read (None: the broker). Without ``--archive`` and without a broker, the
     archive of the run directory this is run in, or the newest run's; it says which."""
     from streamrl.archive import store
+    from streamrl.archive.config import check_uri
     from streamrl.errors import StreamrlError
     from streamrl.replay.reader import find_archive
 
     if archive:
-        store.check_uri(archive, "--archive")
+        check_uri(archive, "--archive")
         if not store.is_archive(archive):
             raise FileNotFoundError(f"--archive {archive}: no archive there (expected rollouts/, rewarded/ "
                                     f"or deadletter/ with .parquet files)")

@@ -77,6 +77,21 @@ def make_launcher(cfg, log_dir: Path):
     raise ConfigError(f"config field 'run.launcher': {cfg.run.launcher!r} is not local or ray")
 
 
+def archive_uri(cfg, out: Path) -> str | None:
+    """Where the run's archive stage writes: ``archive.uri``, else ``<run dir>/archive``; None
+    when off. Under Ray only with ``archive.uri`` set (a bucket or a path every node shares):
+    the run directory is on this machine, the stage's actor maybe on another."""
+    if not cfg.archive.enabled:
+        return None
+    if cfg.archive.uri:
+        return cfg.archive.uri
+    if cfg.run.launcher == "ray":
+        print("run: no archive (with --launcher ray set archive.uri to a bucket or a shared path)",
+              file=sys.stderr, flush=True)
+        return None
+    return str(out / "archive")
+
+
 async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launcher=None) -> dict:
     from streamrl.bus import Bus
     from streamrl.launching import LagAutoscaler
@@ -89,7 +104,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",
               f"learner.checkpoint_dir={out}/checkpoints", f"learner.weights_dir={out}/weights"]
     launcher = launcher or make_launcher(cfg, out / "logs")
-    archive = (cfg.archive.uri or str(out / "archive")) if cfg.archive.enabled else None
+    archive = archive_uri(cfg, out)
     interactive = sys.stderr.isatty()
 
     def show(line: str) -> None:
