@@ -229,3 +229,50 @@ def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(b
     inventory = json.loads(here.stdout.strip().splitlines()[-1])
     assert inventory["records"] == len(on_topic.records)
     assert sum(v["n"] for v in inventory["by_version"].values()) == len(on_topic.records)
+
+
+def test_replay_without_a_scorer_reports_what_a_topic_or_an_archive_holds(bus_config, tmp_path):
+    import json
+
+    bus, uri = Bus(bus_config), str(tmp_path / "archive")
+    recs = records(9, seed=5)
+    letter = DeadLetter.for_message(stage="reward", reason="timeout", detail="", topic=None, partition=None,
+                                    offset=None, key=None, value=b"{}")
+
+    async def publish():
+        async with bus.producer("test") as producer:
+            await producer.send_all("rewarded", recs + recs[:2])  # two redelivered: counted once
+            await producer.send_and_wait("deadletter", letter)
+        stage = ArchiveStage(stage_config(bus_config, uri, topics=["rewarded", "deadletter"]))
+        stop = asyncio.Event()
+        task = asyncio.create_task(stage.run(stop))
+        while stage.written["rewarded"] < len(recs) + 2 or not stage.written["deadletter"]:
+            await asyncio.sleep(0.2)
+        stop.set()
+        await task
+
+    asyncio.run(asyncio.wait_for(publish(), 60))
+    env = {k: v for k, v in os.environ.items() if k != "STREAMRL_BOOTSTRAP_SERVERS"}
+    env["PYTHONPATH"] = str(ROOT)
+    base = [sys.executable, "-m", "streamrl", "replay"]
+    from_topic = subprocess.run([*base, "--bootstrap-servers", bus_config.bootstrap_servers,
+                                 f"bus.topic_prefix={bus_config.topic_prefix}"],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    from_archive = subprocess.run([*base, "--archive", uri], cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=120, env=env)
+    want_versions = {str(v): sum(r.policy_version == v for r in recs) for v in (0, 1, 2)}
+    for proc in (from_topic, from_archive):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        inv = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert inv["records"] == len(recs) and inv["duplicates"] == 2
+        assert {v: s["n"] for v, s in inv["by_version"].items()} == want_versions
+        assert inv["by_data_source"]["math"]["mean_reward"] == pytest.approx(
+            np.mean([r.reward for r in recs if r.data_source == "math"]))
+        assert inv["dead_letters"] == {"reward: timeout": 1}
+        assert "policy_version" in proc.stderr and "reward: timeout" in proc.stderr  # the tables
+
+    here = subprocess.run(base, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert here.returncode == 0 and "reading the archive archive" in here.stderr  # ./archive, named
+    (tmp_path / "empty").mkdir()
+    nothing = subprocess.run(base, cwd=tmp_path / "empty", capture_output=True, text=True, timeout=60, env=env)
+    assert nothing.returncode == 2 and "no broker and no archive: pass --archive" in nothing.stderr
