@@ -237,7 +237,7 @@ def read_archive(uri: str, topic: str, bounds: Range = Range(), *, keep_arrays: 
     and de-duplication by ``id`` (a restarted archive stage may have written a record twice)."""
     from streamrl.archive import store
 
-    short = topic.rsplit(".", 1)[-1] if topic.startswith("streamrl.") else topic
+    short = topic.rsplit(".", 1)[-1]  # the archive keeps short names, whatever the prefix was
     paths = store.files(uri, short)
     if not paths:
         raise FileNotFoundError(f"no {short} files in the archive {uri} (expected {uri.rstrip('/')}/{short}/*.parquet)")
