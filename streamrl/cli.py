@@ -26,6 +26,7 @@ VERBS = {
     "rollout": "streamrl.commands.rollout",
     "reward": "streamrl.commands.reward",
     "learner": "streamrl.commands.learner",
+    "archive": "streamrl.commands.archive",
     "run": "streamrl.commands.run",
     "replay": "streamrl.commands.replay",
     "bench": "streamrl.commands.bench",

@@ -17,6 +17,7 @@ from typing import Any, Iterator, Sequence, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from streamrl.archive.config import ArchiveConfig
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
 from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
@@ -161,6 +162,7 @@ class PipelineConfig:
     # (streamrl.reward.config.apply_verl_keys)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 #: stages whose exit 0 means "finished" (the feed published everything, the learner reached its
 #: versions), not a crash; the others run until they are stopped
 JOBS = ("feed", "learner")
+#: stages stopped after all the others, so they see everything the others wrote (the archive
+#: reads its topics to their end before it exits)
+LAST = ("archive",)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -142,10 +145,13 @@ class Launcher:
     def stop_all(self, timeout_s: float | None = None) -> None:
         for st in self.stages.values():
             st.stopping, st.restart_at = True, None
-        self._stop_all(self.stop_timeout_s if timeout_s is None else timeout_s)
+        timeout_s = self.stop_timeout_s if timeout_s is None else timeout_s
+        last = [name for name, st in self.stages.items() if st.kind in LAST]
+        self._stop_all(timeout_s, [name for name in self.stages if name not in last])
+        self._stop_all(timeout_s, last)
 
-    def _stop_all(self, timeout_s: float) -> None:
-        for name in self.stages:
+    def _stop_all(self, timeout_s: float, names: list[str]) -> None:
+        for name in names:
             self._stop(name, timeout_s)
 
 
@@ -174,11 +180,12 @@ class LocalLauncher(Launcher):
     def _stop(self, name: str, timeout_s: float) -> None:
         stop_process(self.procs[name], timeout_s)
 
-    def _stop_all(self, timeout_s: float) -> None:
-        for proc in self.procs.values():  # all at once, then wait
+    def _stop_all(self, timeout_s: float, names: list[str]) -> None:
+        procs = [self.procs[name] for name in names if name in self.procs]
+        for proc in procs:  # all at once, then wait
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+        for proc in procs:
             stop_process(proc, timeout_s)
 
     def log_tail(self, name: str, lines: int = 20) -> str:

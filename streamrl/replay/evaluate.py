@@ -15,7 +15,7 @@ from streamrl import metrics
 from streamrl.bus import Bus
 from streamrl.config import ConfigError, PipelineConfig
 from streamrl.records import Rewarded, Trajectory
-from streamrl.replay.reader import STAGE, Failure, Located, Range, read_range
+from streamrl.replay.reader import STAGE, Failure, Located, Range, read_archive, read_range
 from streamrl.replay.report import build_report, old_reward, result_row, write_all
 from streamrl.replay.rescore import Rescorer, Scored, resolve_scorer
 
@@ -27,15 +27,22 @@ def _bar(progress: bool, **kwargs: Any) -> tqdm:
 
 async def replay_topic(cfg: PipelineConfig, *, topic: str, scorer: str, out: Path,
                        bounds: Range = Range(), fmt: str = "jsonl", publish_topic: str | None = None,
-                       progress: bool = True) -> Path:
+                       progress: bool = True, archive: str | None = None) -> Path:
     """Re-score ``topic`` (short or full name) within ``bounds`` with ``scorer`` (``rescore``'s
-    ``--scorer`` forms); returns the JSON report's path. Joins no group, commits nothing."""
+    ``--scorer`` forms); returns the JSON report's path. Joins no group, commits nothing.
+    ``archive``: read the topic from that archive (a path or URI) instead: no broker needed."""
     _check_publish_topic(publish_topic)
-    bus = Bus(cfg.bus)
+    bus = Bus(cfg.bus) if publish_topic or not archive else None
     choice = resolve_scorer(scorer, cfg.reward)
     rescorer = Rescorer(choice)  # a bad scorer config fails before anything is read
-    with _bar(progress, desc=f"read {topic}", unit="msg") as bar:
-        read = await read_range(bus, topic, bounds, keep_arrays=publish_topic is not None, progress=bar)
+    keep = publish_topic is not None
+    if archive:
+        with _bar(progress, desc=f"read {topic} from {archive}", unit="file") as bar:
+            read = read_archive(archive, topic, bounds, keep_arrays=keep, progress=bar)
+    else:
+        assert bus is not None
+        with _bar(progress, desc=f"read {topic}", unit="msg") as bar:
+            read = await read_range(bus, topic, bounds, keep_arrays=keep, progress=bar)
     metrics.REPLAY_RECORDS.labels("read").inc(read.messages)
     metrics.REPLAY_RECORDS.labels("skipped").inc(read.skipped)
     metrics.REPLAY_RECORDS.labels("duplicate").inc(read.duplicates)
@@ -43,10 +50,11 @@ async def replay_topic(cfg: PipelineConfig, *, topic: str, scorer: str, out: Pat
     scored, versions = await _score(rescorer, [loc.record for loc in read.records], progress)
     rows, failures = _rows(read.records, scored)
     if publish_topic:
+        assert bus is not None
         await publish(bus, publish_topic, read.records, scored, source_topic=read.topic)
     report = build_report(
         mode="topic", scorer={"spec": scorer, "entries": versions}, rows=rows,
-        source={"topic": read.topic, **bounds.describe(),
+        source={"topic": read.topic, **({"archive": archive} if archive else {}), **bounds.describe(),
                 "partitions": {str(p): list(w) for p, w in sorted(read.window.items())}},
         failures=[f.to_dict() for f in read.failures] + failures,
         messages=read.messages, skipped=read.skipped, duplicates=read.duplicates)

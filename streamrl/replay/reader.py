@@ -219,3 +219,100 @@ def _unique(found: list[Located], result: ReadResult) -> list[Located]:
         else:
             first[loc.record.id] = loc
     return [first[k] for k in sorted(first)]
+
+
+# -- archives (``streamrl.archive``): the same reading, from Parquet files instead of a topic ----
+
+def _from_dict(obj: dict[str, Any]) -> Trajectory:
+    cls = {Rewarded.SCHEMA: Rewarded, Trajectory.SCHEMA: Trajectory}.get(obj.get("schema"))
+    if cls is None:
+        raise RecordError("schema", f"schema is {obj.get('schema')!r}, expected a trajectory or rewarded record")
+    return cls.from_dict(obj)  # type: ignore[return-value]
+
+
+def read_archive(uri: str, topic: str, bounds: Range = Range(), *, keep_arrays: bool = False,
+                 progress: Any = None) -> ReadResult:
+    """``read_range`` from an archive (a path or fsspec URI) instead of a broker: the same
+    bounds (``offset:`` is the record's offset in its topic, kept in the archive), failures,
+    and de-duplication by ``id`` (a restarted archive stage may have written a record twice)."""
+    from streamrl.archive import store
+
+    short = topic.rsplit(".", 1)[-1]  # the archive keeps short names, whatever the prefix was
+    paths = store.files(uri, short)
+    if not paths:
+        raise FileNotFoundError(f"no {short} files in the archive {uri} (expected {uri.rstrip('/')}/{short}/*.parquet)")
+    lo, hi = bounds.offsets()
+    result = ReadResult(topic=short, window={})
+    found: list[Located] = []
+    if progress is not None:
+        progress.total = len(paths)
+        progress.refresh()
+    for table in store.read_tables(uri, short):
+        for i, (p, o) in enumerate(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist())):
+            if (lo is not None and o < lo) or (hi is not None and o > hi):
+                continue
+            result.messages += 1
+            first, stop = result.window.get(p, (o, o + 1))
+            result.window[p] = (min(first, o), max(stop, o + 1))
+            try:
+                record = _from_dict(store.record_dict(table, i, keep_arrays))
+            except RecordError as exc:
+                result.failures.append(Failure("decode", exc.reason, exc.detail, p, o))
+                continue
+            if bounds.contains(record):
+                found.append(Located(record, p, o))
+            else:
+                result.skipped += 1
+        if progress is not None:
+            progress.update(1)
+    result.records = _unique(found, result)
+    result.failures.sort(key=lambda f: (f.partition, f.offset))
+    return result
+
+
+def archive_dead_letters(uri: str) -> list[tuple[str, str]]:
+    """(stage, reason) of every dead letter in an archive, one per letter."""
+    from streamrl.archive import store
+
+    seen: dict[str, tuple[str, str]] = {}
+    for table in store.read_tables(uri, "deadletter", columns=["id", "stage", "reason"]):
+        for i, s, r in zip(*(table.column(c).to_pylist() for c in ("id", "stage", "reason"))):
+            seen.setdefault(i, (s, r))
+    return list(seen.values())
+
+
+async def topic_dead_letters(bus: Bus) -> list[tuple[str, str]]:
+    """(stage, reason) of every dead letter on the dead-letter topic, as it is now."""
+    from streamrl.records import DeadLetter
+
+    out: list[tuple[str, str]] = []
+    async with Reader(bus, ["deadletter"], STAGE) as reader:
+        async for batch in reader.read(await reader.beginning_offsets(), await reader.end_offsets()):
+            for msg in batch:
+                try:
+                    letter = DeadLetter.decode(msg.value, DeadLetter.size_limit(bus.config.max_record_bytes))
+                except RecordError as exc:
+                    out.append(("?", f"unreadable ({exc.reason})"))
+                    continue
+                out.append((letter.stage, letter.reason))
+    return out
+
+
+def find_archive(out_dir: str = "runs", cwd: str = ".") -> str | None:
+    """The archive a replay with neither ``--archive`` nor a broker reads: ``./archive`` when
+    run inside a run directory, else the newest run's (``<out_dir>/<run id>/archive``, where
+    ``streamrl run`` / ``make run`` left it); None if there is none."""
+    from pathlib import Path
+
+    from streamrl.archive import store
+
+    here = Path(cwd) / "archive"
+    if here.is_dir() and store.is_archive(str(here)):
+        return str(here)
+    runs = Path(cwd) / out_dir
+    if not runs.is_dir():
+        return None
+    for run in sorted((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
+        if (run / "archive").is_dir() and store.is_archive(str(run / "archive")):
+            return str(run / "archive")
+    return None
