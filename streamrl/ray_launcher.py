@@ -34,10 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamrl.broker import die_with_parent as _die_with_parent
 from streamrl.broker import stop_process
 from streamrl.config import RestartConfig
 from streamrl.errors import ConfigError, StreamrlError
-from streamrl.launching import Launcher, _die_with_parent, stage_command
+from streamrl.launching import Launcher, stage_command
 
 log = logging.getLogger(__name__)
 
@@ -447,8 +448,8 @@ class RayLauncher(Launcher):
             return
         self._stop_all_of([name], timeout_s)
 
-    def _stop_all(self, timeout_s: float) -> None:
-        self._stop_all_of([n for n in self.actors if n not in self._exited], timeout_s)
+    def _stop_all(self, timeout_s: float, names: list[str]) -> None:
+        self._stop_all_of([n for n in names if n in self.actors and n not in self._exited], timeout_s)
 
     def _stop_all_of(self, names: list[str], timeout_s: float) -> None:
         """SIGTERM every named stage's process at once, wait for them (bounded), then end the
