@@ -176,3 +176,49 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def reachable(servers: str, timeout_s: float = 2.0) -> bool:
+    """At least one of the ``HOST:PORT[,...]`` bootstrap addresses accepts a TCP connection."""
+    for address in (a.strip() for a in servers.split(",") if a.strip()):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+async def watch_broker(servers: str, timeout_s: float, stop: "asyncio.Event", who: str,
+                       every_s: float = 5.0, report_s: float = 30.0) -> str | None:
+    """Above whichever Kafka client a stage uses: probe the brokers every ``every_s``; while none
+    answers, say so once per ``report_s`` (one line per stage, not one per request); after
+    ``timeout_s`` (``bus.unavailable_timeout_s``; 0: never) set ``stop`` and return the reason."""
+    import asyncio
+    import logging
+
+    log = logging.getLogger(__name__)
+    down_since: float | None = None
+    reported = 0.0
+    while not stop.is_set():
+        ok = await asyncio.to_thread(reachable, servers)
+        now = time.monotonic()
+        if ok:
+            if down_since is not None:
+                log.warning("%s: Kafka at %s answers again after %.0f s", who, servers, now - down_since)
+            down_since = None
+        else:
+            down_since = now if down_since is None else down_since
+            if now - reported >= report_s:
+                reported = now
+                log.warning("%s: Kafka at %s unreachable for %.0f s (retrying; bus.unavailable_timeout_s=%g)",
+                            who, servers, now - down_since, timeout_s)
+            if timeout_s and now - down_since >= timeout_s:
+                stop.set()
+                return f"Kafka at {servers} unreachable for {now - down_since:.0f} s (bus.unavailable_timeout_s)"
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except asyncio.TimeoutError:
+            pass
+    return None

@@ -196,8 +196,8 @@ ROLLOUT_WEIGHT_LOAD_ERRORS = Counter("streamrl_rollout_weight_load_errors_total"
                                      "Policy versions that could not be loaded (the old weights stay)")
 ROLLOUT_WEIGHTS_REFUSED = Gauge("streamrl_rollout_weights_refused_version",
                                 "The newest policy version this worker refused or failed to load, by why "
-                                "(not_allowed: outside rollout.weights_prefixes; no_uri; load_failed); 0: "
-                                "it samples with the learner's newest weights", ["reason"])
+                                "(not_allowed: outside rollout.weights_prefixes; no_uri; load_failed); -1: "
+                                "none refused since the last load", ["reason"])
 
 # -- run ------------------------------------------------------------------------------------------
 STAGE_WAITING = Gauge("streamrl_stage_waiting",

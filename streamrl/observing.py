@@ -54,7 +54,10 @@ class Observation:
     # dead-lettered trajectories, counted once by id, by the topic they were read from:
     # ``rollouts`` (the reward stage could not score them), ``rewarded`` (the learner dropped them)
     dead_ids: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
-    carried: dict[str, int] = field(default_factory=dict)  # earlier sessions of a resumed run
+    # a run resumed on new topics (the embedded broker): the records of its earlier sessions, and
+    # what its learner had trained when this session began (``trained`` is all-time)
+    earlier: list[dict[str, int]] = field(default_factory=list)
+    trained_base: int = 0
     started: float = field(default_factory=time.time)
 
     @property
@@ -62,7 +65,7 @@ class Observation:
         return max(self.versions, default=0)
 
     def dead(self, topic: str) -> int:
-        return len(self.dead_ids.get(topic, ())) + self.carried.get(f"dead_{topic}", 0)
+        return len(self.dead_ids.get(topic, ()))
 
     @property
     def unscored(self) -> int:
@@ -72,24 +75,29 @@ class Observation:
     @property
     def untrained(self) -> int:
         """Rewarded records neither trained nor dropped by the learner (0 after the data ended)."""
-        return max(0, self.rewarded - self.trained - self.dead("rewarded"))
+        return max(0, self.rewarded - (self.trained - self.trained_base) - self.dead("rewarded"))
+
+    def records(self) -> dict[str, int]:
+        """This session's records, every one accounted for: rollouts = rewarded + dead_at_reward
+        + unscored, and rewarded = trained + dead_at_learner + untrained."""
+        return {"prompts": self.prompts, "rollouts": self.rollouts, "rewarded": self.rewarded,
+                "trained": self.trained - self.trained_base, "dead_at_reward": self.dead("rollouts"),
+                "dead_at_learner": self.dead("rewarded"), "unscored": self.unscored,
+                "untrained": self.untrained}
 
     def to_state(self) -> dict[str, Any]:
         """What a resumed run on new topics (the embedded broker) carries over, so its summary
         and plot cover the whole run."""
-        return {"prompts": self.prompts, "rollouts": self.rollouts, "rewarded": self.rewarded,
-                "dead_rollouts": self.dead("rollouts"), "dead_rewarded": self.dead("rewarded"),
-                "deadletters": dict(self.deadletters), "versions": {str(v): t for v, t in self.versions.items()},
+        return {"sessions": [*self.earlier, self.records()],
+                "versions": {str(v): t for v, t in self.versions.items()},
                 "by_version": {str(v): [s.records, s.reward_sum, s.first_scored, s.last_scored]
                                for v, s in self.by_version.items() if s.records},
                 "started": self.started}
 
     @classmethod
-    def carried_over(cls, state: dict[str, Any]) -> "Observation":
-        obs = cls(carried={k: int(state.get(k, 0)) for k in ("prompts", "rollouts", "dead_rollouts",
-                                                             "dead_rewarded")})
-        obs.rewarded = int(state.get("rewarded", 0))
-        obs.deadletters.update(state.get("deadletters", {}))
+    def carried_over(cls, state: dict[str, Any], trained_base: int) -> "Observation":
+        obs = cls(earlier=list(state.get("sessions", [])), trained_base=trained_base)
+        obs.trained = trained_base
         obs.versions.update({int(v): t for v, t in state.get("versions", {}).items()})
         for v, (n, total, first, last) in state.get("by_version", {}).items():
             obs.by_version[int(v)] = VersionStats(n, total, first, last)
@@ -145,9 +153,7 @@ class Observer:
                         obs.dead_ids[source].add(letter.record_id or f"{letter.source_partition}:{letter.source_offset}")
             except RecordError as exc:
                 obs.deadletters[f"unreadable {topic}: {exc.reason}"] += 1
-        prompts, rollouts = await self._end_offsets()
-        obs.prompts = prompts + obs.carried.get("prompts", 0)
-        obs.rollouts = rollouts + obs.carried.get("rollouts", 0)
+        obs.prompts, obs.rollouts = await self._end_offsets()
         return obs
 
     async def _end_offsets(self) -> tuple[int, int]:
@@ -186,12 +192,9 @@ def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
         "reward_first": round(obs.by_version[versions[0]].mean, 4) if versions else None,
         "reward_last": round(obs.by_version[versions[-1]].mean, 4) if versions else None,
         "reward_by_version": {str(v): round(obs.by_version[v].mean, 4) for v in versions},
-        # every trajectory accounted for: rollouts = rewarded + dead_at_reward + unscored, and
-        # rewarded = trained + dead_at_learner + untrained
-        "records": {"prompts": obs.prompts, "rollouts": obs.rollouts, "rewarded": obs.rewarded,
-                    "trained": obs.trained, "dead_at_reward": obs.dead("rollouts"),
-                    "dead_at_learner": obs.dead("rewarded"), "unscored": obs.unscored,
-                    "untrained": obs.untrained},
+        "records": obs.records(),
+        "trained_all": obs.trained,  # across every session of a resumed run
+        **({"earlier_sessions": obs.earlier} if obs.earlier else {}),
         "deadletters": sum(obs.deadletters.values()),
         "deadletter_reasons": dict(obs.deadletters),
         "seconds": round(time.time() - obs.started, 1),
@@ -218,6 +221,13 @@ def plot(obs: Observation, path: Path) -> None:
     ax2.set(xlabel="policy version (generated by)", ylabel="rewarded records / s", title="Throughput by version")
     ax2.grid(alpha=0.3)
     save(fig, path, dpi=100)
+
+
+def cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not a Kafka client's own
+    cancellation leaking out of a call; Python 3.10 cannot tell: then never)."""
+    task = asyncio.current_task()
+    return bool(task is not None and getattr(task, "cancelling", lambda: 0)())
 
 
 @dataclass
@@ -265,13 +275,14 @@ async def diagnose(launcher: Launcher, obs: Observation) -> tuple[list[str], lis
             continue
         url = launcher.metrics_url(name)
         if not url:
+            waits.append(f"{name} is starting")
             continue
         try:
             samples = await asyncio.to_thread(_scrape, url)
         except Exception:  # starting, restarting, or busy: next time
             continue
         for metric, labels, value in samples:
-            if metric == "streamrl_rollout_weights_refused_version" and value > 0:
+            if metric == "streamrl_rollout_weights_refused_version" and value >= 0:
                 errors.append(f"ERROR {name} refuses policy version {value:.0f}: "
                               f"{REFUSAL_WORDS.get(labels.get('reason', ''), labels.get('reason'))}")
             elif metric == "streamrl_stage_waiting" and value == 1:
@@ -310,7 +321,9 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
         try:
             obs = await asyncio.wait_for(observer.poll(), watch.poll_timeout_s)
             unreachable_since = None
-        except Exception as exc:  # either Kafka client's errors, or no answer in time
+        except (Exception, asyncio.CancelledError) as exc:  # either client's errors, or no answer in time
+            if cancelling():
+                raise
             obs = observer.obs
             if unreachable_since is None:
                 unreachable_since = now
@@ -352,8 +365,9 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
             await asyncio.sleep(1.0)  # the last version's records arrive on the topics
             try:
                 await asyncio.wait_for(observer.poll(), watch.poll_timeout_s)
-            except Exception:
-                pass
+            except (Exception, asyncio.CancelledError):
+                if cancelling():
+                    raise
             return watch.learner_ended()
         failed = launcher.failed()
         if failed is not None:

@@ -227,9 +227,10 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
         if fresh:  # new topics (the embedded broker): the checkpoint's offsets and counts were of the old ones
             common += ["learner.checkpoint_offsets=false", f"rollout.gate_baseline={-state.trained_records}"]
             try:
-                carried = Observation.carried_over(json.loads((out / "observation.json").read_text()))
+                before = json.loads((out / "observation.json").read_text())
             except (OSError, ValueError, TypeError):
-                carried = None
+                before = {}  # a SIGKILLed session wrote none: the summary starts here
+            carried = Observation.carried_over(before, state.trained_records)
     launcher = launcher or make_launcher(cfg, out / "logs")
     interactive = sys.stderr.isatty()
 
@@ -277,17 +278,11 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
         if ended == "failed:broker":
             print(f"run: {watch.failure}", file=sys.stderr, flush=True)
         await stop_in_order(launcher, observer, cfg, ended)
-        try:
-            show(status_line(await asyncio.wait_for(observer.poll(timeout_ms=200), 5), cfg.learner.versions,
-                             launcher.restart_count()))
-        except Exception:
-            pass
+        if await bounded(observer.poll(timeout_ms=200), 5) is not None:
+            show(status_line(observer.obs, cfg.learner.versions, launcher.restart_count()))
         if interactive:
             print(file=sys.stderr)
-        try:
-            await asyncio.wait_for(observer.stop(), 5)
-        except Exception:
-            pass
+        await bounded(observer.stop(), 5)
     if ended.startswith("failed:") and ended != "failed:broker":
         name = ended.split(":", 1)[1]
         print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{launcher.log_tail(name)}",
@@ -313,6 +308,19 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     return summary
 
 
+async def bounded(coro, timeout_s: float):
+    """``coro``'s result, or None if it failed or took longer than ``timeout_s`` (the broker may
+    be gone: a Kafka client's calls then fail, hang, or end in its own cancellations)."""
+    try:
+        return await asyncio.wait_for(coro, timeout_s)
+    except (Exception, asyncio.CancelledError):
+        from streamrl.observing import cancelling
+
+        if cancelling():
+            raise  # this task itself is being cancelled
+        return None
+
+
 async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     """After a normal end, stop in pipeline order: the feed and the rollout workers (nothing new
     enters ``rollouts``), then the reward group once it has scored or dead-lettered what is
@@ -330,9 +338,8 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     rewards = [n for n in names if n.startswith("reward-")]
     deadline = time.monotonic() + cfg.run.drain_timeout_s
     while time.monotonic() < deadline and any(launcher.returncode(n) is None for n in rewards):
-        try:
-            obs = await asyncio.wait_for(observer.poll(), 5)
-        except Exception:
+        obs = await bounded(observer.poll(), 5)
+        if obs is None:
             break
         if obs.unscored <= 0:
             break

@@ -70,6 +70,7 @@ class RolloutWorker:
             log.warning("the %s backend cannot load weights: trajectories are stamped version %d",
                         self.backend.name, self.backend.version)
         metrics.ROLLOUT_POLICY_VERSION.set(self.backend.version)
+        _refused(-1, None)
 
     @classmethod
     def from_config(cls, cfg: "PipelineConfig") -> "RolloutWorker":
@@ -142,7 +143,7 @@ class RolloutWorker:
                 log.error("policy version %d: %s; keeping version %d", latest.version, exc, self.backend.version)
                 _refused(latest.version, "load_failed")
                 return 0.0
-            _refused(0, None)
+            _refused(-1, None)
             self.lineage = latest.lineage
             log.info("loaded policy version %d in %.2fs", latest.version, took)
             metrics.ROLLOUT_WEIGHT_LOAD_SECONDS.observe(took)
@@ -205,10 +206,10 @@ _REFUSALS = ("not_allowed", "no_uri", "load_failed")
 
 
 def _refused(version: int, reason: str | None) -> None:
-    """The weights gauge says which version was refused and why (all 0: none), so the run's
+    """The weights gauge says which version was refused and why (all -1: none), so the run's
     status line names it; each refusal also counts as a load error."""
     for r in _REFUSALS:
-        metrics.ROLLOUT_WEIGHTS_REFUSED.labels(r).set(version if r == reason else 0)
+        metrics.ROLLOUT_WEIGHTS_REFUSED.labels(r).set(version if r == reason else -1)
     if reason is not None:
         metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
 
