@@ -67,9 +67,15 @@ class Observation:
     def dead(self, topic: str) -> int:
         return len(self.dead_ids.get(topic, ()))
 
+    rollout_ids: set[str] | None = None  # read at the end of a run: the exact count by id
+
     @property
     def unscored(self) -> int:
-        """Trajectories neither rewarded nor dead-lettered by the reward stage (0 after a normal end)."""
+        """Trajectories neither rewarded nor dead-lettered by the reward stage (0 after a normal
+        end): by id once the run has read ``rollouts`` (a record the producer sent twice is one
+        trajectory), by end offsets while it runs."""
+        if self.rollout_ids is not None:
+            return len(self.rollout_ids - self.seen_ids - self.dead_ids.get("rollouts", set()))
         return self.rollouts - self.rewarded - self.dead("rollouts")
 
     @property
@@ -80,7 +86,9 @@ class Observation:
     def records(self) -> dict[str, int]:
         """This session's records, every one accounted for: rollouts = rewarded + dead_at_reward
         + unscored, and rewarded = trained + dead_at_learner + untrained."""
-        return {"prompts": self.prompts, "rollouts": self.rollouts, "rewarded": self.rewarded,
+        rollouts = len(self.rollout_ids) if self.rollout_ids is not None else self.rollouts
+        return {"prompts": self.prompts, "rollouts": rollouts, "rewarded": self.rewarded,
+                **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
                 "trained": self.trained - self.trained_base, "dead_at_reward": self.dead("rollouts"),
                 "dead_at_learner": self.dead("rewarded"), "unscored": self.unscored,
                 "untrained": self.untrained}
@@ -160,6 +168,21 @@ class Observer:
         ends = [await self._reader.end_offsets(tps) for tps in self._counted.values()]
         self._rollout_ends = ends[1]
         return sum(ends[0].values()), sum(ends[1].values())
+
+    async def read_rollout_ids(self) -> set[str]:
+        """Every trajectory id on ``rollouts`` (read once, at the end of a run, for the summary)."""
+        import orjson
+
+        ids = set()
+        async with Reader(self.bus, ["rollouts"], "run") as reader:
+            async for batch in reader.read():
+                for msg in batch:
+                    try:
+                        ids.add(str(orjson.loads(msg.value)["id"]))
+                    except (orjson.JSONDecodeError, KeyError, TypeError):
+                        ids.add(f"{msg.partition}:{msg.offset}")  # unreadable: one of its own
+        self.obs.rollout_ids = ids
+        return ids
 
     async def reward_lag(self) -> int:
         """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""

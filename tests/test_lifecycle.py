@@ -35,6 +35,7 @@ class Run:
     """``streamrl run`` in its own process group, its stderr lines collected with their times."""
 
     def __init__(self, out: Path, *args: str):
+        self.out = out
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", f"run.out_dir={out}", *TINY, *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -71,6 +72,19 @@ class Run:
     @property
     def err(self) -> str:
         return "\n".join(line for _, line in self.lines)
+
+    def wait_for_version(self, at_least: int, timeout_s: float = 240) -> None:
+        """Until the run's learner has checkpointed version ``at_least`` (the status line comes
+        only every few seconds: a small run can end between two)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            self.seen |= descendants(self.proc.pid)
+            for ckpts in self.out.glob("*/checkpoints"):
+                good = checkpoint.latest_good(ckpts)
+                if good and good[1].version >= at_least:
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"version {at_least} not reached:\n" + self.err[-3000:])
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -121,10 +135,14 @@ def test_a_run_ends_when_its_data_ends_and_a_refused_version_is_named(tmp_path):
     assert not [pid for pid in run.seen if alive(pid)]
 
 
+#: twice the data: a run to interrupt must not end between two looks
+LONGER = ["feed.limit=32"]
+
+
 def test_resume_after_ctrl_c_and_after_sigkill_of_everything(tmp_path):
-    run = Run(tmp_path)
+    run = Run(tmp_path, *LONGER)
     try:
-        run.wait_for(r"^version [2-9]")
+        run.wait_for_version(2)
         run.proc.send_signal(signal.SIGINT)
         summary = run.finish(120)
     finally:
@@ -136,11 +154,10 @@ def test_resume_after_ctrl_c_and_after_sigkill_of_everything(tmp_path):
     assert 2 <= first.version and first.done_groups
 
     # the same command with --resume: the learner goes on from its checkpoint; killed again
-    run = Run(tmp_path, "--resume")
+    run = Run(tmp_path, *LONGER, "--resume")
     try:
         run.wait_for(rf"resuming {re.escape(str(out))} from version {first.version}")
-        run.wait_for(rf"^version (\d\d|[{first.version + 1}-9])/")
-        time.sleep(1.0)
+        run.wait_for_version(first.version + 2)
         seen = run.seen | descendants(run.proc.pid)
         os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait(30)
@@ -148,22 +165,22 @@ def test_resume_after_ctrl_c_and_after_sigkill_of_everything(tmp_path):
         run.kill()
     time.sleep(1.0)
     assert not [pid for pid in seen if alive(pid)], "a process outlived the SIGKILL of the run"
-    assert published(out) == 16 - len(first.done_groups)  # no finished prompt fed again
+    assert published(out) == 32 - len(first.done_groups)  # no finished prompt fed again
     second = state_of(out)
     assert second.version > first.version and set(first.done_groups) <= set(second.done_groups)
 
-    run = Run(tmp_path, "--resume", str(out))
+    run = Run(tmp_path, *LONGER, "--resume", str(out))
     try:
         run.wait_for(rf"resuming {re.escape(str(out))} from version {second.version}")
         summary = run.finish()
     finally:
         run.kill()
     assert run.proc.returncode == 0 and summary["ended"] == "data_exhausted", run.err[-3000:]
-    assert published(out) == 16 - len(second.done_groups)
+    assert published(out) == 32 - len(second.done_groups)
     last = state_of(out)
     assert last.version > second.version and summary["versions"] == last.version
     # every prompt group finished exactly once across the three sessions; nothing trained twice
-    assert len(last.done_groups) == len(set(last.done_groups)) == 16
+    assert len(last.done_groups) == len(set(last.done_groups)) == 32
     assert set(second.done_groups) <= set(last.done_groups)
     accounted(summary)
     assert summary["earlier_sessions"]  # the summary covers the run across its resumes
@@ -174,9 +191,9 @@ def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_to
     prefix = f"life{uuid.uuid4().hex[:6]}"
     cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
     on_broker = ["--bootstrap-servers", bootstrap, f"bus.topic_prefix={prefix}"]
-    run = Run(tmp_path, *on_broker)
+    run = Run(tmp_path, *on_broker, *LONGER)
     try:
-        run.wait_for(r"^version [2-9]")
+        run.wait_for_version(2)
         run.proc.send_signal(signal.SIGINT)
         summary = run.finish(120)
     finally:
@@ -194,7 +211,7 @@ def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_to
     assert "hold another run's records" in fresh.stderr and "--resume" in fresh.stderr
     assert "bus.topic_prefix" in fresh.stderr
 
-    run = Run(tmp_path, *on_broker, "--resume")
+    run = Run(tmp_path, *on_broker, *LONGER, "--resume")
     try:
         summary = run.finish()
     finally:
@@ -202,11 +219,11 @@ def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_to
     assert run.proc.returncode == 0 and summary["ended"] == "data_exhausted", run.err[-3000:]
     prompts = [Prompt.decode(m.value) for m in asyncio.run(read_all(cfg, "prompts"))]
     ids = Counter((p.group_id, p.epoch) for p in prompts)
-    assert len(ids) == 16 and max(ids.values()) == 1  # no prompt published twice for its epoch
+    assert len(ids) == 32 and max(ids.values()) == 1  # no prompt published twice for its epoch
     versions = [PolicyVersion.decode(m.value).version for m in asyncio.run(read_all(cfg, "policy"))]
     assert versions == sorted(set(versions)) and versions[-1] == summary["versions"] > stopped_at
     accounted(summary)
-    assert len(set(state_of(out).done_groups)) == 16
+    assert len(set(state_of(out).done_groups)) == 32
 
 
 def test_the_embedded_broker_killed_mid_run_ends_it_quickly_and_quietly(tmp_path):
@@ -230,3 +247,35 @@ def test_the_embedded_broker_killed_mid_run_ends_it_quickly_and_quietly(tmp_path
     time.sleep(1.0)
     assert not [pid for pid in seen if alive(pid)], "a stage outlived the run"
     assert checkpoint.latest_good(Path(summary["out"]) / "checkpoints") is not None  # still readable
+
+
+def test_stage_verbs_started_separately_end_with_their_data(tmp_path, bootstrap):
+    """No `streamrl run` around them: the learner ends by itself when the feed's data is
+    finished (it reads the feed's section of the same config), rc 0."""
+    prefix = f"verbs{uuid.uuid4().hex[:6]}"
+    cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
+    common = ["--config", "configs/local.yaml", "--bootstrap-servers", bootstrap, f"bus.topic_prefix={prefix}",
+              f"learner.checkpoint_dir={tmp_path}/checkpoints", f"learner.weights_dir={tmp_path}/weights",
+              *[o for o in TINY if not o.startswith("run.")], "feed.limit=8"]
+
+    def start(verb: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "streamrl", verb, *common], cwd=ROOT,
+                                stdout=open(tmp_path / f"{verb}.log", "w"), stderr=subprocess.STDOUT)
+
+    procs = {verb: start(verb) for verb in ("learner", "reward", "rollout", "feed")}
+    try:
+        assert procs["learner"].wait(300) == 0, (tmp_path / "learner.log").read_text()[-3000:]
+        assert procs["feed"].wait(30) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    state = state_of(tmp_path)
+    assert state.ended == "data_exhausted" and len(set(state.done_groups)) == 8
+    versions = [PolicyVersion.decode(m.value).version for m in asyncio.run(read_all(cfg, "policy"))]
+    assert versions[-1] == state.version >= 1

@@ -279,6 +279,8 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
             print(f"run: {watch.failure}", file=sys.stderr, flush=True)
         await stop_in_order(launcher, observer, cfg, ended)
         if await bounded(observer.poll(timeout_ms=200), 5) is not None:
+            if ended in FINISHED:
+                await bounded(observer.read_rollout_ids(), 60)
             show(status_line(observer.obs, cfg.learner.versions, launcher.restart_count()))
         if interactive:
             print(file=sys.stderr)
@@ -338,10 +340,11 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     rewards = [n for n in names if n.startswith("reward-")]
     deadline = time.monotonic() + cfg.run.drain_timeout_s
     while time.monotonic() < deadline and any(launcher.returncode(n) is None for n in rewards):
-        obs = await bounded(observer.poll(), 5)
-        if obs is None:
-            break
-        if obs.unscored <= 0:
+        # the group committed everything: each record is rewarded or dead-lettered (commits
+        # follow the acknowledgements of outputs); exact with duplicates, unlike a count
+        await bounded(observer.poll(), 5)
+        lag = await bounded(observer.reward_lag(), 5)
+        if lag is None or lag <= 0:
             break
         await asyncio.to_thread(launcher.supervise)  # a reward member that crashes now is restarted
     await asyncio.to_thread(launcher.stop_all, None, rewards)
