@@ -201,7 +201,7 @@ class Learner:
                     metrics.LEARNER_STARVED_SECONDS.inc(time.monotonic() - started)
                 metrics.waiting(STAGE, None if trained else self._waiting_on())
             if self.cfg.versions and self.version >= self.cfg.versions and not self.state.ended:
-                self.state.ended, self._dirty = "versions", True
+                self.state.ended = "versions"  # in the next checkpoint, if any (none is written for it)
             clean = True
         finally:
             try:
