@@ -266,6 +266,7 @@ class Watch:
     poll_timeout_s: float = 5.0
     diagnose_every_s: float = 5.0
     failure: str = ""  # one line: why the run failed or stalled (set when it returns so)
+    unreachable: bool = False  # the broker did not answer at the last poll (stops cannot drain)
 
 
 #: what the stages' ``streamrl_stage_waiting{on=...}`` means, for the status line
@@ -343,11 +344,11 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
         now = time.monotonic()
         try:
             obs = await asyncio.wait_for(observer.poll(), watch.poll_timeout_s)
-            unreachable_since = None
+            unreachable_since, watch.unreachable = None, False
         except (Exception, asyncio.CancelledError) as exc:  # either client's errors, or no answer in time
             if cancelling():
                 raise
-            obs = observer.obs
+            obs, watch.unreachable = observer.obs, True
             if unreachable_since is None:
                 unreachable_since = now
                 log.warning("run: the broker at %s does not answer (%s)", watch.bootstrap,

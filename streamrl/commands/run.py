@@ -118,7 +118,7 @@ def choose_run_dir(cfg, required: bool):
             except (OSError, ValueError, AttributeError):
                 ended = None
             good = checkpoint.latest_good(path / "checkpoints") if ended not in FINISHED else None
-            if good is not None:
+            if good is not None and good[1].ended != "data_exhausted":
                 found.append((good[0].stat().st_mtime, path, good[1]))
         if found:
             _, path, state = max(found, key=lambda f: f[0])
@@ -277,7 +277,7 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     finally:
         if ended == "failed:broker":
             print(f"run: {watch.failure}", file=sys.stderr, flush=True)
-        await stop_in_order(launcher, observer, cfg, ended)
+        await stop_in_order(launcher, observer, cfg, "failed:broker" if watch.unreachable else ended)
         if await bounded(observer.poll(timeout_ms=200), 5) is not None:
             if ended in FINISHED:
                 await bounded(observer.read_rollout_ids(), 60)
@@ -329,7 +329,7 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     there (up to ``run.drain_timeout_s``), then the learner: the summary accounts for every
     record. Ctrl-C and failures stop everything at once; with the broker gone, the stages get
     10 s (nothing can drain) before SIGKILL."""
-    if ended == "failed:broker":
+    if ended == "failed:broker":  # or unreachable when stopped
         await asyncio.to_thread(launcher.stop_all, min(10.0, cfg.run.stop_timeout_s))
         return
     if ended not in FINISHED:
