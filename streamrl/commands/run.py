@@ -278,13 +278,14 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
         if ended == "failed:broker":
             print(f"run: {watch.failure}", file=sys.stderr, flush=True)
         await stop_in_order(launcher, observer, cfg, "failed:broker" if watch.unreachable else ended)
-        if await bounded(observer.poll(timeout_ms=200), 5) is not None:
+        gone = ended == "failed:broker" or watch.unreachable  # nothing to read: do not wait for it
+        if not gone and await bounded(observer.poll(timeout_ms=200), 5) is not None:
             if ended in FINISHED:
                 await bounded(observer.read_rollout_ids(), 60)
             show(status_line(observer.obs, cfg.learner.versions, launcher.restart_count()))
         if interactive:
             print(file=sys.stderr)
-        await bounded(observer.stop(), 5)
+        await bounded(observer.stop(), 1 if gone else 5)
     if ended.startswith("failed:") and ended != "failed:broker":
         name = ended.split(":", 1)[1]
         print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{launcher.log_tail(name)}",
@@ -328,9 +329,9 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     enters ``rollouts``), then the reward group once it has scored or dead-lettered what is
     there (up to ``run.drain_timeout_s``), then the learner: the summary accounts for every
     record. Ctrl-C and failures stop everything at once; with the broker gone, the stages get
-    10 s (nothing can drain) before SIGKILL."""
+    5 s (nothing can drain) before SIGKILL."""
     if ended == "failed:broker":  # or unreachable when stopped
-        await asyncio.to_thread(launcher.stop_all, min(10.0, cfg.run.stop_timeout_s))
+        await asyncio.to_thread(launcher.stop_all, min(5.0, cfg.run.stop_timeout_s))
         return
     if ended not in FINISHED:
         await asyncio.to_thread(launcher.stop_all)
