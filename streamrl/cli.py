@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from streamrl.logrates import limit_client_logs
+
+    limit_client_logs()  # a broker that went away: one line per kind and interval, not ten a second
     try:
         return int(args._main(args) or 0)
     except KeyboardInterrupt:

@@ -53,6 +53,9 @@ class BusConfig:
     heartbeat_interval_ms: int = 1000
     max_poll_interval_ms: int = 600_000
     commit_interval_s: float = 1.0
+    # A broker that does not answer is retried with backoff and reported once per interval;
+    # after this long the run (`streamrl run`, and each stage verb) fails naming it. 0: wait forever
+    unavailable_timeout_s: float = 300.0
 
     def topic(self, name: str) -> str:
         """The Kafka name of topic ``name``, given short (``rewarded``) or full
@@ -147,6 +150,16 @@ class RunConfig:
     # A deliberate stop (scale-down, Ctrl-C, end of run) waits this long for a stage to drain and
     # checkpoint before SIGKILL: longer than reward.drain_timeout_s and a learner checkpoint.
     stop_timeout_s: float = 90.0
+    # Continue a stopped run (verl's trainer.resume_mode / resume_from_path): auto (the newest
+    # unfinished run under out_dir, else a new one), never (always a new run), or a run directory
+    resume: str = "auto"
+    # Nothing waits in silence: when no figure of the status line moves for stall_warn_s, it says
+    # which stage waits on what; stall_timeout_s (0: off) ends such a run, rc 1, with that reason
+    stall_warn_s: float = 60.0
+    stall_timeout_s: float = 0.0
+    # At the end of a run, after the rollout workers stop, the reward group scores what is left
+    # in rollouts for up to this long before it is stopped (then the learner)
+    drain_timeout_s: float = 60.0
 
 
 @dataclass

@@ -15,9 +15,9 @@ the learner de-duplicates by ``id``.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl import metrics
-from streamrl.broker import stop_process
+from streamrl.broker import die_with_parent, stop_process
 from streamrl.config import RestartConfig
 
 log = logging.getLogger(__name__)
@@ -37,11 +37,6 @@ JOBS = ("feed", "learner")
 #: stages stopped after all the others, so they see everything the others wrote (the archive
 #: reads its topics to their end before it exits)
 LAST = ("archive",)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def stage_command(argv: list[str]) -> list[str]:
@@ -142,17 +137,31 @@ class Launcher:
         st.stopping, st.restart_at = True, None
         self._stop(name, self.stop_timeout_s if timeout_s is None else timeout_s)
 
-    def stop_all(self, timeout_s: float | None = None) -> None:
-        for st in self.stages.values():
+    def stop_all(self, timeout_s: float | None = None, names: list[str] | None = None) -> None:
+        """Stop every stage (or the ``names`` given) at once: SIGTERM, wait for their drains."""
+        names = list(self.stages) if names is None else [n for n in names if n in self.stages]
+        for name in names:
+            st = self.stages[name]
             st.stopping, st.restart_at = True, None
         timeout_s = self.stop_timeout_s if timeout_s is None else timeout_s
-        last = [name for name, st in self.stages.items() if st.kind in LAST]
-        self._stop_all(timeout_s, [name for name in self.stages if name not in last])
-        self._stop_all(timeout_s, last)
+        last = [name for name in names if self.stages[name].kind in LAST]
+        self._stop_all(timeout_s, [name for name in names if name not in last])
+        if last:
+            self._stop_all(timeout_s, last)
 
     def _stop_all(self, timeout_s: float, names: list[str]) -> None:
         for name in names:
             self._stop(name, timeout_s)
+
+    def metrics_url(self, name: str) -> str | None:
+        """Where stage ``name`` serves its metrics now: the last ``metrics: URL`` line it printed
+        (a restart prints a new one)."""
+        try:
+            tail = self.log_tail(name, 2000)
+        except (OSError, KeyError, NotImplementedError):
+            return None
+        found = re.findall(r"^metrics: (http://\S+)$", tail, re.M)
+        return found[-1] if found else None
 
 
 class LocalLauncher(Launcher):
@@ -169,7 +178,7 @@ class LocalLauncher(Launcher):
         with open(self.log_dir / f"{name}.log", "ab") as out:
             self.procs[name] = subprocess.Popen(
                 stage_command(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=_die_with_parent)
+                env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=die_with_parent)
 
     def _poll(self, name: str) -> int | None:
         return self.procs[name].poll()

@@ -201,8 +201,31 @@ ROLLOUT_WEIGHT_LOAD_SECONDS = Histogram("streamrl_rollout_weight_load_seconds",
                                         buckets=(.01, .05, .1, .5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 ROLLOUT_WEIGHT_LOAD_ERRORS = Counter("streamrl_rollout_weight_load_errors_total",
                                      "Policy versions that could not be loaded (the old weights stay)")
+ROLLOUT_WEIGHTS_REFUSED = Gauge("streamrl_rollout_weights_refused_version",
+                                "The newest policy version this worker refused or failed to load, by why "
+                                "(not_allowed: outside rollout.weights_prefixes; no_uri; load_failed); -1: "
+                                "none refused since the last load", ["reason"])
 
 # -- run ------------------------------------------------------------------------------------------
+STAGE_WAITING = Gauge("streamrl_stage_waiting",
+                      "1 while the stage waits, by what on (streamrl run names it on its status line "
+                      "when nothing moves)", ["stage", "on"])
+_waiting: dict[str, str | None] = {}
+
+
+def waiting(stage: str, on: str | None) -> None:
+    """Say what ``stage`` waits on now (a short, stable word: ``staleness_gate``, ``records``,
+    ``incomplete_groups``), or None: it works."""
+    before = _waiting.get(stage)
+    if before == on:
+        return
+    if before is not None:
+        STAGE_WAITING.labels(stage, before).set(0)
+    if on is not None:
+        STAGE_WAITING.labels(stage, on).set(1)
+    _waiting[stage] = on
+
+
 RUN_RESTARTS = Counter("streamrl_run_stage_restarts_total",
                        "Stages restarted by streamrl run's supervisor after an unexpected exit", ["stage"])
 

@@ -9,11 +9,12 @@ main loop: poll, supervise the stages, autoscale, show the status, until the lea
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from streamrl.bus import Bus, Reader, TopicPartition
 from streamrl.launching import LagAutoscaler, Launcher
@@ -21,6 +22,8 @@ from streamrl.plotting import pyplot, save
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded
 from streamrl.scorers.base import numeric_info
 from streamrl.topics import load_specs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,21 +76,76 @@ class Observation:
     by_version: dict[int, VersionStats] = field(default_factory=lambda: defaultdict(VersionStats))
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     seen_ids: set[str] = field(default_factory=set)
+    # dead-lettered trajectories, counted once by id, by the topic they were read from:
+    # ``rollouts`` (the reward stage could not score them), ``rewarded`` (the learner dropped them)
+    dead_ids: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # a run resumed on new topics (the embedded broker): the records of its earlier sessions, and
+    # what its learner had trained when this session began (``trained`` is all-time)
+    earlier: list[dict[str, int]] = field(default_factory=list)
+    trained_base: int = 0
     started: float = field(default_factory=time.time)
 
     @property
     def latest_version(self) -> int:
         return max(self.versions, default=0)
 
+    def dead(self, topic: str) -> int:
+        return len(self.dead_ids.get(topic, ()))
+
+    rollout_ids: set[str] | None = None  # read at the end of a run: the exact count by id
+
+    @property
+    def unscored(self) -> int:
+        """Trajectories neither rewarded nor dead-lettered by the reward stage (0 after a normal
+        end): by id once the run has read ``rollouts`` (a record the producer sent twice is one
+        trajectory), by end offsets while it runs."""
+        if self.rollout_ids is not None:
+            return len(self.rollout_ids - self.seen_ids - self.dead_ids.get("rollouts", set()))
+        return self.rollouts - self.rewarded - self.dead("rollouts")
+
+    @property
+    def untrained(self) -> int:
+        """Rewarded records neither trained nor dropped by the learner (0 after the data ended)."""
+        return max(0, self.rewarded - (self.trained - self.trained_base) - self.dead("rewarded"))
+
+    def records(self) -> dict[str, int]:
+        """This session's records, every one accounted for: rollouts = rewarded + dead_at_reward
+        + unscored, and rewarded = trained + dead_at_learner + untrained."""
+        rollouts = len(self.rollout_ids) if self.rollout_ids is not None else self.rollouts
+        return {"prompts": self.prompts, "rollouts": rollouts, "rewarded": self.rewarded,
+                **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
+                "trained": self.trained - self.trained_base, "dead_at_reward": self.dead("rollouts"),
+                "dead_at_learner": self.dead("rewarded"), "unscored": self.unscored,
+                "untrained": self.untrained}
+
+    def to_state(self) -> dict[str, Any]:
+        """What a resumed run on new topics (the embedded broker) carries over, so its summary
+        and plot cover the whole run."""
+        return {"sessions": [*self.earlier, self.records()],
+                "versions": {str(v): t for v, t in self.versions.items()},
+                "by_version": {str(v): [s.records, s.reward_sum, s.first_scored, s.last_scored]
+                               for v, s in self.by_version.items() if s.records},
+                "started": self.started}
+
+    @classmethod
+    def carried_over(cls, state: dict[str, Any], trained_base: int) -> "Observation":
+        obs = cls(earlier=list(state.get("sessions", [])), trained_base=trained_base)
+        obs.trained = trained_base
+        obs.versions.update({int(v): t for v, t in state.get("versions", {}).items()})
+        for v, (n, total, first, last) in state.get("by_version", {}).items():
+            obs.by_version[int(v)] = VersionStats(n, total, first, last)
+        obs.started = float(state.get("started", obs.started))
+        return obs
+
 
 class Observer:
     """Follows ``rewarded``, ``policy`` and ``deadletter`` from the beginning, and the end
     offsets of ``prompts`` and ``rollouts``, as a plain reader."""
 
-    def __init__(self, bus: Bus, reward_group: str = ""):
+    def __init__(self, bus: Bus, reward_group: str = "", carried: Observation | None = None):
         self.bus = bus
         self.reward_group = reward_group
-        self.obs = Observation()
+        self.obs = carried or Observation()
         self._reader = Reader(bus, ["rewarded", "policy", "deadletter"], "run")
         specs = load_specs()
         self._counted = {name: [TopicPartition(bus.topic(name), p) for p in range(specs[name].partitions)]
@@ -123,7 +181,11 @@ class Observer:
                     obs.versions[pv.version] = pv.created_at
                     obs.trained = max(obs.trained, pv.trained_records)
                 elif topic == "deadletter":
-                    obs.deadletters[DeadLetter.decode(msg.value).reason] += 1
+                    letter = DeadLetter.decode(msg.value, DeadLetter.size_limit(self.bus.config.max_record_bytes))
+                    obs.deadletters[letter.reason] += 1
+                    if letter.source_topic:
+                        source = self.bus.config.short_topic(letter.source_topic)
+                        obs.dead_ids[source].add(letter.record_id or f"{letter.source_partition}:{letter.source_offset}")
             except RecordError as exc:
                 obs.deadletters[f"unreadable {topic}: {exc.reason}"] += 1
         obs.prompts, obs.rollouts = await self._end_offsets()
@@ -134,6 +196,21 @@ class Observer:
         self._rollout_ends = ends[1]
         return sum(ends[0].values()), sum(ends[1].values())
 
+    async def read_rollout_ids(self) -> set[str]:
+        """Every trajectory id on ``rollouts`` (read once, at the end of a run, for the summary)."""
+        import orjson
+
+        ids = set()
+        async with Reader(self.bus, ["rollouts"], "run") as reader:
+            async for batch in reader.read():
+                for msg in batch:
+                    try:
+                        ids.add(str(orjson.loads(msg.value)["id"]))
+                    except (orjson.JSONDecodeError, KeyError, TypeError):
+                        ids.add(f"{msg.partition}:{msg.offset}")  # unreadable: one of its own
+        self.obs.rollout_ids = ids
+        return ids
+
     async def reward_lag(self) -> int:
         """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""
         ends = self._rollout_ends
@@ -142,16 +219,17 @@ class Observer:
         return sum(end - (committed.get(tp) or 0) for tp, end in ends.items())
 
 
-def status_line(obs: Observation, target_versions: int, restarts: int = 0) -> str:
+def status_line(obs: Observation, target_versions: int, restarts: int = 0, note: str = "") -> str:
     last = obs.by_version.get(max(obs.by_version, default=-1))
     reward = f"{last.mean:.3f}" if last and last.records else "-"
-    lag = obs.rollouts - obs.rewarded
+    lag = obs.unscored
     dlq = sum(obs.deadletters.values())
     newest = max((v for v, s in obs.by_version.items() if s.records), default=0)
     return (f"version {obs.latest_version}/{target_versions} | prompts {obs.prompts} | "
             f"rollouts {obs.rollouts} | rewarded {obs.rewarded} (lag {lag}) | trained {obs.trained} | "
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
-            f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s")
+            f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
+            + (f" | {note}" if note else ""))
 
 
 def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
@@ -164,8 +242,9 @@ def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
         "reward_first": round(obs.by_version[versions[0]].mean, 4) if versions else None,
         "reward_last": round(obs.by_version[versions[-1]].mean, 4) if versions else None,
         "reward_by_version": {str(v): round(obs.by_version[v].mean, 4) for v in versions},
-        "records": {"prompts": obs.prompts, "rollouts": obs.rollouts, "rewarded": obs.rewarded,
-                    "trained": obs.trained},
+        "records": obs.records(),
+        "trained_all": obs.trained,  # across every session of a resumed run
+        **({"earlier_sessions": obs.earlier} if obs.earlier else {}),
         "by_data_source": {ds: s.means() for ds, s in sorted(obs.by_source.items())},
         "deadletters": sum(obs.deadletters.values()),
         "deadletter_reasons": dict(obs.deadletters),
@@ -195,29 +274,153 @@ def plot(obs: Observation, path: Path) -> None:
     save(fig, path, dpi=100)
 
 
+def cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not a Kafka client's own
+    cancellation leaking out of a call; Python 3.10 cannot tell: then never)."""
+    task = asyncio.current_task()
+    return bool(task is not None and getattr(task, "cancelling", lambda: 0)())
+
+
+@dataclass
+class Watch:
+    """What ``observe_until`` watches besides the stages, and its limits (``run.*`` keys)."""
+
+    broker_exited: Callable[[], str | None] = lambda: None  # the embedded broker: None while it runs
+    bootstrap: str = ""
+    learner_ended: Callable[[], str] = lambda: "done"  # why the learner exited 0
+    stall_warn_s: float = 60.0
+    stall_timeout_s: float = 0.0  # 0: off
+    unavailable_timeout_s: float = 300.0  # 0: wait for the broker forever
+    poll_timeout_s: float = 5.0
+    diagnose_every_s: float = 5.0
+    failure: str = ""  # one line: why the run failed or stalled (set when it returns so)
+    unreachable: bool = False  # the broker did not answer at the last poll (stops cannot drain)
+
+
+#: what the stages' ``streamrl_stage_waiting{on=...}`` means, for the status line
+WAITING_WORDS = {"staleness_gate": "the staleness gate (closed at its limit until the learner trains)",
+                 "records": "rewarded records (fewer whole groups than a mini-batch)",
+                 "incomplete_groups": "incomplete groups (members still being generated or scored)"}
+REFUSAL_WORDS = {"not_allowed": "its weights_uri is not under rollout.weights_prefixes",
+                 "no_uri": "it has no weights_uri", "load_failed": "the weights did not load (see its log)"}
+
+
+def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=1.0) as reply:
+        text = reply.read().decode()
+    return [(smp.name, smp.labels, smp.value) for fam in text_string_to_metric_families(text)
+            for smp in fam.samples if smp.name.startswith(("streamrl_stage_waiting", "streamrl_rollout_weights"))]
+
+
+async def diagnose(launcher: Launcher, obs: Observation) -> tuple[list[str], list[str]]:
+    """Errors (a rollout worker refusing weights) and what each stage waits on, read from the
+    stages' own metrics and from the topics."""
+    errors, waits = [], []
+    for name in launcher.names():
+        if launcher.returncode(name) is not None:
+            if name == "feed" and launcher.returncode(name) == 0:
+                waits.append(f"feed: done ({obs.prompts} prompts published)")
+            continue
+        url = launcher.metrics_url(name)
+        if not url:
+            waits.append(f"{name} is starting")
+            continue
+        try:
+            samples = await asyncio.to_thread(_scrape, url)
+        except Exception:  # starting, restarting, or busy: next time
+            continue
+        for metric, labels, value in samples:
+            if metric == "streamrl_rollout_weights_refused_version" and value >= 0:
+                errors.append(f"ERROR {name} refuses policy version {value:.0f}: "
+                              f"{REFUSAL_WORDS.get(labels.get('reason', ''), labels.get('reason'))}")
+            elif metric == "streamrl_stage_waiting" and value == 1:
+                waits.append(f"{name} waits on {WAITING_WORDS.get(labels.get('on', ''), labels.get('on'))}")
+    if obs.unscored > 0:
+        waits.append(f"reward: {obs.unscored} rollouts not scored yet")
+    return errors, waits
+
+
 async def observe_until(observer: Observer, launcher: Launcher, target_versions: int,
                         stop: asyncio.Event, show, interval_s: float,
-                        scaler: LagAutoscaler | None = None, start_reward=None) -> str:
-    """Poll and show status until the learner exits (done), a stage fails past its restarts, or
-    ``stop``; restart crashed stages and resize the reward group on the way (when ``scaler`` is
-    given). Returns why it ended: ``done``, ``interrupted`` or ``failed:<stage>``."""
-    last_shown = 0.0
+                        scaler: LagAutoscaler | None = None, start_reward=None,
+                        watch: Watch | None = None) -> str:
+    """Poll and show status until the learner exits (its reason: ``done`` at its versions,
+    ``data_exhausted``), a stage fails past its restarts, the broker goes away, or ``stop``;
+    restart crashed stages and resize the reward group on the way (when ``scaler`` is given).
+    Returns why it ended: ``done``, ``data_exhausted``, ``interrupted``, ``stalled``,
+    ``failed:broker`` or ``failed:<stage>`` (``watch.failure`` says why in one line).
+
+    Nothing waits in silence: when no figure moves for ``watch.stall_warn_s`` the status line
+    says what each stage waits on; errors (weights refused) are on it as soon as seen."""
+    watch = watch or Watch()
+    last_shown = last_diagnosed = 0.0
+    moved_at = time.monotonic()
+    figures: tuple = ()
+    unreachable_since: float | None = None
+    errors: list[str] = []
+    waits: list[str] = []
+    warned = False
     while True:
-        obs = await observer.poll()
+        gone = watch.broker_exited()
+        if gone:
+            watch.failure = f"{gone}: stopping every stage"
+            return "failed:broker"
+        now = time.monotonic()
+        try:
+            obs = await asyncio.wait_for(observer.poll(), watch.poll_timeout_s)
+            unreachable_since, watch.unreachable = None, False
+        except (Exception, asyncio.CancelledError) as exc:  # either client's errors, or no answer in time
+            if cancelling():
+                raise
+            obs, watch.unreachable = observer.obs, True
+            if unreachable_since is None:
+                unreachable_since = now
+                log.warning("run: the broker at %s does not answer (%s)", watch.bootstrap,
+                            type(exc).__name__ if isinstance(exc, asyncio.TimeoutError) else exc)
+            if watch.unavailable_timeout_s and now - unreachable_since >= watch.unavailable_timeout_s:
+                watch.failure = (f"the broker at {watch.bootstrap} did not answer for "
+                                 f"{now - unreachable_since:.0f} s (bus.unavailable_timeout_s)")
+                return "failed:broker"
         now = time.monotonic()
         for event in await asyncio.to_thread(launcher.supervise, now):
             show(event)
-        if scaler is not None:
+        if scaler is not None and unreachable_since is None:
             await resize_reward_group(observer, launcher, scaler, start_reward, now, show)
-        if now - last_shown >= interval_s:
-            show(status_line(obs, target_versions, launcher.restart_count()))
+        current = (obs.prompts, obs.rollouts, obs.rewarded, obs.trained, sum(obs.deadletters.values()),
+                   obs.latest_version)
+        if current != figures:
+            figures, moved_at, warned = current, now, False
+        stalled = now - moved_at
+        if now - last_diagnosed >= watch.diagnose_every_s:
+            last_diagnosed = now
+            errors, waits = await diagnose(launcher, obs)
+        notes = list(errors)
+        if unreachable_since is not None:
+            notes.append(f"broker {watch.bootstrap} unreachable for {now - unreachable_since:.0f} s")
+        if stalled >= watch.stall_warn_s:
+            notes.append(f"nothing moved for {stalled:.0f} s: " + ("; ".join(waits) or "no stage says why"))
+        if now - last_shown >= interval_s or (stalled >= watch.stall_warn_s and not warned):
+            warned = warned or stalled >= watch.stall_warn_s
+            show(status_line(obs, target_versions, launcher.restart_count(), " | ".join(notes)))
             last_shown = now
         if stop.is_set():
             return "interrupted"
+        if watch.stall_timeout_s and stalled >= watch.stall_timeout_s:
+            watch.failure = (f"nothing moved for {stalled:.0f} s (run.stall_timeout_s): "
+                             + ("; ".join(errors + waits) or "no stage says why"))
+            return "stalled"
         if launcher.returncode("learner") == 0:
             await asyncio.sleep(1.0)  # the last version's records arrive on the topics
-            await observer.poll()
-            return "done"
+            try:
+                await asyncio.wait_for(observer.poll(), watch.poll_timeout_s)
+            except (Exception, asyncio.CancelledError):
+                if cancelling():
+                    raise
+            return watch.learner_ended()
         failed = launcher.failed()
         if failed is not None:
             return f"failed:{failed}"

@@ -33,10 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamrl.broker import die_with_parent as _die_with_parent
 from streamrl.broker import stop_process
 from streamrl.config import RestartConfig
 from streamrl.errors import ConfigError, StreamrlError
-from streamrl.launching import Launcher, _die_with_parent, stage_command
+from streamrl.launching import Launcher, stage_command
 
 log = logging.getLogger(__name__)
 

@@ -194,7 +194,7 @@ def test_a_failed_runs_summary_says_what_failed():
     from streamrl.commands.run import summary_line
 
     summary = {"ended": "failed:reward-0", "versions": 0, "reward_first": None, "reward_last": None,
-               "records": {"rewarded": 0}, "deadletters": 0, "plot": "r.png", "by_data_source": {},
+               "records": {"rollouts": 0, "rewarded": 0, "dead_at_reward": 0, "unscored": 0}, "deadletters": 0, "plot": "r.png", "by_data_source": {},
                "failure": {"stage": "reward-0", "returncode": 2, "error": "streamrl reward: config field 'x': bad"}}
     line = summary_line(summary)
     assert line.startswith("run failed: stage reward-0 exited with 2 (streamrl reward: config field 'x': bad)")

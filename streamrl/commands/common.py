@@ -147,11 +147,25 @@ def serve_stage(stage_cls: type[Stage], args: argparse.Namespace, **fields: Any)
         port = metrics.serve(cfg.metrics.port, cfg.metrics.host)
         print(f"metrics: http://{cfg.metrics.host}:{port}/metrics", flush=True)
         print(f"{stage_cls.name}: {stage.describe()}", flush=True)
-        await stage.run(stop)
-        print(f"{stage_cls.name}: stopped, {stage.describe()}", flush=True)
+        from streamrl.broker import watch_broker
 
-    run_until_signalled(main)
-    return 0
+        watch = asyncio.create_task(watch_broker(cfg.bus.bootstrap_servers, cfg.bus.unavailable_timeout_s,
+                                                 stop, stage_cls.name))
+        work = asyncio.create_task(stage.run(stop))
+        await asyncio.wait([work, watch], return_when=asyncio.FIRST_COMPLETED)
+        gone = watch.result() if watch.done() else None
+        if gone:  # the stage was told to stop; with no broker its drain may never finish
+            print(f"{stage_cls.name}: {gone}: stopping", file=sys.stderr, flush=True)
+            done, _ = await asyncio.wait([work], timeout=30)
+            if not done:
+                os._exit(1)
+            return 1
+        watch.cancel()
+        await work
+        print(f"{stage_cls.name}: stopped, {stage.describe()}", flush=True)
+        return 0
+
+    return run_until_signalled(main)
 
 
 def stage_main(stage_cls: type[Stage], argv: list[str] | None = None) -> int:

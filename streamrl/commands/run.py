@@ -1,18 +1,28 @@
 """``streamrl run [CONFIG]``: the whole pipeline on the embedded broker (or ``--bootstrap-servers``):
 broker, topics, learner, reward group, rollout workers and the prompt feed, each its own process
-(or Ray actor), with a live status line; at the end a summary, a plot, and one JSON line."""
+(or Ray actor), with a live status line; at the end a summary, a plot, and one JSON line.
+
+The run's life (README "Stop, resume and end"): it ends when the learner ends (its data is
+exhausted, or ``learner.versions`` is reached); the stages then stop in pipeline order (feed and
+rollout workers, then the reward group once it has scored what is in ``rollouts``, then the
+learner). ``--resume [RUN_DIR]`` (``run.resume``) continues a stopped run from its learner's
+checkpoint. A fresh run refuses topics that hold another run's records. The embedded broker is
+supervised: if it dies, every stage is stopped and the run fails naming it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from streamrl.commands.common import add_bootstrap_argument
+from streamrl.errors import StreamrlError
 
 HELP = "run the whole pipeline (embedded broker by default) and print a JSON summary"
 DEFAULT_CONFIG = "local.yaml"  # the packaged embedded default (streamrl.packaged)
@@ -25,20 +35,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", metavar="DIR", help="where runs go (run.out_dir, default ./runs): DIR/<run id>/")
     parser.add_argument("--launcher", choices=["local", "ray"], help="run.launcher: processes here, or Ray actors")
     parser.add_argument("--autoscale", metavar="MIN:MAX", help="size the reward group by its consumer lag")
+    parser.add_argument("--resume", nargs="?", const="auto", metavar="RUN_DIR",
+                        help="continue a stopped run (run.resume): RUN_DIR, or the newest unfinished one "
+                             "under run.out_dir")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.commands.common import broker_for, load, run_until_signalled
-    from streamrl.errors import StreamrlError, need
+    from streamrl.commands.common import load, run_until_signalled
+    from streamrl.errors import need
     from streamrl.packaged import resolve_config
 
     if "=" in args.config and not Path(args.config).exists():  # `streamrl run a.b=c`: no config given
         args.overrides, args.config = [args.config, *args.overrides], DEFAULT_CONFIG
+    resume = getattr(args, "resume", None)
+    if resume not in (None, "auto") and not Path(resume).is_dir():  # `--resume a.b=c`, `--resume x.yaml`
+        if "=" in resume:
+            args.overrides, resume = [resume, *args.overrides], "auto"
+        elif resume.endswith((".yaml", ".yml")) and args.config == DEFAULT_CONFIG:
+            args.config, resume = resume, "auto"
     args.config = str(resolve_config(args.config).resolve())  # the stages get the same file, by path
     cfg = load(args)
     if args.run_dir:
         cfg.run.out_dir = args.run_dir
+    if resume is not None:
+        cfg.run.resume = resume
     need("torch", "cpu", "streamrl run")  # the learner and the transformers rollout backend
     if args.launcher:
         cfg.run.launcher = args.launcher
@@ -49,15 +70,124 @@ def main(args: argparse.Namespace) -> int:
         cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
         cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
     validate_stages(cfg)
-    out = Path(cfg.run.out_dir).resolve() / time.strftime("%Y%m%d-%H%M%S")  # absolute: stages run elsewhere
+    out, state = choose_run_dir(cfg, required=resume is not None)  # absolute: stages run elsewhere
+    new = state is None
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
-    # the broker or any stage starts
-    launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
-    with broker_for(cfg) as bootstrap:
-        result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop, launcher))
+    if state is not None:
+        print(f"run: resuming {out} from version {state.version} ({state.trained_records} records trained, "
+              f"{len(state.done_groups)} prompt groups finished)", file=sys.stderr, flush=True)
+    try:
+        # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
+        # the broker or any stage starts
+        launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
+        with supervised_broker(cfg) as (bootstrap, broker):
+            result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop, launcher, state, broker))
+    except StreamrlError:
+        if new:  # refused before anything ran: leave no empty run behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    (out / "summary.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result), flush=True)
-    return {"done": 0, "interrupted": 130}.get(result["ended"], 1)
+    return {"done": 0, "data_exhausted": 0, "interrupted": 130}.get(result["ended"], 1)
+
+
+#: how a finished run ended: ``--resume``/``run.resume=auto`` do not pick it again
+FINISHED = ("done", "data_exhausted")
+
+
+def choose_run_dir(cfg, required: bool):
+    """``(run directory, learner state to resume from or None)`` by ``run.resume``: ``never``
+    (a new directory), ``auto`` (the unfinished run under ``run.out_dir`` with the newest
+    readable checkpoint, else a new one; ``required``: else an error), or a directory."""
+    from streamrl.errors import ConfigError, StreamrlError
+    from streamrl.learner import checkpoint
+
+    root = Path(cfg.run.out_dir).resolve()
+    mode = cfg.run.resume
+    if mode not in ("auto", "never"):
+        path = Path(mode).resolve()
+        good = checkpoint.latest_good(path / "checkpoints")
+        if good is None:
+            raise ConfigError(f"config field 'run.resume': {path} holds no readable learner checkpoint "
+                              f"(checkpoints/ckpt-*): nothing to resume")
+        return path, good[1]
+    if mode == "auto":
+        found = []
+        for path in (p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+            try:
+                ended = json.loads((path / "summary.json").read_text()).get("ended")
+            except (OSError, ValueError, AttributeError):
+                ended = None
+            good = checkpoint.latest_good(path / "checkpoints") if ended not in FINISHED else None
+            if good is not None and good[1].ended != "data_exhausted":
+                found.append((good[0].stat().st_mtime, path, good[1]))
+        if found:
+            _, path, state = max(found, key=lambda f: f[0])
+            return path, state
+        if required:
+            raise StreamrlError(f"--resume: no unfinished run with a readable checkpoint under {root} "
+                                f"(name one: --resume RUN_DIR)")
+    elif required:
+        raise ConfigError("config field 'run.resume': never, but --resume was given")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = root / stamp
+    for n in itertools.count(2):
+        if not out.exists():
+            return out, None
+        out = root / f"{stamp}-{n}"
+
+
+@contextlib.contextmanager
+def supervised_broker(cfg):
+    """``(bootstrap, embedded broker or None)``: the configured broker (checked to answer), or an
+    embedded one that ends with this process (a SIGKILLed run leaves no broker behind)."""
+    from streamrl.broker import EmbeddedBroker
+    from streamrl.commands.common import probe_bootstrap
+
+    if cfg.bus.bootstrap_servers:
+        probe_bootstrap(cfg.bus.bootstrap_servers)
+        yield cfg.bus.bootstrap_servers, None
+        return
+    with EmbeddedBroker(die_with_parent=True) as broker:
+        cfg.bus.bootstrap_servers = broker.bootstrap
+        print(f"embedded broker: {broker.bootstrap} (pid {broker.proc.pid})", file=sys.stderr, flush=True)
+        yield broker.bootstrap, broker
+
+
+async def topic_contents(bus) -> dict[str, int]:
+    """Records on each of the pipeline's topics (end offsets summed)."""
+    from streamrl.bus import Reader
+
+    names = ["prompts", "rollouts", "rewarded", "policy", "deadletter"]
+    async with Reader(bus, names, "run") as reader:
+        ends = await reader.end_offsets()
+    out = dict.fromkeys(names, 0)
+    for tp, end in ends.items():
+        out[bus.config.short_topic(tp.topic)] += end
+    return out
+
+
+async def check_topics(bus, state, out: Path) -> bool:
+    """Whether the topics are new (empty). A new run refuses topics holding records (another
+    run's: sharing them would mix two runs' prompts, versions and weights); a resumed one
+    refuses a policy topic of another training line than its checkpoint's."""
+    from streamrl.errors import StreamrlError
+    from streamrl.learner.stage import read_latest_policy
+
+    held = await topic_contents(bus)
+    if not any(held.values()):
+        return True
+    prefix, where = bus.config.topic_prefix, bus.config.bootstrap_servers
+    todo = (f"continue that run with `streamrl run --resume RUN_DIR`, start this one on other topics "
+            f"(bus.topic_prefix=NAME), or delete the topics {prefix}.* first")
+    if state is None:
+        raise StreamrlError(f"the topics {prefix}.* on {where} hold another run's records ({held['prompts']} prompts, "
+                            f"{held['rollouts']} rollouts, {held['policy']} policy records): {todo}")
+    latest = await read_latest_policy(bus, "run")
+    if latest is not None and latest.lineage and latest.lineage != state.lineage and latest.lineage not in state.abandoned:
+        raise StreamrlError(f"the topics {prefix}.* on {where} hold another run's policy (line {latest.lineage}, "
+                            f"version {latest.version}), not the line of {out} ({state.lineage}): {todo}")
+    return False
 
 
 def validate_stages(cfg) -> None:
@@ -119,17 +249,30 @@ def archive_uri(cfg, out: Path) -> str | None:
     return str(out / "archive")
 
 
-async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launcher=None) -> dict:
+async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launcher=None, state=None,
+               broker=None) -> dict:
     from streamrl.bus import Bus
     from streamrl.launching import LagAutoscaler
-    from streamrl.observing import Observer, observe_until, status_line, summarise
+    from streamrl.learner import checkpoint
+    from streamrl.observing import Observation, Observer, Watch, observe_until, status_line, summarise
     from streamrl.topics import ensure_topics
 
     bus = Bus(cfg.bus)
     await ensure_topics(bus)
+    fresh = await check_topics(bus, state, out)
     # every stage gets the run's directories: rollout workers load weights only from there
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",
               f"learner.checkpoint_dir={out}/checkpoints", f"learner.weights_dir={out}/weights"]
+    carried = None
+    if state is not None:
+        common.append("feed.resume=true")  # what the checkpoint finished (or the topic holds) is not fed again
+        if fresh:  # new topics (the embedded broker): the checkpoint's offsets and counts were of the old ones
+            common += ["learner.checkpoint_offsets=false", f"rollout.gate_baseline={-state.trained_records}"]
+            try:
+                before = json.loads((out / "observation.json").read_text())
+            except (OSError, ValueError, TypeError):
+                before = {}  # a SIGKILLed session wrote none: the summary starts here
+            carried = Observation.carried_over(before, state.trained_records)
     launcher = launcher or make_launcher(cfg, out / "logs")
     archive = archive_uri(cfg, out)
     interactive = sys.stderr.isatty()
@@ -145,10 +288,17 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
     def start_reward() -> None:
         launcher.start(f"reward-{next(reward_ids)}", ["reward", *common], "reward")
 
+    def learner_ended() -> str:
+        good = checkpoint.latest_good(out / "checkpoints")
+        return "data_exhausted" if good and good[1].ended == "data_exhausted" else "done"
+
     auto = cfg.run.autoscale
     scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
                            auto.window_s, auto.cooldown_s) if auto.max_members else None
-    observer = Observer(bus, reward_group=cfg.bus.group("reward", cfg.reward.group))
+    observer = Observer(bus, reward_group=cfg.bus.group("reward", cfg.reward.group), carried=carried)
+    watch = Watch(broker_exited=broker.exited if broker is not None else (lambda: None), bootstrap=bootstrap,
+                  learner_ended=learner_ended, stall_warn_s=cfg.run.stall_warn_s,
+                  stall_timeout_s=cfg.run.stall_timeout_s, unavailable_timeout_s=cfg.bus.unavailable_timeout_s)
     await observer.start()
     ended = "interrupted"
     try:
@@ -164,41 +314,99 @@ async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launch
               file=sys.stderr, flush=True)
         interval = cfg.run.status_interval_s if interactive else max(5.0, cfg.run.status_interval_s)
         ended = await asyncio.wait_for(
-            observe_until(observer, launcher, cfg.learner.versions, stop, show, interval, scaler, start_reward),
+            observe_until(observer, launcher, cfg.learner.versions, stop, show, interval, scaler, start_reward,
+                          watch),
             timeout=cfg.run.timeout_s)
     except asyncio.TimeoutError:
         ended = "timeout"
     finally:
-        await asyncio.to_thread(launcher.stop_all)
-        show(status_line(await observer.poll(timeout_ms=200), cfg.learner.versions, launcher.restart_count()))
+        if ended == "failed:broker":
+            print(f"run: {watch.failure}", file=sys.stderr, flush=True)
+        await stop_in_order(launcher, observer, cfg, "failed:broker" if watch.unreachable else ended)
+        gone = ended == "failed:broker" or watch.unreachable  # nothing to read: do not wait for it
+        if not gone and await bounded(observer.poll(timeout_ms=200), 5) is not None:
+            if ended in FINISHED:
+                await bounded(observer.read_rollout_ids(), 60)
+            show(status_line(observer.obs, cfg.learner.versions, launcher.restart_count()))
         if interactive:
             print(file=sys.stderr)
-        await observer.stop()
+        await bounded(observer.stop(), 1 if gone else 5)
     failure = None
-    if ended.startswith("failed:"):
+    if ended.startswith("failed:") and ended != "failed:broker":
         name = ended.split(":", 1)[1]
         tail = launcher.log_tail(name)
         print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{tail}", file=sys.stderr)
         failure = {"stage": name, "returncode": launcher.returncode(name),
                    "error": next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")}
     summary = summarise(observer.obs, out / "reward.png")
+    (out / "observation.json").write_text(json.dumps(observer.obs.to_state()))
     summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count(),
                    archive=archive)
     if failure:
         summary["failure"] = failure
+    elif watch.failure:
+        summary["failure"] = {"stage": "broker" if ended == "failed:broker" else "run", "error": watch.failure}
+    good = checkpoint.latest_good(out / "checkpoints")
+    if ended not in FINISHED and good is not None:
+        summary["resume"] = f"streamrl run --resume {out}  (from version {good[1].version})"
+        print(f"run: checkpoints stay in {out / 'checkpoints'}; continue with: {summary['resume']}",
+              file=sys.stderr, flush=True)
     print(summary_line(summary, cfg.run.timeout_s), file=sys.stderr, flush=True)
     return summary
 
 
+async def bounded(coro, timeout_s: float):
+    """``coro``'s result, or None if it failed or took longer than ``timeout_s`` (the broker may
+    be gone: a Kafka client's calls then fail, hang, or end in its own cancellations)."""
+    try:
+        return await asyncio.wait_for(coro, timeout_s)
+    except (Exception, asyncio.CancelledError):
+        from streamrl.observing import cancelling
+
+        if cancelling():
+            raise  # this task itself is being cancelled
+        return None
+
+
+async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
+    """After a normal end, stop in pipeline order: the feed and the rollout workers (nothing new
+    enters ``rollouts``), then the reward group once it has scored or dead-lettered what is
+    there (up to ``run.drain_timeout_s``), then the learner: the summary accounts for every
+    record. Ctrl-C and failures stop everything at once; with the broker gone, the stages get
+    5 s (nothing can drain) before SIGKILL."""
+    if ended == "failed:broker":  # or unreachable when stopped
+        await asyncio.to_thread(launcher.stop_all, min(5.0, cfg.run.stop_timeout_s))
+        return
+    if ended not in FINISHED:
+        await asyncio.to_thread(launcher.stop_all)
+        return
+    names = launcher.names()
+    await asyncio.to_thread(launcher.stop_all, None, [n for n in names if n == "feed" or n.startswith("rollout-")])
+    rewards = [n for n in names if n.startswith("reward-")]
+    deadline = time.monotonic() + cfg.run.drain_timeout_s
+    while time.monotonic() < deadline and any(launcher.returncode(n) is None for n in rewards):
+        # the group committed everything: each record is rewarded or dead-lettered (commits
+        # follow the acknowledgements of outputs); exact with duplicates, unlike a count
+        await bounded(observer.poll(), 5)
+        lag = await bounded(observer.reward_lag(), 5)
+        if lag is None or lag <= 0:
+            break
+        await asyncio.to_thread(launcher.supervise)  # a reward member that crashes now is restarted
+    await asyncio.to_thread(launcher.stop_all, None, rewards)
+    await asyncio.to_thread(launcher.stop_all)
+
+
 def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
     """The run's last line on stderr: what failed, if anything, then what the run did: versions,
-    rewards (overall and per data source, with the scorer's extra fields such as ``acc``),
-    records, dead letters."""
+    rewards (overall and per data source, with the scorer's extra fields such as ``acc``), and
+    every rollout accounted for (rewarded + dead-lettered at the reward stage + left unscored)."""
     ended = summary["ended"]
-    if ended.startswith("failed:"):
-        f = summary.get("failure") or {}
-        head = (f"run failed: stage {f.get('stage', ended.split(':', 1)[1])} exited with "
-                f"{f.get('returncode')}" + (f" ({f['error']})" if f.get("error") else ""))
+    f = summary.get("failure") or {}
+    if ended.startswith("failed:") or ended == "stalled":
+        who = f.get("stage", ended.split(":", 1)[-1])
+        what = f"stage {who} exited with {f['returncode']}" if "returncode" in f else who
+        head = (f"run {'stalled' if ended == 'stalled' else 'failed'}: {what}"
+                + (f" ({f['error']})" if f.get("error") else ""))
     elif ended == "timeout":
         head = f"run timeout: stopped after run.timeout_s ({timeout_s:g} s)"
     else:
@@ -209,8 +417,10 @@ def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
         reward = f"reward {summary['reward_first']} -> {summary['reward_last']}"
     sources = "; ".join(f"{ds}: " + ", ".join(f"{k} {v}" for k, v in stats.items() if k != "records")
                         for ds, stats in (summary.get("by_data_source") or {}).items())
+    r = summary["records"]
+    accounted = (f"{r['rollouts']} rollouts = {r['rewarded']} rewarded + {r['dead_at_reward']} dead-lettered + "
+                 f"{r['unscored']} unscored" if "unscored" in r else f"{r['rewarded']} rewarded")
     return (f"{head}: {summary['versions']} versions, {reward}"
             + (f" ({sources})" if sources else "")
-            + f", {summary['records']['rewarded']} rewarded, {summary['deadletters']} dead letters, "
-              f"plot {summary['plot']}"
+            + f", {accounted}, {summary['deadletters']} dead letters in all, plot {summary['plot']}"
             + (f", archive {summary['archive']} (replay it: streamrl replay)" if summary.get("archive") else ""))

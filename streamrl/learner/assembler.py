@@ -29,6 +29,7 @@ from typing import Any
 STALE = "stale"
 GROUP_TIMEOUT = "group_timeout"
 GROUP_OVERFLOW = "group_overflow"
+MEMBERS_LOST = "members_lost"
 
 
 @dataclass
@@ -155,6 +156,19 @@ class Assembler:
                                      f"{len(group.items)} of {group.group_size} members after "
                                      f"{now - group.first_seen:.1f}s")
         return drops
+
+    def settle(self, gid: str, detail: str) -> list[Drop]:
+        """Group ``gid`` gets no more members (the others were dead-lettered upstream): ready as
+        a partial group, or dropped with reason ``members_lost``, by the same rule as a timeout,
+        without waiting for it."""
+        group = self.open.get(gid)
+        if group is None or group.complete:
+            return []
+        if self.allow_partial_groups:
+            group.group_size = len(group.items)
+            self.ready.append(gid)
+            return []
+        return self._close(gid, MEMBERS_LOST, detail)
 
     def purge_stale(self, version: int) -> list[Drop]:
         """Drop every waiting group that version ``version`` makes stale."""

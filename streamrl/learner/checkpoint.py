@@ -42,6 +42,10 @@ class LearnerState:
     assembler: dict[str, Any] = field(default_factory=dict)  # de-dup window, closed groups
     lineage: str = ""  # this training line (streamrl.records.PolicyVersion.lineage)
     abandoned: dict[str, int] = field(default_factory=dict)  # earlier line -> last version kept
+    # group ids of the feed finished for good (trained, dropped, or lost upstream): a resumed
+    # feed does not publish them again, and the end of the data is counted from them
+    done_groups: list[str] = field(default_factory=list)
+    ended: str = ""  # why the learner stopped: versions | data_exhausted ("" while running)
     created_at: float = field(default_factory=time.time)
 
 
@@ -118,7 +122,9 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
 
 def load_state(path: str | Path) -> LearnerState:
     with open(Path(path) / "state.json") as f:
-        return LearnerState(**json.load(f))
+        data = json.load(f)
+    known = LearnerState.__dataclass_fields__
+    return LearnerState(**{k: v for k, v in data.items() if k in known})  # an older or newer streamrl's
 
 
 def load_optimizer_state(path: str | Path, device: str = "cpu") -> dict[str, Any]:

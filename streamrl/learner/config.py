@@ -73,6 +73,13 @@ class LearnerConfig:
     max_abs_reward: float = 1e6  # a reward beyond this (or not finite) is refused: "bad_reward"
     max_response_tokens: int = 0  # a longer response is refused ("response_too_long"); 0: no limit
     versions: int = 0  # stop once the policy version reaches this (across restarts); 0 = never
+    # verl's total_epochs: end when the feed's data ends (every prompt the ``feed`` section
+    # publishes has its group trained or dead-lettered), after a last, possibly smaller,
+    # version. The learner derives the feed's group ids from the same config (streamrl.learner.stage)
+    end_with_data: bool = True
+    # On start, seek to the offsets saved in the checkpoint (false when the topics are new: a
+    # resumed run on the embedded broker, whose topics lived in memory; `streamrl run` sets it)
+    checkpoint_offsets: bool = True
     consumer_group: str = ""  # "": <bus.topic_prefix>-learner
 
     # -- outputs ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ group membership alive during a long step.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import math
 import shutil
@@ -34,7 +35,7 @@ from streamrl.bus import Bus, Checkpoint, Message, OffsetTracker, Reader, TopicP
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
-from streamrl.records import PolicyVersion, RecordError, Rewarded
+from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
     from streamrl.config import PipelineConfig
@@ -105,6 +106,14 @@ class Learner:
         self._version_metrics: list[dict[str, float]] = []
         self._dirty = False
         self.last_checkpoint: Path | None = last
+        # the end of the data (learner.end_with_data): the feed's group ids, set by from_config
+        self.expected: set[str] | None = None
+        self.done_groups: set[str] = set(self.state.done_groups)
+        self._remaining: set[str] = set()
+        self._lost: dict[str, set[str]] = {}  # group id -> member ids dead-lettered before training
+        self._sizes: dict[str, int] = {}  # group id -> group_size, for groups known only by losses
+        self._group_size = 1
+        self._dead: Reader | None = None
         metrics.LEARNER_VERSION.set(self.state.version)
         metrics.LEARNER_MAX_STALENESS.set(cfg.max_staleness)
 
@@ -112,7 +121,25 @@ class Learner:
 
     @classmethod
     def from_config(cls, cfg: "PipelineConfig") -> "Learner":
-        return cls(Bus(cfg.bus), cfg.learner)
+        learner = cls(Bus(cfg.bus), cfg.learner)
+        if cfg.learner.end_with_data:
+            from streamrl.rollout.feed import feed_group_ids
+
+            try:
+                learner.expect(feed_group_ids(cfg.feed), cfg.rollout.group_size or cfg.feed.group_size)
+            except Exception as exc:  # a dataset this process cannot read: the run ends by versions
+                log.warning("learner: the feed's data (%s) not read (%s): the run ends at learner.versions "
+                            "or when stopped", cfg.feed.dataset, exc)
+        return learner
+
+    def expect(self, group_ids: set[str], group_size: int) -> None:
+        """End when every group in ``group_ids`` is finished (trained, or dead-lettered at any
+        stage): the data is exhausted."""
+        self.expected = set(group_ids)
+        self._remaining = self.expected - self.done_groups
+        self._group_size = group_size
+        if self.state.ended == "data_exhausted" and self._remaining:
+            self.state.ended = ""  # more data than when it ended (more epochs): go on
 
     def validate(self) -> None:
         self.cfg.validate()
@@ -126,7 +153,10 @@ class Learner:
         return self.state.version
 
     def _assigned(self, assigned: set[TopicPartition]) -> None:
-        """Read on from the offsets of the checkpoint the weights came from."""
+        """Read on from the offsets of the checkpoint the weights came from (unless the topics
+        are new: a resumed run on the embedded broker, whose old topics are gone)."""
+        if not self.cfg.checkpoint_offsets:
+            return
         for tp in assigned:
             offset = self.state.offsets.get(str(tp.partition))
             if offset is not None:
@@ -144,6 +174,9 @@ class Learner:
         stop = stop or asyncio.Event()
         await self.producer.start()
         await self.consumer.start()
+        if self.expected is not None:
+            self._dead = Reader(self.bus, ["deadletter"], STAGE)
+            await self._dead.start()
         clean = False
         try:
             await self._announce_current()
@@ -153,6 +186,10 @@ class Learner:
                 for msg in await self.consumer.getmany(timeout_ms=100):
                     await self._take(msg)
                 await self._drop(self.assembler.expire(time.monotonic()))
+                await self._read_dead_letters()
+                if self._data_ended():
+                    await self._finish_data()
+                    break
                 while not stop.is_set() and not self._done():
                     groups, drops = self.assembler.take(self.cfg.groups_per_mini_batch, self.version)
                     await self._drop(drops)
@@ -162,18 +199,109 @@ class Learner:
                     trained = True
                 if not trained:
                     metrics.LEARNER_STARVED_SECONDS.inc(time.monotonic() - started)
+                metrics.waiting(STAGE, None if trained else self._waiting_on())
+            if self.cfg.versions and self.version >= self.cfg.versions and not self.state.ended:
+                self.state.ended = "versions"  # in the next checkpoint, if any (none is written for it)
             clean = True
         finally:
             try:
                 if clean and self._dirty:
                     await self._checkpoint()
             finally:
+                if self._dead is not None:
+                    await self._dead.stop()
                 await self.consumer.stop()
                 await self.producer.stop()
+        if self.state.ended:
+            log.warning("learner: ended (%s) at version %d, %d records trained", self.state.ended,
+                        self.version, self.state.trained_records)
         return self.state
 
     def _done(self) -> bool:
-        return bool(self.cfg.versions) and self.version >= self.cfg.versions
+        return (bool(self.cfg.versions) and self.version >= self.cfg.versions) or self.state.ended == "data_exhausted"
+
+    def _waiting_on(self) -> str:
+        """What the learner waits for when it did not train: groups to fill, or records."""
+        if any(not g.complete for g in self.assembler.open.values()):
+            return "incomplete_groups"
+        return "records"
+
+    # -- the end of the data --------------------------------------------------------------------
+    def _group_done(self, gid: str) -> None:
+        if gid not in self.done_groups:
+            self.done_groups.add(gid)
+            self.state.done_groups.append(gid)
+            self._lost.pop(gid, None)
+            self._sizes.pop(gid, None)
+        self._remaining.discard(gid)
+
+    async def _lose(self, gid: str | None, rid: str | None, size: int | None = None) -> None:
+        """A member of group ``gid`` will never reach training (dead-lettered here or upstream);
+        ``rid`` None: the whole group (its prompt was dead-lettered). Once every member is
+        accounted for, the group is settled now rather than at its timeout."""
+        if not gid or gid in self.done_groups or self.expected is None:
+            return
+        if size:
+            self._sizes.setdefault(gid, size)
+        self._lost.setdefault(gid, set()).add("*" if rid is None else rid)
+        await self._settle(gid)
+
+    async def _settle(self, gid: str) -> None:
+        lost = self._lost.get(gid)
+        if not lost or gid in self.done_groups:
+            return
+        group = self.assembler.open.get(gid)
+        if "*" not in lost:
+            held = {i.id for i in group.items} if group is not None else set()
+            size = group.group_size if group is not None else self._sizes.get(gid, self._group_size)
+            if len(held | lost) < size:
+                return
+        if group is not None:
+            await self._drop(self.assembler.settle(gid, f"{len(lost)} members dead-lettered before training"))
+        elif gid not in self.assembler.closed:
+            self.assembler.closed.put(gid, "members_lost")  # late members (a redelivery) are dropped
+            self._group_done(gid)
+
+    async def _read_dead_letters(self) -> None:
+        """Dead letters of other stages (a prompt the rollout worker refused, a trajectory the
+        reward stage could not score): their groups will never be whole."""
+        if self._dead is None:
+            return
+        prompts, rollouts = self.bus.topic("prompts"), self.bus.topic("rollouts")
+        for msg in await self._dead.fetch(timeout_ms=0):
+            try:
+                letter = DeadLetter.decode(msg.value, DeadLetter.size_limit(self.bus.config.max_record_bytes))
+            except RecordError:
+                continue
+            if letter.source_topic not in (prompts, rollouts):
+                continue  # the learner's own (it counted them when it sent them)
+            key = base64.b64decode(letter.original_key_b64).decode(errors="replace") if letter.original_key_b64 else None
+            size = None
+            if letter.source_topic == rollouts:
+                try:
+                    size = Trajectory.decode(letter.original_value(), self.bus.config.max_record_bytes).group_size
+                except (RecordError, TypeError):
+                    pass
+            await self._lose(key, letter.record_id if letter.source_topic == rollouts else None, size)
+
+    def _data_ended(self) -> bool:
+        """Every group of the feed is finished, or whole and waiting to be trained."""
+        if self.expected is None or len(self._remaining) > len(self.assembler.ready):
+            return False
+        return self._remaining <= set(self.assembler.ready)
+
+    async def _finish_data(self) -> None:
+        """Train what is ready (the last mini-batch may be smaller), publish the last version
+        (it may hold fewer mini-batches) and mark the end; ``run`` checkpoints."""
+        while self.assembler.ready:
+            n = min(self.cfg.groups_per_mini_batch, len(self.assembler.ready))
+            groups, drops = self.assembler.take(n, self.version)
+            await self._drop(drops)
+            if groups:
+                await self._train(groups)
+        if self.state.mini_batches:
+            await self._finish_version()
+        self.state.ended, self._dirty = "data_exhausted", True
 
     # -- taking records -----------------------------------------------------------------------
     async def _take(self, msg: Message) -> None:
@@ -189,11 +317,15 @@ class Learner:
             sample = self._sample(record)
         except RecordError as exc:
             await self._dead_letter(msg, exc.reason, exc.detail, getattr(record, "id", None))
+            gid = record.group_id if record is not None else (msg.key or b"").decode(errors="replace")
+            await self._lose(gid, getattr(record, "id", None) or f"offset:{msg.partition}:{msg.offset}",
+                             getattr(record, "group_size", None))
             return
         if self._abandoned(record):
             await self._dead_letter(msg, "abandoned_line", f"generated by version {record.policy_version} of line "
                                     f"{record.lineage}, abandoned after version {self.state.abandoned[record.lineage]}",
                                     record.id)
+            await self._lose(record.group_id, record.id, record.group_size)
             return
         item = Item(record.id, record.group_id, record.group_size, record.policy_version,
                     _Taken(sample, msg, record))
@@ -202,6 +334,8 @@ class Learner:
             metrics.LEARNER_RECORDS.labels("duplicate").inc()
             self.tracker.done(tp, msg.offset)
         await self._drop(drops)
+        if record.group_id in self._lost:
+            await self._settle(record.group_id)
 
     def _abandoned(self, record: Rewarded) -> bool:
         """Generated by a version of a line this learner abandoned (it restarted from an older
@@ -274,6 +408,8 @@ class Learner:
                 metrics.LEARNER_GROUPS.labels(d.reason).inc()
             taken: _Taken = d.item.payload
             await self._dead_letter(taken.message, d.reason, d.detail, d.item.id)
+            if d.item.group_id not in self.assembler.open:
+                self._group_done(d.item.group_id)
 
     async def _dead_letter(self, msg: Message, reason: str, detail: str, record_id: str | None) -> None:
         fut = await self.producer.dead_letter(reason=reason, detail=detail, message=msg, record_id=record_id)
@@ -298,6 +434,8 @@ class Learner:
         for g in groups:
             metrics.LEARNER_GROUPS.labels("partial" if len(g.items) < g.items[0].group_size else "trained").inc()
         out = await asyncio.to_thread(self.trainer.step, [t.sample for t in taken])
+        for g in groups:
+            self._group_done(g.group_id)
         if out.get("skipped_steps"):  # a non-finite gradient: the update was not applied
             for t in taken:
                 await self._dead_letter(t.message, "non_finite_gradient",

@@ -174,6 +174,9 @@ class FeedConfig:
     # ``field`` (``answer_field`` as is), ``verl`` (``reward_model.ground_truth``) or ``none``.
     ground_truth: str = "gsm8k"
     answer_field: str = "answer"
+    # Continue a run (`streamrl run --resume` sets it): skip the prompts whose groups the
+    # learner's checkpoint lists as finished and those already on the prompts topic
+    resume: bool = False
 
     def validate(self) -> "FeedConfig":
         if not self.dataset:

@@ -99,6 +99,7 @@ class StalenessGate:
                          "holding", count, self.limit(), self.follower.version)
             self.held = True
             metrics.ROLLOUT_GATE_HELD.set(1)
+            metrics.waiting("rollout", "staleness_gate")
             self.follower.updated.clear()
             try:
                 await asyncio.wait_for(self.follower.updated.wait(), self.poll_s)
@@ -111,6 +112,7 @@ class StalenessGate:
             log.info("staleness gate: released at learner version %d", self.follower.version)
         self.held = False
         metrics.ROLLOUT_GATE_HELD.set(0)
+        metrics.waiting("rollout", None)
         self.reserved += n
         return time.monotonic() - started
 

@@ -70,6 +70,7 @@ class RolloutWorker:
             log.warning("the %s backend cannot load weights: trajectories are stamped version %d",
                         self.backend.name, self.backend.version)
         metrics.ROLLOUT_POLICY_VERSION.set(self.backend.version)
+        _refused(-1, None)
 
     @classmethod
     def from_config(cls, cfg: "PipelineConfig") -> "RolloutWorker":
@@ -128,20 +129,21 @@ class RolloutWorker:
                     return 0.0
                 log.error("policy version %d has no weights_uri: keeping version %d",
                           latest.version, self.backend.version)
-                metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
+                _refused(latest.version, "no_uri")
                 return 0.0
             if not weights_allowed(latest.weights_uri, self.cfg.weights_prefixes):
-                log.error("policy version %d: weights_uri %r is not under rollout.weights_prefixes %s; "
+                log.error("policy version %d refused: weights_uri %r is not under rollout.weights_prefixes %s; "
                           "keeping version %d", latest.version, latest.weights_uri, self.cfg.weights_prefixes,
                           self.backend.version)
-                metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
+                _refused(latest.version, "not_allowed")
                 return 0.0
             try:
                 took = await self.backend.load_weights(latest.weights_uri, latest.version)
             except (WeightLoadError, OSError) as exc:
                 log.error("policy version %d: %s; keeping version %d", latest.version, exc, self.backend.version)
-                metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
+                _refused(latest.version, "load_failed")
                 return 0.0
+            _refused(-1, None)
             self.lineage = latest.lineage
             log.info("loaded policy version %d in %.2fs", latest.version, took)
             metrics.ROLLOUT_WEIGHT_LOAD_SECONDS.observe(took)
@@ -198,6 +200,18 @@ class RolloutWorker:
                     delay = min(delay * 2, _RETRY_MAX_S)
                     continue
                 raise asyncio.CancelledError("worker stopping") from None
+
+
+_REFUSALS = ("not_allowed", "no_uri", "load_failed")
+
+
+def _refused(version: int, reason: str | None) -> None:
+    """The weights gauge says which version was refused and why (all -1: none), so the run's
+    status line names it; each refusal also counts as a load error."""
+    for r in _REFUSALS:
+        metrics.ROLLOUT_WEIGHTS_REFUSED.labels(r).set(version if r == reason else -1)
+    if reason is not None:
+        metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
 
 
 def weights_allowed(uri: str, prefixes: list[str]) -> bool:
