@@ -211,3 +211,17 @@ RUN_RESTARTS = Counter("streamrl_run_stage_restarts_total",
 # duplicate, decode_failed, scored, score_failed, published.
 REPLAY_RECORDS = Counter("streamrl_replay_records_total",
                          "Messages and records through a replay, by outcome", ["outcome"])
+
+# -- rollout server fleet (streamrl.rollout.fleet) ---------------------------------------------
+ROLLOUT_SERVER_VERSION = Gauge("streamrl_rollout_server_policy_version",
+                               "Policy version each rollout server has loaded", ["server"])
+ROLLOUT_SERVER_UPDATE_SECONDS = Histogram("streamrl_rollout_server_update_seconds",
+                                          "One server's weight load (after draining or aborting)",
+                                          buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
+ROLLOUT_SERVER_UPDATE_FAILURES = Counter("streamrl_rollout_server_update_failures_total",
+                                         "Failed weight loads on a rollout server (it is out until one succeeds)",
+                                         ["server"])
+ROLLOUT_SERVERS_OUT = Gauge("streamrl_rollout_servers_out",
+                            "Rollout servers out of rotation (update failed or ejected by health checks)")
+ROLLOUT_REQUESTS_ABORTED = Counter("streamrl_rollout_requests_aborted_total",
+                                   "Requests aborted for a weight update and resubmitted (rollout.on_update abort)")
