@@ -102,6 +102,11 @@ class RolloutWorker:
             if fleet is not None and (len(fleet.members) > 1 or self.backend.can_load_weights):
                 status = asyncio.create_task(_log_fleet_status(fleet))
                 stack.callback(status.cancel)
+            if fleet is not None and self.backend.can_load_weights:
+                # servers load in the background: hand them each version as it is announced,
+                # not only when the next prompt starts (requests in flight drain or abort now)
+                follow = asyncio.create_task(self._follow_announcements())
+                stack.callback(follow.cancel)
             for part in (self.producer, self.follower, self.gate):  # stopped in reverse order
                 stack.push_async_callback(part.stop)
                 await part.start()
@@ -122,6 +127,11 @@ class RolloutWorker:
     def stop(self) -> None:
         self._stopping.set()
         self.gate.stopping.set()
+
+    async def _follow_announcements(self, poll_s: float = 0.1) -> None:
+        while True:
+            await self.sync_weights()
+            await asyncio.sleep(poll_s)
 
     async def sync_weights(self) -> float:
         """Load the learner's latest version if it is not the one in use; the seconds spent."""
