@@ -5,15 +5,19 @@ The servers are real aiohttp servers in the test process speaking the OpenAI com
 ``/update_weights_from_disk``, vLLM's dev-mode ``/collective_rpc`` + ``/reset_prefix_cache``).
 Each answers with the version it had loaded when the request started and when it ended
 (``"v3-v3"``), so a test sees which weights answered and whether they changed under a request.
-The rollout stage runs on the real embedded broker; the test plays the learner (it publishes
-versions on the policy topic as rollouts arrive), which keeps the run to seconds.
+``streamrl run`` runs the whole pipeline on two servers (on the test's broker, so its records can
+be read afterwards); the drain / abort tests run the rollout stage on the embedded broker with
+the test playing the learner, so that versions arrive while requests are in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -21,7 +25,7 @@ from aiohttp import web
 from streamrl import metrics
 from streamrl.bus import Bus
 from streamrl.errors import ConfigError
-from streamrl.records import PolicyVersion, Prompt, Trajectory
+from streamrl.records import DeadLetter, PolicyVersion, Prompt, Trajectory
 from streamrl.reward.config import RewardServerConfig
 from streamrl.rollout.backends import OpenAIBackend, SamplingParams
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig, ServersLaunchConfig
@@ -152,8 +156,37 @@ def test_records_carry_the_version_their_server_had_and_nothing_is_lost(bus_conf
     versions = [r.policy_version for r in sorted(records, key=lambda r: r.created_at)]
     assert len(set(versions)) >= 3 and versions[-1] >= 2  # the servers followed the learner
     assert all(s.completions > 0 and s.version >= 2 for s in servers)
-    aborted = metrics.ROLLOUT_REQUESTS_ABORTED._value.get() - aborted_before
-    assert (aborted > 0) if on_update == "abort" else aborted == 0
+    if on_update == "drain":  # nothing is ever cut short (abort: see the test below)
+        assert metrics.ROLLOUT_REQUESTS_ABORTED._value.get() == aborted_before
+
+
+@pytest.mark.parametrize("on_update", ["drain", "abort"])
+def test_an_update_mid_request_drains_or_aborts_and_resubmits(tmp_path, on_update):
+    """One server, one long request, a new version announced while it runs: drain answers it on
+    the old weights (stamped 0) and loads after; abort cuts it, loads, and resubmits it (stamped
+    1). Either way the record says the weights that answered it, and it is not lost."""
+    async def go():
+        server = await PolicyServer(latency=1.0).start()
+        backend = OpenAIBackend("", "policy", servers=[server.url], update_api="sglang", on_update=on_update,
+                                max_staleness=1, health_interval_s=0)
+        before = metrics.ROLLOUT_REQUESTS_ABORTED._value.get()
+        try:
+            request = asyncio.create_task(backend.generate(["1 + 1 ="], 2, SamplingParams()))
+            await asyncio.sleep(0.3)  # in flight now
+            await backend.load_weights(str(tmp_path / "v1"), 1)
+            (group,) = await request
+            while server.version != 1:
+                await asyncio.sleep(0.05)
+            return group, server.completions, metrics.ROLLOUT_REQUESTS_ABORTED._value.get() - before
+        finally:
+            await backend.close()
+            await server.stop()
+
+    group, answered, aborted = asyncio.run(go())
+    expected = 0 if on_update == "drain" else 1
+    assert len(group) == 2 and all(s.policy_version == expected and s.text == f"v{expected}-v{expected}"
+                                   for s in group)
+    assert aborted == (1 if on_update == "abort" else 0)
 
 
 def test_a_server_failing_its_update_is_out_retried_and_rejoins(tmp_path):
@@ -262,3 +295,46 @@ def test_servers_launch_builds_vllm_and_sglang_policy_servers(bus_config):
         RolloutConfig(backend="openai", openai=OpenAIBackendConfig(model="m"), on_update="later").validate()
     with pytest.raises(ConfigError, match="rollout.servers_launch.backend"):
         RolloutConfig(servers_launch=ServersLaunchConfig(backend="sglang")).validate()
+
+
+def test_streamrl_run_on_two_servers_that_follow_the_learner(bootstrap, bus_config, tmp_path):
+    """The whole pipeline (``streamrl run``: feed, rollout, reward, learner as processes) on two
+    policy servers, on the test's broker so the records can be read afterwards."""
+    root = Path(__file__).resolve().parent.parent
+
+    async def go():
+        servers = [await PolicyServer(latency=0.05).start(), await PolicyServer(latency=0.1).start()]
+        urls = ",".join(s.url for s in servers)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "streamrl", "run", "configs/local.yaml", "--bootstrap-servers", bootstrap,
+            f"run.out_dir={tmp_path}", "run.reward_members=1", "feed.limit=40", "learner.versions=3",
+            f"bus.topic_prefix={bus_config.topic_prefix}", "rollout.backend=openai", f"rollout.servers=[{urls}]",
+            "rollout.openai.model=policy", "rollout.openai.update_api=sglang", "rollout.max_in_flight=8",
+            cwd=root, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 300)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            for s in servers:
+                await s.stop()
+        bus = Bus(bus_config)
+        records = [Trajectory.decode(m.value) for m in await read_topic(bus, "rollouts", 10**6, timeout_s=3)]
+        policy = [PolicyVersion.decode(m.value) for m in await read_topic(bus, "policy", 10**6, timeout_s=2)]
+        letters = [DeadLetter.decode(m.value) for m in await read_topic(bus, "deadletter", 10**6, timeout_s=2)]
+        return proc.returncode, out.decode(), err.decode(), records, policy, letters, servers
+
+    code, out, err, records, policy, letters, servers = asyncio.run(go())
+    assert code == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ended"] == "done" and summary["versions"] == 3
+    assert [p.version for p in policy][-1] == 3  # the learner's versions advanced
+    assert records
+    for r in records:  # each record: the version its server had, unchanged while it answered
+        started, ended = map(int, re.fullmatch(r"v(\d+)-v(\d+)", r.response).groups())
+        assert started == ended == r.policy_version, (r.response, r.policy_version)
+    versions = {r.policy_version for r in records}
+    assert len(versions) >= 2 and all(s.version >= 1 and s.completions > 0 for s in servers)
+    # the staleness bound, as the learner counts it: nothing arrived too old to train on
+    assert not [d for d in letters if d.reason == "stale"]
