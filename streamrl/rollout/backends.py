@@ -391,7 +391,7 @@ class OpenAIBackend(Backend):
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout_s: float = 300.0,
                  max_retries: int = 4, token_ids: bool = True, *, servers: Sequence[str] = (),
-                 update_api: str = "none", on_update: str = "drain", max_staleness: int = 1,
+                 update_api: str = "none", on_update: str = "drain",
                  **fleet: Any):
         super().__init__()
         from streamrl.rollout.fleet import ServerFleet
@@ -404,7 +404,7 @@ class OpenAIBackend(Backend):
         if update_api == "none":  # a hosted API has no /health: never eject, as before fleets
             fleet = {**fleet, "health_interval_s": 0.0, "eject_after": 1 << 30}
         self.fleet = ServerFleet(list(servers) or [base_url], update_api=update_api, on_update=on_update,
-                                 max_staleness=max_staleness, headers=self._headers, **fleet)
+                                 headers=self._headers, **fleet)
         self._session = None
 
     @property
@@ -546,7 +546,7 @@ def make_backend(cfg) -> Backend:
         return OpenAIBackend(o.base_url, o.model, api_key_env=o.api_key_env, timeout_s=o.timeout_s,
                              max_retries=o.max_retries, token_ids=o.token_ids, servers=list(cfg.servers),
                              update_api=cfg.resolved_update_api(), on_update=cfg.on_update,
-                             max_staleness=cfg.max_staleness, max_requests_per_server=o.max_requests_per_server,
+                             max_requests_per_server=o.max_requests_per_server,
                              update_timeout_s=o.update_timeout_s, update_retry_s=o.update_retry_s,
                              update_retry_max_s=o.update_retry_max_s, health_interval_s=o.health_interval_s,
                              eject_after=o.eject_after)

@@ -8,9 +8,10 @@ the fleet keeps, per server, the policy version it has loaded, and narrows the r
 to the *eligible* servers:
 
 - not loading weights now, and not out after a failed update;
-- on a version the staleness bound still allows: ``version >= target - max_staleness``, where
-  ``target`` is the learner's latest version (the one the worker asked the fleet to follow);
-  the learner drops anything older anyway, so no request goes there;
+- on the learner's latest version (``target``, the one the worker asked the fleet to follow),
+  exactly as a local engine loads the latest version before its next generation: the staleness
+  gate already spends ``max_staleness`` on how far production runs ahead of training, so a new
+  request on an older version could reach the learner too old and be dropped;
 - under ``max_requests_per_server`` requests in flight.
 
 With none eligible a request waits (up to the request timeout; then ``BackendUnavailable``:
@@ -95,7 +96,7 @@ def expand_servers(urls: list[str]) -> list[str]:
 
 class ServerFleet:
     def __init__(self, urls: list[str], *, update_api: str = "none", on_update: str = "drain",
-                 max_staleness: int = 1, max_requests_per_server: int = 0, headers: dict[str, str] | None = None,
+                 max_requests_per_server: int = 0, headers: dict[str, str] | None = None,
                  update_timeout_s: float = 600.0, update_retry_s: float = 1.0, update_retry_max_s: float = 60.0,
                  health_interval_s: float = 5.0, eject_after: int = 3):
         self.urls = expand_servers(urls)
@@ -103,7 +104,7 @@ class ServerFleet:
                              eject_after=eject_after, headers=dict(headers or {}))
         self.members = {u: Member(u) for u in self.router.servers}
         self.update_api, self.on_update = update_api, on_update
-        self.max_staleness, self.max_requests = max_staleness, max_requests_per_server
+        self.max_requests = max_requests_per_server
         self.headers = dict(headers or {})
         self.update_timeout_s = update_timeout_s
         self.retry_s, self.retry_max_s = update_retry_s, update_retry_max_s
@@ -130,8 +131,9 @@ class ServerFleet:
     # -- choosing a server ------------------------------------------------------------------------
     @property
     def floor(self) -> int:
-        """The oldest version a request may still be sent to."""
-        return self.target - self.max_staleness
+        """The oldest version a new request may be sent to (requests in flight finish where they
+        are: drained, or aborted and resubmitted)."""
+        return self.target
 
     def eligible(self, url: str) -> bool:
         m = self.members[url]
