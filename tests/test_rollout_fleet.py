@@ -287,7 +287,10 @@ def test_servers_launch_builds_vllm_and_sglang_policy_servers(bus_config):
                         servers_launch=ServersLaunchConfig(backend="sglang", replicas=2, port=9200))
 
     async def build() -> RolloutWorker:
-        return RolloutWorker(Bus(bus_config), cfg)
+        worker = RolloutWorker(Bus(bus_config), cfg)
+        for part in (worker.gate, worker.follower, worker.producer):  # built, never started
+            await part.stop()
+        return worker
 
     worker = asyncio.run(build())
     assert worker.backend.fleet.urls == ["http://127.0.0.1:9200", "http://127.0.0.1:9201"]

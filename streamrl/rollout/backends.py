@@ -68,10 +68,6 @@ class BackendUnavailable(Exception):
     retries): the worker holds the prompt and tries again; nothing is dropped or faked."""
 
 
-class _Transient(Exception):
-    """A failed attempt worth retrying (connection error, 429, 5xx)."""
-
-
 class WeightLoadError(Exception):
     """A policy version's weights could not be loaded; the worker keeps the weights it has."""
 
@@ -409,7 +405,7 @@ class OpenAIBackend(Backend):
 
     @property
     def url(self) -> str:
-        return self.fleet.urls[0] + "/v1/completions"
+        return next(iter(self.fleet.members.values())).completions_url
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
                        params: SamplingParams) -> list[list[Sample]]:
@@ -457,7 +453,7 @@ class OpenAIBackend(Backend):
             try:
                 async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
                     tried.append(server.url)
-                    url = server.url + "/v1/completions"
+                    url = server.completions_url
                     task = asyncio.create_task(self._post_once(url, payload, headers))
                     server.inflight.add(task)
                     try:

@@ -69,12 +69,20 @@ class Member:
     """One server of the fleet, as the fleet sees it."""
 
     url: str
+    completions_url: str = ""  # where its /completions is (an OpenAI base URL keeps its path)
     version: int | None = 0  # the policy version loaded; None: unknown (restarted), not served
     updating: bool = False  # no new requests: draining / aborting / loading
     out: bool = False  # its last update failed: out of rotation until one succeeds
     failures: int = 0  # consecutive failed updates
     inflight: set[asyncio.Task] = field(default_factory=set)
     task: asyncio.Task | None = None  # the update loop, while one runs
+
+
+def completions_url(given: str, root: str) -> str:
+    """``/v1/completions`` under a server root (``http://host:8000``, ``.../v1``), or
+    ``/completions`` under an API base URL with a path of its own (``https://host/openai/v2``)."""
+    path = urllib.parse.urlsplit(given.strip().rstrip("/")).path
+    return root + ("/v1/completions" if path in ("", "/v1") or path.endswith("/v1") else "/completions")
 
 
 def expand_servers(urls: list[str]) -> list[str]:
@@ -102,7 +110,8 @@ class ServerFleet:
         self.urls = expand_servers(urls)
         self.router = Router(self.urls, name="rollout", health_interval_s=health_interval_s,
                              eject_after=eject_after, headers=dict(headers or {}))
-        self.members = {u: Member(u) for u in self.router.servers}
+        given = {server_root(u): u for u in urls}
+        self.members = {u: Member(u, completions_url(given.get(u, u), u)) for u in self.router.servers}
         self.update_api, self.on_update = update_api, on_update
         self.max_requests = max_requests_per_server
         self.headers = dict(headers or {})
