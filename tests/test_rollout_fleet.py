@@ -27,7 +27,7 @@ from streamrl.bus import Bus
 from streamrl.errors import ConfigError
 from streamrl.records import DeadLetter, PolicyVersion, Prompt, Trajectory
 from streamrl.reward.config import RewardServerConfig
-from streamrl.rollout.backends import OpenAIBackend, SamplingParams
+from streamrl.rollout.backends import OpenAIBackend, SamplingParams, WeightLoadError
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig, ServersLaunchConfig
 from streamrl.rollout.worker import RolloutWorker
 from streamrl.scorers.servers import RewardServers, server_argv
@@ -264,6 +264,9 @@ def test_vllm_servers_load_through_collective_rpc_then_reset_the_prefix_cache(tm
             await server.stop()
 
     updates, sample = asyncio.run(go())
+    with pytest.raises(WeightLoadError, match="volume the servers mount"):  # they cannot fetch s3://
+        asyncio.run(OpenAIBackend("", "policy", servers=["http://x:1"], update_api="vllm").load_weights(
+            "s3://bucket/run/v4", 4))
     assert updates == [("/collective_rpc", {"method": "streamrl_load_weights", "args": [f"{tmp_path}/v3"]}),
                        ("/reset_prefix_cache", None)]
     assert sample.policy_version == 3 and sample.text == "v3-v3"

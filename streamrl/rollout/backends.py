@@ -417,6 +417,11 @@ class OpenAIBackend(Backend):
         server as each drains or aborts); returns at once: requests meanwhile go to servers on a
         version the staleness bound allows. Each server's load time is
         ``streamrl_rollout_server_update_seconds``."""
+        from streamrl import weights_store
+
+        if weights_store.is_remote(uri):  # the servers read a path; they cannot fetch s3:// etc.
+            raise WeightLoadError(f"weights {uri!r}: inference servers load from a path they see; "
+                                  "put learner.weights_dir on a volume the servers mount")
         await self._ensure_session()
         self.fleet.follow(uri, version)
         self.version = version
