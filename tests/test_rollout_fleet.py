@@ -345,3 +345,33 @@ def test_streamrl_run_on_two_servers_that_follow_the_learner(bootstrap, bus_conf
     assert len(versions) >= 2 and all(s.version >= 1 and s.completions > 0 for s in servers)
     # the staleness bound, as the learner counts it: nothing arrived too old to train on
     assert not [d for d in letters if d.reason == "stale"]
+
+
+def test_a_server_back_from_an_outage_reloads_the_version_before_it_serves(tmp_path):
+    """A server that failed its health checks (a restart, on its starting weights) is re-admitted
+    only once it has loaded the learner's version again."""
+    async def go():
+        a, b = await PolicyServer(latency=0.02).start(), await PolicyServer(latency=0.02).start()
+        backend = OpenAIBackend("", "policy", servers=[a.url, b.url], update_api="sglang",
+                                health_interval_s=0.1, eject_after=1, update_retry_s=0.1)
+        try:
+            await backend.load_weights(str(tmp_path / "v2"), 2)
+            await asyncio.gather(*(backend.generate(["x"], 1, SamplingParams()) for _ in range(4)))
+            b.dead = True
+            while b.url not in backend.fleet.router.ejected:
+                await asyncio.sleep(0.05)
+            b.version, b.dead, loads = 0, False, len(b.updates)  # restarted on its starting weights
+            while b.url in backend.fleet.router.ejected or backend.fleet.members[b.url].version != 2:
+                (group,) = await backend.generate(["x"], 1, SamplingParams())
+                assert group[0].text == "v2-v2" and group[0].policy_version == 2
+                await asyncio.sleep(0.02)
+            served = b.completions
+            await asyncio.gather(*(backend.generate(["x"], 1, SamplingParams()) for _ in range(10)))
+            return len(b.updates) - loads, b.completions - served
+        finally:
+            await backend.close()
+            await a.stop()
+            await b.stop()
+
+    reloads, served_after = asyncio.run(go())
+    assert reloads == 1 and served_after > 0
