@@ -243,3 +243,17 @@ ARCHIVE_BYTES = Counter("streamrl_archive_bytes_total", "Bytes of archive files 
 ARCHIVE_WRITE_SECONDS = Histogram("streamrl_archive_write_seconds", "Time to build and write one archive file",
                                   ["topic"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 ARCHIVE_BUFFERED = Gauge("streamrl_archive_buffered_records", "Records read but not yet in a durable file")
+
+# -- rollout server fleet (streamrl.rollout.fleet) ---------------------------------------------
+ROLLOUT_SERVER_VERSION = Gauge("streamrl_rollout_server_policy_version",
+                               "Policy version each rollout server has loaded", ["server"])
+ROLLOUT_SERVER_UPDATE_SECONDS = Histogram("streamrl_rollout_server_update_seconds",
+                                          "One server's weight load (after draining or aborting)",
+                                          buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600))
+ROLLOUT_SERVER_UPDATE_FAILURES = Counter("streamrl_rollout_server_update_failures_total",
+                                         "Failed weight loads on a rollout server (it is out until one succeeds)",
+                                         ["server"])
+ROLLOUT_SERVERS_OUT = Gauge("streamrl_rollout_servers_out",
+                            "Rollout servers out of rotation (update failed or ejected by health checks)")
+ROLLOUT_REQUESTS_ABORTED = Counter("streamrl_rollout_requests_aborted_total",
+                                   "Requests aborted for a weight update and resubmitted (rollout.on_update abort)")

@@ -456,3 +456,45 @@ def test_the_podmonitor_scrapes_every_stage_under_the_compose_job_names():
         jobs.add(labels[spec["jobLabel"]])
     # the same job names as configs/prometheus/prometheus.yml: the rules, alerts and dashboard hold
     assert jobs == set(STAGES) and jobs <= prometheus_targets().keys()
+
+
+def test_the_fleet_overlay_runs_vllm_servers_that_follow_the_learner(monkeypatch, tmp_path):
+    """overlays/fleet: the base plus vLLM policy servers; every object validates strictly, the
+    rollout workers' config loads with the servers as its fleet (each a pod of the StatefulSet
+    behind its headless Service), and each server mounts the weights claim where the learner
+    announces versions, in dev mode with streamrl's worker extension on its PYTHONPATH."""
+    docs = render("overlays/fleet")
+    problems = [f"{d.get('kind')}/{d['metadata'].get('name')}: {e}" for d in docs for e in validation_errors(d)]
+    assert not problems, "\n".join(problems)
+    servers = one(docs, "StatefulSet", "streamrl-policy-server")
+    service = one(docs, "Service", servers["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None"
+    rollout = one(docs, "Deployment", "streamrl-rollout")["spec"]["template"]["spec"]
+    container = rollout["containers"][0]
+    args = list(container["args"])
+    local = tmp_path / "pipeline.yaml"
+    local.write_text(_mounted_file(rollout, container, args[args.index("--config") + 1], docs))
+    args[args.index("--config") + 1] = str(local)
+    env = dict(one(docs, "ConfigMap", container["envFrom"][0]["configMapRef"]["name"])["data"])
+    cfg = check_streamrl_command(args, env, tmp_path, monkeypatch, "fleet rollout")
+    assert cfg.rollout.backend == "openai" and cfg.rollout.resolved_update_api() == "vllm"
+    replicas = servers["spec"]["replicas"]
+    assert cfg.rollout.servers == [f"http://streamrl-policy-server-{i}.streamrl-policy-server:8000"
+                                   for i in range(replicas)]
+    spec = servers["spec"]["template"]["spec"]
+    (vllm,) = spec["containers"]
+    assert cfg.rollout.openai.model == vllm["args"][vllm["args"].index("--served-model-name") + 1]
+    assert vllm["args"][vllm["args"].index("--port") + 1] == "8000"
+    extension = vllm["args"][vllm["args"].index("--worker-extension-cls") + 1]
+    env = {e["name"]: e["value"] for e in vllm["env"]}
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    module = extension.rsplit(".", 1)[0]
+    (init,) = spec["initContainers"]
+    assert init["image"] == container["image"]  # streamrl's image carries the extension
+    assert f"{env['PYTHONPATH']}/{module}.py" in init["command"][-1]
+    mounts = {m["mountPath"]: m for m in vllm["volumeMounts"]}
+    weights = f"{workdir()}/{cfg.learner.weights_dir}"
+    claim = next(v for v in spec["volumes"] if v["name"] == mounts[weights]["name"])["persistentVolumeClaim"]
+    assert mounts[weights]["readOnly"] and claim["claimName"] == "streamrl-weights"
+    assert vllm["args"][0].startswith(weights + "/")  # the starting weights on the same claim
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -68,10 +68,6 @@ class BackendUnavailable(Exception):
     retries): the worker holds the prompt and tries again; nothing is dropped or faked."""
 
 
-class _Transient(Exception):
-    """A failed attempt worth retrying (connection error, 429, 5xx)."""
-
-
 class WeightLoadError(Exception):
     """A policy version's weights could not be loaded; the worker keeps the weights it has."""
 
@@ -376,68 +372,131 @@ def _vllm_worker_load(worker: Any, path: str) -> None:
 
 
 class OpenAIBackend(Backend):
-    """``POST {base_url}/completions`` with ``logprobs``; ``n`` samples in one request per
-    prompt, requests for different prompts in parallel. The API key is read from the
-    environment variable ``api_key_env`` names, and only ever sent in the header.
+    """``POST {server}/v1/completions`` with ``logprobs``; ``n`` samples in one request per
+    prompt, requests for different prompts in parallel, over a fleet of servers
+    (``streamrl.rollout.fleet``: least outstanding requests, health ejection, per-server
+    limits). The API key is read from the environment variable ``api_key_env`` names, and only
+    ever sent in the header.
 
-    The server owns its weights: this backend loads none (``can_load_weights`` False) and
-    stamps version 0; point ``vllm serve`` at the learner's versions yourself if you need
-    on-policy data from it."""
+    With ``update_api`` sglang or vllm the fleet follows the learner (``load_weights`` has every
+    server load the version) and each sample carries the version its server had when the
+    request started. With ``none`` (a hosted model) the servers own their weights:
+    ``can_load_weights`` is False and samples are stamped version 0."""
 
     name = "openai"
-    can_load_weights = False
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout_s: float = 300.0,
-                 max_retries: int = 4, token_ids: bool = True):
+                 max_retries: int = 4, token_ids: bool = True, *, servers: Sequence[str] = (),
+                 update_api: str = "none", on_update: str = "drain",
+                 **fleet: Any):
         super().__init__()
-        self.url = base_url.rstrip("/") + "/completions"
+        from streamrl.rollout.fleet import ServerFleet
+
         self.model, self.timeout_s, self.max_retries = model, timeout_s, max_retries
         self.token_ids = token_ids
         key = os.environ.get(api_key_env) if api_key_env else None
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.can_load_weights = update_api != "none"
+        if update_api == "none":  # a hosted API has no /health: never eject, as before fleets
+            fleet = {**fleet, "health_interval_s": 0.0, "eject_after": 1 << 30}
+        self.fleet = ServerFleet(list(servers) or [base_url], update_api=update_api, on_update=on_update,
+                                 headers=self._headers, **fleet)
         self._session = None
+
+    @property
+    def url(self) -> str:
+        return next(iter(self.fleet.members.values())).completions_url
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
                        params: SamplingParams) -> list[list[Sample]]:
+        await self._ensure_session()
         return list(await asyncio.gather(*(self._complete(p, n, params) for p in prompts)))
 
+    async def load_weights(self, uri: str, version: int) -> float:
+        """Start every server loading ``version`` (the fleet does it in the background, server by
+        server as each drains or aborts); returns at once: requests meanwhile go to servers on a
+        version the staleness bound allows. Each server's load time is
+        ``streamrl_rollout_server_update_seconds``."""
+        from streamrl import weights_store
+
+        if weights_store.is_remote(uri):  # the servers read a path; they cannot fetch s3:// etc.
+            raise WeightLoadError(f"weights {uri!r}: inference servers load from a path they see; "
+                                  "put learner.weights_dir on a volume the servers mount")
+        await self._ensure_session()
+        self.fleet.follow(uri, version)
+        self.version = version
+        return 0.0
+
+    async def _ensure_session(self) -> None:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            await self.fleet.start(self._session)
+
     async def close(self) -> None:
+        await self.fleet.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """The answer and the policy version of the server that gave it. Connection errors,
+        429 and 5xx are retried (on another server where there is one) with exponential
+        backoff; a request aborted for a weight update is resubmitted without counting as a
+        retry."""
         import aiohttp
-        from tenacity import (AsyncRetrying, retry_if_exception_type, stop_after_attempt,
-                              wait_exponential)
 
-        if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        from streamrl.scorers.base import ScorerUnavailable
+        from streamrl.scorers.router import RouterError
 
-        async def attempt() -> dict[str, Any]:
+        payload = orjson.dumps(body)
+        headers = {**self._headers, "Content-Type": "application/json"}
+        tried: list[str] = []
+        attempt, last = 0, ""
+        while True:
             try:
-                async with self._session.post(self.url, json=body, headers=self._headers) as resp:
-                    text = await resp.text()
-                    if resp.status == 429 or resp.status >= 500:
-                        raise _Transient(f"HTTP {resp.status}: {text[:200]}")
-                    if resp.status >= 400:
-                        raise BackendError(f"{self.url}: HTTP {resp.status}: {text[:500]}")
+                async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
+                    tried.append(server.url)
+                    url = server.completions_url
+                    task = asyncio.create_task(self._post_once(url, payload, headers))
+                    server.inflight.add(task)
                     try:
-                        return orjson.loads(text)
-                    except orjson.JSONDecodeError:
-                        raise BackendError(f"{self.url}: response is not JSON: {text[:200]}") from None
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                raise _Transient(f"{type(exc).__name__}: {exc}") from None
+                        await asyncio.wait({task})
+                    finally:
+                        server.inflight.discard(task)
+                        if not task.done():  # this caller was cancelled: so is its request
+                            task.cancel()
+                    if task.cancelled():  # aborted for a weight update: resubmit, as if not sent
+                        self.fleet.aborted += 1
+                        from streamrl import metrics
 
-        try:
-            async for try_ in AsyncRetrying(stop=stop_after_attempt(self.max_retries + 1),
-                                            wait=wait_exponential(multiplier=0.5, max=10),
-                                            retry=retry_if_exception_type(_Transient), reraise=True):
-                with try_:
-                    return await attempt()
-        except _Transient as exc:
-            raise BackendUnavailable(f"{self.url}: {exc}") from None
-        raise AssertionError("unreachable")
+                        metrics.ROLLOUT_REQUESTS_ABORTED.inc()
+                        tried.pop()
+                        continue
+                    return task.result(), version
+            except (RouterError, asyncio.TimeoutError, aiohttp.ClientError) as exc:  # one server failed
+                last = str(exc)
+            except ScorerUnavailable as exc:  # none to pick (RouterError is one too: caught above)
+                raise BackendUnavailable(f"no rollout server available: {exc}") from None
+            attempt += 1
+            if attempt > self.max_retries:
+                raise BackendUnavailable(f"{len(tried)} attempts failed, last: {last}")
+            await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 10.0))
+
+    async def _post_once(self, url: str, payload: bytes, headers: dict[str, str]) -> dict[str, Any]:
+        from streamrl.scorers.router import RouterError
+
+        async with self._session.post(url, data=payload, headers=headers) as resp:
+            text = await resp.text()
+            if resp.status == 429 or resp.status >= 500:
+                raise RouterError(f"http_{'429' if resp.status == 429 else '5xx'}", f"HTTP {resp.status}: {text[:200]}")
+            if resp.status >= 400:
+                raise BackendError(f"{url}: HTTP {resp.status}: {text[:500]}")
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                raise BackendError(f"{url}: response is not JSON: {text[:200]}") from None
 
     async def _complete(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Sample]:
         body: dict[str, Any] = {"model": self.model, "prompt": prompt, "n": n,
@@ -446,10 +505,13 @@ class OpenAIBackend(Backend):
         if self.token_ids:
             body["return_token_ids"] = True  # vLLM: choices[].token_ids / prompt_token_ids
             body["return_tokens_as_token_ids"] = True  # vLLM: logprobs tokens as "token_id:N"
-        data = await self._post(body)
+        data, version = await self._post(body)
         try:
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
-            return [self._sample(c, prompt) for c in choices]
+            samples = [self._sample(c, prompt) for c in choices]
+            for sample in samples:
+                sample.policy_version = version
+            return samples
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendError(f"{self.url}: unexpected response shape ({type(exc).__name__}: {exc})") from None
 
@@ -483,5 +545,10 @@ def make_backend(cfg) -> Backend:
     if cfg.backend == "openai":
         o = cfg.openai
         return OpenAIBackend(o.base_url, o.model, api_key_env=o.api_key_env, timeout_s=o.timeout_s,
-                             max_retries=o.max_retries, token_ids=o.token_ids)
+                             max_retries=o.max_retries, token_ids=o.token_ids, servers=list(cfg.servers),
+                             update_api=cfg.resolved_update_api(), on_update=cfg.on_update,
+                             max_requests_per_server=o.max_requests_per_server,
+                             update_timeout_s=o.update_timeout_s, update_retry_s=o.update_retry_s,
+                             update_retry_max_s=o.update_retry_max_s, health_interval_s=o.health_interval_s,
+                             eject_after=o.eject_after)
     raise ValueError(f"unknown backend {cfg.backend!r}")

@@ -70,6 +70,41 @@ class OpenAIBackendConfig:
     # Ask for token ids (vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids``). A server
     # that refuses unknown fields (hosted APIs) needs False: trajectories are then text-only.
     token_ids: bool = True
+    # How the servers load a new policy version (``streamrl.rollout.fleet``): sglang
+    # (POST /update_weights_from_disk), vllm (POST /collective_rpc with streamrl's worker
+    # extension, VLLM_SERVER_DEV_MODE=1), or none: the servers keep their weights and records
+    # are stamped version 0 (a hosted model). Empty: rollout.servers_launch.backend, else none.
+    update_api: str = ""
+    max_requests_per_server: int = 0  # requests in flight on one server at once; 0: no limit
+    update_timeout_s: float = 600.0  # one server's weight load; past it the update failed
+    update_retry_s: float = 1.0  # first wait before retrying a failed update; doubles
+    update_retry_max_s: float = 60.0
+    health_interval_s: float = 5.0  # GET /health on every server (the shared router's checks)
+    eject_after: int = 3  # consecutive failed requests / health checks that take a server out
+
+
+@dataclass
+class ServersLaunchConfig:
+    """Policy servers the rollout worker starts and supervises itself (``rollout.servers_launch``),
+    with the reward stage's machinery (``streamrl.scorers.servers``): ``replicas`` processes of
+    ``rollout.policy``, each health-checked before the first prompt, restarted with backoff when
+    it dies (the fleet reloads the current version into it), stopped with the worker. Their URLs
+    join ``rollout.servers``. ``backend`` empty: none launched."""
+
+    backend: str = ""  # vllm (vllm serve + streamrl's worker extension) | sglang (sglang.launch_server)
+    replicas: int = 1
+    gpus_per_replica: int = 1  # tensor parallel size; replica i takes devices [i*g, (i+1)*g)
+    port: int = 0  # the first replica's port, replica i on port + i; 0: free ports
+    host: str = "127.0.0.1"
+    args: list[str] = field(default_factory=list)  # appended to the command line as given
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 60.0
+
+
+UPDATE_APIS = ("none", "sglang", "vllm")
+ON_UPDATE = ("drain", "abort")
 
 
 @dataclass
@@ -116,12 +151,42 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
+    # backend openai: the inference servers (roots or .../v1 URLs; a host name that resolves to
+    # several addresses is one entry per address). Empty: [openai.base_url]. Requests go to the
+    # eligible server with the fewest in flight (the judge's router).
+    servers: list[str] = field(default_factory=list)
+    # What a server does with requests in flight when it must load a new version: drain (finish
+    # them on the old weights first; verl, slime, prime-rl) or abort (cancel and resubmit them,
+    # AReaL's interruption). Either way a record carries the version that generated it.
+    on_update: str = "drain"
+    servers_launch: ServersLaunchConfig = field(default_factory=ServersLaunchConfig)
+
+    def resolved_update_api(self) -> str:
+        return self.openai.update_api or self.servers_launch.backend or "none"
 
     def validate(self) -> "RolloutConfig":
         if self.backend not in BACKENDS:
             raise ConfigError(f"config field 'rollout.backend': {self.backend!r} is not one of {BACKENDS}")
         if self.backend == "openai" and not self.openai.model:
             raise ConfigError("config field 'rollout.openai.model': required with backend openai")
+        if self.on_update not in ON_UPDATE:
+            raise ConfigError(f"config field 'rollout.on_update': {self.on_update!r} is not one of {ON_UPDATE}")
+        if self.openai.update_api and self.openai.update_api not in UPDATE_APIS:
+            raise ConfigError(f"config field 'rollout.openai.update_api': {self.openai.update_api!r} is not "
+                              f"one of {UPDATE_APIS}")
+        launch = self.servers_launch
+        if launch.backend and launch.backend not in ("vllm", "sglang"):
+            raise ConfigError(f"config field 'rollout.servers_launch.backend': {launch.backend!r} is not vllm|sglang")
+        if launch.backend and self.backend != "openai":
+            raise ConfigError("config field 'rollout.servers_launch.backend': needs rollout.backend openai")
+        if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers):
+            raise ConfigError("config field 'rollout.servers': every entry is an http(s):// URL")
+        o = self.openai
+        if o.max_requests_per_server < 0 or o.eject_after < 1 or o.update_timeout_s <= 0 or \
+                not 0 < o.update_retry_s <= o.update_retry_max_s or o.health_interval_s < 0:
+            raise ConfigError("config field 'rollout.openai.max_requests_per_server' / 'eject_after' / "
+                              "'update_timeout_s' / 'update_retry_s': max_requests_per_server >= 0, "
+                              "eject_after >= 1, update_timeout_s > 0, 0 < update_retry_s <= update_retry_max_s")
         for name in ("max_new_tokens", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config field 'rollout.{name}': must be >= 1")

@@ -46,6 +46,11 @@ class RolloutWorker:
 
     def __init__(self, bus: Bus, cfg: RolloutConfig, backend: Backend | None = None):
         self.bus, self.cfg = bus, cfg.validate()
+        # policy servers this worker starts itself (rollout.servers_launch): their URLs join the fleet
+        self.servers = launch_servers(cfg) if backend is None else None
+        if self.servers is not None:
+            cfg = dataclasses.replace(cfg, servers=[*cfg.servers, *self.servers.urls("policy")])
+            self.cfg = cfg
         self.backend = backend or make_backend(cfg)
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                      top_p=cfg.top_p)
@@ -90,7 +95,19 @@ class RolloutWorker:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Work until ``stop`` is set (or ``stop()`` is called), then drain and leave the group."""
         async with contextlib.AsyncExitStack() as stack:
+            if self.servers is not None:  # healthy before the first prompt; stopped last
+                stack.push_async_callback(self.servers.close)
+                await self.servers.start()
             stack.push_async_callback(self.backend.close)
+            fleet = getattr(self.backend, "fleet", None)
+            if fleet is not None and (len(fleet.members) > 1 or self.backend.can_load_weights):
+                status = asyncio.create_task(_log_fleet_status(fleet))
+                stack.callback(status.cancel)
+            if fleet is not None and self.backend.can_load_weights:
+                # servers load in the background: hand them each version as it is announced,
+                # not only when the next prompt starts (requests in flight drain or abort now)
+                follow = asyncio.create_task(self._follow_announcements())
+                stack.callback(follow.cancel)
             for part in (self.producer, self.follower, self.gate):  # stopped in reverse order
                 stack.push_async_callback(part.stop)
                 await part.start()
@@ -111,6 +128,11 @@ class RolloutWorker:
     def stop(self) -> None:
         self._stopping.set()
         self.gate.stopping.set()
+
+    async def _follow_announcements(self, poll_s: float = 0.1) -> None:
+        while True:
+            await self.sync_weights()
+            await asyncio.sleep(poll_s)
 
     async def sync_weights(self) -> float:
         """Load the learner's latest version if it is not the one in use; the seconds spent."""
@@ -212,6 +234,37 @@ def _refused(version: int, reason: str | None) -> None:
         metrics.ROLLOUT_WEIGHTS_REFUSED.labels(r).set(version if r == reason else -1)
     if reason is not None:
         metrics.ROLLOUT_WEIGHT_LOAD_ERRORS.inc()
+
+_STATUS_S = 30.0
+
+
+async def _log_fleet_status(fleet: Any) -> None:
+    """The fleet's status line in the worker's log: at once when it changes (a server out, back,
+    on a new version), else every ``_STATUS_S`` seconds."""
+    last, logged = "", 0.0
+    while True:
+        line = fleet.status()
+        if line != last or time.monotonic() - logged >= _STATUS_S:
+            (log.warning if fleet.out else log.info)("%s", line)
+            last, logged = line, time.monotonic()
+        await asyncio.sleep(1.0)
+
+
+def launch_servers(cfg: RolloutConfig) -> Any:
+    """The policy servers of ``rollout.servers_launch`` (the reward stage's supervision,
+    ``streamrl.scorers.servers``), or None when none are configured."""
+    launch = cfg.servers_launch
+    if not launch.backend:
+        return None
+    from streamrl.reward.config import RewardServerConfig
+    from streamrl.scorers.servers import RewardServers
+
+    spec = RewardServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,
+                              gpus_per_replica=launch.gpus_per_replica, port=launch.port, host=launch.host,
+                              args=list(launch.args), env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
+                              restart_backoff_s=launch.restart_backoff_s,
+                              restart_backoff_max_s=launch.restart_backoff_max_s)
+    return RewardServers([spec], role="policy", field_name="rollout.servers_launch")
 
 
 def weights_allowed(uri: str, prefixes: list[str]) -> bool:

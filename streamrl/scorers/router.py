@@ -1,7 +1,9 @@
 """A router over several judge / reward servers: least outstanding requests, health checks,
 ejection and re-admission.
 
-Used by the LLM judge and by the HTTP backend of the model scorer. A server is *ejected* after
+Used by the LLM judge, by the HTTP backend of the model scorer, and by the rollout worker's
+server fleet (``streamrl.rollout.fleet``: one router, two users; the fleet narrows ``pick`` with
+``eligible``: version, update in progress, per-server concurrency). A server is *ejected* after
 ``eject_after`` consecutive failures (failed requests or failed health checks) and *re-admitted*
 when a health check passes again; health checks run every ``health_interval_s`` on every server.
 When every server is ejected, ``pick`` raises ``ScorerUnavailable``: the reward stage holds the
@@ -114,6 +116,9 @@ class Router:
         self._health_task: asyncio.Task | None = None
         self._proxy: "aiohttp.web.AppRunner | None" = None
         self.address: str | None = None  # HOST:PORT of the proxy, once started
+        # called with a server's URL when a health check re-admits it (the rollout fleet reloads
+        # the current policy into a server that may have restarted on its initial weights)
+        self.on_readmit: list[Callable[[str], None]] = []
         metrics.ROUTER_EJECTED.labels(self.name).set(0)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -134,13 +139,18 @@ class Router:
             self.address = None
 
     # -- choosing a server -------------------------------------------------------------------
-    def pick(self, exclude: Iterable[str] = ()) -> str:
+    def pick(self, exclude: Iterable[str] = (), eligible: Callable[[str], bool] | None = None) -> str:
         """The admitted server with the fewest outstanding requests (ties: round robin),
-        preferring servers not in ``exclude`` (those a retry already tried)."""
+        preferring servers not in ``exclude`` (those a retry already tried). ``eligible`` narrows
+        the admitted ones further (``ScorerUnavailable("none_eligible")`` when it leaves none)."""
         admitted = [s for s in self.servers.values() if not s.ejected]
         if not admitted:
             raise ScorerUnavailable("all_ejected", f"{self.name}: all {len(self.servers)} servers are ejected "
                                     "(failing); holding records until one passes a health check")
+        if eligible is not None:
+            admitted = [s for s in admitted if eligible(s.url)]
+            if not admitted:
+                raise ScorerUnavailable("none_eligible", f"{self.name}: no admitted server is eligible now")
         skip = set(exclude)
         fresh = [s for s in admitted if s.url not in skip] or admitted
         start = next(self._rr) % len(fresh)
@@ -149,11 +159,12 @@ class Router:
         return min(rotated, key=lambda s: (max(s.not_before - now, 0.0), s.outstanding)).url
 
     @contextlib.asynccontextmanager
-    async def lease(self, exclude: Iterable[str] = ()) -> AsyncIterator[str]:
+    async def lease(self, exclude: Iterable[str] = (),
+                    eligible: Callable[[str], bool] | None = None) -> AsyncIterator[str]:
         """Pick a server and count the request against it while the block runs. The block
         raises ``RouterError`` (or a timeout / connection error) on failure; the server's
         failure count and the metrics follow."""
-        url = self.pick(exclude)
+        url = self.pick(exclude, eligible)
         server = self.servers[url]
         wait = server.not_before - time.monotonic()
         if wait > 0:  # every server asked for time (Retry-After): honour it before calling
@@ -292,6 +303,8 @@ class Router:
                 server.ejected = False
                 log.warning("%s: re-admitted %s (health check passed)", self.name, public_url(url))
                 self._export()
+                for hook in self.on_readmit:
+                    hook(url)
         else:
             self._failed(url, "health")
         return ok

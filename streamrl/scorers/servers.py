@@ -69,18 +69,21 @@ STOP_GRACE_S = 15.0  # SIGTERM -> SIGKILL
 HEALTH_POLL_S = 0.25
 STABLE_AFTER_S = 60.0  # a replica up this long has its restart backoff reset
 _SECRET_FLAGS = ("key", "token", "secret", "password")
+VLLM_WORKER_EXTENSION = "streamrl.rollout.vllm_extension.WeightFollowerExtension"
+#: what a policy server's environment needs: vLLM serves ``/collective_rpc`` only in dev mode
+POLICY_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}, "sglang": {}}
 
 
 class ServerStartError(StreamrlError):
     """A reward server did not come up: it exited, or passed no health check in time."""
 
 
-def validate_servers(specs: list[RewardServerConfig]) -> None:
-    """``ConfigError`` naming ``reward.servers[i].<field>`` for the first bad entry."""
+def validate_servers(specs: list[RewardServerConfig], field_name: str = "reward.servers") -> None:
+    """``ConfigError`` naming ``reward.servers[i].<field>`` (``field_name``) for the first bad entry."""
     seen: set[str] = set()
     ports: dict[int, str] = {}
     for i, s in enumerate(specs):
-        where = f"config field 'reward.servers[{i}]"
+        where = f"config field '{field_name}[{i}]"
         if not s.name:
             raise ConfigError(f"{where}.name': every reward server needs a name (model entries "
                               f"refer to it as model.server)")
@@ -110,9 +113,18 @@ def validate_servers(specs: list[RewardServerConfig]) -> None:
             raise ConfigError(f"{where}.args': command-line arguments are strings")
 
 
-def server_argv(spec: RewardServerConfig, port: int) -> list[str]:
-    """The command line of one replica of ``spec`` listening on ``port``."""
+def server_argv(spec: RewardServerConfig, port: int, role: str = "reward") -> list[str]:
+    """The command line of one replica of ``spec`` listening on ``port``. ``role`` "policy": a
+    generation server the rollout fleet updates (``streamrl.rollout.fleet``): vLLM with
+    streamrl's worker extension (its ``/collective_rpc`` needs ``VLLM_SERVER_DEV_MODE=1``, set
+    in ``policy_env``), SGLang as it is (``/update_weights_from_disk`` is always on)."""
     g = str(spec.gpus_per_replica)
+    if role == "policy":
+        if spec.backend == "vllm":
+            return [_vllm_executable(), "serve", spec.model, "--host", spec.host, "--port", str(port),
+                    "--tensor-parallel-size", g, "--worker-extension-cls", VLLM_WORKER_EXTENSION, *spec.args]
+        return [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model,
+                "--host", spec.host, "--port", str(port), "--tp-size", g, *spec.args]
     if spec.backend == "vllm":
         return [_vllm_executable(), "serve", spec.model, "--host", spec.host, "--port", str(port),
                 "--runner", "pooling", "--tensor-parallel-size", g, *spec.args]
@@ -199,9 +211,11 @@ class Replica:
         host = self.spec.host if self.spec.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         return f"http://{host}:{self.port}"
 
+    role: str = "reward"
+
     @property
     def label(self) -> str:
-        return f"reward server {self.spec.name!r} replica {self.index} ({self.url})"
+        return f"{self.role} server {self.spec.name!r} replica {self.index} ({self.url})"
 
     @property
     def pid(self) -> int | None:
@@ -218,8 +232,9 @@ class RewardServers:
     """The reward servers of one reward member: built from ``reward.servers``, started and
     stopped with the scorer table, each replica supervised (restarted with backoff)."""
 
-    def __init__(self, specs: list[RewardServerConfig]):
-        validate_servers(specs)
+    def __init__(self, specs: list[RewardServerConfig], role: str = "reward", field_name: str = "reward.servers"):
+        validate_servers(specs, field_name)
+        self.role = role
         self.specs = {s.name: s for s in specs}
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         self.replicas: dict[str, list[Replica]] = {}
@@ -232,16 +247,19 @@ class RewardServers:
                     taken.add(port)
                     ports.append(port)
             self.replicas[s.name] = [
-                Replica(s, i, port, server_argv(s, port), self._env(s, replica_devices(s, i, visible)))
+                Replica(s, i, port, server_argv(s, port, role), self._env(s, replica_devices(s, i, visible), role),
+                        role=role)
                 for i, port in enumerate(ports)]
         self._log_dir: Path | None = None
         self._supervisors: list[asyncio.Task] = []
         self._closing = False
 
     @staticmethod
-    def _env(spec: RewardServerConfig, devices: str) -> dict[str, str]:
+    def _env(spec: RewardServerConfig, devices: str, role: str = "reward") -> dict[str, str]:
         # the replica's devices, unless the entry's own env says otherwise
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices, "PYTHONUNBUFFERED": "1"}
+        if role == "policy":
+            env.update(POLICY_ENV.get(spec.backend, {}))
         env.update({str(k): str(v) for k, v in spec.env.items()})
         return env
 
@@ -279,7 +297,7 @@ class RewardServers:
 
         self._closing = False
         self._check_installed()
-        self._log_dir = Path(tempfile.mkdtemp(prefix="streamrl-reward-servers-"))
+        self._log_dir = Path(tempfile.mkdtemp(prefix=f"streamrl-{self.role}-servers-"))
         replicas = self.all_replicas()
         try:
             for r in replicas:

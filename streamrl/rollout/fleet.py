@@ -1,0 +1,297 @@
+"""A fleet of inference servers that follows the learner: which server a request goes to, which
+policy version answered it, and how each server loads a new version.
+
+``rollout.backend: openai`` with ``rollout.servers: [url, ...]`` (``OpenAIBackend``). The
+servers sit behind the judge's router (``streamrl.scorers.router.Router``: least outstanding
+requests, health checks, ejection after ``eject_after`` failures, re-admission). On top of it
+the fleet keeps, per server, the policy version it has loaded, and narrows the router's choice
+to the *eligible* servers:
+
+- not loading weights now, and not out after a failed update;
+- on the learner's latest version (``target``, the one the worker asked the fleet to follow),
+  exactly as a local engine loads the latest version before its next generation: the staleness
+  gate already spends ``max_staleness`` on how far production runs ahead of training, so a new
+  request on an older version could reach the learner too old and be dropped;
+- under ``max_requests_per_server`` requests in flight.
+
+With none eligible a request waits (up to the request timeout; then ``BackendUnavailable``:
+the worker holds the prompt and retries).
+
+**Versions are true.** A request reads its server's version when it starts, and that is the
+version its samples carry. A server never changes weights under a request: before an update
+it stops taking new ones and either *drains* (waits for those in flight) or *aborts* them
+(cancels the HTTP requests, which vLLM and SGLang abort on disconnect; the fleet resubmits them,
+to a server that may be on the new version or an older allowed one). Only then does it load.
+
+**Updates** (``follow``) run per server in the background, all servers at once: SGLang ``POST
+/update_weights_from_disk {"model_path"}``; vLLM ``POST /collective_rpc {"method":
+"streamrl_load_weights", "args": [path]}`` (streamrl's worker extension,
+``streamrl.rollout.vllm_extension``; the endpoint exists when the server runs with
+``VLLM_SERVER_DEV_MODE=1``) then ``POST /reset_prefix_cache``. A failed update (HTTP error,
+``success: false``, timeout) takes the server out, counts in
+``streamrl_rollout_server_update_failures_total``, and is retried with exponential backoff
+(``update_retry_s`` .. ``update_retry_max_s``) on the newest target until it succeeds: the
+server rejoins. A server the router re-admits after failing health checks may have restarted
+on its initial weights, so it is out until it has loaded the target again.
+
+The path a server loads is the learner's ``weights_uri`` as announced: the servers must see the
+same directory (a shared volume, as in the compose file and the Kubernetes manifests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import orjson
+
+from streamrl import metrics
+from streamrl.scorers.base import ScorerUnavailable
+from streamrl.scorers.router import Router, public_url, server_root
+
+log = logging.getLogger(__name__)
+
+VLLM_METHOD = "streamrl_load_weights"  # the worker extension's method (vllm_extension.py)
+
+
+class UpdateError(Exception):
+    """A server did not load a version."""
+
+
+@dataclass
+class Member:
+    """One server of the fleet, as the fleet sees it."""
+
+    url: str
+    completions_url: str = ""  # where its /completions is (an OpenAI base URL keeps its path)
+    version: int | None = 0  # the policy version loaded; None: unknown (restarted), not served
+    updating: bool = False  # no new requests: draining / aborting / loading
+    out: bool = False  # its last update failed: out of rotation until one succeeds
+    failures: int = 0  # consecutive failed updates
+    inflight: set[asyncio.Task] = field(default_factory=set)
+    task: asyncio.Task | None = None  # the update loop, while one runs
+
+
+def completions_url(given: str, root: str) -> str:
+    """``/v1/completions`` under a server root (``http://host:8000``, ``.../v1``), or
+    ``/completions`` under an API base URL with a path of its own (``https://host/openai/v2``)."""
+    path = urllib.parse.urlsplit(given.strip().rstrip("/")).path
+    return root + ("/v1/completions" if path in ("", "/v1") or path.endswith("/v1") else "/completions")
+
+
+def expand_servers(urls: list[str]) -> list[str]:
+    """Server roots; a ``dns+http://name:port`` entry is one URL per address the name resolves
+    to (a Kubernetes headless service), resolved once, at start."""
+    out: list[str] = []
+    for url in urls:
+        if url.startswith("dns+"):
+            parts = urllib.parse.urlsplit(url.removeprefix("dns+"))
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+            for addr in sorted({i[4][0] for i in infos}):
+                host = f"[{addr}]" if ":" in addr else addr
+                out.append(f"{parts.scheme}://{host}:{port}")
+        else:
+            out.append(server_root(url))
+    return list(dict.fromkeys(out))
+
+
+class ServerFleet:
+    def __init__(self, urls: list[str], *, update_api: str = "none", on_update: str = "drain",
+                 max_requests_per_server: int = 0, headers: dict[str, str] | None = None,
+                 update_timeout_s: float = 600.0, update_retry_s: float = 1.0, update_retry_max_s: float = 60.0,
+                 health_interval_s: float = 5.0, eject_after: int = 3):
+        self.urls = expand_servers(urls)
+        self.router = Router(self.urls, name="rollout", health_interval_s=health_interval_s,
+                             eject_after=eject_after, headers=dict(headers or {}))
+        given = {server_root(u): u for u in urls}
+        self.members = {u: Member(u, completions_url(given.get(u, u), u)) for u in self.router.servers}
+        self.update_api, self.on_update = update_api, on_update
+        self.max_requests = max_requests_per_server
+        self.headers = dict(headers or {})
+        self.update_timeout_s = update_timeout_s
+        self.retry_s, self.retry_max_s = update_retry_s, update_retry_max_s
+        self.target = 0  # the version the fleet follows (the learner's latest)
+        self.target_uri: str | None = None
+        self.aborted = 0  # requests aborted for an update and resubmitted
+        self._changed = asyncio.Event()
+        self._session: Any = None
+        self.router.on_readmit.append(self._readmitted)
+        self._export()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self, session: Any) -> None:
+        self._session = session
+        await self.router.start(session)
+
+    async def close(self) -> None:
+        for m in self.members.values():
+            if m.task is not None:
+                m.task.cancel()
+        await asyncio.gather(*(m.task for m in self.members.values() if m.task), return_exceptions=True)
+        await self.router.close()
+
+    # -- choosing a server ------------------------------------------------------------------------
+    @property
+    def floor(self) -> int:
+        """The oldest version a new request may be sent to (requests in flight finish where they
+        are: drained, or aborted and resubmitted)."""
+        return self.target
+
+    def eligible(self, url: str) -> bool:
+        m = self.members[url]
+        if m.updating or m.out or m.version is None or m.version < self.floor:
+            return False
+        return not self.max_requests or self.router.servers[url].outstanding < self.max_requests
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+        self._export()
+
+    @contextlib.asynccontextmanager
+    async def lease(self, exclude: list[str] | tuple[str, ...] = (), wait_s: float = 300.0
+                    ) -> AsyncIterator[tuple[Member, int]]:
+        """An eligible server and the version it has now, counted as in flight while the block
+        runs (the router's lease: failures count towards ejection). Waits up to ``wait_s`` for
+        one; then ``ScorerUnavailable``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            changed = self._changed
+            entered = False
+            try:
+                async with self.router.lease(exclude, self.eligible) as url:
+                    m = self.members[url]
+                    if self.eligible_now(m):  # else an update began while the router waited
+                        entered = True
+                        yield m, int(m.version)  # type: ignore[arg-type]
+                        return
+            except ScorerUnavailable:  # none to pick (the block's own errors are the caller's)
+                if entered or time.monotonic() >= deadline:
+                    raise
+            finally:
+                self._changed.set()  # a slot is free: a waiter may go
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(0.5, max(deadline - time.monotonic(), 0.01)))
+
+    def eligible_now(self, m: Member) -> bool:
+        """Eligible with this request already counted (the router counts it before yielding)."""
+        return not (m.updating or m.out or m.version is None or m.version < self.floor)
+
+    # -- following the learner ----------------------------------------------------------------------
+    def follow(self, uri: str, version: int) -> None:
+        """Have every server load ``version`` from ``uri`` (in the background)."""
+        self.target, self.target_uri = version, uri
+        log.info("rollout servers: loading policy version %d on %d servers (%s)", version,
+                 len(self.members), self.on_update)
+        for m in self.members.values():
+            self._schedule(m)
+        self._notify()
+
+    def _schedule(self, m: Member) -> None:
+        if self.target_uri is None or self.update_api == "none":
+            return
+        if m.task is None or m.task.done():
+            m.task = asyncio.create_task(self._update_loop(m), name=f"update:{public_url(m.url)}")
+
+    def _readmitted(self, url: str) -> None:
+        """A server back from failing health checks may have restarted on its initial weights."""
+        m = self.members[url]
+        if self.target_uri is not None and self.update_api != "none":
+            m.version = None
+            self._schedule(m)
+        self._notify()
+
+    async def _update_loop(self, m: Member) -> None:
+        delay = self.retry_s
+        while m.version != self.target:
+            version, uri = self.target, self.target_uri
+            assert uri is not None
+            started = time.monotonic()
+            try:
+                await self._quiesce(m)
+                await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - any failure takes it out and is retried
+                why = "timeout" if isinstance(exc, asyncio.TimeoutError) else str(exc)[:300]
+                m.updating, m.out = False, True
+                m.failures += 1
+                metrics.ROLLOUT_SERVER_UPDATE_FAILURES.labels(public_url(m.url)).inc()
+                log.error("rollout server %s: loading policy version %d failed (%s); out of rotation, "
+                          "retrying in %.1f s", public_url(m.url), version, why, delay)
+                self._notify()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+                continue
+            took = time.monotonic() - started
+            if m.out:
+                log.warning("rollout server %s: loaded policy version %d after %d failed attempts; back "
+                            "in rotation", public_url(m.url), version, m.failures)
+            m.version, m.updating, m.out, m.failures = version, False, False, 0
+            delay = self.retry_s
+            metrics.ROLLOUT_SERVER_UPDATE_SECONDS.observe(took)
+            metrics.ROLLOUT_SERVER_VERSION.labels(public_url(m.url)).set(version)
+            log.info("rollout server %s: policy version %d loaded in %.2f s", public_url(m.url), version, took)
+            self._notify()
+        m.updating = False
+
+    async def _quiesce(self, m: Member) -> None:
+        """No new requests to ``m``; then wait for (drain) or cancel (abort) those in flight."""
+        m.updating = True
+        self._notify()
+        if self.on_update == "abort":
+            for t in list(m.inflight):
+                t.cancel()
+        while self.router.servers[m.url].outstanding > 0:
+            await asyncio.sleep(0.02)
+
+    async def _load(self, url: str, uri: str, version: int) -> None:
+        import aiohttp
+
+        path = uri.removeprefix("file://")
+        if self.update_api == "sglang":
+            calls = [("/update_weights_from_disk", {"model_path": path})]
+        elif self.update_api == "vllm":
+            calls = [("/collective_rpc", {"method": VLLM_METHOD, "args": [path]}), ("/reset_prefix_cache", None)]
+        else:
+            raise UpdateError(f"update_api {self.update_api!r}")
+        for route, body in calls:
+            try:
+                async with self._session.post(url + route, headers=self.headers, json=body,
+                                              timeout=aiohttp.ClientTimeout(total=self.update_timeout_s)) as resp:
+                    text = await resp.text()
+            except aiohttp.ClientError as exc:
+                raise UpdateError(f"{route}: {type(exc).__name__}: {exc}") from None
+            if resp.status >= 300:
+                raise UpdateError(f"{route}: HTTP {resp.status}: {text[:200]}")
+            if route == "/update_weights_from_disk":  # SGLang answers 200 or 400 with success
+                try:
+                    answer = orjson.loads(text)
+                except orjson.JSONDecodeError:
+                    answer = {}
+                if isinstance(answer, dict) and answer.get("success") is False:
+                    raise UpdateError(f"{route}: {str(answer.get('message'))[:200]}")
+
+    # -- reporting ----------------------------------------------------------------------------------
+    def _export(self) -> None:
+        metrics.ROLLOUT_SERVERS_OUT.set(sum(1 for m in self.members.values()
+                                            if m.out or m.url in self.router.ejected))
+
+    def status(self) -> str:
+        """One line for the worker's log: each server's version, and which are out and why."""
+        parts = []
+        for m in self.members.values():
+            state = ("ejected" if m.url in self.router.ejected else "update failed" if m.out
+                     else "updating" if m.updating else "ok")
+            parts.append(f"{public_url(m.url)} v{'?' if m.version is None else m.version} {state} "
+                         f"({self.router.servers[m.url].outstanding} in flight)")
+        return f"rollout servers: target v{self.target} | " + " | ".join(parts)
+
+    @property
+    def out(self) -> list[str]:
+        return [m.url for m in self.members.values() if m.out or m.url in self.router.ejected]
