@@ -18,6 +18,7 @@ from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import LearnerConfig, ParallelConfig
 from streamrl.learner.trainer import Sample, Trainer
+from streamrl.policy import load_policy
 
 STEPS = 3
 
@@ -69,8 +70,7 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
         distributed.follow(c)
         return
     trainer = Trainer(c, resume=resume)
-    resumed = {k: v.clone() for k, v in trainer.full_state_dict().items()}
-    torch.save(resumed, Path(tmp) / "resumed.pt")
+    trainer.save_weights(Path(tmp) / "resumed")  # gathered from the two ranks' shards
     losses = [trainer.step(batch(seed))["loss"] for seed in range(1, STEPS + 1)]
     memory = local_state_bytes(trainer)
     (Path(tmp) / "ckpt2").mkdir()
@@ -89,9 +89,9 @@ def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
     mp.spawn(_rank, args=(2, _free_port(), str(tmp_path), str(ckpt1)), nprocs=2, join=True)
     out = json.loads((tmp_path / "out.json").read_text())
 
-    resumed = torch.load(tmp_path / "resumed.pt")
+    resumed = load_policy(str(tmp_path / "resumed"))[0].state_dict()
     for name, value in one.model.state_dict().items():  # 1 -> 2 ranks: the same weights
-        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0)
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
     memory_one = local_state_bytes(one)
     expected = [one.step(batch(seed))["loss"] for seed in range(1, STEPS + 1)]
     for got, want in zip(out["losses"], expected):

@@ -9,13 +9,15 @@ thread so the Kafka client keeps its group membership alive during a long step).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -385,7 +387,7 @@ class Trainer:
             state = self.full_state_dict()
             path = Path(directory)
             if self.rank == 0:
-                path = save_policy(self.model, self.tokenizer, directory, state_dict=state)
+                path = save_policy(self.model, self.tokenizer, directory, state_dict=dict(state))
         from streamrl import metrics
 
         metrics.LEARNER_WEIGHTS_PUBLISH_SECONDS.observe(time.perf_counter() - started)
@@ -397,7 +399,7 @@ class Trainer:
         ``torch.distributed.checkpoint`` files in ``dcp/`` (each rank its shard; they load on
         any number of ranks)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         from streamrl.policy import save_policy
 
@@ -408,9 +410,12 @@ class Trainer:
         else:
             state = self.full_state_dict()
             if self.rank == 0:
-                save_policy(self.model, self.tokenizer, directory / "policy", state_dict=state)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory / "dcp"))
+                save_policy(self.model, self.tokenizer, directory / "policy", state_dict=dict(state))
+        state = {"model": get_model_state_dict(self.model)}
+        if self.optimizer.state:  # (asking a fresh optimizer for its state would take a step)
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        with _single_process_dcp():
+            dcp.save(state, checkpoint_id=str(directory / "dcp"))
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Model and optimizer state from a checkpoint's ``dcp/`` (written by any number of
@@ -418,13 +423,22 @@ class Trainer:
         directory = Path(directory)
         if (directory / "dcp").is_dir():
             import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+            from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                                 set_model_state_dict, set_state_dict)
 
-            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
-            dcp.load(state, checkpoint_id=str(directory / "dcp"))
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+            path = str(directory / "dcp")
+            saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+            with _single_process_dcp():
+                if any(k.startswith("optim.") for k in saved):
+                    model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+                    state = {"model": model_sd, "optim": optim_sd}
+                    dcp.load(state, checkpoint_id=path)
+                    set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                                   optim_state_dict=state["optim"])
+                else:
+                    state = {"model": get_model_state_dict(self.model)}
+                    dcp.load(state, checkpoint_id=path)
+                    set_model_state_dict(self.model, state["model"])
         elif (directory / "optimizer.pt").is_file():
             self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
                                                       weights_only=True))
@@ -434,6 +448,14 @@ class Trainer:
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+@contextlib.contextmanager
+def _single_process_dcp() -> Iterator[None]:
+    """DCP without a process group is the single-process learner's normal case, not a warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _encode(samples: Sequence[Sample]) -> bytes:
