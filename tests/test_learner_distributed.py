@@ -138,3 +138,65 @@ def test_memory_limit_refuses_at_start(tmp_path):
         Trainer(cfg(tmp_path, max_memory_gb=0.0001))
     with pytest.raises(ConfigError, match="learner.parallel.nproc"):
         LearnerConfig(parallel=ParallelConfig(nproc=0)).validate()
+
+
+def _rank_pid(run_pid: int, rank: int) -> int | None:
+    """The learner rank ``rank`` under the run (its environment says LOCAL_RANK)."""
+    from tests.test_run import alive, descendants
+
+    for pid in descendants(run_pid):
+        try:
+            env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"LOCAL_RANK={rank}".encode() in env and b"learner" in argv and alive(pid):
+            return pid
+    return None
+
+
+def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
+    """``streamrl run learner.parallel.nproc=2`` on the embedded default; rank 1 SIGKILLed
+    after a version: the group goes down, the supervisor restarts it from the checkpoint, the
+    run completes, versions never go back, and the surviving line trained each mini-batch once."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_run import ROOT
+
+    versions, per_version = 5, 2 * 4  # local.yaml: groups_per_mini_batch x group_size
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", f"run.out_dir={tmp_path}",
+         "run.reward_members=1", "feed.limit=200", f"learner.versions={versions}", "learner.parallel.nproc=2",
+         "learner.groups_per_mini_batch=2", "feed.group_size=4", "run.restart.backoff_s=0.5"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "STREAMRL_LOG_LEVEL": "INFO"})  # the learner logs each version it announces
+    try:
+        out_dir = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:  # after the first checkpoint
+            found = list(tmp_path.glob("*/checkpoints/ckpt-*"))
+            if found:
+                out_dir = found[0].parent.parent
+                break
+            time.sleep(0.5)
+        assert out_dir is not None, "no checkpoint before the kill"
+        pid = _rank_pid(proc.pid, 1)
+        assert pid is not None, "no learner rank 1"
+        os.kill(pid, 9)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ended"] == "done" and summary["versions"] == versions and summary["restarts"] >= 1, summary
+    log = (out_dir / "logs" / "learner.log").read_text()
+    assert log.count("2 ranks through torch.distributed.run") >= 2 and "resumed from" in log
+    state = json.loads((sorted((out_dir / "checkpoints").glob("ckpt-*"))[-1] / "state.json").read_text())
+    assert state["version"] == versions and state["trained_records"] == versions * per_version, state
+    announced = [int(line.split("version ")[1].split()[0]) for line in log.splitlines()
+                 if "learner: version " in line and " at " in line]
+    assert announced == sorted(announced), announced

@@ -287,10 +287,12 @@ def check_memory(cfg: "LearnerConfig", policy: str, world: int) -> dict[str, int
     """Log the estimate; refuse (``ConfigError``, one line) when ``max_memory_gb`` cannot hold it."""
     est = estimate_bytes(count_parameters(policy, cfg.seed), cfg, world)
     gb = {k: v / 2**30 for k, v in est.items()}
-    log.warning("learner: memory per rank (%d ranks): %.3f GB parameters + %.3f GB gradients + "
-                "%.3f GB optimizer states%s = %.3f GB before activations", world, gb["parameters"],
-                gb["gradients"], gb["optimizer"],
-                f" + {gb['reference']:.3f} GB reference" if "reference" in gb else "", gb["total"])
+    if _GROUP is None or _GROUP.leader:
+        mb = {k: v / 2**20 for k, v in est.items()}
+        log.warning("learner: memory per rank (%d ranks): %.1f MB parameters + %.1f MB gradients + "
+                    "%.1f MB optimizer states%s = %.1f MB before activations", world, mb["parameters"],
+                    mb["gradients"], mb["optimizer"],
+                    f" + {mb['reference']:.1f} MB reference" if "reference" in mb else "", mb["total"])
     if cfg.max_memory_gb and gb["total"] > cfg.max_memory_gb:
         raise ConfigError(f"config field 'learner.max_memory_gb': {gb['total']:.2f} GB per rank needed for "
                           f"parameters, gradients and optimizer states with {world} rank(s), more than "
