@@ -25,6 +25,8 @@ def main(args: argparse.Namespace) -> int:
     if not distributed.launched():
         cfg = load(args).learner.validate()
         if cfg.parallel.nproc > 1 or cfg.parallel.nnodes > 1:
+            # a limit that cannot hold the model is a user error (exit 2), found before any rank starts
+            distributed.check_memory(cfg, cfg.policy, cfg.parallel.nproc * cfg.parallel.nnodes)
             return distributed.launch(cfg, _rank_argv(args))
         return serve_stage(Learner, args)
     cfg = load(args).learner.validate()
