@@ -1,5 +1,5 @@
 """The learner on several ranks (issue 25): FSDP2 over gloo on CPU, two real processes speaking
-the real rank-0 protocol (``streamrl.learner.distributed.follow`` on rank 1), token-budget
+the real rank-0 protocol (``streamrl.learner.trainer.follow`` on rank 1), token-budget
 micro-batches, sharded checkpoints written by N ranks and read by M."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import LearnerConfig, ParallelConfig
-from streamrl.learner.trainer import Sample, Trainer
+from streamrl.learner.trainer import Sample, Trainer, follow
 from streamrl.policy import load_policy
 
 STEPS = 3
@@ -67,7 +67,7 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
 
     c = cfg(Path(tmp))
     if rank:
-        distributed.follow(c)
+        follow(c)
         return
     trainer = Trainer(c, resume=resume)
     trainer.save_weights(Path(tmp) / "resumed")  # gathered from the two ranks' shards

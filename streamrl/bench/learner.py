@@ -92,7 +92,9 @@ def _parallel_rank(rank: int, world: int, port: int, args: argparse.Namespace, p
 
     cfg = _parallel_cfg(args)
     if rank:
-        distributed.follow(cfg)
+        from streamrl.learner.trainer import follow
+
+        follow(cfg)
         return
     from streamrl.learner.trainer import Trainer
 

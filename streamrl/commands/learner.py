@@ -32,7 +32,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load(args).learner.validate()
     group = distributed.init(cfg)
     if not group.leader:
-        return distributed.follow(cfg)
+        from streamrl.learner.trainer import follow
+
+        return follow(cfg)
     try:
         return serve_stage(Learner, args)
     finally:

@@ -6,10 +6,11 @@
   others and exit non-zero, and the supervisor of ``streamrl run`` (or Kubernetes, or Ray)
   restarts the whole group from the last checkpoint.
 - Roles: rank 0 is the learner stage of today (the one Kafka consumer, staleness, groups,
-  checkpoints, offsets, versions); the other ranks follow (``follow``): they wait for rank 0's
-  commands on the group (``Channel``) and run the same collective (a step on the mini-batch,
-  a weights gather, a checkpoint) with it. Mini-batches travel as bytes in a small format of our
-  own (``encode_samples``: a JSON header and raw arrays), never pickled.
+  checkpoints, offsets, versions); the other ranks follow: they wait for rank 0's
+  commands on the group (``Channel``; ``trainer.follow``) and run the same collective (a step on
+  the mini-batch, a weights gather, a checkpoint) with it. Mini-batches travel as bytes in a
+  small format of our own (``trainer.encode_samples``: a JSON header and raw arrays), never
+  pickled.
 - Sharding: FSDP2 ``fully_shard`` per decoder layer and at the root (``shard``), mixed precision
   and CPU offload from the config. gloo on CPU (torch 2.13's gloo has the all-gather and
   reduce-scatter FSDP2 uses), NCCL on CUDA.
@@ -17,22 +18,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
-import numpy as np
-
 from streamrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
-    from streamrl.learner.trainer import Sample
 
 log = logging.getLogger(__name__)
 
@@ -125,83 +121,6 @@ class Channel:
         return op, buf.numpy().tobytes()
 
 
-_ARRAYS = (("prompt_ids", np.int64), ("response_ids", np.int64),
-           ("behaviour_logprobs", np.float32), ("response_mask", np.float32))
-
-
-def encode_samples(samples: Sequence["Sample"]) -> bytes:
-    """Samples as bytes: a JSON header (ids, rewards, array lengths) and the arrays' raw bytes."""
-    header, blobs = [], []
-    for s in samples:
-        entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
-                                 "policy_version": s.policy_version}
-        for name, dtype in _ARRAYS:
-            value = getattr(s, name)
-            if value is None:
-                entry[name] = None
-                continue
-            arr = np.ascontiguousarray(value, dtype=dtype)
-            entry[name] = len(arr)
-            blobs.append(arr.tobytes())
-        header.append(entry)
-    head = json.dumps(header).encode()
-    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
-
-
-def decode_samples(data: bytes) -> list["Sample"]:
-    from streamrl.learner.trainer import Sample
-
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    pos, out = 8 + n, []
-    for entry in header:
-        arrays = {}
-        for name, dtype in _ARRAYS:
-            count = entry.pop(name)
-            if count is None:
-                arrays[name] = None
-                continue
-            size = count * np.dtype(dtype).itemsize
-            arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).copy()
-            pos += size
-        out.append(Sample(**entry, **arrays))
-    return out
-
-
-def follow(cfg: "LearnerConfig") -> int:
-    """A rank other than 0: build the trainer when rank 0 says from which checkpoint, then run
-    what it sends until it says stop. SIGTERM is ignored (the launcher sends it to every rank
-    at a stop; rank 0 drains and checkpoints, which needs this rank, then says stop); a dead
-    rank 0 fails the next collective and ends this process."""
-    from streamrl.learner.trainer import Trainer
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    group = init(cfg)
-    assert group is not None and not group.leader
-    channel = Channel()
-    trainer: Trainer | None = None
-    while True:
-        op, payload = channel.receive()
-        if op == "init":
-            trainer = Trainer(cfg, resume=payload.decode() or None)
-        elif op == "stop":
-            break
-        elif trainer is None:
-            raise RuntimeError(f"learner rank {group.rank}: {op!r} before init")
-        elif op == "step":
-            trainer.step(decode_samples(payload))
-        elif op == "logprobs":
-            trainer.logprobs(decode_samples(payload))
-        elif op == "weights":
-            trainer.save_weights(payload.decode())
-        elif op == "checkpoint":
-            trainer.write_checkpoint(payload.decode())
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-    return 0
-
-
 # -- sharding ---------------------------------------------------------------------------------
 def decoder_layers(model: Any) -> list[Any]:
     """The repeated blocks of a Hugging Face causal LM (``model.model.layers`` for Llama/Qwen;
@@ -289,7 +208,7 @@ def check_memory(cfg: "LearnerConfig", policy: str, world: int) -> dict[str, int
     gb = {k: v / 2**30 for k, v in est.items()}
     if _GROUP is None or _GROUP.leader:
         mb = {k: v / 2**20 for k, v in est.items()}
-        log.warning("learner: memory per rank (%d ranks): %.1f MB parameters + %.1f MB gradients + "
+        log.info("learner: memory per rank (%d ranks): %.1f MB parameters + %.1f MB gradients + "
                     "%.1f MB optimizer states%s = %.1f MB before activations", world, mb["parameters"],
                     mb["gradients"], mb["optimizer"],
                     f" + {mb['reference']:.1f} MB reference" if "reference" in mb else "", mb["total"])

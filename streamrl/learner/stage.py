@@ -118,7 +118,8 @@ class Learner:
 
     def describe(self) -> str:
         return (f"version {self.version}, group {self.group}, checkpoints in "
-                f"{self.cfg.checkpoint_dir}")
+                f"{self.cfg.checkpoint_dir}, {self.trainer.world} rank(s), "
+                f"{self.trainer.memory_estimate['total'] / 2**20:.1f} MB per rank for weights, gradients, AdamW")
 
     @property
     def version(self) -> int:

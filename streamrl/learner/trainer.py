@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import json
 import math
+import signal
 import time
 import warnings
 from dataclasses import dataclass
@@ -81,7 +83,7 @@ class Trainer:
 
             policy = str(checkpoint.policy_dir(resume))
         spec = policy or cfg.policy
-        distributed.check_memory(cfg, spec, self.world)
+        self.memory_estimate = distributed.check_memory(cfg, spec, self.world)  # bytes per rank
         torch.manual_seed(cfg.seed)
         dev = self.group.device if self.group else cfg.device
         self.device = torch.device(dev)
@@ -235,7 +237,7 @@ class Trainer:
 
     def logprobs(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """The current policy's log-probs of each sample's response tokens (rank 0 gets them)."""
-        self._lead("logprobs", lambda: _encode(samples))
+        self._lead("logprobs", lambda: encode_samples(samples))
         samples = list(samples)
         was_training = self.model.training
         self.model.eval()
@@ -270,7 +272,7 @@ class Trainer:
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics
         (summed over the ranks: every rank normalises by the whole mini-batch's totals)."""
-        self._lead("step", lambda: _encode(samples))
+        self._lead("step", lambda: encode_samples(samples))
         cfg = self.cfg
         started = time.perf_counter()
         self._full_state = None
@@ -458,10 +460,80 @@ def _single_process_dcp() -> Iterator[None]:
         yield
 
 
-def _encode(samples: Sequence[Sample]) -> bytes:
-    from streamrl.learner.distributed import encode_samples
+# -- the wire format of mini-batches between ranks, and the ranks other than 0 -------------------
+_ARRAYS = (("prompt_ids", np.int64), ("response_ids", np.int64),
+           ("behaviour_logprobs", np.float32), ("response_mask", np.float32))
 
-    return encode_samples(samples)
+
+def encode_samples(samples: Sequence[Sample]) -> bytes:
+    """Samples as bytes: a JSON header (ids, rewards, array lengths) and the arrays' raw bytes."""
+    header, blobs = [], []
+    for s in samples:
+        entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
+                                 "policy_version": s.policy_version}
+        for name, dtype in _ARRAYS:
+            value = getattr(s, name)
+            if value is None:
+                entry[name] = None
+                continue
+            arr = np.ascontiguousarray(value, dtype=dtype)
+            entry[name] = len(arr)
+            blobs.append(arr.tobytes())
+        header.append(entry)
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
+
+
+def decode_samples(data: bytes) -> list[Sample]:
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    pos, out = 8 + n, []
+    for entry in header:
+        arrays = {}
+        for name, dtype in _ARRAYS:
+            count = entry.pop(name)
+            if count is None:
+                arrays[name] = None
+                continue
+            size = count * np.dtype(dtype).itemsize
+            arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).copy()
+            pos += size
+        out.append(Sample(**entry, **arrays))
+    return out
+
+
+def follow(cfg: LearnerConfig) -> int:
+    """A rank other than 0: build the trainer when rank 0 says from which checkpoint, then run
+    what it sends until it says stop. SIGTERM is ignored (the launcher sends it to every rank
+    at a stop; rank 0 drains and checkpoints, which needs this rank, then says stop); a dead
+    rank 0 fails the next collective and ends this process."""
+    from streamrl.learner import distributed
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    group = distributed.init(cfg)
+    assert group is not None and not group.leader
+    channel = distributed.Channel()
+    trainer: Trainer | None = None
+    while True:
+        op, payload = channel.receive()
+        if op == "init":
+            trainer = Trainer(cfg, resume=payload.decode() or None)
+        elif op == "stop":
+            break
+        elif trainer is None:
+            raise RuntimeError(f"learner rank {group.rank}: {op!r} before init")
+        elif op == "step":
+            trainer.step(decode_samples(payload))
+        elif op == "logprobs":
+            trainer.logprobs(decode_samples(payload))
+        elif op == "weights":
+            trainer.save_weights(payload.decode())
+        elif op == "checkpoint":
+            trainer.write_checkpoint(payload.decode())
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
 
 
 def _tensor(values: np.ndarray, dtype) -> torch.Tensor:
