@@ -76,8 +76,8 @@ class Trainer:
         self.group = distributed.init(cfg)
         self.world = self.group.world if self.group else 1
         self.rank = self.group.rank if self.group else 0
-        if self.group is not None and self.group.leader:
-            distributed.Channel().send("init", (resume or "").encode())
+        if self.group is not None and self.group.leader:  # every rank loads the same weights
+            distributed.Channel().send("init", json.dumps({"policy": policy, "resume": resume}).encode())
         if resume:
             from streamrl.learner import checkpoint
 
@@ -517,7 +517,7 @@ def follow(cfg: LearnerConfig) -> int:
     while True:
         op, payload = channel.receive()
         if op == "init":
-            trainer = Trainer(cfg, resume=payload.decode() or None)
+            trainer = Trainer(cfg, **json.loads(payload))
         elif op == "stop":
             break
         elif trainer is None:
