@@ -21,6 +21,13 @@ from streamrl.learner.trainer import Sample, Trainer, follow
 from streamrl.policy import load_policy
 
 STEPS = 3
+#: the parity runs take every path that talks between ranks: recomputed proximal log-probs
+#: (decoupled), a sharded KL reference, and a 150-token sequence chunked under a 64-token budget
+PARITY = dict(decoupled=True, kl_coef=0.1, max_tokens_per_micro_batch=64)
+
+
+def parity_batch(seed: int) -> list[Sample]:
+    return batch(seed, long=150 if seed == 2 else 0)
 
 
 def cfg(tmp: Path | None = None, **kw) -> LearnerConfig:
@@ -65,13 +72,13 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
     torch.set_num_threads(1)
     from streamrl.learner import distributed
 
-    c = cfg(Path(tmp))
+    c = cfg(Path(tmp), **PARITY)
     if rank:
         follow(c)
         return
     trainer = Trainer(c, resume=resume)
     trainer.save_weights(Path(tmp) / "resumed")  # gathered from the two ranks' shards
-    losses = [trainer.step(batch(seed))["loss"] for seed in range(1, STEPS + 1)]
+    losses = [trainer.step(parity_batch(seed))["loss"] for seed in range(1, STEPS + 1)]
     memory = local_state_bytes(trainer)
     (Path(tmp) / "ckpt2").mkdir()
     trainer.write_checkpoint(Path(tmp) / "ckpt2")
@@ -81,7 +88,7 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
 
 def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
     torch.manual_seed(0)
-    one = Trainer(cfg(tmp_path))
+    one = Trainer(cfg(tmp_path, **PARITY))
     one.step(batch(0))
     ckpt1 = tmp_path / "ckpt1"
     ckpt1.mkdir()
@@ -93,11 +100,11 @@ def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
     for name, value in one.model.state_dict().items():  # 1 -> 2 ranks: the same weights
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
     memory_one = local_state_bytes(one)
-    expected = [one.step(batch(seed))["loss"] for seed in range(1, STEPS + 1)]
+    expected = [one.step(parity_batch(seed))["loss"] for seed in range(1, STEPS + 1)]
     for got, want in zip(out["losses"], expected):
         assert abs(got - want) <= 1e-5 * max(abs(want), 1e-3), (out["losses"], expected)
     # 2 ranks -> 1: the sharded checkpoint's weights and AdamW moments are the 1-rank run's
-    back = Trainer(cfg(tmp_path), resume=str(tmp_path / "ckpt2"))
+    back = Trainer(cfg(tmp_path, **PARITY), resume=str(tmp_path / "ckpt2"))
     for (name, value), p in zip(one.model.state_dict().items(), back.model.state_dict().values()):
         torch.testing.assert_close(p, value, rtol=1e-5, atol=1e-5, msg=name)
     for p_one, p_back in zip(one.model.parameters(), back.model.parameters()):
@@ -200,3 +207,14 @@ def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
     announced = [int(line.split("version ")[1].split()[0]) for line in log.splitlines()
                  if "learner: version " in line and " at " in line]
     assert announced == sorted(announced), announced
+
+
+def test_gradient_checkpointing_changes_memory_not_math(tmp_path):
+    samples = batch(3)
+    plain, ckpt = Trainer(cfg(tmp_path)), Trainer(cfg(tmp_path, gradient_checkpointing=True))
+    on = [m for m in ckpt.model.modules() if getattr(m, "gradient_checkpointing", False)]
+    assert on and not [m for m in plain.model.modules() if getattr(m, "gradient_checkpointing", False)]
+    a, b = plain.step(samples), ckpt.step(samples)
+    assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"])
+    for pa, pb in zip(plain.model.parameters(), ckpt.model.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-7)

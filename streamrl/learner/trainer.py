@@ -96,7 +96,10 @@ class Trainer:
                               if spec != cfg.policy else copy.deepcopy(self.model)).eval()
             self.reference.requires_grad_(False)
         if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.sharded = self.group is not None
         if self.sharded:
             distributed.shard(self.model, cfg)
@@ -223,15 +226,18 @@ class Trainer:
     def _unit_logprobs(self, model: Any, units: list[_Batch], chunks: list[int]) -> list[torch.Tensor]:
         """Log-probs of each unit without gradients; in a group every rank runs as many forward
         passes (padded with the dummy), as FSDP2 gathers the parameters in each."""
-        out = [self._forward(model, b, entropy=False, chunk=c)[0] for b, c in zip(units, chunks)]
-        if self.world > 1:
-            passes = [max(1, -(-int(b.attention_mask[0].sum()) // c)) if c else 1 for b, c in zip(units, chunks)]
-            total = torch.tensor([sum(passes)])
+        extra = 0
+        if self.world > 1:  # counted before any pass: each pass is a collective
             import torch.distributed as dist
 
+            passes = [max(1, -(-int(b.attention_mask[0].sum()) // c)) if c else 1 for b, c in zip(units, chunks)]
+            total = torch.tensor([sum(passes)])
             dist.all_reduce(total, op=dist.ReduceOp.MAX)
+            extra = int(total) - sum(passes)
+        out = [self._forward(model, b, entropy=False, chunk=c)[0] for b, c in zip(units, chunks)]
+        if extra:
             dummy = self._collate([self._dummy()])
-            for _ in range(int(total) - sum(passes)):
+            for _ in range(extra):
                 self._forward(model, dummy, entropy=False)
         return out
 
