@@ -7,7 +7,9 @@ Layout: ``<checkpoint_dir>/ckpt-<seq>/`` holding ``policy/`` (Hugging Face layou
 (version, offsets, de-dup window, counters, lineage). A checkpoint is written into a hidden
 sibling directory, every file fsync'd, and renamed into place (the directory fsync'd too): a crash
 mid-write leaves the previous one as the latest. The previous ones (``keep``) stay as fallbacks:
-``latest_good`` skips a checkpoint that cannot be read.
+``latest_good`` skips a checkpoint that cannot be read. The learner writes ``dcp/`` (model and
+optimizer as ``torch.distributed.checkpoint`` shards, one per rank, readable by any number of
+ranks: ``Trainer.write_checkpoint``) in place of ``optimizer.pt``, which older checkpoints have.
 
 Why the offsets live here and not only in Kafka: the weights and the offsets must describe the
 same moment. On restart the learner seeks to these offsets, so the records consumed after the

@@ -213,7 +213,7 @@ def check_memory(cfg: "LearnerConfig", policy: str, world: int) -> dict[str, int
                     mb["gradients"], mb["optimizer"],
                     f" + {mb['reference']:.1f} MB reference" if "reference" in mb else "", mb["total"])
     if cfg.max_memory_gb and gb["total"] > cfg.max_memory_gb:
-        raise ConfigError(f"config field 'learner.max_memory_gb': {gb['total']:.2f} GB per rank needed for "
+        raise ConfigError(f"config field 'learner.max_memory_gb': {gb['total']:.3g} GB per rank needed for "
                           f"parameters, gradients and optimizer states with {world} rank(s), more than "
                           f"{cfg.max_memory_gb} (raise learner.parallel.nproc or the limit)")
     return est
