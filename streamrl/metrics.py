@@ -137,6 +137,10 @@ LEARNER_STARVED_SECONDS = Counter("streamrl_learner_starved_seconds_total",
                                   "Time the learner waited for a full mini-batch")
 LEARNER_CHECKPOINT_SECONDS = Histogram("streamrl_learner_checkpoint_seconds", "Time to write a checkpoint",
                                        buckets=(.1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300))
+LEARNER_WEIGHTS_PUBLISH_SECONDS = Histogram(
+    "streamrl_learner_weights_publish_seconds",
+    "Time to gather the full weights (from the FSDP shards) and write them for rollout workers",
+    buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300))
 
 
 # -- reward --------------------------------------------------------------------------------------

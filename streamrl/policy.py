@@ -70,16 +70,17 @@ def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: in
     return model.to(device).eval(), tokenizer
 
 
-def save_policy(model: Any, tokenizer: Any, directory: str | Path) -> Path:
+def save_policy(model: Any, tokenizer: Any, directory: str | Path, state_dict: dict | None = None) -> Path:
     """Write weights (safetensors), config and tokenizer to ``directory``, atomically: into a
-    sibling temporary directory, then renamed, so a reader never sees half a version."""
+    sibling temporary directory, then renamed, so a reader never sees half a version.
+    ``state_dict``: the weights to write instead of ``model``'s (a sharded model's, gathered)."""
     import os
     import shutil
 
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     if directory.exists():
         shutil.rmtree(directory)

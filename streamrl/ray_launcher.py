@@ -85,7 +85,7 @@ def stage_counts(cfg: Any) -> dict[str, int]:
     """How many actors of each stage ``streamrl run`` may start (the reward group at its
     autoscaling maximum)."""
     run = cfg.run
-    return {"learner": 1, "reward": max(run.reward_members, run.autoscale.max_members),
+    return {"learner": cfg.learner.parallel.nproc, "reward": max(run.reward_members, run.autoscale.max_members),
             "rollout": run.rollout_workers, "feed": 1}
 
 
@@ -254,7 +254,7 @@ class RayLauncher(Launcher):
                  resources: dict[str, dict[str, float]] | None = None,
                  restart: RestartConfig | None = None, stop_timeout_s: float = 90.0,
                  env: dict[str, str] | None = None, working_dir: str = "",
-                 placement_timeout_s: float = 120.0, cwd: str | None = None):
+                 placement_timeout_s: float = 120.0, cwd: str | None = None, learner_ranks: int = 1):
         from streamrl.errors import need
 
         super().__init__(restart, stop_timeout_s)
@@ -292,6 +292,10 @@ class RayLauncher(Launcher):
         self._pending: dict[str, tuple[Any, float]] = {}  # not placed (or not started) yet
         self._where: dict[str, dict[str, Any]] = {}  # name -> node id, ip, pid
         self._tails: dict[str, str] = {}  # a stopped stage's log tail (its node may be another)
+        # learner.parallel.nproc > 1: one placement group, a bundle per rank (run.ray.resources.learner
+        # each), all on one node as torch's launcher starts the ranks there; the actor runs in bundle 0
+        self.learner_ranks = learner_ranks
+        self._groups: dict[str, Any] = {}
 
     # -- ``streamrl run``: connect, check, then start --------------------------------------------
     @classmethod
@@ -321,7 +325,8 @@ class RayLauncher(Launcher):
                              f"(this machine has {cores} cores, which they share; run.ray.num_cpus sets it)")
         launcher = cls(log_dir, address=ray_cfg.address, num_cpus=num_cpus, resources=asks,
                        restart=cfg.run.restart, stop_timeout_s=cfg.run.stop_timeout_s, env=env,
-                       working_dir=working_dir, placement_timeout_s=ray_cfg.placement_timeout_s)
+                       working_dir=working_dir, placement_timeout_s=ray_cfg.placement_timeout_s,
+                       learner_ranks=cfg.learner.parallel.nproc)
         try:
             launcher._check_cluster(cfg, asks, counts, embedded_broker, notes)
         except BaseException:
@@ -366,6 +371,12 @@ class RayLauncher(Launcher):
     def close(self) -> None:
         """Disconnect from Ray if this launcher connected: a local Ray it started ends with it, a
         cluster it joined keeps running."""
+        for group in self._groups.values():
+            try:
+                self._ray.util.remove_placement_group(group)
+            except Exception:  # Ray already gone
+                pass
+        self._groups.clear()
         if self.connected:
             self._ray.shutdown()
             self.connected = False
@@ -380,6 +391,8 @@ class RayLauncher(Launcher):
         generation = self._generation[name] = self._generation.get(name, -1) + 1
         options = {**actor_options(self.resources.get(kind, {})),
                    "max_restarts": 0 if kind == "feed" else self.policy.max_restarts}  # a feed re-run publishes twice
+        if kind == "learner" and self.learner_ranks > 1:
+            options["scheduling_strategy"] = self._rank_group(name, self.resources.get(kind, {}))
         try:
             actor = self._actor_cls.options(name=f"streamrl-{name}-{os.getpid()}-{generation}", **options).remote(
                 argv, str(self.log_dir / f"{name}.log"), self._env, self._cwd, self._files_for(argv))
@@ -388,6 +401,20 @@ class RayLauncher(Launcher):
             raise StreamrlError(f"stage {name!r}: Ray cannot start its actor: {why}") from None
         self.actors[name] = actor
         self._pending[name] = (actor.ready.remote(), time.monotonic())
+
+    def _rank_group(self, name: str, ask: dict[str, float]) -> Any:
+        """The learner's placement group (made once, kept across its restarts): a bundle per rank
+        on one node (STRICT_PACK), the actor in bundle 0."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if name not in self._groups:
+            bundle = {r: a for r, (a, _) in _demand(ask).items()}
+            self._groups[name] = self._ray.util.placement_group([dict(bundle) for _ in range(self.learner_ranks)],
+                                                                strategy="STRICT_PACK", name=f"streamrl-{name}-{os.getpid()}")
+        return PlacementGroupSchedulingStrategy(self._groups[name], placement_group_bundle_index=0)
+
+    def placement_group(self, name: str = "learner") -> Any:
+        return self._groups.get(name)
 
     def _files_for(self, argv: list[str]) -> dict[str, str]:
         for arg, path in zip(argv, argv[1:]):

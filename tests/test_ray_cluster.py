@@ -175,3 +175,29 @@ def test_working_dir_reaches_the_stage_and_an_unplaceable_stage_is_named(cluster
     finally:
         launcher.stop_all(timeout_s=10)
         launcher.close()
+
+
+def test_a_two_rank_learner_is_one_placement_group_on_one_node(cluster, bootstrap, tmp_path):
+    """``learner.parallel.nproc=2`` under Ray: a placement group of two bundles (one per rank) on
+    one node, the actor in it starts both ranks through torch's launcher, and rank 0 publishes
+    version 0 (weights gathered from both ranks' shards)."""
+    launcher = RayLauncher(tmp_path / "logs", address=cluster.address, learner_ranks=2, placement_timeout_s=60)
+    weights = tmp_path / "w" / "v0" / "config.json"
+    try:
+        launcher.start("learner", ["learner", "--bootstrap-servers", bootstrap, f"bus.topic_prefix=pg{uuid.uuid4().hex[:6]}",
+                                   "metrics.port=0", "learner.parallel.nproc=2", f"learner.checkpoint_dir={tmp_path / 'ck'}",
+                                   f"learner.weights_dir={tmp_path / 'w'}"], "learner")
+        deadline = time.monotonic() + 180
+        while not weights.exists() and time.monotonic() < deadline:
+            assert launcher.returncode("learner") is None, launcher.log_tail("learner", 40)
+            time.sleep(1)
+        assert weights.exists(), launcher.log_tail("learner", 40)
+        table = ray.util.placement_group_table(launcher.placement_group())
+        nodes = set(table["bundles_to_node_id"].values())
+        assert len(table["bundles"]) == 2 and len(nodes) == 1, table
+        log = tmp_path / "logs" / "learner.log"
+        assert node_of(log) in nodes
+        assert "2 ranks through torch.distributed.run" in log.read_text()
+    finally:
+        launcher.stop_all(60)
+        launcher.close()

@@ -1,10 +1,15 @@
-"""``streamrl learner``: the one learner (consumer group on ``rewarded``; publishes versions)."""
+"""``streamrl learner``: the one learner (consumer group on ``rewarded``; publishes versions).
+
+With ``learner.parallel.nproc > 1`` it starts that many ranks through torch's elastic launcher
+(each runs this same command): rank 0 is the stage, the others follow it
+(``streamrl.learner.distributed``). Under ``torchrun`` (a cluster, one pod per node) each
+process is already a rank and goes straight to its role."""
 
 from __future__ import annotations
 
 import argparse
 
-from streamrl.commands.common import add_config_arguments, serve_stage
+from streamrl.commands.common import add_config_arguments, load, serve_stage
 
 HELP = "train the policy from rewarded records (GRPO / PPO, bounded staleness) and publish versions"
 
@@ -14,6 +19,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from streamrl.learner import distributed
     from streamrl.learner.stage import Learner
 
-    return serve_stage(Learner, args)
+    if not distributed.launched():
+        cfg = load(args).learner.validate()
+        if cfg.parallel.nproc > 1 or cfg.parallel.nnodes > 1:
+            # a limit that cannot hold the model is a user error (exit 2), found before any rank starts
+            distributed.check_memory(cfg, cfg.policy, cfg.parallel.nproc * cfg.parallel.nnodes)
+            return distributed.launch(cfg, _rank_argv(args))
+        return serve_stage(Learner, args)
+    cfg = load(args).learner.validate()
+    group = distributed.init(cfg)
+    if not group.leader:
+        from streamrl.learner.trainer import follow
+
+        return follow(cfg)
+    try:
+        return serve_stage(Learner, args)
+    finally:
+        distributed.finish()
+
+
+def _rank_argv(args: argparse.Namespace) -> list[str]:
+    """This command again, for each rank."""
+    argv = ["--log-level", getattr(args, "log_level", "WARNING"), "learner"]
+    if args.config:
+        argv += ["--config", args.config]
+    if args.bootstrap_servers:
+        argv += ["--bootstrap-servers", args.bootstrap_servers]
+    return argv + list(args.overrides or ())

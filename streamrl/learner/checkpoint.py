@@ -7,7 +7,9 @@ Layout: ``<checkpoint_dir>/ckpt-<seq>/`` holding ``policy/`` (Hugging Face layou
 (version, offsets, de-dup window, counters, lineage). A checkpoint is written into a hidden
 sibling directory, every file fsync'd, and renamed into place (the directory fsync'd too): a crash
 mid-write leaves the previous one as the latest. The previous ones (``keep``) stay as fallbacks:
-``latest_good`` skips a checkpoint that cannot be read.
+``latest_good`` skips a checkpoint that cannot be read. The learner writes ``dcp/`` (model and
+optimizer as ``torch.distributed.checkpoint`` shards, one per rank, readable by any number of
+ranks: ``Trainer.write_checkpoint``) in place of ``optimizer.pt``, which older checkpoints have.
 
 Why the offsets live here and not only in Kafka: the weights and the offsets must describe the
 same moment. On restart the learner seeks to these offsets, so the records consumed after the
@@ -26,7 +28,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 log = logging.getLogger(__name__)
@@ -68,8 +70,9 @@ def latest_good(directory: str | Path) -> tuple[Path, LearnerState] | None:
     for path in reversed(checkpoints(directory)):
         try:
             state = load_state(path)
-            if not (policy_dir(path) / "config.json").is_file() or not (path / "optimizer.pt").is_file():
-                raise FileNotFoundError("policy/config.json or optimizer.pt missing")
+            if not (policy_dir(path) / "config.json").is_file() or not (
+                    (path / "optimizer.pt").is_file() or (path / "dcp" / ".metadata").is_file()):
+                raise FileNotFoundError("policy/config.json or optimizer.pt / dcp/.metadata missing")
             return path, state
         except (OSError, ValueError, TypeError) as exc:
             log.warning("checkpoint %s is unreadable (%s): falling back to an older one", path, exc)
@@ -92,9 +95,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dict[str, Any],
-         state: LearnerState, keep: int = 2) -> Path:
-    """Write one checkpoint atomically and prune all but the newest ``keep``."""
+def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dict[str, Any] | None,
+         state: LearnerState, keep: int = 2, write: Callable[[Path], None] | None = None) -> Path:
+    """Write one checkpoint atomically and prune all but the newest ``keep``. ``write``: writes
+    the weights and optimizer into the directory instead (``Trainer.write_checkpoint``: ``policy/``
+    and the ranks' ``torch.distributed.checkpoint`` shards in ``dcp/``)."""
     import torch
 
     from streamrl.policy import save_policy
@@ -107,8 +112,11 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     tmp = root / f".{final.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_policy(model, tokenizer, tmp / "policy")
-    torch.save(optimizer_state, tmp / "optimizer.pt")
+    if write is not None:
+        write(tmp)
+    else:
+        save_policy(model, tokenizer, tmp / "policy")
+        torch.save(optimizer_state, tmp / "optimizer.pt")
     state.created_at = time.time()
     with open(tmp / "state.json", "w") as f:
         json.dump(asdict(state), f)

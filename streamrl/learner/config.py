@@ -9,7 +9,7 @@ names the field that is wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamrl.errors import ConfigError
 
@@ -19,6 +19,18 @@ KL_LOSS_TYPES = ("low_var_kl", "kl")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
 INCOMPLETE_GROUPS = ("drop", "train")
+
+
+@dataclass
+class ParallelConfig:
+    """How many processes train the policy (``streamrl.learner.distributed``): N ranks of one
+    ``torch.distributed`` group, the model sharded with FSDP2. 1: one process, no group."""
+
+    nproc: int = 1  # ranks on this node (torch.distributed.run --nproc-per-node)
+    nnodes: int = 1  # nodes (each runs nproc ranks; torchrun / one pod per node on K8s)
+    backend: str = ""  # "": gloo on CPU, nccl on CUDA (from learner.device)
+    cpu_offload: bool = False  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer states in host memory
+    timeout_s: float = 1800.0  # a collective waiting longer than this fails the group
 
 
 @dataclass
@@ -54,6 +66,20 @@ class LearnerConfig:
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean
     ppo_epochs: int = 1  # passes over each mini-batch
     micro_batch_size: int = 8  # sequences per forward pass (gradient accumulation)
+    # Token budget of one forward pass (verl's ppo_max_token_len_per_gpu, use_dynamic_bsz):
+    # sequences x padded length <= this; a longer sequence runs in chunks of this many tokens
+    # (KV cache kept with its graph). 0: micro_batch_size sequences per forward.
+    max_tokens_per_micro_batch: int = 0
+    # FSDP2 mixed precision (N > 1 or CUDA): the dtype of the gathered parameters in forward /
+    # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.
+    # "": no mixed precision.
+    param_dtype: str = ""
+    reduce_dtype: str = ""
+    gradient_checkpointing: bool = False  # recompute activations in backward (HF models)
+    # Refuse to start when parameters + gradients + AdamW states per rank (estimated from the
+    # model config and the rank count) exceed this; 0: no check (the estimate is logged anyway).
+    max_memory_gb: float = 0.0
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # A record without ``response_logprobs`` (or without token ids): ``error`` dead-letters it
     # (reason ``no_logprobs`` / ``no_tokens``); ``recompute`` tokenises the text if needed and
     # takes the current policy's log-probs as the behaviour ones (on-policy by assumption).
@@ -124,6 +150,21 @@ class LearnerConfig:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (or 0 for off)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             bad("dtype", "one of float32, bfloat16, float16")
+        for name in ("param_dtype", "reduce_dtype"):
+            if getattr(self, name) not in ("", "float32", "bfloat16", "float16"):
+                bad(name, "one of float32, bfloat16, float16 (or empty: no mixed precision)")
+        for name in ("max_tokens_per_micro_batch", "max_memory_gb"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0 (0: off)")
+        par = self.parallel
+        for name in ("nproc", "nnodes"):
+            if getattr(par, name) < 1:
+                raise ConfigError(f"config field 'learner.parallel.{name}': must be >= 1 (got {getattr(par, name)!r})")
+        if par.backend not in ("", "gloo", "nccl"):
+            raise ConfigError(f"config field 'learner.parallel.backend': gloo, nccl or empty (got {par.backend!r})")
+        if par.backend == "nccl" and not self.device.startswith("cuda"):
+            raise ConfigError("config field 'learner.parallel.backend': nccl needs learner.device cuda "
+                              f"(got device {self.device!r})")
         if self.weights_uri:
             from streamrl.weights_store import check_uri
 

@@ -83,14 +83,13 @@ class Learner:
         self.bus, self.cfg = bus, cfg.validate()
         good = checkpoint.latest_good(cfg.checkpoint_dir)
         last = good[0] if good else None
+        # weights, optimizer (DCP shards) from the checkpoint; in a group rank 0 names it to all
+        self.trainer = Trainer(cfg, resume=str(last) if last else None)
         if good is not None:
             self.state = good[1]
-            self.trainer = Trainer(cfg, policy=str(checkpoint.policy_dir(last)))
-            self.trainer.load_optimizer_state(checkpoint.load_optimizer_state(last, cfg.device))
             log.warning("learner: resumed from %s at version %d", last, self.state.version)
         else:
             self.state = checkpoint.LearnerState()
-            self.trainer = Trainer(cfg)
         self.state.lineage = self.state.lineage or uuid.uuid4().hex[:12]
         self.resumed_from = last
         self.assembler = Assembler(max_staleness=cfg.max_staleness, group_timeout_s=cfg.group_timeout_s,
@@ -146,7 +145,8 @@ class Learner:
 
     def describe(self) -> str:
         return (f"version {self.version}, group {self.group}, checkpoints in "
-                f"{self.cfg.checkpoint_dir}")
+                f"{self.cfg.checkpoint_dir}, {self.trainer.world} rank(s), "
+                f"{self.trainer.memory_estimate['total'] / 2**20:.1f} MB per rank for weights, gradients, AdamW")
 
     @property
     def version(self) -> int:
@@ -484,10 +484,8 @@ class Learner:
     # -- versions and checkpoints -------------------------------------------------------------
     async def _announce(self, version: int, summary: dict[str, float]) -> PolicyVersion:
         """Write the weights to ``<weights_dir>/v<version>`` and publish the version."""
-        from streamrl.policy import save_policy
-
         target = Path(self.cfg.weights_dir) / f"v{version}"
-        path = await asyncio.to_thread(save_policy, self.trainer.model, self.trainer.tokenizer, target)
+        path = await asyncio.to_thread(self.trainer.save_weights, target)  # gathered from the shards
         uri = str(path.resolve())
         if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
             from streamrl import weights_store
@@ -551,7 +549,7 @@ class Learner:
             self.state.assembler = self.assembler.state_dict()
             saved.append(await asyncio.to_thread(
                 checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
-                self.trainer.optimizer_state(), self.state, self.cfg.keep_checkpoints))
+                None, self.state, self.cfg.keep_checkpoints, write=self.trainer.write_checkpoint))
 
         # every partition taken from, assigned now or not: the checkpoint describes them all
         await self.checkpointer.commit(list(self.tracker.parts), save=save)

@@ -9,16 +9,22 @@ thread so the Kafka client keeps its group membership alive during a long step).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import inspect
+import json
 import math
+import signal
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from streamrl.learner import losses
+from streamrl.learner import losses, microbatch
 from streamrl.learner.config import LearnerConfig
 from streamrl.policy import load_policy
 
@@ -55,24 +61,65 @@ class _Batch:
 
 
 class Trainer:
-    def __init__(self, cfg: LearnerConfig, policy: str | None = None):
-        """``policy``: where to load the weights from (a checkpoint), else ``cfg.policy``."""
+    """One rank's trainer. Alone (``learner.parallel.nproc`` 1) it is the whole learner's model;
+    in a group (``streamrl.learner.distributed``) its model is FSDP2-sharded, every rank gets the
+    whole mini-batch, trains its token-balanced share and the gradients are summed over ranks,
+    so the result is the one-process update. Rank 0 sends each collective call to the others
+    first (``_lead``)."""
+
+    def __init__(self, cfg: LearnerConfig, policy: str | None = None, resume: str | None = None):
+        """``policy``: where to load the weights from, else ``cfg.policy``; ``resume``: a
+        checkpoint directory (weights from its ``policy/``, then its optimizer / DCP shards)."""
+        from streamrl.learner import distributed
+
         self.cfg = cfg
+        self.group = distributed.init(cfg)
+        self.world = self.group.world if self.group else 1
+        self.rank = self.group.rank if self.group else 0
+        if self.group is not None and self.group.leader:  # every rank loads the same weights
+            distributed.Channel().send("init", json.dumps({"policy": policy, "resume": resume}).encode())
+        if resume:
+            from streamrl.learner import checkpoint
+
+            policy = str(checkpoint.policy_dir(resume))
+        spec = policy or cfg.policy
+        self.memory_estimate = distributed.check_memory(cfg, spec, self.world)  # bytes per rank
         torch.manual_seed(cfg.seed)
-        self.device = torch.device(cfg.device)
-        self.model, self.tokenizer = load_policy(policy or cfg.policy, device=cfg.device,
-                                                 dtype=cfg.dtype, seed=cfg.seed)
+        dev = self.group.device if self.group else cfg.device
+        self.device = torch.device(dev)
+        self.model, self.tokenizer = load_policy(spec, device=dev, dtype=cfg.dtype, seed=cfg.seed)
         self.model.to(dtype=getattr(torch, cfg.dtype))
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
-                                           weight_decay=cfg.weight_decay)
         # The KL reference is the weights the run started from (verl: the initial actor).
         self.reference = None
         if cfg.kl_coef > 0:
-            ref_spec = cfg.policy
-            self.reference = (load_policy(ref_spec, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)[0]
-                              if policy else copy.deepcopy(self.model)).eval()
+            self.reference = (load_policy(cfg.policy, device=dev, dtype=cfg.dtype, seed=cfg.seed)[0]
+                              if spec != cfg.policy else copy.deepcopy(self.model)).eval()
             self.reference.requires_grad_(False)
+        if cfg.gradient_checkpointing:
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.sharded = self.group is not None
+        if self.sharded:
+            distributed.shard(self.model, cfg)
+            if self.reference is not None:
+                distributed.shard(self.reference, cfg, trainable=False)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
+                                           weight_decay=cfg.weight_decay)
+        self._full_state: dict[str, Any] | None = None  # gathered once per version (weights + checkpoint)
+        self.forward_tokens: list[int] = []  # tokens of each forward pass of the last step (for tests/bench)
+        if resume:
+            self.load_checkpoint(resume)
+
+    def _lead(self, op: str, payload: Any) -> None:
+        """Rank 0 of a group: have the other ranks join the collective call that follows
+        (``payload``: bytes, or a function making them, called on rank 0 only)."""
+        if self.group is not None and self.group.leader:
+            from streamrl.learner.distributed import Channel
+
+            Channel().send(op, payload() if callable(payload) else payload)
 
     # -- tensors ------------------------------------------------------------------------------
     def _collate(self, samples: Sequence[Sample]) -> _Batch:
@@ -100,34 +147,114 @@ class Trainer:
         dev = self.device
         return _Batch(input_ids.to(dev), attention.to(dev), positions.to(dev), response.to(dev), mask.to(dev))
 
-    def _forward(self, model: Any, batch: _Batch, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, model: Any, batch: _Batch, entropy: bool,
+                 chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs ``[B, R]`` of the response tokens (at ``cfg.temperature``), and their
-        entropies when asked."""
+        entropies when asked. ``chunk`` > 0 (one sequence): forward passes of at most that many
+        tokens, the KV cache of the earlier ones kept with its graph, so the result and its
+        gradients are those of one pass."""
+        if chunk:
+            return self._forward_chunked(model, batch, entropy, chunk)
+        self.forward_tokens.append(int(batch.input_ids.numel()))
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         V = logits.shape[-1]
         logits = logits.gather(1, batch.positions.unsqueeze(-1).expand(-1, -1, V)).float()
+        return self._token_stats(logits, batch.response_ids, entropy)
+
+    def _token_stats(self, logits: torch.Tensor, targets: torch.Tensor,
+                     entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.cfg.temperature != 1.0:
             logits = logits / self.cfg.temperature
-        logp = logits.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
         ent = losses.entropy_from_logits(logits) if entropy else None
         return logp, ent
 
+    def _forward_chunked(self, model: Any, batch: _Batch, entropy: bool,
+                         chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from transformers import DynamicCache
+
+        length = int(batch.attention_mask[0].sum())
+        ids, pos, targets = batch.input_ids[:, :length], batch.positions[0], batch.response_ids[0]
+        cache = DynamicCache()
+        key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        logp = torch.zeros(pos.shape, device=ids.device)
+        ent = torch.zeros(pos.shape, device=ids.device) if entropy else None
+        for lo in range(0, length, chunk):
+            hi = min(lo + chunk, length)
+            self.forward_tokens.append(hi - lo)
+            out = model(input_ids=ids[:, lo:hi], use_cache=True, **{key: cache},
+                        position_ids=torch.arange(lo, hi, device=ids.device).unsqueeze(0))
+            idx = ((pos >= lo) & (pos < hi)).nonzero().squeeze(-1)
+            if idx.numel() == 0:
+                continue
+            lp, e = self._token_stats(out.logits[0, pos[idx] - lo].float(), targets[idx], entropy)
+            logp = logp.index_put((idx,), lp)
+            if ent is not None:
+                ent = ent.index_put((idx,), e)
+        return logp.unsqueeze(0), None if ent is None else ent.unsqueeze(0)
+
+    # -- the plan: who trains what, in which forward passes -----------------------------------
+    def _plan(self, samples: Sequence[Sample]) -> tuple[list[list[Sample]], list[int], bool]:
+        """This rank's micro-batches (samples; padded with a 1-token dummy so every rank runs
+        as many), their chunk sizes (0: one pass), and whether any rank chunks a sequence."""
+        cfg = self.cfg
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        shares = microbatch.balance(lengths, self.world) if self.world > 1 else [list(range(len(samples)))]
+        budget = cfg.max_tokens_per_micro_batch
+        plans = []
+        for share in shares:
+            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size)
+            plans.append([(tuple(share[j] for j in mb.indices), mb.chunks) for mb in mbs])
+        if cfg.gradient_checkpointing:  # HF turns the KV cache off under checkpointing: one pass
+            plans = [[(idx, 1) for idx, _ in plan] for plan in plans]
+        chunked = any(c > 1 for plan in plans for _, c in plan)
+        units = max(len(plan) for plan in plans)
+        mine = plans[self.rank]
+        dummy = self._dummy()
+        out = [[samples[i] for i in idx] for idx, _ in mine] + [[dummy]] * (units - len(mine))
+        chunks = [budget if c > 1 else 0 for _, c in mine] + [0] * (units - len(mine))
+        return out, chunks, chunked
+
+    def _dummy(self) -> Sample:
+        """A sequence that trains nothing (mask 0): runs the collectives of a pass on a rank
+        with fewer micro-batches than another."""
+        return Sample(id="", group_id="", prompt_ids=np.zeros(1, np.int64), response_ids=np.zeros(1, np.int64),
+                      reward=0.0, policy_version=0, behaviour_logprobs=np.zeros(1, np.float32),
+                      response_mask=np.zeros(1, np.float32))
+
     @torch.no_grad()
-    def _logprobs(self, model: Any, batch: _Batch) -> torch.Tensor:
-        mb = self.cfg.micro_batch_size
-        parts = [self._forward(model, batch.rows(slice(i, i + mb)), entropy=False)[0]
-                 for i in range(0, batch.input_ids.shape[0], mb)]
-        return torch.cat(parts)
+    def _unit_logprobs(self, model: Any, units: list[_Batch], chunks: list[int]) -> list[torch.Tensor]:
+        """Log-probs of each unit without gradients; in a group every rank runs as many forward
+        passes (padded with the dummy), as FSDP2 gathers the parameters in each."""
+        extra = 0
+        if self.world > 1:  # counted before any pass: each pass is a collective
+            import torch.distributed as dist
+
+            passes = [max(1, -(-int(b.attention_mask[0].sum()) // c)) if c else 1 for b, c in zip(units, chunks)]
+            total = torch.tensor([sum(passes)])
+            dist.all_reduce(total, op=dist.ReduceOp.MAX)
+            extra = int(total) - sum(passes)
+        out = [self._forward(model, b, entropy=False, chunk=c)[0] for b, c in zip(units, chunks)]
+        if extra:
+            dummy = self._collate([self._dummy()])
+            for _ in range(extra):
+                self._forward(model, dummy, entropy=False)
+        return out
 
     def logprobs(self, samples: Sequence[Sample]) -> list[np.ndarray]:
-        """The current policy's log-probs of each sample's response tokens."""
+        """The current policy's log-probs of each sample's response tokens (rank 0 gets them)."""
+        self._lead("logprobs", lambda: encode_samples(samples))
+        samples = list(samples)
         was_training = self.model.training
         self.model.eval()
         try:
-            lp = self._logprobs(self.model, self._collate(samples)).cpu().numpy()
+            units, chunks, _ = self._plan(samples)
+            lps = self._unit_logprobs(self.model, [self._collate(u) for u in units], chunks)
         finally:
             self.model.train(was_training)
-        return [lp[i, :len(s.response_ids)].astype(np.float32) for i, s in enumerate(samples)]
+        found = {s.id: lp[i].cpu().numpy() for u, lp in zip(units, lps) for i, s in enumerate(u)}
+        return [found[s.id][:len(s.response_ids)].astype(np.float32) if s.id in found else
+                np.zeros(0, np.float32) for s in samples]
 
     def advantages(self, samples: Sequence[Sample]) -> torch.Tensor:
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
@@ -136,85 +263,283 @@ class Trainer:
                                           norm_by_std=self.cfg.norm_adv_by_std_in_grpo)
         return losses.whitened_advantages(rewards)
 
+    def _set_accumulation(self, local: bool, last: bool) -> None:
+        """FSDP2 between micro-batches. Every pass syncs (ZeRO-3: gather for each forward,
+        reduce-scatter after each backward) unless a rank chunks a long sequence: its passes
+        differ in number from the others', so the parameters stay gathered and the gradients
+        local until the last unit (a 1-token one on every rank), which reduce-scatters them."""
+        if not self.sharded:
+            return
+        self.model.set_requires_gradient_sync(not local or last)
+        self.model.set_reshard_after_backward(not local or last)
+        self.model.set_reshard_after_forward(not local)
+
     # -- the update ---------------------------------------------------------------------------
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics."""
+        """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics
+        (summed over the ranks: every rank normalises by the whole mini-batch's totals)."""
+        self._lead("step", lambda: encode_samples(samples))
         cfg = self.cfg
         started = time.perf_counter()
+        self._full_state = None
+        self.forward_tokens = []
         samples = sorted(samples, key=lambda s: s.id)  # arrival order must not change the math
-        batch = self._collate(samples)
-        B = len(samples)
-        adv = self.advantages(samples).to(self.device)
+        adv_all = self.advantages(samples)
+        adv_of = {s.id: float(a) for s, a in zip(samples, adv_all)}
+        masks = [np.ones(len(s.response_ids), np.float32) if s.response_mask is None else
+                 np.asarray(s.response_mask, np.float32) for s in samples]
+        total_tokens = torch.tensor(max(1.0, float(sum(m.sum() for m in masks))), device=self.device)
+        total_seqs = torch.tensor(max(1, sum(int(m.sum() > 0) for m in masks)), device=self.device)
+        groups, chunks, local = self._plan(samples)
+        if local:
+            groups, chunks = groups + [[self._dummy()]], chunks + [0]
+        units = [self._collate(g) for g in groups]
+        advs = [torch.tensor([adv_of.get(s.id, 0.0) for s in g], device=self.device) for g in groups]
         current = None
         if cfg.decoupled or any(s.behaviour_logprobs is None for s in samples):
-            current = self._logprobs(self.model, batch)  # the proximal policy (AReaL)
-        behav = torch.zeros_like(batch.mask)
-        for i, s in enumerate(samples):
-            if s.behaviour_logprobs is None:
-                behav[i] = current[i]
-            else:
-                behav[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
-        ref = self._logprobs(self.reference, batch) if self.reference is not None else None
-        total_tokens = batch.mask.sum().clamp(min=1.0)
-        total_seqs = (batch.mask.sum(-1) > 0).sum().clamp(min=1)
-        sums: dict[str, float] = {}
+            current = self._unit_logprobs(self.model, units, chunks)  # the proximal policy (AReaL)
+        behavs = []
+        for u, g in enumerate(groups):
+            behav = torch.zeros_like(units[u].mask)
+            for i, s in enumerate(g):
+                if s.behaviour_logprobs is None:
+                    behav[i] = current[u][i]
+                else:
+                    behav[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
+            behavs.append(behav)
+        refs = self._unit_logprobs(self.reference, units, chunks) if self.reference is not None else None
+        sums: dict[str, torch.Tensor] = {}
 
         def add(name: str, value: torch.Tensor) -> None:
-            sums[name] = sums.get(name, 0.0) + float(value)
+            sums[name] = sums.get(name, 0.0) + value.detach().float()
 
+        agg = dict(mode=cfg.loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs)
+        tok = dict(total_tokens=total_tokens)
         grad_norm, skipped = 0.0, 0
         for _ in range(cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for lo in range(0, B, cfg.micro_batch_size):
-                sl = slice(lo, lo + cfg.micro_batch_size)
-                mb = batch.rows(sl)
-                logp, ent = self._forward(self.model, mb, entropy=True)
+            for u, mb in enumerate(units):
+                self._set_accumulation(local, last=u == len(units) - 1)
+                logp, ent = self._forward(self.model, mb, entropy=True, chunk=chunks[u])
+                adv = advs[u]
                 if cfg.decoupled:
                     pl, mask = losses.decoupled_ppo_loss(
-                        logp, current[sl], behav[sl], adv[sl], mb.mask, cap=cfg.is_cap,
+                        logp, current[u], behavs[u], adv, mb.mask, cap=cfg.is_cap,
                         mode=cfg.is_mode, clip_low=cfg.clip_ratio_low,
                         clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c)
                 else:
-                    pl = losses.ppo_clip_loss(logp, behav[sl], adv[sl], clip_low=cfg.clip_ratio_low,
+                    pl = losses.ppo_clip_loss(logp, behavs[u], adv, clip_low=cfg.clip_ratio_low,
                                               clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c)
                     mask = mb.mask
-                agg = dict(mode=cfg.loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs)
                 pg = losses.aggregate(pl.loss, mask, **agg)
                 entropy = losses.aggregate(ent, mb.mask, **agg)
                 loss = pg - cfg.entropy_coeff * entropy if cfg.entropy_coeff else pg
-                if ref is not None:
-                    kl = losses.aggregate(losses.kl_penalty(logp, ref[sl], cfg.kl_loss_type), mask, **agg)
+                if refs is not None:
+                    kl = losses.aggregate(losses.kl_penalty(logp, refs[u], cfg.kl_loss_type), mask, **agg)
                     loss = loss + cfg.kl_coef * kl
-                    add("kl", kl.detach())
-                loss.backward()
-                tok = dict(total_tokens=total_tokens)
-                add("loss", loss.detach())
-                add("pg_loss", pg.detach())
-                add("entropy", entropy.detach())
+                    add("kl", kl)
+                # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
+                # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
+                (loss * self.world if self.sharded else loss).backward()
+                add("loss", loss)
+                add("pg_loss", pg)
+                add("entropy", entropy)
                 add("clip_fraction", losses.aggregate(pl.clipped, mb.mask, "token-mean", **tok))
                 add("ppo_kl", losses.aggregate(pl.approx_kl, mb.mask, "token-mean", **tok))
                 add("is_weight", losses.aggregate(pl.is_weight, mb.mask, "token-mean", **tok))
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                   cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            grad_norm = float(norm)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             if math.isfinite(grad_norm):
                 self.optimizer.step()
             else:  # as verl: a non-finite gradient skips the step instead of poisoning Adam
                 skipped += 1
                 self.optimizer.zero_grad(set_to_none=True)
+        self._set_accumulation(False, last=True)
+        names = sorted(sums)
+        totals = torch.stack([torch.as_tensor(sums[k]).reshape(()) for k in names]) if names else torch.zeros(0)
+        if self.world > 1 and names:
+            import torch.distributed as dist
+
+            dist.all_reduce(totals)
         rewards = np.array([s.reward for s in samples], dtype=np.float64)
-        out = {k: v / cfg.ppo_epochs for k, v in sums.items()}
+        out = {k: float(v) / cfg.ppo_epochs for k, v in zip(names, totals.cpu())}
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
-                   sequences=float(B), reward_mean=float(rewards.mean()),
+                   sequences=float(len(samples)), reward_mean=float(rewards.mean()),
                    reward_std=float(rewards.std()), step_seconds=time.perf_counter() - started)
         return out
 
     # -- state --------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, Any]:
+        """The whole model's weights on rank 0's CPU (gathered from the shards; once per version:
+        kept until the next step). Every rank must call it; the others get ``{}``."""
+        if not self.sharded:
+            return self.model.state_dict()
+        if self._full_state is None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            self._full_state = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self._full_state
+
+    def save_weights(self, directory: str | Path) -> Path:
+        """The weights in Hugging Face layout (safetensors) at ``directory``, written by rank 0
+        (what rollout workers load)."""
+        from streamrl.policy import save_policy
+
+        self._lead("weights", str(directory).encode())
+        started = time.perf_counter()
+        if not self.sharded:
+            path = save_policy(self.model, self.tokenizer, directory)
+        else:
+            state = self.full_state_dict()
+            path = Path(directory)
+            if self.rank == 0:
+                path = save_policy(self.model, self.tokenizer, directory, state_dict=dict(state))
+        from streamrl import metrics
+
+        metrics.LEARNER_WEIGHTS_PUBLISH_SECONDS.observe(time.perf_counter() - started)
+        return path
+
+    def write_checkpoint(self, directory: str | Path) -> None:
+        """Into a checkpoint being written (``learner.checkpoint.save``): the weights as
+        ``policy/`` (Hugging Face layout, rank 0) and model + optimizer state as sharded
+        ``torch.distributed.checkpoint`` files in ``dcp/`` (each rank its shard; they load on
+        any number of ranks)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        from streamrl.policy import save_policy
+
+        self._lead("checkpoint", str(directory).encode())
+        directory = Path(directory)
+        if not self.sharded:
+            save_policy(self.model, self.tokenizer, directory / "policy")
+        else:
+            state = self.full_state_dict()
+            if self.rank == 0:
+                save_policy(self.model, self.tokenizer, directory / "policy", state_dict=dict(state))
+        state = {"model": get_model_state_dict(self.model)}
+        if self.optimizer.state:  # (asking a fresh optimizer for its state would take a step)
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        with _single_process_dcp():
+            dcp.save(state, checkpoint_id=str(directory / "dcp"))
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Model and optimizer state from a checkpoint's ``dcp/`` (written by any number of
+        ranks), or its ``optimizer.pt`` (single-process checkpoints of earlier versions)."""
+        directory = Path(directory)
+        if (directory / "dcp").is_dir():
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                                 set_model_state_dict, set_state_dict)
+
+            path = str(directory / "dcp")
+            saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+            with _single_process_dcp():
+                if any(k.startswith("optim.") for k in saved):
+                    model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+                    state = {"model": model_sd, "optim": optim_sd}
+                    dcp.load(state, checkpoint_id=path)
+                    set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                                   optim_state_dict=state["optim"])
+                else:
+                    state = {"model": get_model_state_dict(self.model)}
+                    dcp.load(state, checkpoint_id=path)
+                    set_model_state_dict(self.model, state["model"])
+        elif (directory / "optimizer.pt").is_file():
+            self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
+                                                      weights_only=True))
+
     def optimizer_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+
+@contextlib.contextmanager
+def _single_process_dcp() -> Iterator[None]:
+    """DCP without a process group is the single-process learner's normal case, not a warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+# -- the wire format of mini-batches between ranks, and the ranks other than 0 -------------------
+_ARRAYS = (("prompt_ids", np.int64), ("response_ids", np.int64),
+           ("behaviour_logprobs", np.float32), ("response_mask", np.float32))
+
+
+def encode_samples(samples: Sequence[Sample]) -> bytes:
+    """Samples as bytes: a JSON header (ids, rewards, array lengths) and the arrays' raw bytes."""
+    header, blobs = [], []
+    for s in samples:
+        entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
+                                 "policy_version": s.policy_version}
+        for name, dtype in _ARRAYS:
+            value = getattr(s, name)
+            if value is None:
+                entry[name] = None
+                continue
+            arr = np.ascontiguousarray(value, dtype=dtype)
+            entry[name] = len(arr)
+            blobs.append(arr.tobytes())
+        header.append(entry)
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
+
+
+def decode_samples(data: bytes) -> list[Sample]:
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    pos, out = 8 + n, []
+    for entry in header:
+        arrays = {}
+        for name, dtype in _ARRAYS:
+            count = entry.pop(name)
+            if count is None:
+                arrays[name] = None
+                continue
+            size = count * np.dtype(dtype).itemsize
+            arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).copy()
+            pos += size
+        out.append(Sample(**entry, **arrays))
+    return out
+
+
+def follow(cfg: LearnerConfig) -> int:
+    """A rank other than 0: build the trainer when rank 0 says from which checkpoint, then run
+    what it sends until it says stop. SIGTERM is ignored (the launcher sends it to every rank
+    at a stop; rank 0 drains and checkpoints, which needs this rank, then says stop); a dead
+    rank 0 fails the next collective and ends this process."""
+    from streamrl.learner import distributed
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    group = distributed.init(cfg)
+    assert group is not None and not group.leader
+    channel = distributed.Channel()
+    trainer: Trainer | None = None
+    while True:
+        op, payload = channel.receive()
+        if op == "init":
+            trainer = Trainer(cfg, **json.loads(payload))
+        elif op == "stop":
+            break
+        elif trainer is None:
+            raise RuntimeError(f"learner rank {group.rank}: {op!r} before init")
+        elif op == "step":
+            trainer.step(decode_samples(payload))
+        elif op == "logprobs":
+            trainer.logprobs(decode_samples(payload))
+        elif op == "weights":
+            trainer.save_weights(payload.decode())
+        elif op == "checkpoint":
+            trainer.write_checkpoint(payload.decode())
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return 0
 
 
 def _tensor(values: np.ndarray, dtype) -> torch.Tensor:

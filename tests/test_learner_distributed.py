@@ -1,0 +1,220 @@
+"""The learner on several ranks (issue 25): FSDP2 over gloo on CPU, two real processes speaking
+the real rank-0 protocol (``streamrl.learner.trainer.follow`` on rank 1), token-budget
+micro-batches, sharded checkpoints written by N ranks and read by M."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from streamrl.errors import ConfigError
+from streamrl.learner import microbatch
+from streamrl.learner.config import LearnerConfig, ParallelConfig
+from streamrl.learner.trainer import Sample, Trainer, follow
+from streamrl.policy import load_policy
+
+STEPS = 3
+#: the parity runs take every path that talks between ranks: recomputed proximal log-probs
+#: (decoupled), a sharded KL reference, and a 150-token sequence chunked under a 64-token budget
+PARITY = dict(decoupled=True, kl_coef=0.1, max_tokens_per_micro_batch=64)
+
+
+def parity_batch(seed: int) -> list[Sample]:
+    return batch(seed, long=150 if seed == 2 else 0)
+
+
+def cfg(tmp: Path | None = None, **kw) -> LearnerConfig:
+    base = dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0, checkpoint_dir=str(tmp or "."))
+    base.update(kw)
+    return LearnerConfig(**base).validate()
+
+
+def batch(seed: int, n: int = 8, long: int = 0) -> list[Sample]:
+    """``n`` samples in groups of 4 with uneven lengths (and one of ``long`` tokens)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p = int(rng.integers(2, 12))
+        r = long - p if long and i == 0 else int(rng.integers(1, 40))
+        out.append(Sample(id=f"s{seed}-{i:02d}", group_id=f"g{seed}-{i // 4}", reward=float(rng.random()),
+                          policy_version=0, prompt_ids=rng.integers(0, 256, p),
+                          response_ids=rng.integers(0, 256, r),
+                          behaviour_logprobs=rng.normal(-5.5, 0.3, r).astype(np.float32)))
+    return out
+
+
+def local_state_bytes(trainer: Trainer) -> int:
+    from streamrl.learner.distributed import local_bytes
+
+    optim = [v for st in trainer.optimizer.state.values() for v in st.values()
+             if torch.is_tensor(v) and v.dim() > 0]
+    return local_bytes(trainer.model.parameters()) + local_bytes(optim)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
+    """One of two ranks: rank 1 follows; rank 0 resumes from ``resume``, trains STEPS
+    mini-batches, writes a checkpoint and reports losses, weights and memory."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from streamrl.learner import distributed
+
+    c = cfg(Path(tmp), **PARITY)
+    if rank:
+        follow(c)
+        return
+    trainer = Trainer(c, resume=resume)
+    trainer.save_weights(Path(tmp) / "resumed")  # gathered from the two ranks' shards
+    losses = [trainer.step(parity_batch(seed))["loss"] for seed in range(1, STEPS + 1)]
+    memory = local_state_bytes(trainer)
+    (Path(tmp) / "ckpt2").mkdir()
+    trainer.write_checkpoint(Path(tmp) / "ckpt2")
+    (Path(tmp) / "out.json").write_text(json.dumps({"losses": losses, "memory": memory}))
+    distributed.finish()
+
+
+def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
+    torch.manual_seed(0)
+    one = Trainer(cfg(tmp_path, **PARITY))
+    one.step(batch(0))
+    ckpt1 = tmp_path / "ckpt1"
+    ckpt1.mkdir()
+    one.write_checkpoint(ckpt1)  # written by one process, resumed by two below
+    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path), str(ckpt1)), nprocs=2, join=True)
+    out = json.loads((tmp_path / "out.json").read_text())
+
+    resumed = load_policy(str(tmp_path / "resumed"))[0].state_dict()
+    for name, value in one.model.state_dict().items():  # 1 -> 2 ranks: the same weights
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
+    memory_one = local_state_bytes(one)
+    expected = [one.step(parity_batch(seed))["loss"] for seed in range(1, STEPS + 1)]
+    for got, want in zip(out["losses"], expected):
+        assert abs(got - want) <= 1e-5 * max(abs(want), 1e-3), (out["losses"], expected)
+    # 2 ranks -> 1: the sharded checkpoint's weights and AdamW moments are the 1-rank run's
+    back = Trainer(cfg(tmp_path, **PARITY), resume=str(tmp_path / "ckpt2"))
+    for (name, value), p in zip(one.model.state_dict().items(), back.model.state_dict().values()):
+        torch.testing.assert_close(p, value, rtol=1e-5, atol=1e-5, msg=name)
+    for p_one, p_back in zip(one.model.parameters(), back.model.parameters()):
+        torch.testing.assert_close(back.optimizer.state[p_back]["exp_avg"], one.optimizer.state[p_one]["exp_avg"],
+                                   rtol=1e-4, atol=1e-7)
+    assert memory_one > 0 and out["memory"] <= 0.55 * memory_one, (out["memory"], memory_one)
+
+
+def test_token_budget_never_exceeded_and_exact(tmp_path):
+    samples = batch(7, n=6, long=4096)
+    assert sum(len(s.prompt_ids) + len(s.response_ids) for s in samples[:1]) == 4096
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        whole = Trainer(cfg(tmp_path, micro_batch_size=64, loss_agg_mode=mode))
+        split = Trainer(cfg(tmp_path, max_tokens_per_micro_batch=1024, loss_agg_mode=mode))
+        a, b = whole.step(samples), split.step(samples)
+        assert max(split.forward_tokens) <= 1024 < max(whole.forward_tokens)
+        assert len(split.forward_tokens) >= 5  # the long one in four chunks, and the short ones
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (mode, a["loss"], b["loss"])
+        for (name, pa), pb in zip(whole.model.named_parameters(), split.model.parameters()):
+            torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-6, msg=f"{mode} {name}")
+
+
+def test_micro_batch_plans_balance_tokens():
+    lengths = [4096, 30, 900, 500, 500, 100, 100, 20]
+    parts = microbatch.balance(lengths, 2)
+    assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+    loads = sorted(sum(lengths[i] for i in p) for p in parts)
+    assert parts[0] == [0] or parts[1] == [0]  # the long one alone; the rest on the other rank
+    assert loads == [sum(lengths) - 4096, 4096]
+    mbs = microbatch.split(lengths, 1000)
+    assert all(microbatch.forward_tokens(lengths, mb, 1000) <= 1000 for mb in mbs)
+    assert sorted(i for mb in mbs for i in mb.indices) == list(range(len(lengths)))
+    assert [mb.chunks for mb in mbs if 0 in mb.indices] == [5]
+
+
+def test_memory_limit_refuses_at_start(tmp_path):
+    with pytest.raises(ConfigError, match="learner.max_memory_gb"):
+        Trainer(cfg(tmp_path, max_memory_gb=0.0001))
+    with pytest.raises(ConfigError, match="learner.parallel.nproc"):
+        LearnerConfig(parallel=ParallelConfig(nproc=0)).validate()
+
+
+def _rank_pid(run_pid: int, rank: int) -> int | None:
+    """The learner rank ``rank`` under the run (its environment says LOCAL_RANK)."""
+    from tests.test_run import alive, descendants
+
+    for pid in descendants(run_pid):
+        try:
+            env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"LOCAL_RANK={rank}".encode() in env and b"learner" in argv and alive(pid):
+            return pid
+    return None
+
+
+def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
+    """``streamrl run learner.parallel.nproc=2`` on the embedded default; rank 1 SIGKILLed
+    after a version: the group goes down, the supervisor restarts it from the checkpoint, the
+    run completes, versions never go back, and the surviving line trained each mini-batch once."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_run import ROOT
+
+    versions, per_version = 5, 2 * 4  # local.yaml: groups_per_mini_batch x group_size
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", f"run.out_dir={tmp_path}",
+         "run.reward_members=1", "feed.limit=200", f"learner.versions={versions}", "learner.parallel.nproc=2",
+         "learner.groups_per_mini_batch=2", "feed.group_size=4", "run.restart.backoff_s=0.5"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "STREAMRL_LOG_LEVEL": "INFO"})  # the learner logs each version it announces
+    try:
+        out_dir = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:  # after the first checkpoint
+            found = list(tmp_path.glob("*/checkpoints/ckpt-*"))
+            if found:
+                out_dir = found[0].parent.parent
+                break
+            time.sleep(0.5)
+        assert out_dir is not None, "no checkpoint before the kill"
+        pid = _rank_pid(proc.pid, 1)
+        assert pid is not None, "no learner rank 1"
+        os.kill(pid, 9)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["ended"] == "done" and summary["versions"] == versions and summary["restarts"] >= 1, summary
+    log = (out_dir / "logs" / "learner.log").read_text()
+    assert log.count("2 ranks through torch.distributed.run") >= 2 and "resumed from" in log
+    state = json.loads((sorted((out_dir / "checkpoints").glob("ckpt-*"))[-1] / "state.json").read_text())
+    assert state["version"] == versions and state["trained_records"] == versions * per_version, state
+    announced = [int(line.split("version ")[1].split()[0]) for line in log.splitlines()
+                 if "learner: version " in line and " at " in line]
+    assert announced == sorted(announced), announced
+
+
+def test_gradient_checkpointing_changes_memory_not_math(tmp_path):
+    samples = batch(3)
+    plain, ckpt = Trainer(cfg(tmp_path)), Trainer(cfg(tmp_path, gradient_checkpointing=True))
+    on = [m for m in ckpt.model.modules() if getattr(m, "gradient_checkpointing", False)]
+    assert on and not [m for m in plain.model.modules() if getattr(m, "gradient_checkpointing", False)]
+    a, b = plain.step(samples), ckpt.step(samples)
+    assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(a["loss"])
+    for pa, pb in zip(plain.model.parameters(), ckpt.model.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-7)
