@@ -239,3 +239,13 @@ def test_the_wheel_holds_no_data_but_the_projects_own(tmp_path: Path):
                          "streamrl/_packaged/topics/README.md", "streamrl/schemas/compose-spec.json"]) == \
         ["streamrl/data/gsm8k/train.jsonl.gz", "streamrl/data/gsm8k/LICENSE",
          "streamrl/_packaged/topics/README.md", "streamrl/schemas/compose-spec.json"]
+
+
+def test_a_missing_shared_file_fails_naming_its_path():
+    """What the tests take from other projects sits in shared/ beside the clone; a test that misses
+    one fails (never skips) and says where it looked."""
+    from tests.helpers import SHARED, gsm8k_path, shared_path
+
+    with pytest.raises(pytest.fail.Exception, match=re.escape(str(SHARED / "data" / "none.jsonl")) + " is missing"):
+        shared_path("data/none.jsonl")
+    assert gsm8k_path("test") == SHARED / "data" / "gsm8k" / "test.jsonl"
