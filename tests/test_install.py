@@ -241,6 +241,26 @@ def test_the_wheel_holds_no_data_but_the_projects_own(tmp_path: Path):
          "streamrl/_packaged/topics/README.md", "streamrl/schemas/compose-spec.json"]
 
 
+#: what a copied data set, schema bundle or licence looks like in a tree
+FOREIGN = re.compile(r"(^|/)(LICEN[CS]E|COPYING|NOTICE)[^/]*$|\.(jsonl|parquet|arrow|csv|tsv|gz|zip|tar|bz2|xz)$",
+                     re.I)
+
+
+def foreign_files(names: list[str]) -> list[str]:
+    """Repository files that look copied: a data file, an archive, another project's licence, or
+    anything under tests/ that is not a test module (what tests need from elsewhere is in shared/)."""
+    return [n for n in names if FOREIGN.search(n) or (n.startswith("tests/") and not n.endswith(".py"))]
+
+
+def test_the_repository_holds_no_copied_files():
+    names = [str(p.relative_to(ROOT)) for p in _repo_files()]
+    assert "streamrl/datasets.py" in names and not foreign_files(names), foreign_files(names)
+    # the check can fail: the copies it replaced
+    copies = ["streamrl/data/gsm8k/train.jsonl.gz", "streamrl/data/gsm8k/LICENSE", "tests/data/compose-spec.json",
+              "tests/data/crds/keda.sh_scaledobjects.yaml", "tests/data/README.md"]
+    assert foreign_files(copies) == copies
+
+
 def test_a_missing_shared_file_fails_naming_its_path():
     """What the tests take from other projects sits in shared/ beside the clone; a test that misses
     one fails (never skips) and says where it looked."""
