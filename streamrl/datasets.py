@@ -114,7 +114,7 @@ def _read_hub(spec: str, repo: str, config: str, split: str, *, limit: int, fiel
         raise MissingExtra(f"{exc} (or give a file: {field}=PATH, {_FILE_HINT})") from None
     try:
         ds = datasets.load_dataset(repo, config or None, split=f"{split}[:{limit}]" if limit else split)
-    except (OSError, ConnectionError) as exc:  # offline and not cached; not on the hub
+    except OSError as exc:  # ConnectionError: offline and not cached; FileNotFoundError: not on the hub
         cache = datasets.config.HF_DATASETS_CACHE
         raise ConfigError(f"{where}: Hugging Face {repo}{':' + config if config else ''} is neither reachable "
                           f"nor in the datasets cache ({cache}; {_first_line(exc)}): connect once to the hub "
