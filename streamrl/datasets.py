@@ -1,65 +1,76 @@
-"""Datasets by name, so a config says ``feed.dataset: gsm8k`` and works wherever streamrl is
-installed.
+"""Datasets by name or by file, so a config says ``feed.dataset: gsm8k`` or ``feed.dataset: PATH``.
 
 A dataset is one of:
 
-- a packaged name: ``gsm8k`` (GSM8K train, 7473 rows), ``gsm8k:test`` (1319 rows). GSM8K ships
-  inside the package (``streamrl/data/gsm8k``, MIT, openai/grade-school-math; the licence sits
-  beside it) as gzipped JSONL;
+- a hub name: ``gsm8k`` / ``gsm8k:train`` (7473 rows), ``gsm8k:test`` (1319 rows). streamrl ships
+  no data: GSM8K is loaded through the ``datasets`` library (the ``[hf]`` extra) from the Hugging
+  Face hub, ``openai/gsm8k`` config ``main``, as verl's ``examples/data_preprocess/gsm8k.py``
+  loads it. ``datasets`` caches what it loaded (under ``HF_HOME``), so later runs read the cache,
+  also offline (``HF_HUB_OFFLINE=1`` skips the hub check);
+- ``hf:REPO[:CONFIG][@SPLIT]``: any hub dataset the same way, e.g. ``hf:openai/gsm8k:main@test``;
 - a file: ``.jsonl`` / ``.json`` (one object a line), either gzipped (``.gz``), or ``.parquet``
-  (verl's preprocessed files read as they are);
-- ``hf:REPO[:CONFIG][@SPLIT]``: a Hugging Face dataset through the ``datasets`` library (the
-  ``[hf]`` extra, for machines that reach a hub), e.g. ``hf:openai/gsm8k`` (config ``main``,
-  split ``train``) or ``hf:openai/gsm8k:main@test``.
+  (verl's preprocessed files read as they are).
+
+A hub dataset that can be neither fetched nor found in the cache fails in one line that names
+both ways to get it: connect once, or give a file.
 """
 
 from __future__ import annotations
 
 import gzip
-from importlib import resources
 from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
 
-from streamrl.errors import ConfigError, StreamrlError, need
+from streamrl.errors import ConfigError, MissingExtra, StreamrlError, need
 
-#: packaged name -> file under ``streamrl/data``
-PACKAGED = {
-    "gsm8k": "gsm8k/train.jsonl.gz",
-    "gsm8k:train": "gsm8k/train.jsonl.gz",
-    "gsm8k:test": "gsm8k/test.jsonl.gz",
-}
-#: a Hugging Face repo whose only useful config has to be named
-_HF_DEFAULT_CONFIG = {"openai/gsm8k": "main"}
+#: hub name -> (repo, config), as verl's preprocessing loads it; ``NAME:SPLIT`` picks a split
+HUB_NAMES = {"gsm8k": ("openai/gsm8k", "main")}
+#: a hub repo whose only useful config has to be named
+_HF_DEFAULT_CONFIG = {repo: config for repo, config in HUB_NAMES.values()}
+_FILE_HINT = "a verl-prepared .parquet or a .jsonl[.gz] of rows"
 
 
 class DatasetError(StreamrlError, ValueError):
     """A dataset row that cannot be read or become a prompt; the message names the file and row."""
 
 
-def packaged_path(name: str) -> Path:
-    """The packaged file of ``name`` (``gsm8k``, ``gsm8k:test``)."""
-    rel = PACKAGED[name]
-    return Path(str(resources.files("streamrl") / "data" / rel))
+def _hub_spec(spec: str) -> tuple[str, str, str] | None:
+    """``(repo, config, split)`` of a hub name or an ``hf:`` spec; None for a file."""
+    if spec.startswith("hf:"):
+        rest, _, split = spec[3:].partition("@")
+        repo, _, config = rest.partition(":")
+        return repo, config or _HF_DEFAULT_CONFIG.get(repo, ""), split or "train"
+    name, _, split = spec.partition(":")
+    if name in HUB_NAMES:
+        repo, config = HUB_NAMES[name]
+        return repo, config, split or "train"
+    return None
 
 
 def describe(spec: str) -> str:
     """What ``spec`` names, for messages and logs."""
-    return f"{spec} (packaged)" if spec in PACKAGED else spec
+    hub = _hub_spec(spec)
+    if hub is None:
+        return spec
+    repo, config, split = hub
+    return f"{spec} (Hugging Face {repo}{':' + config if config else ''}@{split})"
 
 
 def read_rows(spec: str, limit: int = 0, field: str = "feed.dataset") -> list[dict[str, Any]]:
     """The rows of dataset ``spec`` (see the module doc), at most ``limit`` (0: all). A spec that
     names nothing raises ``ConfigError`` naming ``field``."""
     if not spec:
-        raise ConfigError(f"config field {field!r}: required: a packaged name ({', '.join(PACKAGED)}), "
-                          f"a .jsonl/.jsonl.gz/.parquet file, or hf:REPO")
-    if spec.startswith("hf:"):
-        return _read_hf(spec[3:], limit)
-    path = packaged_path(spec) if spec in PACKAGED else Path(spec)
+        raise ConfigError(f"config field {field!r}: required: {' / '.join(HUB_NAMES)} (the Hugging Face hub), "
+                          f"hf:REPO, or a file ({_FILE_HINT})")
+    hub = _hub_spec(spec)
+    if hub is not None:
+        return _read_hub(spec, *hub, limit=limit, field=field)
+    path = Path(spec)
     if not path.is_file():
-        raise ConfigError(f"config field {field!r}: no file {spec!r} (packaged names: {', '.join(PACKAGED)})")
+        raise ConfigError(f"config field {field!r}: no file {spec!r} (or a hub name: "
+                          f"{', '.join(HUB_NAMES)}, hf:REPO)")
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -88,11 +99,27 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
             yield row
 
 
-def _read_hf(spec: str, limit: int) -> list[dict[str, Any]]:
-    datasets = need("datasets", "hf", f"dataset 'hf:{spec}'")
-    spec, _, split = spec.partition("@")
-    repo, _, config = spec.partition(":")
-    config = config or _HF_DEFAULT_CONFIG.get(repo, "")
-    split = split or "train"
-    ds = datasets.load_dataset(repo, config or None, split=f"{split}[:{limit}]" if limit else split)
-    return [dict(row) for row in ds]
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _read_hub(spec: str, repo: str, config: str, split: str, *, limit: int, field: str) -> list[dict[str, Any]]:
+    """A split of a hub dataset through ``datasets.load_dataset`` (which fetches it once and
+    reads its own cache after that)."""
+    where = f"config field {field!r}: {spec!r}"
+    try:
+        datasets = need("datasets", "hf", where)
+    except MissingExtra as exc:
+        raise MissingExtra(f"{exc} (or give a file: {field}=PATH, {_FILE_HINT})") from None
+    try:
+        ds = datasets.load_dataset(repo, config or None, split=f"{split}[:{limit}]" if limit else split)
+    except OSError as exc:  # ConnectionError: offline and not cached; FileNotFoundError: not on the hub
+        cache = datasets.config.HF_DATASETS_CACHE
+        raise ConfigError(f"{where}: Hugging Face {repo}{':' + config if config else ''} is neither reachable "
+                          f"nor in the datasets cache ({cache}; {_first_line(exc)}): connect once to the hub "
+                          f"(then it is cached, also for HF_HUB_OFFLINE=1), or give a file: {field}=PATH "
+                          f"({_FILE_HINT})") from None
+    except ValueError as exc:  # an unknown split or config
+        raise ConfigError(f"{where}: {_first_line(exc)}") from None
+    return ds.to_list()

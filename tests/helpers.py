@@ -1,14 +1,37 @@
-"""Helpers for the tests: reading topics back, and real HTTP servers in the test process."""
+"""Helpers for the tests: reading topics back, real HTTP servers in the test process, and the
+one reader of what the tests take from other projects (``shared/`` beside the clone)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Callable
 
+import pytest
 from aiohttp import web
 
 from streamrl.bus import Bus, Message
+
+
+#: beside the clone, as CI lays it: GSM8K (data/gsm8k/) and the deployment schemas (schemas/),
+#: which the repository does not carry (it holds only what this project wrote)
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+
+
+def shared_path(rel: str) -> Path:
+    """A file or folder of ``shared/`` beside the clone; a test that needs one fails (never skips)
+    naming the path when it is not there."""
+    path = SHARED / rel
+    if not path.exists():
+        pytest.fail(f"{path} is missing: the tests read it from the shared/ folder beside the clone "
+                    f"(as CI lays it); put a copy there", pytrace=False)
+    return path
+
+
+def gsm8k_path(split: str = "test") -> Path:
+    """GSM8K's ``train`` or ``test`` split as JSONL rows of ``question`` and ``answer``."""
+    return shared_path(f"data/gsm8k/{split}.jsonl")
 
 
 async def read_topic(bus: Bus, topic: str, n: int, timeout_s: float = 30.0) -> list[Message]:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from streamrl.bench.ablation import MODES, grpo_advantages, remote_gsm8k_score
+from tests.helpers import gsm8k_path
 
 
 def test_remote_score_blocks_and_scores_gsm8k():
@@ -34,7 +35,8 @@ def test_grpo_advantages_per_group():
 
 
 def test_bench_ablation_quick(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "streamrl", "bench", "ablation", "--quick", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "streamrl", "bench", "ablation", "--quick", "--out", str(tmp_path),
+                           "--dataset", str(gsm8k_path("train"))],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from streamrl.bench._sim import JudgeLatency
 from streamrl.cli import main
+from tests.helpers import gsm8k_path
 
 
 def _last_json(capsys) -> dict:
@@ -42,7 +43,8 @@ def test_bench_pipeline_tiny(bootstrap, tmp_path, capsys):
                "--warmup", "1", "--staleness", "1", "--group-size", str(group_size),
                "--groups-per-version", str(groups), "--mini-batches", str(mini),
                "--gen-latency", str(gen_latency), "--judge-low-ms", str(low), "--judge-high-ms", str(high),
-               "--judge-concurrency", str(judge_c), "--step-s", str(step_s), "--out", str(tmp_path)])
+               "--judge-concurrency", str(judge_c), "--step-s", str(step_s), "--out", str(tmp_path),
+               "--dataset", str(gsm8k_path("train"))])
     assert rc == 0
     res = _last_json(capsys)
     for key in ("speedup_vs_sync", "efficiency_vs_bound", "sync_s_per_version", "bound_s_per_version"):

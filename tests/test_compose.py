@@ -1,7 +1,7 @@
 """No Docker engine runs here, so docker/docker-compose.yml and docker/Dockerfile are held to the
 code by reading them:
 
-- the file is valid against the Compose Specification's JSON Schema (tests/data/compose-spec.json),
+- the file is valid against the Compose Specification's JSON Schema (compose-spec.json of shared/schemas/ beside the clone),
   with its variables interpolated as compose does, in the default and the gpu setting;
 - every service that runs streamrl runs a real verb (``--help`` works), its flags and overrides
   parse, its config loads from a directory that is not the repository (as in the image) and
@@ -36,6 +36,7 @@ import yaml
 
 from streamrl.cli import OVERRIDE, VERBS, build_parser
 from streamrl.commands.common import load
+from tests.helpers import shared_path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -43,7 +44,6 @@ COMPOSE_FILE = DOCKER / "docker-compose.yml"
 GPU_ENV = DOCKER / "gpu.env"
 DOCKERFILE = DOCKER / "Dockerfile"
 PROMETHEUS = ROOT / "configs" / "prometheus" / "prometheus.yml"
-SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
 STAGES = ("rollout", "reward", "learner")  # the long-running verbs, each serving metrics
 
 
@@ -234,7 +234,7 @@ STREAMRL_SERVICES = {n: s for n, s in ALL_SETTINGS_SERVICES.items() if runs_stre
 # -- the schema --------------------------------------------------------------------------------------
 
 def compose_validator() -> jsonschema.Validator:
-    schema = yaml.safe_load(SCHEMA.read_text())
+    schema = yaml.safe_load(shared_path("schemas/compose-spec.json").read_text())
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
     cls.check_schema(schema)
     return cls(schema)

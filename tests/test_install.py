@@ -4,7 +4,6 @@ errors are one line that says what to do."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -52,7 +51,9 @@ OUTSIDE = re.compile("|".join([
 
 def test_no_path_outside_the_repository():
     """Code, configs, docker files, benches, tests and docs name no path outside the repository:
-    not the reference folder beside the checkout, no absolute home or build-machine path."""
+    not the reference folder beside the checkout, no absolute home or build-machine path. (The
+    tests' one way to what other projects publish is ``tests.helpers.SHARED``, found from the
+    test file's own place, never a path written out.)"""
     hits = []
     for path in _repo_files():
         if path.suffix in (".png", ".gz", ".whl"):
@@ -178,17 +179,93 @@ def test_missing_extra_is_one_line_naming_it():
     assert need("json", "cpu", "x").dumps([1]) == "[1]"
 
 
-def test_packaged_dataset_and_config_names():
-    from streamrl.datasets import read_rows
-    from streamrl.errors import ConfigError, MissingExtra
+def test_packaged_config_names_and_dataset_names():
+    """Configs by packaged name; datasets by hub name or file (the package carries no data set)."""
+    from streamrl.datasets import describe, read_rows
+    from streamrl.errors import ConfigError
     from streamrl.packaged import resolve_config
 
-    assert len(read_rows("gsm8k")) == 7473 and len(read_rows("gsm8k:test")) == 1319
-    assert read_rows("gsm8k:test", limit=2)[0]["answer"].endswith("#### 18")
     assert resolve_config("local.yaml").resolve() == resolve_config("local").resolve() \
         == resolve_config("configs/local.yaml").resolve()
-    with pytest.raises(ConfigError, match="feed.dataset"):
-        read_rows("gsm8k:validation")
-    if importlib.util.find_spec("datasets") is None:  # the [hf] extra is not installed: say so
-        with pytest.raises(MissingExtra, match=r"needs datasets: pip install 'streamrl\[hf\]'"):
-            read_rows("hf:openai/gsm8k")
+    assert describe("gsm8k") == "gsm8k (Hugging Face openai/gsm8k:main@train)"
+    assert describe("gsm8k:test") == "gsm8k:test (Hugging Face openai/gsm8k:main@test)"
+    assert describe("hf:org/set@validation") == "hf:org/set@validation (Hugging Face org/set@validation)"
+    assert describe("data/x.jsonl") == "data/x.jsonl"
+    with pytest.raises(ConfigError, match=r"^config field 'feed.dataset': no file 'gsm8k.jsonl' \(or a hub name"):
+        read_rows("gsm8k.jsonl")
+    with pytest.raises(ConfigError, match="'--dataset': required"):
+        read_rows("", field="--dataset")
+
+
+#: the data files the wheel may hold: the project's own topic specs and configs, copied in by
+#: setup.py; anything else (a data set, a schema or licence of another project) must not return
+OWN_DATA = re.compile(r"^streamrl/_packaged/(topics/[\w-]+\.json|configs/[\w./-]+\.(ya?ml|json))$")
+
+
+def wheel_files(wheel: Path) -> list[str]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.namelist()
+
+
+def foreign_data(names: list[str]) -> list[str]:
+    """What a wheel holds besides Python modules, its metadata and the project's own data."""
+    return [n for n in names if not n.endswith(".py") and ".dist-info/" not in n and not OWN_DATA.match(n)]
+
+
+def test_the_wheel_holds_no_data_but_the_projects_own(tmp_path: Path):
+    """The wheel, built from the repository's files as a fresh clone has them (no stale build/
+    of a checkout), holds code, metadata, topics/ and configs/ and nothing else: no data set,
+    schema or licence copied from another project."""
+    import shutil
+
+    src = tmp_path / "src"
+    for path in _repo_files():
+        (src / path.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, src / path.relative_to(ROOT))
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(src)], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("streamrl-*.whl")
+    names = wheel_files(wheel)
+    assert not foreign_data(names), f"data in the wheel that is not the project's own: {foreign_data(names)}"
+    own = [n for n in names if OWN_DATA.match(n)]
+    assert {Path(n).name for n in own} >= {"rollouts.json", "local.yaml"}, own
+    assert len(own) == len(list((ROOT / "topics").glob("*.json"))) + \
+        len([p for p in (ROOT / "configs").rglob("*") if p.is_file()])
+    # the check can fail: what the wheel held before GSM8K and its licence left
+    assert foreign_data(["streamrl/data/gsm8k/train.jsonl.gz", "streamrl/data/gsm8k/LICENSE",
+                         "streamrl/_packaged/topics/README.md", "streamrl/schemas/compose-spec.json"]) == \
+        ["streamrl/data/gsm8k/train.jsonl.gz", "streamrl/data/gsm8k/LICENSE",
+         "streamrl/_packaged/topics/README.md", "streamrl/schemas/compose-spec.json"]
+
+
+#: what a copied data set, schema bundle or licence looks like in a tree
+FOREIGN = re.compile(r"(^|/)(LICEN[CS]E|COPYING|NOTICE)[^/]*$|\.(jsonl|parquet|arrow|csv|tsv|gz|zip|tar|bz2|xz)$",
+                     re.I)
+
+
+def foreign_files(names: list[str]) -> list[str]:
+    """Repository files that look copied: a data file, an archive, another project's licence, or
+    anything under tests/ that is not a test module (what tests need from elsewhere is in shared/)."""
+    return [n for n in names if FOREIGN.search(n) or (n.startswith("tests/") and not n.endswith(".py"))]
+
+
+def test_the_repository_holds_no_copied_files():
+    names = [str(p.relative_to(ROOT)) for p in _repo_files()]
+    assert "streamrl/datasets.py" in names and not foreign_files(names), foreign_files(names)
+    # the check can fail: the copies it replaced
+    copies = ["streamrl/data/gsm8k/train.jsonl.gz", "streamrl/data/gsm8k/LICENSE", "tests/data/compose-spec.json",
+              "tests/data/crds/keda.sh_scaledobjects.yaml", "tests/data/README.md"]
+    assert foreign_files(copies) == copies
+
+
+def test_a_missing_shared_file_fails_naming_its_path():
+    """What the tests take from other projects sits in shared/ beside the clone; a test that misses
+    one fails (never skips) and says where it looked."""
+    from tests.helpers import SHARED, gsm8k_path, shared_path
+
+    with pytest.raises(pytest.fail.Exception, match=re.escape(str(SHARED / "data" / "none.jsonl")) + " is missing"):
+        shared_path("data/none.jsonl")
+    assert gsm8k_path("test") == SHARED / "data" / "gsm8k" / "test.jsonl"

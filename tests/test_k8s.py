@@ -4,8 +4,8 @@
   (or, where no kubectl is installed, from its files as they are), and every object validates
   strictly: built-in kinds against the Kubernetes OpenAPI schemas of ``kubernetes-validate``
   (unknown fields rejected), the KEDA ScaledObject and the Prometheus-operator PodMonitor against
-  the CRD schemas those projects publish (tests/data/crds/, unknown fields rejected where the
-  schema does not preserve them);
+  the CRD schemas those projects publish (shared/schemas/ beside the clone, unknown fields
+  rejected where the schema does not preserve them);
 - every container's command is a streamrl verb whose config (the ConfigMap it mounts) and
   overrides load and pass the stage's own checks; its environment holds only variables streamrl
   reads, secrets only by optional reference;
@@ -31,12 +31,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.helpers import shared_path
 from tests.test_compose import (check_streamrl_command, env_names_of_config, metrics_port,
                                 prometheus_targets, streamrl_env_names, workdir)
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "docker" / "k8s"
-CRDS = ROOT / "tests" / "data" / "crds"
 VARIANTS = ("base", "overlays/keda", "overlays/hpa")
 # the oldest Kubernetes the manifests are meant for, and the newest kubernetes-validate knows
 KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -132,9 +132,10 @@ def strict(schema: Any) -> Any:
 
 @functools.cache
 def crd_validators() -> dict[tuple[str, str], jsonschema.Validator]:
-    """(apiVersion, kind) -> a strict validator, for every served version of the packaged CRDs."""
+    """(apiVersion, kind) -> a strict validator, for every served version of the published CRDs
+    (shared/schemas/*.yaml)."""
     validators = {}
-    for path in sorted(CRDS.glob("*.yaml")):
+    for path in sorted(shared_path("schemas").glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         assert crd["kind"] == "CustomResourceDefinition", path
         spec = crd["spec"]
@@ -164,7 +165,7 @@ def validation_errors(obj: dict) -> list[str]:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
-            return [f"no schema for {key} in Kubernetes {version} nor in tests/data/crds"]
+            return [f"no schema for {key} in Kubernetes {version} nor in the CRDs of shared/schemas"]
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"Kubernetes {version}: {exc.message} at {'/'.join(map(str, exc.path))}")
     return errors

@@ -544,7 +544,7 @@ def test_a_verl_multiturn_gsm8k_setup_runs_through_streamrl_run(bootstrap, tmp_p
     proc = subprocess.run(
         [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", "--bootstrap-servers", bootstrap,
          f"bus.topic_prefix={prefix}", f"run.out_dir={tmp_path / 'runs'}", "run.reward_members=1",
-         f"feed.dataset={data}", "feed.data_source=''", "feed.prompt_template=''", "feed.ground_truth=verl",
+         f"feed.dataset={data}",  # verl's format, recognised by its columns: no feed key to set
          "feed.limit=4", "feed.group_size=2", "learner.groups_per_mini_batch=2", "rollout.trajectories_per_version=4",
          "learner.versions=1", f"rollout.multi_turn.interaction_config_path={interactions}",
          f"rollout.multi_turn.tool_config_path={tools}", "rollout.multi_turn.max_assistant_turns=2",

@@ -6,7 +6,6 @@ publishing to an evaluation topic, and a checkpoint evaluation with the tiny pol
 from __future__ import annotations
 
 import asyncio
-import gzip
 import statistics
 from fractions import Fraction
 from pathlib import Path
@@ -19,14 +18,12 @@ import pytest
 from streamrl.bus import Bus, TopicPartition
 from streamrl.cli import main as cli
 from streamrl.config import ConfigError, PipelineConfig, load_config
-from streamrl.datasets import packaged_path
 from streamrl.records import Rewarded, Trajectory
 from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic, resolve_scorer
 from streamrl.reward.config import RewardConfig, ScorerSpec
 from streamrl.rollout.feed import gsm8k_ground_truth
-from tests.helpers import JudgeServer, read_topic
+from tests.helpers import JudgeServer, gsm8k_path, read_topic
 
-GSM8K_TEST = packaged_path("gsm8k:test")  # the packaged copy (gzipped JSONL)
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z: record times far from the brokers' own timestamps
 OLD = [0.0, 1.0, 0.25, 0.75]
 
@@ -329,7 +326,7 @@ def test_replay_bounds_by_record_time_version_and_offset(bus: Bus, tmp_path: Pat
 
 
 def test_replay_gsm8k_reference_solutions_agree_with_their_answers(bus: Bus, tmp_path: Path) -> None:
-    rows = [orjson.loads(line) for line in gzip.decompress(GSM8K_TEST.read_bytes()).splitlines()[:300]]
+    rows = [orjson.loads(line) for line in gsm8k_path("test").read_bytes().splitlines()[:300]]
     records = [Rewarded(id=f"test-{i:04d}", group_id=f"test-{i:04d}", group_size=1, policy_version=0,
                         data_source="gsm8k", prompt=row["question"], response=row["answer"],
                         ground_truth=gsm8k_ground_truth(row["answer"]), reward=1.0,
@@ -483,7 +480,7 @@ def test_bounds_and_scorer_specs_are_checked() -> None:
 def test_generate_evaluates_the_tiny_policy_on_held_out_prompts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_bytes(b"\n".join(gzip.decompress(GSM8K_TEST.read_bytes()).splitlines()[:3]) + b"\n")
+    prompts.write_bytes(b"\n".join(gsm8k_path("test").read_bytes().splitlines()[:3]) + b"\n")
     overrides = ["rollout.max_new_tokens=6", "rollout.temperature=0"]
     path = asyncio.run(evaluate_policy(load_config(None, overrides), policy="tiny", prompts=str(prompts),
                                        scorer="gsm8k", out=tmp_path / "a", samples=2, policy_version=4,

@@ -27,10 +27,9 @@ from streamrl.records import DeadLetter, PolicyVersion, Prompt, Trajectory
 from streamrl.rollout.config import FeedConfig, RolloutConfig
 from streamrl.rollout.feed import build_prompts, publish_feed
 from streamrl.rollout.worker import RolloutWorker
-from tests.helpers import read_topic
+from tests.helpers import gsm8k_path, read_topic
 
 ROOT = Path(__file__).resolve().parents[1]
-GSM8K = "gsm8k:test"  # the packaged copy, by name
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -61,7 +60,7 @@ async def count(bus: Bus, topic: str) -> int:
 
 
 def test_two_workers_share_one_feed_exactly_once(bus):
-    feed = FeedConfig(dataset=GSM8K, limit=10, group_size=2)
+    feed = FeedConfig(dataset=str(gsm8k_path("test")), limit=10, group_size=2)
     cfg = RolloutConfig(max_new_tokens=12, temperature=0.9, max_in_flight=2)
 
     async def go():
@@ -182,8 +181,8 @@ def test_rollout_and_feed_verbs_run_as_processes(bus_config, tmp_path):
         match = re.search(r"metrics: http://[\d.]+:(\d+)/", line)
         assert match, line
         port = int(match.group(1))
-        feed = subprocess.run([sys.executable, "-m", "streamrl", "feed", "--dataset", GSM8K, "--limit", "2",
-                               *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        feed = subprocess.run([sys.executable, "-m", "streamrl", "feed", "--dataset", str(gsm8k_path("test")),
+                               "--limit", "2", *common], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert feed.returncode == 0, feed.stderr
         assert "published 2 prompts" in feed.stdout
         messages = asyncio.run(read_topic(Bus(bus_config), "rollouts", 6, timeout_s=60))

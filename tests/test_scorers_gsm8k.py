@@ -9,9 +9,10 @@ import pytest
 from streamrl.datasets import read_rows
 from streamrl.scorers import ScoreError, default_compute_score
 from streamrl.scorers.gsm8k import compute_score, verl_ground_truth
+from tests.helpers import gsm8k_path
 
 def _split() -> list[dict]:
-    return read_rows("gsm8k:test")  # the packaged copy, by name
+    return read_rows(str(gsm8k_path("test")))  # the real split, from shared/ beside the clone
 
 
 def test_every_reference_solution_scores_one_against_its_own_number():

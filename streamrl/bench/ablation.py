@@ -39,7 +39,7 @@ seconds[mode] / seconds["sync"]``.
 
 What is real and what is simulated:
 
-- **Real**: the prompts (the packaged GSM8K train set, ``streamrl.datasets.read_rows``) and their
+- **Real**: the prompts (GSM8K train by ``--dataset``, ``streamrl.datasets.read_rows``) and their
   ground truths; the scoring path, streamrl's own ``streamrl.reward.scoring.Scoring`` (scorer table,
   retries, fp32 rewards, ``Rewarded`` records) with one ``type: function`` entry serving ``gsm8k``,
   ``executor: thread``, ``reward.thread_concurrency`` calls at once (the agent's
@@ -192,7 +192,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-barrier", action="store_true",
                         help="score one batch at a time, as verl's agent does (its proxy thread takes the "
                              "next batch only once every call of the last one has returned)")
-    parser.add_argument("--dataset", default="gsm8k", help="GSM8K-style dataset (question, answer)")
+    parser.add_argument("--dataset", default="gsm8k",
+                        help="GSM8K-style dataset (question, answer): gsm8k (from the hub) or a file")
     parser.add_argument("--out", default="runs/bench", help="where ablation.json and ablation.png go")
 
 

@@ -68,7 +68,7 @@ from streamrl.plotting import pyplot, save
 
 HELP = "streaming pipeline vs a synchronous barrier (time per version, speedup, efficiency vs bound)"
 
-DATASET = "gsm8k"  # the packaged GSM8K train set
+DATASET = "gsm8k"  # GSM8K train (Hugging Face openai/gsm8k through datasets, or its cache)
 DATA_SOURCE = "bench"  # what the judge entry serves
 
 
@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-high-ms", type=float, default=400.0)
     parser.add_argument("--judge-concurrency", type=int, default=4)
     parser.add_argument("--step-s", type=float, default=0.4, help="the learner's time per mini-batch update")
-    parser.add_argument("--dataset", default=DATASET, help="GSM8K-style dataset: a packaged name (gsm8k) or a .jsonl/.parquet file")
+    parser.add_argument("--dataset", default=DATASET,
+                        help="GSM8K-style dataset: gsm8k (from the hub) or a .jsonl/.parquet file")
     parser.add_argument("--out", default="runs/bench", help="where the JSON, plot and logs go")
 
 

@@ -10,7 +10,8 @@ HELP = "publish a dataset to the prompts topic, one record per row and epoch (GS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", help="gsm8k, gsm8k:test, a .jsonl[.gz] / .parquet file, or hf:REPO (feed.dataset)")
+    parser.add_argument("--dataset", help="gsm8k, gsm8k:test (Hugging Face openai/gsm8k), hf:REPO, "
+                                           "or a .jsonl[.gz] / .parquet file (feed.dataset)")
     parser.add_argument("--epochs", type=int, help="feed.epochs")
     parser.add_argument("--limit", type=int, help="rows per epoch (feed.limit)")
     parser.add_argument("--group-size", type=int, help="samples per prompt (feed.group_size)")

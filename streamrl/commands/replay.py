@@ -33,7 +33,8 @@ per-record results to --out (default: a new runs/replay/<time>/ for each replay)
 of stdout is the path of report.json.
 
 --generate evaluates a checkpoint instead: it samples --samples responses per prompt of
---prompts (JSONL / parquet with question and answer, read like the prompt feed: feed.*) with
+--prompts (a dataset as feed.dataset names one: gsm8k:test from the Hugging Face hub, or a JSONL /
+parquet file, read like the prompt feed: feed.*) with
 --policy through the rollout backend (rollout.backend, rollout.temperature, rollout.max_new_tokens
 as overrides) and scores them; there is no old reward. No broker is needed unless publishing.
 """
@@ -66,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen = parser.add_argument_group("checkpoint evaluation")
     gen.add_argument("--generate", action="store_true", help="generate with --policy instead of reading a topic")
     gen.add_argument("--policy", default="", metavar="URI", help="'tiny' or a Hugging Face directory")
-    gen.add_argument("--prompts", default="", metavar="FILE", help="held-out prompts (.jsonl / .parquet)")
+    gen.add_argument("--prompts", default="", metavar="DATASET",
+                     help="held-out prompts: gsm8k:test (Hugging Face openai/gsm8k) or a .jsonl / .parquet file")
     gen.add_argument("--samples", type=int, default=1, help="responses per prompt (default 1)")
     gen.add_argument("--limit", type=int, default=0, help="first N prompts only (default: all)")
     gen.add_argument("--policy-version", type=int, default=0,

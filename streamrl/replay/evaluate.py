@@ -64,7 +64,7 @@ async def replay_topic(cfg: PipelineConfig, *, topic: str, scorer: str, out: Pat
 async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, scorer: str, out: Path,
                           samples: int = 1, limit: int = 0, policy_version: int = 0, fmt: str = "jsonl",
                           publish_topic: str | None = None, progress: bool = True) -> Path:
-    """Generate ``samples`` responses per prompt of ``prompts`` (a JSONL / parquet file, read as
+    """Generate ``samples`` responses per prompt of ``prompts`` (a dataset: a file or a name, read as
     the prompt feed reads it: ``cfg.feed``'s template and ground truth) with ``policy`` through
     the rollout backend (``cfg.rollout``: backend, sampling), score them with ``scorer`` and
     report; returns the JSON report's path. Needs a broker only to publish."""

@@ -222,15 +222,21 @@ class RolloutConfig:
 class FeedConfig:
     """A dataset to publish on the prompts topic: one record per row and epoch."""
 
-    # ``gsm8k`` / ``gsm8k:test`` (packaged), a .jsonl[.gz] / .parquet file, or hf:REPO (streamrl.datasets)
+    # ``gsm8k`` / ``gsm8k:test`` (Hugging Face openai/gsm8k through ``datasets``), hf:REPO, or a
+    # .jsonl[.gz] / .parquet file (streamrl.datasets)
     dataset: str = "gsm8k"
-    data_source: str = "gsm8k"  # picks the scorer downstream
+    data_source: str = "gsm8k"  # picks the scorer downstream ("": the row's data_source)
     epochs: int = 1
     start_epoch: int = 0  # to continue a feed: epochs start_epoch .. start_epoch + epochs - 1
     group_size: int = 4
     limit: int = 0  # rows per epoch; 0: all
     shuffle: bool = True  # a different, seeded order per epoch (the group ids do not depend on it)
     seed: int = 0  # the per-epoch shuffle
+    # How a row becomes a prompt. ``auto``: a row in verl's format (a chat-list ``prompt``,
+    # ``data_source``, ``reward_model.ground_truth``, ``extra_info``, as verl's preprocessing
+    # writes it) is read as verl reads it, whatever the keys below say; any other row through
+    # the keys below. ``verl``: every row must be verl's. ``template``: always the keys below.
+    format: str = "auto"
     # The prompt: ``prompt_template`` formatted with the row's fields, sent as one user chat
     # message (``chat``) as verl's preprocessing does, or as a plain string.
     prompt_template: str = "{question} " + GSM8K_INSTRUCTION
@@ -245,8 +251,10 @@ class FeedConfig:
 
     def validate(self) -> "FeedConfig":
         if not self.dataset:
-            raise ConfigError("config field 'feed.dataset': required (gsm8k, gsm8k:test, a .jsonl or "
-                              ".parquet file, or hf:REPO)")
+            raise ConfigError("config field 'feed.dataset': required (gsm8k, gsm8k:test, hf:REPO, or a "
+                              ".jsonl or .parquet file)")
+        if self.format not in ("auto", "verl", "template"):
+            raise ConfigError(f"config field 'feed.format': {self.format!r} is not auto|verl|template")
         if self.ground_truth not in ("gsm8k", "field", "verl", "none"):
             raise ConfigError(f"config field 'feed.ground_truth': {self.ground_truth!r} is not gsm8k|field|verl|none")
         if self.epochs < 1 or self.group_size < 1 or self.start_epoch < 0 or self.limit < 0:

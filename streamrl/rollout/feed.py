@@ -6,11 +6,14 @@ by trajectory id absorbs). A prompt's ``group_id`` is a hash of (data source, ep
 prompt): the same dataset fed twice gives the same ids, so a re-run is recognisable downstream
 rather than a silent double, and each epoch is a new group.
 
-GSM8K follows verl's ``examples/data_preprocess/gsm8k.py``: the prompt is one user message,
-``question + " Let's think step by step and output the final answer after \\"####\\"."``, and the
-ground truth is the number after ``####`` in ``answer``, commas removed. A parquet written by
-verl's preprocessing (``prompt`` already chat messages, ``reward_model.ground_truth``) is read
-as is with ``prompt_template=""`` and ``ground_truth=verl``.
+A row is in one of two formats. verl's, as its ``examples/data_preprocess/*.py`` write it
+(``prompt`` already chat messages, ``data_source``, ``reward_model.ground_truth``,
+``extra_info``), is recognised by those columns and read as verl reads it, with no key to set.
+Any other row goes through ``feed.prompt_template`` / ``ground_truth`` / ``answer_field``; their
+defaults follow verl's ``examples/data_preprocess/gsm8k.py`` on GSM8K's own rows: the prompt is
+one user message, ``question + " Let's think step by step and output the final answer after
+\\"####\\"."``, and the ground truth is the number after ``####`` in ``answer``, commas removed.
+A row that fits neither fails naming the columns it has and the keys that map them.
 """
 
 from __future__ import annotations
@@ -50,30 +53,65 @@ def group_id(data_source: str, epoch: int, index: int, prompt: Any) -> str:
     return h.hexdigest()[:32]
 
 
+def is_verl_row(row: dict[str, Any]) -> bool:
+    """A row as verl's preprocessing writes it: a chat-list ``prompt`` and a
+    ``reward_model`` holding ``ground_truth`` (beside ``data_source`` and ``extra_info``)."""
+    prompt, reward_model = row.get("prompt"), row.get("reward_model")
+    return (isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
+            and isinstance(reward_model, dict) and "ground_truth" in reward_model)
+
+
+def _unmapped(row: dict[str, Any], cfg: FeedConfig, what: str) -> str:
+    """Why a row fits no format: its columns, verl's, and the keys that map other rows."""
+    columns = ", ".join(map(str, row)) or "none"
+    if cfg.format == "verl":
+        return (f"{what}; feed.format=verl needs verl's columns (a chat-list prompt, data_source, "
+                f"reward_model.ground_truth), the row has: {columns}")
+    return (f"{what}; the row has columns: {columns}. It is not verl's format (a chat-list prompt, data_source, "
+            f"reward_model.ground_truth), so these keys map it: feed.prompt_template={cfg.prompt_template!r} "
+            f"(its {{fields}} are columns), feed.ground_truth={cfg.ground_truth!r} with "
+            f"feed.answer_field={cfg.answer_field!r}, feed.data_source={cfg.data_source!r}")
+
+
+def _template_fields(row: dict[str, Any], cfg: FeedConfig) -> tuple[Any, str | None]:
+    """The prompt and ground truth of a row that is not verl's, through the feed's keys."""
+    if cfg.prompt_template:
+        text = cfg.prompt_template.format(**row)
+        prompt: Any = [{"role": "user", "content": text}] if cfg.chat else text
+    else:
+        prompt = row["prompt"]
+    if cfg.ground_truth == "gsm8k":
+        return prompt, gsm8k_ground_truth(str(row[cfg.answer_field]))
+    if cfg.ground_truth == "field":
+        return prompt, str(row[cfg.answer_field])
+    if cfg.ground_truth == "verl":
+        return prompt, _verl_truth(row)
+    return prompt, None
+
+
+def _verl_truth(row: dict[str, Any]) -> str | None:
+    truth = row["reward_model"]["ground_truth"]
+    return None if truth is None else str(truth)
+
+
 def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
                   where: str = "row") -> Prompt:
     """One dataset row as a prompt. The row's ``extra_info`` is copied whole into the prompt's,
     so verl's per-sample fields (``interaction_kwargs``, ``tools_kwargs``) reach the rollout
     worker's interactions and tools as the dataset wrote them."""
+    verl = cfg.format == "verl" or (cfg.format == "auto" and is_verl_row(row))
+    if verl and not is_verl_row(row):
+        raise FeedError(f"{where}: " + _unmapped(row, cfg, "not in verl's format"))
     try:
-        if cfg.prompt_template:
-            text = cfg.prompt_template.format(**row)
-            prompt: Any = [{"role": "user", "content": text}] if cfg.chat else text
-        else:
-            prompt = row["prompt"]
-        if cfg.ground_truth == "gsm8k":
-            truth: str | None = gsm8k_ground_truth(str(row[cfg.answer_field]))
-        elif cfg.ground_truth == "field":
-            truth = str(row[cfg.answer_field])
-        elif cfg.ground_truth == "verl":
-            truth = str(row["reward_model"]["ground_truth"])
-        else:
-            truth = None
+        prompt, truth = (row["prompt"], _verl_truth(row)) if verl else _template_fields(row, cfg)
     except KeyError as exc:
-        raise FeedError(f"{where}: no field {exc}") from None
+        raise FeedError(f"{where}: " + _unmapped(row, cfg, f"no field {exc}")) from None
     except (ValueError, IndexError, TypeError) as exc:
         raise FeedError(f"{where}: {exc}") from None
-    data_source = cfg.data_source or str(row.get("data_source", ""))
+    # a verl row names its own data source (verl routes its reward by it); feed.data_source
+    # only fills in where it has none
+    data_source = (str(row.get("data_source") or "") or cfg.data_source) if verl else \
+        (cfg.data_source or str(row.get("data_source") or ""))
     if not data_source:
         raise FeedError(f"{where}: no data_source (set feed.data_source)")
     extra = {"index": index}
