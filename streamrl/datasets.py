@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import orjson
 
 from streamrl.errors import ConfigError, StreamrlError, need
+from streamrl.tasks import is_task, task_rows
 
 #: packaged name -> file under ``streamrl/data``
 PACKAGED = {
@@ -57,6 +58,8 @@ def read_rows(spec: str, limit: int = 0, field: str = "feed.dataset") -> list[di
                           f"a .jsonl/.jsonl.gz/.parquet file, or hf:REPO")
     if spec.startswith("hf:"):
         return _read_hf(spec[3:], limit)
+    if is_task(spec):  # generated in code (streamrl.tasks)
+        return task_rows(spec, limit)
     path = packaged_path(spec) if spec in PACKAGED else Path(spec)
     if not path.is_file():
         raise ConfigError(f"config field {field!r}: no file {spec!r} (packaged names: {', '.join(PACKAGED)})")

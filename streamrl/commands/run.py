@@ -50,6 +50,8 @@ def main(args: argparse.Namespace) -> int:
         cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
     out = Path(cfg.run.out_dir).resolve() / time.strftime("%Y%m%d-%H%M%S")  # absolute: stages run elsewhere
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    if cfg.run.warm_start_steps:
+        args.overrides = [*args.overrides, *warm_start(cfg, out / "warm_start")]
     # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
     # the broker or any stage starts
     launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
@@ -57,6 +59,23 @@ def main(args: argparse.Namespace) -> int:
         result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop, launcher))
     print(json.dumps(result), flush=True)
     return {"done": 0, "interrupted": 130}.get(result["ended"], 1)
+
+
+def warm_start(cfg, directory: Path) -> list[str]:
+    """``run.warm_start_steps``: the feed's task teaches the policy its format (streamrl.tasks);
+    the overrides that make the learner and the rollout workers start from it."""
+    from streamrl.errors import ConfigError
+    from streamrl.tasks import TASKS, task_name
+
+    task = TASKS.get(task_name(cfg.feed.dataset))
+    if task is None:
+        raise ConfigError(f"config field 'run.warm_start_steps': needs a generated task as feed.dataset "
+                          f"({', '.join(TASKS)}), not {cfg.feed.dataset!r}")
+    started = time.time()
+    path = task.warm_start(directory, policy=cfg.learner.policy, seed=cfg.learner.seed, steps=cfg.run.warm_start_steps)
+    print(f"run: warm start ({cfg.run.warm_start_steps} supervised steps on the {task.NAME} format) "
+          f"in {time.time() - started:.1f}s: {path}", file=sys.stderr, flush=True)
+    return [f"learner.policy={path}", f"rollout.policy={path}"]
 
 
 def make_launcher(cfg, log_dir: Path):
