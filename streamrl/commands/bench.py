@@ -17,6 +17,7 @@ BENCHES = {
     "pipeline": "streamrl.bench.pipeline",
     "scale": "streamrl.bench.scale",
     "ablation": "streamrl.bench.ablation",
+    "learning": "streamrl.bench.learning",
 }
 
 
