@@ -14,13 +14,13 @@ from random weights: it writes random bytes and rarely stops, so every answer sc
 nothing to climb; and even a policy that answers three digits and stops (tried: a supervised pass
 on random digits) learns nothing by RL within minutes on two CPU cores, because to earn reward it
 must first learn to *read* the digits of the prompt, which no single sampled answer rewards. So a
-short supervised pass (seconds) teaches it to read: prompts of the ``copy`` operation, answered
-by the copy with each digit replaced by a random one half of the time, then end-of-sequence. The
-policy then answers any ``OP abc=`` with three digits close to ``abc`` and stops. It has never
-seen the task's own operation (``inc``): its reward there starts at ~0.05 (a digit one above the
-one it reads is a 1-in-20 guess), and what it learns beyond is RL's doing. The noise keeps its
-guesses spread, so RL has answers to tell apart. Real runs start the same way: from a model
-that can already read and write, which RL teaches a skill.
+short supervised pass (80 steps of 64, seconds) teaches it to read: prompts of the ``copy``
+operation answered by their copy and end-of-sequence. It is stopped early, while it copies about
+four digits in ten (further, it copies so surely that RL rarely samples anything else and
+learns slower, measured). It has never seen the task's own operation (``inc``): its reward
+there starts at ~0.05, and what it learns beyond is RL's doing. Real runs start the same way:
+from a model that can already read and write, which RL teaches a skill. (Noisy copies, to keep
+its guesses spread, ``noise=0.5``, did not teach reading within 150 steps.)
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def warm_start(directory: str | Path, policy: str = "tiny", seed: int = 0, steps
                batch: int = 64, lr: float = 3e-3, noise: float = 0.0) -> Path:
     """``policy`` after the supervised reading pass of the module doc, written to ``directory``
     (Hugging Face layout, usable as ``learner.policy`` / ``rollout.policy``); deterministic by
-    ``seed``. A directory that already holds a policy is reused as it is."""
+    ``seed``. ``noise``: the share of target digits replaced by random ones (0: clean copies).
+    A directory that already holds a policy is reused as it is."""
     directory = Path(directory)
     if (directory / "config.json").exists():
         return directory
