@@ -144,6 +144,11 @@ class RunConfig:
     out_dir: str = "runs"  # each run writes <out_dir>/<run id>/ (logs, checkpoints, weights, plot)
     status_interval_s: float = 1.0
     timeout_s: float = 1800.0  # give up (and stop everything) after this long
+    # With a generated task as feed.dataset (streamrl.tasks): a supervised pass of this many
+    # steps first teaches the policy to read and write the task's format (its module says
+    # what, and why RL needs it), written to <run>/warm_start and trained from there as
+    # learner.policy and rollout.policy. 0: off, the policies as configured.
+    warm_start_steps: int = 0
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     restart: RestartConfig = field(default_factory=RestartConfig)

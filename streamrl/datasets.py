@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import orjson
 
 from streamrl.errors import ConfigError, MissingExtra, StreamrlError, need
+from streamrl.tasks import is_task, task_rows
 
 #: hub name -> (repo, config), as verl's preprocessing loads it; ``NAME:SPLIT`` picks a split
 HUB_NAMES = {"gsm8k": ("openai/gsm8k", "main")}
@@ -62,8 +63,10 @@ def read_rows(spec: str, limit: int = 0, field: str = "feed.dataset") -> list[di
     """The rows of dataset ``spec`` (see the module doc), at most ``limit`` (0: all). A spec that
     names nothing raises ``ConfigError`` naming ``field``."""
     if not spec:
-        raise ConfigError(f"config field {field!r}: required: {' / '.join(HUB_NAMES)} (the Hugging Face hub), "
-                          f"hf:REPO, or a file ({_FILE_HINT})")
+        raise ConfigError(f"config field {field!r}: required: a generated task (streamrl.tasks), "
+                          f"{' / '.join(HUB_NAMES)} (the Hugging Face hub), hf:REPO, or a file ({_FILE_HINT})")
+    if is_task(spec):  # generated in code (streamrl.tasks)
+        return task_rows(spec, limit)
     hub = _hub_spec(spec)
     if hub is not None:
         return _read_hub(spec, *hub, limit=limit, field=field)

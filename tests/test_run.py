@@ -47,23 +47,29 @@ def start_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_run_goes_to_its_end_and_reports(tmp_path):
-    proc = start_run(tmp_path, "learner.versions=2")
+def test_run_goes_to_its_end_reports_and_learns(tmp_path):
+    """The embedded default on its generated task: the reward of the records the last versions
+    generated is well above that of the first (the full default run goes from ~0.05 to ~0.6+)."""
+    proc = start_run(tmp_path, "learner.versions=30", "feed.limit=600")
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])  # the last line is one JSON object
-    assert summary["ended"] == "done" and summary["versions"] == 2
+    assert summary["ended"] == "done" and summary["versions"] == 30
+    assert "warm start (" in err and (Path(summary["out"]) / "warm_start" / "config.json").exists()
+    by_version = [r for _, r in sorted((int(v), r) for v, r in summary["reward_by_version"].items())]
+    first, last = sum(by_version[:3]) / 3, sum(by_version[-5:]) / 5
+    assert first <= 0.2 and last >= first + 0.08, by_version
     assert {"reward_first", "reward_last", "records", "deadletters", "plot"} <= summary.keys()
     records = summary["records"]
-    assert records["prompts"] == 200
+    assert records["prompts"] == 600
     assert 0 < records["trained"] <= records["rewarded"] <= records["rollouts"]
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
     plot = Path(summary["plot"])
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "version 2/2" in err  # the live status line
+    assert "version 30/30" in err  # the live status line
     # the rewarded records per data source, as the last line says them
-    assert summary["by_data_source"]["gsm8k"]["records"] == records["rewarded"]
-    assert f"(gsm8k: reward {summary['by_data_source']['gsm8k']['reward']}" in err.strip().splitlines()[-1]
+    assert summary["by_data_source"]["digits"]["records"] == records["rewarded"]
+    assert f"(digits: reward {summary['by_data_source']['digits']['reward']}" in err.strip().splitlines()[-1]
 
 
 def test_ctrl_c_stops_every_stage_and_leaves_no_process(tmp_path):

@@ -18,6 +18,7 @@ BENCHES = {
     "scale": "streamrl.bench.scale",
     "ablation": "streamrl.bench.ablation",
     "archive": "streamrl.bench.archive",
+    "learning": "streamrl.bench.learning",
 }
 
 

@@ -26,6 +26,7 @@ class Rule:
 
 RULES: dict[str, Rule] = {
     "gsm8k": Rule("streamrl.scorers.gsm8k:compute_score", "thread", ("gsm8k", "openai/gsm8k")),
+    "digits": Rule("streamrl.scorers.digits:compute_score", "thread", ("digits",)),  # streamrl.tasks.digits
     "math": Rule("streamrl.scorers.math_verify:compute_score", "process",
                  ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
                   "HuggingFaceH4/MATH-500")),

@@ -1,0 +1,79 @@
+"""``streamrl bench learning``'s pieces (the whole bench runs minutes; BENCHMARKS.md has its
+figures): the synchronous side on the real components for a few versions, the fixed latencies,
+and the figures computed from reward curves."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from argparse import Namespace
+
+import pytest
+
+from streamrl.bench import learning
+
+
+def setup(**kw):
+    args = Namespace(quick=True, versions=3, seeds=1, staleness="", groups=2, group_size=4, lr=0.0, target=0.5,
+                     final=2, gen_latency=0.0, judge_latency=0.0, step_latency=0.0)
+    for k, v in kw.items():
+        setattr(args, k.replace("-", "_"), v)
+    return learning.setup_from(args)
+
+
+def run(rewards, seen):
+    return {"rewards": dict(enumerate(rewards)), "seen": dict(enumerate(seen))}
+
+
+def test_time_and_samples_to_target_and_final_spread():
+    s = setup(target=0.5, final=2)
+    slow = run([0.1, 0.3, 0.6, 0.7], [1.0, 2.0, 3.0, 4.0])
+    fast = run([0.1, 0.5, 0.4, 0.9], [0.5, 1.0, 1.5, 2.0])
+    assert learning.reach(learning.curve(slow, s.batch), 0.5) == (3.0, 2 * s.batch)
+    assert learning.reach(learning.curve(fast, s.batch), 0.5) == (1.0, 1 * s.batch)
+    assert learning.reach(learning.curve(slow, s.batch), 0.95) == (None, None)
+    t = learning.summarise([slow, fast], s)
+    assert t["final_by_seed"] == [0.65, 0.65] and t["final_min"] == t["final_max"] == 0.65
+    assert t["seconds_to_target"] == 2.0 and t["samples_to_target"] == round(1.5 * s.batch)
+    assert t["reached"] == "2/2"
+    never = learning.summarise([slow, run([0.1, 0.2, 0.2, 0.2], [1, 2, 3, 4])], s)
+    assert never["seconds_to_target"] is None and never["reached"] == "1/2"
+
+
+def test_quick_defaults_are_small():
+    s = learning.setup_from(Namespace(quick=True, versions=0, seeds=0, staleness="", groups=16, group_size=16,
+                                      lr=0.0, target=0.0, final=5, gen_latency=0.05, judge_latency=0.0,
+                                      step_latency=0.3))
+    assert s.seeds == 1 and s.staleness == [1, 4] and s.versions <= 25 and 0 < s.target < 1
+
+
+def test_latencies_add_to_the_real_work():
+    started = time.monotonic()
+    out = asyncio.run(learning.score_after("digits", "594", "593", latency_s=0.05))
+    assert out["score"] == pytest.approx(2 / 3) and time.monotonic() - started >= 0.05
+
+    class Trainer:
+        model = "m"
+
+        def step(self, samples):
+            return {"sequences": float(len(samples))}
+
+    wrapped = learning.LatencyTrainer(Trainer(), 0.05)
+    started = time.monotonic()
+    assert wrapped.step([1, 2]) == {"sequences": 2.0} and wrapped.model == "m"
+    assert time.monotonic() - started >= 0.05
+
+
+def test_the_synchronous_side_trains_on_the_real_components(tmp_path):
+    from streamrl.rollout.feed import build_prompts
+    from streamrl.tasks import digits
+
+    s = setup(versions=3, groups=2, group_size=4)
+    policy = str(digits.warm_start(tmp_path / "warm", steps=30))
+    cfg = learning.run_config(s, "unused:9092", tmp_path / "sync", policy, seed=0, staleness=1, correction=False)
+    prompts = list(build_prompts(cfg.feed))
+    out = asyncio.run(learning.run_sync(s, cfg, prompts))
+    assert sorted(out["rewards"]) == [0, 1, 2] and all(0.0 <= r <= 1.0 for r in out["rewards"].values())
+    seen = [out["seen"][v] for v in range(3)]
+    assert seen == sorted(seen) and seen[0] >= 0.0
+    assert sorted(p.name for p in (tmp_path / "sync" / "weights").iterdir()) == ["v1", "v2", "v3"]
