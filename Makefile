@@ -23,7 +23,7 @@ run: $(BIN)/.installed
 # line what to install
 test: $(BIN)/.installed
 	.ci/test-tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 4 --dist loadgroup
 
 bench-bus: $(BIN)/.installed
 	$(BIN)/streamrl bench bus

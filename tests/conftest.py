@@ -66,3 +66,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
         shutil.rmtree(path, ignore_errors=True)
         os.environ.pop("RAY_TMPDIR", None)
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``), the tests that start a
+    local Ray cluster share one worker: two Ray heads on one 2-core machine starve each other's
+    placements."""
+    for item in items:
+        if item.fspath.basename.startswith("test_ray_"):
+            item.add_marker(pytest.mark.xdist_group("ray"))

@@ -34,6 +34,14 @@ def gsm8k_path(split: str = "test") -> Path:
     return shared_path(f"data/gsm8k/{split}.jsonl")
 
 
+def gsm8k_run_config() -> list[str]:
+    """``streamrl run`` arguments for the embedded pipeline on GSM8K rows from shared/ (the
+    packaged ``local-gsm8k.yaml``, no warm start): the tests of the pipeline's mechanics (faults,
+    resume, learner ranks, Ray, multi-turn) run at the shapes they were written for; the default
+    config's generated task is for the tests of learning."""
+    return ["configs/local-gsm8k.yaml", f"feed.dataset={gsm8k_path('train')}"]
+
+
 async def read_topic(bus: Bus, topic: str, n: int, timeout_s: float = 30.0) -> list[Message]:
     """Read ``n`` messages of ``topic`` from the beginning, without a consumer group."""
     consumer = bus.consumer([topic], None, "test")

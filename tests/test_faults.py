@@ -18,6 +18,7 @@ from pathlib import Path
 from streamrl.bus import Bus, Reader
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
+from tests.helpers import gsm8k_run_config
 from tests.test_run import ROOT, alive, descendants
 
 #: a small, quick pipeline: 8 groups of 4 per version, one reward member at the start
@@ -29,7 +30,8 @@ SMALL = ["feed.limit=400", "feed.group_size=4", "learner.groups_per_mini_batch=8
 
 def run(tmp_path: Path, bootstrap: str, prefix: str, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "run", "--bootstrap-servers", bootstrap, f"run.out_dir={tmp_path}",
+        [sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), "--bootstrap-servers", bootstrap,
+         f"run.out_dir={tmp_path}",
          f"bus.topic_prefix={prefix}", f"learner.consumer_group={prefix}-learner",
          f"reward.group={prefix}-reward", *SMALL, *overrides],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

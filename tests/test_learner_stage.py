@@ -329,11 +329,12 @@ def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path
            f"bus.topic_prefix={bus_config.topic_prefix}", "learner.lr=0.001",
            "learner.groups_per_mini_batch=1", "learner.mini_batches_per_version=2",
            f"learner.checkpoint_dir={tmp_path / 'ckpt'}", f"learner.weights_dir={tmp_path / 'w'}",
-           "metrics.host=127.0.0.1"]
+           "metrics.host=127.0.0.1", "learner.end_with_data=false"]  # its records are the test's, not a feed's
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        port = int(re.search(r"metrics: http://[\d.]+:(\d+)/", proc.stdout.readline()).group(1))
+        port = int(next(m for m in (re.search(r"metrics: http://[\d.]+:(\d+)/", line) for line in proc.stdout)
+                        if m).group(1))
         deadline = time.monotonic() + 60
         trained = 0.0
         while time.monotonic() < deadline and trained < 2:

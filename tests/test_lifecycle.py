@@ -23,6 +23,7 @@ from streamrl.config import BusConfig
 from streamrl.learner import checkpoint
 from streamrl.records import PolicyVersion, Prompt
 from tests.test_faults import read_all
+from tests.helpers import gsm8k_run_config
 from tests.test_run import ROOT, alive, descendants
 
 #: 16 prompts of 4 samples, 2 groups a version: about 8 versions of data, far fewer than asked
@@ -37,7 +38,7 @@ class Run:
     def __init__(self, out: Path, *args: str):
         self.out = out
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", f"run.out_dir={out}", *TINY, *args],
+            [sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), f"run.out_dir={out}", *TINY, *args],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.lines: list[tuple[float, str]] = []
@@ -208,7 +209,7 @@ def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_to
 
     # another run on the same topics: refused at once, in one line, saying what to do
     started = time.monotonic()
-    fresh = subprocess.run([sys.executable, "-m", "streamrl", "run", "configs/local.yaml", *on_broker,
+    fresh = subprocess.run([sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), *on_broker,
                             f"run.out_dir={tmp_path / 'other'}", "run.resume=never", *TINY],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fresh.returncode == 2 and time.monotonic() - started < 60, fresh.stderr[-2000:]
@@ -260,7 +261,8 @@ def test_stage_verbs_started_separately_end_with_their_data(tmp_path, bootstrap)
     finished (it reads the feed's section of the same config), rc 0."""
     prefix = f"verbs{uuid.uuid4().hex[:6]}"
     cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
-    common = ["--config", "configs/local.yaml", "--bootstrap-servers", bootstrap, f"bus.topic_prefix={prefix}",
+    config, dataset = gsm8k_run_config()
+    common = ["--config", config, dataset, "--bootstrap-servers", bootstrap, f"bus.topic_prefix={prefix}",
               f"learner.checkpoint_dir={tmp_path}/checkpoints", f"learner.weights_dir={tmp_path}/weights",
               *[o for o in TINY if not o.startswith("run.")], "feed.limit=8"]
 

@@ -542,7 +542,7 @@ def test_a_verl_multiturn_gsm8k_setup_runs_through_streamrl_run(bootstrap, tmp_p
     pq.write_table(pa.Table.from_pylist(rows), data)
     prefix = f"t{uuid.uuid4().hex[:10]}"
     proc = subprocess.run(
-        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", "--bootstrap-servers", bootstrap,
+        [sys.executable, "-m", "streamrl", "run", "configs/local-gsm8k.yaml", "--bootstrap-servers", bootstrap,
          f"bus.topic_prefix={prefix}", f"run.out_dir={tmp_path / 'runs'}", "run.reward_members=1",
          f"feed.dataset={data}",  # verl's format, recognised by its columns: no feed key to set
          "feed.limit=4", "feed.group_size=2", "learner.groups_per_mini_batch=2", "rollout.trajectories_per_version=4",

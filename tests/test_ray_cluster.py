@@ -24,7 +24,7 @@ from streamrl.config import BusConfig
 from streamrl.errors import StreamrlError
 from streamrl.records import PolicyVersion
 from streamrl.ray_launcher import RayLauncher
-from tests.helpers import read_topic_sync
+from tests.helpers import gsm8k_path, read_topic_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET_NAME = "STREAMRL_TEST_SECRET"
@@ -75,7 +75,8 @@ def test_main_job_runs_across_two_nodes(cluster, bootstrap, tmp_path):
     scorer = tmp_path / "secret_scorer.py"
     scorer.write_text(SECRET_SCORER.format(name=SECRET_NAME, digest=hashlib.sha256(secret.encode()).hexdigest()))
     config = tmp_path / "pipeline.yaml"
-    config.write_text((ROOT / "configs" / "local.yaml").read_text().replace(
+    config.write_text((ROOT / "configs" / "local-gsm8k.yaml").read_text().replace(
+        "  dataset: gsm8k ", f"  dataset: {gsm8k_path('train')} ").replace(
         "    gsm8k: {kwargs: {method: flexible, format_score: 0.1}}",
         f"    gsm8k: {{type: function, path: '{scorer}:compute_score', data_sources: [gsm8k]}}"))
     store = tmp_path / "store"  # "another node's" storage: the learner uploads there with fsspec

@@ -335,7 +335,7 @@ def test_streamrl_run_on_two_servers_that_follow_the_learner(bootstrap, bus_conf
     code, out, err, records, policy, letters, servers = asyncio.run(go())
     assert code == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["ended"] == "done" and summary["versions"] == 3
+    assert summary["ended"] in ("done", "data_exhausted") and summary["versions"] == 3
     assert [p.version for p in policy][-1] == 3  # the learner's versions advanced
     assert records
     for r in records:  # each record: the version its server had, unchanged while it answered

@@ -120,25 +120,25 @@ def test_the_built_in_rules_yield_their_data_sources_to_the_users_entries(reward
 
 
 def test_overriding_a_scorer_drops_the_files_kwargs_and_a_mapping_replaces(reward_file):
-    # local.yaml gives gsm8k {method: flexible, format_score: 0.1}: no arguments of the user's function
-    cfg = load_config("local.yaml", ["reward.scorers.gsm8k.type=function", f"reward.scorers.gsm8k.path={reward_file}:plain"])
+    # local-gsm8k.yaml gives gsm8k {method: flexible, format_score: 0.1}: no arguments of the user's function
+    cfg = load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.type=function", f"reward.scorers.gsm8k.path={reward_file}:plain"])
     assert cfg.reward.scorers["gsm8k"].kwargs == {}
     assert score([{"data_source": "gsm8k", "response": "1"}], reward=cfg.reward)[0].reward == 1.0
-    cfg = load_config("local.yaml", ["reward.scorers.gsm8k.type=function", f"reward.scorers.gsm8k.path={reward_file}:plain",
+    cfg = load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.type=function", f"reward.scorers.gsm8k.path={reward_file}:plain",
                                      "reward.scorers.gsm8k.kwargs.scale=2.0"])
     assert cfg.reward.scorers["gsm8k"].kwargs == {"scale": 2.0}
-    assert load_config("local.yaml", ["reward.scorers.gsm8k.kwargs={}"]).reward.scorers["gsm8k"].kwargs == {}
-    assert load_config("local.yaml", ["reward.scorers.gsm8k.kwargs={method: strict}"]).reward.scorers["gsm8k"].kwargs == {"method": "strict"}
-    assert load_config("local.yaml", ["reward.scorers.gsm8k.timeout_s=5"]).reward.scorers["gsm8k"].kwargs == {
+    assert load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.kwargs={}"]).reward.scorers["gsm8k"].kwargs == {}
+    assert load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.kwargs={method: strict}"]).reward.scorers["gsm8k"].kwargs == {"method": "strict"}
+    assert load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.timeout_s=5"]).reward.scorers["gsm8k"].kwargs == {
         "method": "flexible", "format_score": 0.1}  # a field set alone merges, as in verl
-    whole = load_config("local.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain'}}"])
+    whole = load_config("local-gsm8k.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain'}}"])
     assert whole.reward.scorers["gsm8k"].kwargs == {} and whole.reward.scorers["gsm8k"].type == "function"
-    whole = load_config("local.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain', kwargs: {{scale: 3}}}}",
+    whole = load_config("local-gsm8k.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain', kwargs: {{scale: 3}}}}",
                                        "reward.scorers.gsm8k.timeout_s=7"])
     assert whole.reward.scorers["gsm8k"].kwargs == {"scale": 3} and whole.reward.scorers["gsm8k"].timeout_s == 7.0
-    assert load_config("local.yaml", ["run.ray.resources={reward: {num_cpus: 2}}"]).run.ray.resources == {"reward": {"num_cpus": 2.0}}
+    assert load_config("local-gsm8k.yaml", ["run.ray.resources={reward: {num_cpus: 2}}"]).run.ray.resources == {"reward": {"num_cpus": 2.0}}
     with pytest.raises(ConfigError, match="reward.scorers.gsm8k.typo"):
-        load_config("local.yaml", ["reward.scorers.gsm8k={typo: 1}"])
+        load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k={typo: 1}"])
 
 
 def test_verls_reward_managers_shape_the_function(reward_file):

@@ -77,12 +77,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"run: resuming {out} from version {state.version} ({state.trained_records} records trained, "
               f"{len(state.done_groups)} prompt groups finished)", file=sys.stderr, flush=True)
     try:
-        if cfg.run.warm_start_steps:  # reused when the run resumes
-            args.overrides = [*args.overrides, *warm_start(cfg, out / "warm_start")]
         # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
         # the broker or any stage starts
         launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
         with supervised_broker(cfg) as (bootstrap, broker):
+            if cfg.run.warm_start_steps:  # after the broker answered; reused when the run resumes
+                args.overrides = [*args.overrides, *warm_start(cfg, out / "warm_start")]
             result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop, launcher, state, broker))
     except StreamrlError:
         if new:  # refused before anything ran: leave no empty run behind
@@ -221,13 +221,13 @@ def validate_stages(cfg) -> None:
 def warm_start(cfg, directory: Path) -> list[str]:
     """``run.warm_start_steps``: the feed's task teaches the policy its format (streamrl.tasks);
     the overrides that make the learner and the rollout workers start from it."""
-    from streamrl.errors import ConfigError
     from streamrl.tasks import TASKS, task_name
 
     task = TASKS.get(task_name(cfg.feed.dataset))
-    if task is None:
-        raise ConfigError(f"config field 'run.warm_start_steps': needs a generated task as feed.dataset "
-                          f"({', '.join(TASKS)}), not {cfg.feed.dataset!r}")
+    if task is None:  # a dataset of the user's (local.yaml with feed.dataset=FILE): train it as it is
+        print(f"run: no warm start: run.warm_start_steps applies to a generated task ({', '.join(TASKS)}), "
+              f"and feed.dataset is {cfg.feed.dataset!r}", file=sys.stderr, flush=True)
+        return []
     started = time.time()
     path = task.warm_start(directory, policy=cfg.learner.policy, seed=cfg.learner.seed, steps=cfg.run.warm_start_steps)
     print(f"run: warm start ({cfg.run.warm_start_steps} supervised steps on the {task.NAME} format) "
