@@ -265,7 +265,9 @@ class RayLauncher(Launcher):
         # and every actor of this driver runs in its copy
         runtime_env = {"working_dir": working_dir, "excludes": WORKING_DIR_EXCLUDES} if working_dir else None
         if not ray.is_initialized():
-            kwargs = {"address": address} if address else {"num_cpus": num_cpus or None}
+            # no address: a Ray of this run's own ("local"), never a cluster that happens to be
+            # running on this machine (ray.init() alone would join one started by `ray start`)
+            kwargs = {"address": address} if address else {"address": "local", "num_cpus": num_cpus or None}
             try:
                 ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                          runtime_env=runtime_env, **kwargs)

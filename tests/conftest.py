@@ -70,8 +70,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``), the tests that start a
-    local Ray cluster share one worker: two Ray heads on one 2-core machine starve each other's
-    placements."""
+    local Ray cluster share one worker (two Ray heads on one 2-core machine starve each other's
+    placements), and so do the tests that build the wheel from this checkout."""
     for item in items:
         if item.fspath.basename.startswith("test_ray_"):
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif "wheel" in item.name:  # they build the wheel in the same checkout (its build/ folder)
+            item.add_marker(pytest.mark.xdist_group("wheel"))
