@@ -150,7 +150,9 @@ class FollowingBackend(OpenAIBackend):
     server to serve it (instant here: the server simulates generation), and samples are stamped
     with the version in use when their request was sent."""
 
-    can_load_weights = True
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.can_load_weights = True  # the fleet underneath has no update API: this class follows
 
     async def load_weights(self, uri: str, version: int) -> float:
         self.version = version
