@@ -89,9 +89,10 @@ def test_wheel_runs_the_main_job_from_an_empty_directory(tmp_path: Path, bootstr
     env = _clean_env()
     streamrl = str(venv / "bin" / "streamrl")
 
-    where = subprocess.run([str(py), "-c", "import streamrl; print(streamrl.__file__)"], cwd=empty, env=env,
-                           check=True, capture_output=True, text=True).stdout
-    assert where.startswith(str(venv)), where  # the installed wheel, not the checkout
+    found = subprocess.run([str(py), "-c", "import streamrl; print(streamrl.__file__)"], cwd=empty, env=env,
+                           capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert found.stdout.startswith(str(venv)), found.stdout  # the installed wheel, not the checkout
 
     created = subprocess.run([streamrl, "topics", "create", "--bootstrap-servers", bootstrap, "bus.topic_prefix=wheel"],
                              cwd=empty, env=env, capture_output=True, text=True, timeout=120)

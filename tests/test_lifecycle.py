@@ -119,7 +119,9 @@ def accounted(summary: dict, redelivered: bool = False) -> None:
 def test_a_run_ends_when_its_data_ends_and_a_refused_version_is_named(tmp_path):
     # the worker may load weights only from a directory the learner never writes: it keeps
     # version 0 and says so; the data still ends the run (stale records are dead-lettered)
-    run = Run(tmp_path, "rollout.weights_prefixes=[/nonexistent/weights]", "run.stall_warn_s=5")
+    # 48 prompts, not TINY's 16: a loaded machine must not reach the end of the data before
+    # the status line's next diagnosis
+    run = Run(tmp_path, "rollout.weights_prefixes=[/nonexistent/weights]", "run.stall_warn_s=5", "feed.limit=48")
     try:
         first = run.wait_for(r"^version [1-9]")
         named = run.wait_for(r"ERROR rollout-0 refuses policy version \d+: its weights_uri is not under "
@@ -133,10 +135,10 @@ def test_a_run_ends_when_its_data_ends_and_a_refused_version_is_named(tmp_path):
     first_at = min(t for t, line in run.lines if re.search(r"^version [1-9]", line))
     named_at = min(t for t, line in run.lines if "refuses policy version" in line)
     assert first and named and named_at - first_at <= 5 + 6, (named_at - first_at, at)  # stall_warn_s + a poll
-    assert summary["records"]["prompts"] == 16 and summary["records"]["rollouts"] == 64
+    assert summary["records"]["prompts"] == 48 and summary["records"]["rollouts"] == 192
     accounted(summary)
     state = state_of(Path(summary["out"]))
-    assert state.ended == "data_exhausted" and len(state.done_groups) == len(set(state.done_groups)) == 16
+    assert state.ended == "data_exhausted" and len(state.done_groups) == len(set(state.done_groups)) == 48
     assert not [pid for pid in run.seen if alive(pid)]
 
 

@@ -552,7 +552,7 @@ def test_a_verl_multiturn_gsm8k_setup_runs_through_streamrl_run(bootstrap, tmp_p
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["ended"] in ("done", "data_exhausted") and summary["versions"] == 1 and summary["deadletters"] == 0
+    assert summary["ended"] in ("done", "data_exhausted") and 1 <= summary["versions"] <= 2 and summary["deadletters"] == 0
     bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix))
     n = summary["records"]["rewarded"]
     records = [Rewarded.decode(m.value) for m in read_topic_sync(bus, "rewarded", n)]
