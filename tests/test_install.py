@@ -77,8 +77,9 @@ def test_wheel_runs_the_main_job_from_an_empty_directory(tmp_path: Path, bootstr
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    # the environment without PYTHONPATH: a checkout on it makes pip skip the install as "satisfied"
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, env=_clean_env())
     # the dependencies come from this environment (not its editable streamrl: a plain path entry
     # does not run that environment's .pth files)
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
