@@ -257,6 +257,7 @@ async def run_streaming(s: Setup, cfg: Any, cfg_path: Path, prompts: list, run_d
     """The real stages as processes (started as ``bench pipeline`` starts them: the learner
     first, the rest once it has announced version 0); rewards and version times from the
     topics, through the run's ``Observer``."""
+    from streamrl.bench.pipeline import start_stages
     from streamrl.bus import Bus
     from streamrl.config import RestartConfig
     from streamrl.launching import LocalLauncher
@@ -276,16 +277,7 @@ async def run_streaming(s: Setup, cfg: Any, cfg_path: Path, prompts: list, run_d
     observer = Observer(bus)
     await observer.start()
     try:
-        learner.start()
-        deadline = time.monotonic() + 180
-        while 0 not in (await observer.poll(timeout_ms=200)).versions:
-            if learner.exitcode is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"bench learning: the learner did not start; see {logs}")
-        reward.start("reward-0", ["reward", "--config", str(cfg_path), "--bootstrap-servers",
-                                  cfg.bus.bootstrap_servers, "metrics.port=0"], "reward")
-        rollout.start()
-        async with bus.producer("bench") as producer:
-            await asyncio.gather(*[await producer.send("prompts", p) for p in prompts])
+        await start_stages("bench learning", bus, observer, learner, reward, [rollout], cfg_path, prompts, logs, 180)
         deadline = time.monotonic() + 60 + 10 * s.versions
         while learner.exitcode is None:
             obs = await observer.poll(timeout_ms=200)

@@ -308,6 +308,24 @@ def _learner_process(cfg_path: str, log_path: str, step_s: float, state_path: st
     run_until_signalled(main)
 
 
+async def start_stages(bench: str, bus, observer, learner, reward, rollouts: list, cfg_path: Path,
+                       prompts: list, logs: Path, learner_start_s: float) -> None:
+    """Start a bench's real stages in the order that keeps the clock honest: the learner, then
+    (once it has announced version 0) a reward member and the rollout processes, then the
+    prompts. Also ``streamrl.bench.learning``'s start."""
+    learner.start()
+    deadline = time.monotonic() + learner_start_s
+    while 0 not in (await observer.poll(timeout_ms=200)).versions:
+        if learner.exitcode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{bench}: the learner did not start; see {logs}")
+    reward.start("reward-0", ["reward", "--config", str(cfg_path), "--bootstrap-servers",
+                              bus.config.bootstrap_servers, "metrics.port=0"], "reward")
+    for p in rollouts:
+        p.start()
+    async with bus.producer("bench") as producer:
+        await asyncio.gather(*[await producer.send("prompts", p) for p in prompts])
+
+
 async def run_streaming(w: Workload, cfg, cfg_path: Path, prompts: list, run_dir: Path,
                         timeout_s: float) -> dict[str, Any]:
     """The real stages as processes; the clock is the learner's version announcements."""
@@ -334,17 +352,7 @@ async def run_streaming(w: Workload, cfg, cfg_path: Path, prompts: list, run_dir
         # The learner first, and the others once it has announced version 0 (its model is built
         # and its consumer started): otherwise generation starts seconds ahead of it, and the
         # backlog it builds would flatter the first measured versions.
-        learner.start()
-        deadline = time.monotonic() + 120
-        while 0 not in (await observer.poll(timeout_ms=200)).versions:
-            if learner.exitcode is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"bench pipeline: the learner did not start; see {logs}")
-        reward.start("reward-0", ["reward", "--config", str(cfg_path), "--bootstrap-servers",
-                                  cfg.bus.bootstrap_servers, "metrics.port=0"], "reward")
-        for p in rollouts:
-            p.start()
-        async with bus.producer("bench") as producer:
-            await asyncio.gather(*[await producer.send("prompts", p) for p in prompts])
+        await start_stages("bench pipeline", bus, observer, learner, reward, rollouts, cfg_path, prompts, logs, 120)
         deadline = time.monotonic() + timeout_s
         while True:
             obs = await observer.poll(timeout_ms=200)
