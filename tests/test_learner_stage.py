@@ -244,11 +244,15 @@ def test_on_policy_update_equals_a_synchronous_grpo_step(bus, tmp_path):
     moved = torch.cat([(want[k] - v0[k]).abs().flatten() for k in want])
     diff = torch.cat([(learned[k] - want[k]).abs().flatten() for k in want])
     assert moved.max() > 0.9 * cfg.lr  # the step did move the weights
-    # Equal up to float rounding. Adam divides each coordinate by its gradient's magnitude, so
-    # where the exact gradient is ~0 (advantages sum to zero in a group) the batched and the
-    # per-sample forward passes' rounding can move a handful of coordinates by a small part of lr.
+    # Equal up to float rounding. Adam's first step is lr * g / (|g| + eps): where the exact
+    # gradient is ~0 (advantages sum to zero in a group) the batched and the per-sample forward
+    # passes' rounding (~1e-9) can move a handful of coordinates by any part of lr, even flip
+    # their sign. So: few coordinates differ at all, and where the reference moved by nearly a
+    # full lr (|g| >= ~10 eps, far above rounding) the two agree to 2% of lr.
     assert (diff > 1e-7).float().mean() < 1e-3, (diff > 1e-7).sum()
-    assert diff.max() < 0.02 * cfg.lr, diff.max()
+    assert diff.max() <= 2.01 * cfg.lr, diff.max()
+    firm = moved > 0.9 * cfg.lr
+    assert firm.sum() > 100 and diff[firm].max() < 0.02 * cfg.lr, (firm.sum(), diff[firm].max())
 
 
 def test_recompute_partial_groups_and_the_other_objective_options(bus, tmp_path):
