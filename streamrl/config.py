@@ -1,8 +1,12 @@
-"""The pipeline's one config schema, with defaults.
+"""The config machinery every section uses, and the sections every stage shares.
 
-Each section is a dataclass; ``PipelineConfig`` composes them. YAML files (``configs/*.yaml``)
-and command-line ``key.path=value`` overrides (as verl users write them) are merged onto the
-defaults by OmegaConf, which rejects an unknown key or a wrong type naming the field, at start.
+Each section is a dataclass with defaults. YAML files (``configs/*.yaml``) and command-line
+``key.path=value`` overrides (as verl users write them) are merged onto the defaults by
+OmegaConf, which rejects an unknown key or a wrong type naming the field, at start
+(``load_section``, ``apply_override``, ``config_errors``). Here: the sections below the stages
+(``bus``, ``metrics``, ``streamrl run``'s ``run``); each stage's own section lives with the
+stage (``learner/config.py``, ``reward/config.py``, ...), and the whole pipeline's config,
+which composes them all, sits above the stages in ``streamrl.pipeline_config``.
 Secrets never live here: a config names the *environment variable* that holds them.
 """
 
@@ -11,22 +15,17 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, Iterator, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from streamrl.archive.config import ArchiveConfig
 from streamrl.errors import ConfigError
-from streamrl.learner.config import LearnerConfig
-from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
-                                    apply_verl_keys)
-from streamrl.rollout.config import FeedConfig, RolloutConfig
 
 T = TypeVar("T")
 
-__all__ = ["ConfigError", "PipelineConfig", "BusConfig", "load_config", "to_yaml"]
+__all__ = ["ConfigError", "BusConfig", "MetricsConfig", "RunConfig", "apply_override", "config_errors",
+           "load_section", "to_yaml"]
 
 
 @dataclass
@@ -167,47 +166,7 @@ class RunConfig:
     drain_timeout_s: float = 60.0
 
 
-@dataclass
-class PipelineConfig:
-    bus: BusConfig = field(default_factory=BusConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    feed: FeedConfig = field(default_factory=FeedConfig)
-    # verl's keys, with verl's meaning, folded into reward.scorers by load_config
-    # (streamrl.reward.config.apply_verl_keys)
-    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
-
-
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
-                schema: type[T] = PipelineConfig) -> T:  # type: ignore[assignment]
-    """Defaults <- YAML file <- ``key.path=value`` overrides, checked against ``schema``. A bad
-    value fails naming its field and where it came from: the file, or the command line.
-    ``path`` is a file, or the name of a packaged config (``local.yaml``)."""
-    merged = OmegaConf.structured(schema)
-    if path:
-        from streamrl.packaged import resolve_config
-
-        path = resolve_config(str(path))
-        with _config_errors(f" in {path}"):
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
-    before = _scorer_identities(merged)
-    for override in overrides:
-        with _config_errors(f" on the command line ({override})"):
-            merged = _override(merged, override)
-    merged = _drop_stale_kwargs(merged, before, overrides)
-    with _config_errors(f" in {path}" if path else ""):
-        cfg = OmegaConf.to_object(merged)
-    if isinstance(cfg, PipelineConfig):
-        apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model)
-    return cfg  # type: ignore[return-value]
-
-
-def _override(merged: DictConfig, override: str) -> DictConfig:
+def apply_override(merged: DictConfig, override: str) -> DictConfig:
     """One ``key.path=value`` onto the config, merged as in verl, except that a mapping given
     for a free-form mapping (``kwargs``, ``fallbacks``, ``run.ray.resources``, the scorer
     table) replaces it: ``reward.scorers.gsm8k.kwargs={}`` clears the kwargs, where a merge
@@ -223,34 +182,8 @@ def _override(merged: DictConfig, override: str) -> DictConfig:
     return OmegaConf.merge(merged, parsed)
 
 
-def _scorer_identities(merged: DictConfig) -> dict[str, tuple[Any, ...]]:
-    scorers = OmegaConf.select(merged, "reward.scorers", default=None)
-    return {str(k): (v.type, v.rule, v.path) for k, v in scorers.items()} if scorers is not None else {}
-
-
-def _drop_stale_kwargs(merged: DictConfig, before: dict[str, tuple[Any, ...]], overrides: Sequence[str]) -> DictConfig:
-    """``kwargs`` belong to the function they were written for: when the command line changes an
-    entry's ``type``, ``rule`` or ``path``, the ``kwargs`` the config file gave it are dropped
-    (``local.yaml``'s ``method: flexible`` is no argument of your function); those the command
-    line gives it stay."""
-    keyed = [(o.split("=", 1)[0].strip(), o) for o in overrides]
-    for name, identity in _scorer_identities(merged).items():
-        if name not in before or identity == before[name]:
-            continue
-        target = f"reward.scorers.{name}.kwargs"
-        merged.reward.scorers[name].kwargs = {}
-        for key, override in keyed:  # in order, as given
-            if key == target or key.startswith(target + "."):
-                merged = _override(merged, override)
-            elif target.startswith(key + "."):  # the entry (or the table) given whole
-                given = OmegaConf.select(OmegaConf.from_dotlist([override]), target, default=None)
-                if given is not None:
-                    merged.reward.scorers[name].kwargs = given
-    return merged
-
-
 @contextlib.contextmanager
-def _config_errors(where: str) -> Iterator[None]:
+def config_errors(where: str) -> Iterator[None]:
     """OmegaConf's errors as one-line ``ConfigError``s naming the field and ``where``."""
     try:
         yield

@@ -23,7 +23,7 @@ import pytest
 from streamrl.archive import store
 from streamrl.archive.stage import ArchiveStage
 from streamrl.bus import Bus
-from streamrl.config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory, as_plain
 from streamrl.replay.reader import Range, parse_bound, read_archive
 from tests.helpers import read_topic

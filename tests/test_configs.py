@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import ConfigError, PipelineConfig, load_config
+from streamrl.config import ConfigError
+
+from streamrl.pipeline_config import PipelineConfig, load_config
 from streamrl.reward.table import build_table
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))

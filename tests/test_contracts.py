@@ -14,7 +14,7 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from streamrl.cli import VERBS
-from streamrl.config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Rewarded
 from streamrl.reward.stage import RewardStage
 from streamrl.topics import load_specs

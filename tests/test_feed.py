@@ -239,7 +239,7 @@ def test_publish_feed_to_the_broker(gsm8k, bus):
 
 
 def test_example_config_loads():
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "configs" / "rollout.example.yaml")

@@ -306,7 +306,7 @@ def test_the_weights_are_where_the_learner_announces_them(monkeypatch, tmp_path)
     own claim at WORKDIR/learner.checkpoint_dir."""
     docs = render("base")
     pipeline = yaml.safe_load(configmap(docs, "streamrl-config")["data"]["pipeline.yaml"])
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(pipeline))
@@ -344,7 +344,7 @@ def test_the_pipeline_config_is_configs_local_yaml():
 # -- autoscaling and monitoring ------------------------------------------------------------------
 
 def _pipeline_config(docs: list[dict], tmp_path: Path) -> Any:
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
 
     path = tmp_path / "pipeline.yaml"
     path.write_text(configmap(docs, "streamrl-config")["data"]["pipeline.yaml"])

@@ -19,7 +19,7 @@ import pytest
 import ray
 
 from streamrl.bus import Bus
-from streamrl.config import load_config
+from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
 from streamrl.ray_launcher import (RayLauncher, _localise, actor_options, check_placement, stage_counts,
                                    stage_env, stage_resources)

@@ -17,7 +17,8 @@ import pytest
 
 from streamrl.bus import Bus, TopicPartition
 from streamrl.cli import main as cli
-from streamrl.config import ConfigError, PipelineConfig, load_config
+from streamrl.config import ConfigError
+from streamrl.pipeline_config import PipelineConfig, load_config
 from streamrl.records import Rewarded, Trajectory
 from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic, resolve_scorer
 from streamrl.reward.config import RewardConfig, ScorerSpec

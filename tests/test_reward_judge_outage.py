@@ -14,7 +14,7 @@ from aiohttp import web
 from streamrl import metrics
 from streamrl.broker import free_port
 from streamrl.bus import Bus
-from streamrl.config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage

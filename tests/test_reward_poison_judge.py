@@ -12,7 +12,7 @@ import resource
 from aiohttp import web
 
 from streamrl import metrics
-from streamrl.config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage

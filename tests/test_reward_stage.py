@@ -20,7 +20,7 @@ import pytest
 
 from streamrl import metrics
 from streamrl.bus import Bus
-from streamrl.config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage

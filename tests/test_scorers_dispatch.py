@@ -14,7 +14,8 @@ import pytest
 
 from streamrl import metrics
 from streamrl.bus import DeadLetterError
-from streamrl.config import ConfigError, PipelineConfig
+from streamrl.config import ConfigError
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.scoring import Scoring
@@ -309,7 +310,7 @@ def test_judge_entry_and_its_router_address_for_an_async_user_scorer(user_file):
 def test_the_example_config_builds_its_table(user_file):
     from pathlib import Path
 
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
     from streamrl.scorers.hybrid import HybridScorer
     from streamrl.scorers.judge import JudgeScorer
 

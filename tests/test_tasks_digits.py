@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import load_config
+from streamrl.pipeline_config import load_config
 from streamrl.datasets import read_rows
 from streamrl.errors import ConfigError
 from streamrl.rollout.feed import build_prompts

@@ -16,7 +16,8 @@ import pytest
 
 from streamrl.broker import BrokerError, EmbeddedBroker, free_port
 from streamrl.bus import Bus
-from streamrl.config import ConfigError, PipelineConfig, load_config
+from streamrl.config import ConfigError
+from streamrl.pipeline_config import PipelineConfig, load_config
 from streamrl.records import RECORD_TYPES
 from streamrl.topics import TOPIC_NAMES, ensure_topics, load_specs
 from tests.helpers import read_topic_sync

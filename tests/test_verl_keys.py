@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import REGISTRY
 
-from streamrl.config import load_config
+from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
 from streamrl.records import Trajectory
 from streamrl.reward.scoring import Scoring

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from streamrl import weights_store
-from streamrl.config import load_config
+from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
 from streamrl.policy import load_policy, save_policy

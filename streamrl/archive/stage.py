@@ -26,7 +26,7 @@ from typing import ClassVar
 from streamrl import metrics
 from streamrl.archive.store import REWARD_CONFIG, ArchiveError, Batch, Writer, to_row
 from streamrl.bus import Bus, Checkpoint, Message, OffsetTracker, TopicPartition
-from streamrl.config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig
 
 log = logging.getLogger(__name__)
 

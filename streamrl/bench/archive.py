@@ -62,7 +62,7 @@ async def _round(bus_cfg: Any, records: list[Any], compression: str) -> dict[str
     from streamrl.archive.stage import ArchiveStage
     from streamrl.archive.store import Batch, Writer, to_row
     from streamrl.bus import Bus
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
     from streamrl.topics import ensure_topics
 
     n = len(records)
@@ -116,7 +116,7 @@ async def _round(bus_cfg: Any, records: list[Any], compression: str) -> dict[str
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.commands.common import broker_for
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
 
     n = args.records or (1000 if args.quick else 4000)
     rounds = args.rounds or (1 if args.quick else 3)

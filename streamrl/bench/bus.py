@@ -165,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from streamrl.commands.common import broker_for
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
 
     n = args.records or (3000 if args.quick else 10000)
     rounds = args.rounds or (2 if args.quick else 3)

@@ -144,7 +144,7 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
                correction: bool) -> Any:
     import uuid
 
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
     from streamrl.reward.config import ScorerSpec
 
     cfg = load_config("local.yaml")  # the embedded default's task, prompts and sampling
@@ -223,7 +223,7 @@ def _rollout_process(cfg_path: str, log_path: str, latency_s: float) -> None:
     _child_setup(log_path)
     from streamrl.bus import Bus
     from streamrl.commands.common import run_until_signalled
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
     from streamrl.rollout.worker import RolloutWorker
 
     cfg = load_config(cfg_path)
@@ -240,7 +240,7 @@ def _learner_process(cfg_path: str, log_path: str, latency_s: float) -> None:
     _child_setup(log_path)
     from streamrl.bus import Bus
     from streamrl.commands.common import run_until_signalled
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
     from streamrl.learner.stage import Learner
 
     cfg = load_config(cfg_path)
@@ -402,7 +402,7 @@ async def _bench(s: Setup, bootstrap: str, out: Path) -> dict[str, list[dict[str
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.commands.common import broker_for
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
 
     s = setup_from(args)
     out = Path(args.out)

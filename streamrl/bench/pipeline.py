@@ -150,7 +150,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
 def pipeline_config(w: Workload, bootstrap: str, gen_url: str, judge_url: str, staleness: int,
                     run_dir: Path, dataset: str):
     """The pipeline config every stage of one run reads (also written as ``pipeline.yaml``)."""
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
     from streamrl.reward.config import ScorerSpec
 
     run_id = run_dir.name
@@ -274,7 +274,7 @@ def _rollout_process(cfg_path: str, log_path: str) -> None:
     from streamrl.bench._sim import FollowingBackend
     from streamrl.bus import Bus
     from streamrl.commands.common import run_until_signalled
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
     from streamrl.rollout.worker import RolloutWorker
 
     cfg = load_config(cfg_path)
@@ -293,7 +293,7 @@ def _learner_process(cfg_path: str, log_path: str, step_s: float, state_path: st
     from streamrl.bench._sim import FixedStepTrainer
     from streamrl.bus import Bus
     from streamrl.commands.common import run_until_signalled
-    from streamrl.config import load_config
+    from streamrl.pipeline_config import load_config
     from streamrl.learner.stage import Learner
 
     cfg = load_config(cfg_path)
@@ -443,7 +443,7 @@ async def _bench(args: argparse.Namespace, w: Workload, bootstrap: str, out: Pat
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.commands.common import broker_for
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
 
     from streamrl.datasets import read_rows
 

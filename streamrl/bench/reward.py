@@ -218,7 +218,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from streamrl.commands.common import broker_for
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
 
     torch.set_num_threads(args.threads)
     counts = {"short": args.short_records or (128 if args.quick else 512),

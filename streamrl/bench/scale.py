@@ -56,7 +56,7 @@ def bound_per_s(members: int, concurrency: int, latency_s: float) -> float:
 
 
 def reward_config(bootstrap: str, judge_url: str, concurrency: int, run_id: str):
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
     from streamrl.reward.config import ScorerSpec
 
     cfg = PipelineConfig()
@@ -198,7 +198,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     from streamrl.bench._sim import SimServer, serve_judge
     from streamrl.commands.common import broker_for
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
     from streamrl.topics import load_specs
 
     sizes = [int(m) for m in args.members.split(",") if m.strip()]

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Awaitable, Callable, ClassVar, Iterator, Protocol
 
-from streamrl.config import PipelineConfig, load_config
+from streamrl.pipeline_config import PipelineConfig, load_config
 from streamrl.errors import StreamrlError
 
 

@@ -38,7 +38,7 @@ from streamrl.learner.config import LearnerConfig
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from streamrl import metrics
 from streamrl.bus import Bus
-from streamrl.config import ConfigError, PipelineConfig
+from streamrl.config import ConfigError
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Rewarded, Trajectory
 from streamrl.replay.reader import STAGE, Failure, Located, Range, read_archive, read_range
 from streamrl.replay.report import build_report, old_reward, result_row, write_all

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop, TopicPartition
-from streamrl.config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.scoring import Scoring
 

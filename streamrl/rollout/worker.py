@@ -33,7 +33,7 @@ from streamrl.rollout.gate import StalenessGate
 from streamrl.rollout.weights import PolicyFollower
 
 if TYPE_CHECKING:
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
 
 log = logging.getLogger(__name__)
 
