@@ -1,6 +1,6 @@
 """The feed stage as a process: `python services/feed.py [--config FILE] [--bootstrap-servers
-HOST:PORT] [key.path=value ...]`, the same as `streamrl feed` (both start it through
-`streamrl.commands.common.serve_stage`)."""
+HOST:PORT] [key.path=value ...]`, the same as `streamrl feed` (both run it in the runtime,
+`streamrl.runtime.serve_stage`)."""
 
 from streamrl.commands.common import stage_main
 from streamrl.rollout.feed import Feed

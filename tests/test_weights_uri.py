@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from streamrl import weights_store
+from streamrl.bus import Bus
 from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
@@ -69,7 +70,7 @@ def test_upload_replaces_a_version_and_prune_keeps_the_newest(tmp_path):
 
 def worker_for(cfg) -> RolloutWorker:
     async def build() -> RolloutWorker:  # its Kafka parts want a running loop (nothing connects)
-        worker = RolloutWorker.from_config(cfg)
+        worker = RolloutWorker.from_config(cfg, Bus(cfg.bus))
         for part in (worker.producer, worker.follower, worker.gate, worker.loop.consumer):
             await part.stop() if asyncio.iscoroutinefunction(part.stop) else part.stop()
         return worker

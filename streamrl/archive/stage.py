@@ -61,8 +61,8 @@ class ArchiveStage:
         self.writer: Writer | None = None
 
     @classmethod
-    def from_config(cls, cfg: PipelineConfig) -> "ArchiveStage":
-        return cls(cfg)
+    def from_config(cls, cfg: PipelineConfig, bus: Bus) -> "ArchiveStage":
+        return cls(cfg, bus)
 
     def validate(self) -> None:
         self.ac.validate()

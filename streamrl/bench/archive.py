@@ -115,7 +115,7 @@ async def _round(bus_cfg: Any, records: list[Any], compression: str) -> dict[str
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.commands.common import broker_for
+    from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
 
     n = args.records or (1000 if args.quick else 4000)

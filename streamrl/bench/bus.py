@@ -164,7 +164,7 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int]) -> dict[s
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from streamrl.commands.common import broker_for
+    from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
 
     n = args.records or (3000 if args.quick else 10000)

@@ -222,7 +222,7 @@ def _rollout_process(cfg_path: str, log_path: str, latency_s: float) -> None:
 
     _child_setup(log_path)
     from streamrl.bus import Bus
-    from streamrl.commands.common import run_until_signalled
+    from streamrl.runtime import run_until_signalled
     from streamrl.pipeline_config import load_config
     from streamrl.rollout.worker import RolloutWorker
 
@@ -239,7 +239,7 @@ def _learner_process(cfg_path: str, log_path: str, latency_s: float) -> None:
 
     _child_setup(log_path)
     from streamrl.bus import Bus
-    from streamrl.commands.common import run_until_signalled
+    from streamrl.runtime import run_until_signalled
     from streamrl.pipeline_config import load_config
     from streamrl.learner.stage import Learner
 
@@ -401,7 +401,7 @@ async def _bench(s: Setup, bootstrap: str, out: Path) -> dict[str, list[dict[str
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.commands.common import broker_for
+    from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
 
     s = setup_from(args)

@@ -273,7 +273,7 @@ def _rollout_process(cfg_path: str, log_path: str) -> None:
     _child_setup(log_path)
     from streamrl.bench._sim import FollowingBackend
     from streamrl.bus import Bus
-    from streamrl.commands.common import run_until_signalled
+    from streamrl.runtime import run_until_signalled
     from streamrl.pipeline_config import load_config
     from streamrl.rollout.worker import RolloutWorker
 
@@ -292,7 +292,7 @@ def _learner_process(cfg_path: str, log_path: str, step_s: float, state_path: st
     _child_setup(log_path)
     from streamrl.bench._sim import FixedStepTrainer
     from streamrl.bus import Bus
-    from streamrl.commands.common import run_until_signalled
+    from streamrl.runtime import run_until_signalled
     from streamrl.pipeline_config import load_config
     from streamrl.learner.stage import Learner
 
@@ -442,7 +442,7 @@ async def _bench(args: argparse.Namespace, w: Workload, bootstrap: str, out: Pat
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.commands.common import broker_for
+    from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
 
     from streamrl.datasets import read_rows

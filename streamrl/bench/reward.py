@@ -217,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from streamrl.commands.common import broker_for
+    from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
 
     torch.set_num_threads(args.threads)

@@ -197,7 +197,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.bench._sim import SimServer, serve_judge
-    from streamrl.commands.common import broker_for
+    from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
     from streamrl.topics import load_specs
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from streamrl.commands.common import add_config_arguments, serve_stage
+from streamrl.commands.common import add_config_arguments, load
 
 HELP = "archive rollouts, rewarded and deadletter to Parquet files (a path or s3://, gs:// URI) for replay"
 
@@ -24,5 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.archive.stage import ArchiveStage
+    from streamrl.runtime import serve_stage
 
-    return serve_stage(ArchiveStage, args, archive__uri=args.uri)
+    return serve_stage(ArchiveStage, load(args, archive__uri=args.uri))

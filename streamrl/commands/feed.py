@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from streamrl.commands.common import add_config_arguments, serve_stage
+from streamrl.commands.common import add_config_arguments, load
 
 HELP = "publish a dataset to the prompts topic, one record per row and epoch (GSM8K as verl prepares it)"
 
@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.rollout.feed import Feed
+    from streamrl.runtime import serve_stage
 
-    return serve_stage(Feed, args, feed__dataset=args.dataset, feed__epochs=args.epochs,
-                       feed__limit=args.limit, feed__group_size=args.group_size)
+    return serve_stage(Feed, load(args, feed__dataset=args.dataset, feed__epochs=args.epochs,
+                                  feed__limit=args.limit, feed__group_size=args.group_size))

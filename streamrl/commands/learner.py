@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from streamrl.commands.common import add_config_arguments, load, serve_stage
+from streamrl.commands.common import add_config_arguments, load
 
 HELP = "train the policy from rewarded records (GRPO / PPO, bounded staleness) and publish versions"
 
@@ -21,22 +21,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from streamrl.learner import distributed
     from streamrl.learner.stage import Learner
+    from streamrl.runtime import serve_stage
 
+    pipeline = load(args)
+    cfg = pipeline.learner.validate()
     if not distributed.launched():
-        cfg = load(args).learner.validate()
         if cfg.parallel.nproc > 1 or cfg.parallel.nnodes > 1:
             # a limit that cannot hold the model is a user error (exit 2), found before any rank starts
             distributed.check_memory(cfg, cfg.policy, cfg.parallel.nproc * cfg.parallel.nnodes)
             return distributed.launch(cfg, _rank_argv(args))
-        return serve_stage(Learner, args)
-    cfg = load(args).learner.validate()
+        return serve_stage(Learner, pipeline)
     group = distributed.init(cfg)
     if not group.leader:
         from streamrl.learner.trainer import follow
 
         return follow(cfg)
     try:
-        return serve_stage(Learner, args)
+        return serve_stage(Learner, pipeline)
     finally:
         distributed.finish()
 

@@ -8,7 +8,8 @@ import functools
 import sys
 from pathlib import Path
 
-from streamrl.commands.common import add_config_arguments, load, require_bootstrap
+from streamrl.commands.common import add_config_arguments, load
+from streamrl.runtime import require_bootstrap, serve_metrics
 
 HELP = "re-score a range of a topic with another scorer, or evaluate a checkpoint; report old vs new"
 
@@ -76,7 +77,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl import metrics
     from streamrl.errors import ConfigError
     from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic
     from streamrl.rollout.feed import FeedError
@@ -115,8 +115,7 @@ def main(args: argparse.Namespace) -> int:
                 replay_topic, cfg, topic=args.topic, scorer=args.scorer, out=out, bounds=bounds,
                 fmt=args.format, publish_topic=args.publish_topic or None, progress=not args.no_progress,
                 archive=archive)
-        port = metrics.serve(cfg.metrics.port, cfg.metrics.host)
-        print(f"metrics: http://{cfg.metrics.host}:{port}/metrics", flush=True)
+        serve_metrics(cfg)
         path = asyncio.run(job())
     except (ConfigError, BoundError, FeedError, LookupError, FileNotFoundError) as exc:
         print(f"streamrl replay: {exc}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from streamrl.commands.common import add_config_arguments, serve_stage
+from streamrl.commands.common import add_config_arguments, load
 
 HELP = "score trajectories from rollouts into rewarded (one member of the reward consumer group)"
 
@@ -17,5 +17,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.reward.stage import RewardStage
+    from streamrl.runtime import serve_stage
 
-    return serve_stage(RewardStage, args, reward__group=args.group)
+    return serve_stage(RewardStage, load(args, reward__group=args.group))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from streamrl.commands.common import add_config_arguments, serve_stage
+from streamrl.commands.common import add_config_arguments, load
 
 HELP = "run a rollout worker: prompts -> sampled trajectories (transformers, vLLM or an OpenAI-compatible server)"
 
@@ -15,5 +15,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.rollout.worker import RolloutWorker
+    from streamrl.runtime import serve_stage
 
-    return serve_stage(RolloutWorker, args)
+    return serve_stage(RolloutWorker, load(args))

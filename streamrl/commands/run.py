@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import shutil
@@ -42,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.commands.common import load, run_until_signalled
+    from streamrl.commands.common import load
     from streamrl.errors import need
     from streamrl.packaged import resolve_config
+    from streamrl.runtime import Runtime, open_broker
 
     if "=" in args.config and not Path(args.config).exists():  # `streamrl run a.b=c`: no config given
         args.overrides, args.config = [args.config, *args.overrides], DEFAULT_CONFIG
@@ -80,10 +80,11 @@ def main(args: argparse.Namespace) -> int:
         # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
         # the broker or any stage starts
         launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
-        with supervised_broker(cfg) as (bootstrap, broker):
+        # the embedded broker ends with this process: a SIGKILLed run leaves none behind
+        with open_broker(cfg, die_with_parent=True) as (_, broker):
             if cfg.run.warm_start_steps:  # after the broker answered; reused when the run resumes
                 args.overrides = [*args.overrides, *warm_start(cfg, out / "warm_start")]
-            result = run_until_signalled(lambda stop: _run(cfg, args, bootstrap, out, stop, launcher, state, broker))
+            result = Runtime(cfg, "run").run(lambda runtime: _run(runtime, args, out, launcher, state, broker))
     except StreamrlError:
         if new:  # refused before anything ran: leave no empty run behind
             shutil.rmtree(out, ignore_errors=True)
@@ -137,23 +138,6 @@ def choose_run_dir(cfg, required: bool):
         if not out.exists():
             return out, None
         out = root / f"{stamp}-{n}"
-
-
-@contextlib.contextmanager
-def supervised_broker(cfg):
-    """``(bootstrap, embedded broker or None)``: the configured broker (checked to answer), or an
-    embedded one that ends with this process (a SIGKILLed run leaves no broker behind)."""
-    from streamrl.broker import EmbeddedBroker
-    from streamrl.commands.common import probe_bootstrap
-
-    if cfg.bus.bootstrap_servers:
-        probe_bootstrap(cfg.bus.bootstrap_servers)
-        yield cfg.bus.bootstrap_servers, None
-        return
-    with EmbeddedBroker(die_with_parent=True) as broker:
-        cfg.bus.bootstrap_servers = broker.bootstrap
-        print(f"embedded broker: {broker.bootstrap} (pid {broker.proc.pid})", file=sys.stderr, flush=True)
-        yield broker.bootstrap, broker
 
 
 async def topic_contents(bus) -> dict[str, int]:
@@ -268,16 +252,15 @@ def archive_uri(cfg, out: Path) -> str | None:
     return str(out / "archive")
 
 
-async def _run(cfg, args, bootstrap: str, out: Path, stop: asyncio.Event, launcher=None, state=None,
-               broker=None) -> dict:
-    from streamrl.bus import Bus
+async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None) -> dict:
+    """The supervisor's loop, in the runtime (its bus, topics, signals; the stages serve the
+    metrics): start the stages, watch the pipeline until it ends, stop them in order, summarise."""
     from streamrl.launching import LagAutoscaler
     from streamrl.learner import checkpoint
     from streamrl.observing import Observation, Observer, Watch, observe_until, status_line, summarise
-    from streamrl.topics import ensure_topics
 
-    bus = Bus(cfg.bus)
-    await ensure_topics(bus)
+    cfg, bus, stop, bootstrap = runtime.cfg, runtime.bus, runtime.stop_event, runtime.cfg.bus.bootstrap_servers
+    await runtime.start(serve_metrics=False)
     fresh = await check_topics(bus, state, out)
     # every stage gets the run's directories: rollout workers load weights only from there
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import json
 
-from streamrl.commands.common import add_config_arguments, load, require_bootstrap
+from streamrl.commands.common import add_config_arguments, load
 
 HELP = "create missing topics from topics/*.json, or describe them and report drift"
 
@@ -18,12 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.bus import Bus
-    from streamrl.topics import ensure_topics
+    from streamrl.runtime import Runtime, probe_bootstrap
 
-    cfg = load(args)
-    require_bootstrap(cfg)
-    states = asyncio.run(ensure_topics(Bus(cfg.bus), create=args.action == "create"))
+    runtime = Runtime(load(args), "topics")
+    probe_bootstrap(runtime.cfg.bus.bootstrap_servers)
+    states = asyncio.run(runtime.topics(create=args.action == "create"))
     for s in states:
         if args.json:
             print(json.dumps(s.__dict__))

@@ -119,8 +119,8 @@ class Learner:
     name: ClassVar[str] = STAGE
 
     @classmethod
-    def from_config(cls, cfg: "PipelineConfig") -> "Learner":
-        learner = cls(Bus(cfg.bus), cfg.learner)
+    def from_config(cls, cfg: "PipelineConfig", bus: Bus) -> "Learner":
+        learner = cls(bus, cfg.learner)
         if cfg.learner.end_with_data:
             from streamrl.rollout.feed import feed_group_ids
 

@@ -41,8 +41,8 @@ class RewardStage:
         self.loop: StageLoop | None = None
 
     @classmethod
-    def from_config(cls, cfg: PipelineConfig) -> "RewardStage":
-        return cls(cfg)
+    def from_config(cls, cfg: PipelineConfig, bus: Bus) -> "RewardStage":
+        return cls(cfg, bus)
 
     def validate(self) -> None:
         self.rc.validate()

@@ -181,10 +181,8 @@ class Feed:
         self.checkpoint_dir = checkpoint_dir  # the learner's: what it finished (feed.resume)
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Feed":
-        from streamrl.bus import Bus
-
-        return cls(Bus(cfg.bus), cfg.feed, cfg.learner.checkpoint_dir)
+    def from_config(cls, cfg: Any, bus: Any) -> "Feed":
+        return cls(bus, cfg.feed, cfg.learner.checkpoint_dir)
 
     def validate(self) -> None:
         self.cfg.validate()

@@ -78,13 +78,13 @@ class RolloutWorker:
         _refused(-1, None)
 
     @classmethod
-    def from_config(cls, cfg: "PipelineConfig") -> "RolloutWorker":
+    def from_config(cls, cfg: "PipelineConfig", bus: Bus) -> "RolloutWorker":
         """Loads the policy into the backend: before the first prompt is taken."""
         rollout = cfg.rollout
         if not rollout.weights_prefixes:  # where this config's learner writes (and uploads) weights
             prefixes = [cfg.learner.weights_dir, *([cfg.learner.weights_uri] if cfg.learner.weights_uri else [])]
             rollout = dataclasses.replace(rollout, weights_prefixes=prefixes)
-        return cls(Bus(cfg.bus), rollout)
+        return cls(bus, rollout)
 
     def validate(self) -> None:
         self.cfg.validate()
