@@ -96,12 +96,7 @@ class Runtime:
 
     def run(self, main: Callable[["Runtime"], Awaitable[T]]) -> T:
         """``main(self)`` on a new event loop; SIGINT/SIGTERM call ``stop()``."""
-
-        async def with_event(stop: asyncio.Event) -> T:
-            self.stop_event = stop
-            return await main(self)
-
-        return run_until_signalled(with_event)
+        return _run_with_signals(lambda: main(self), self.stop)
 
     def stop(self) -> None:
         """A graceful stop: the stage drains, commits and leaves."""
@@ -109,13 +104,13 @@ class Runtime:
 
     # -- start-up -------------------------------------------------------------------------------
 
-    async def start(self, *, serve_metrics: bool = True) -> None:
+    async def start(self, *, metrics: bool = True) -> None:
         """The broker answers (else a ``StreamrlError`` naming it), the topics exist as their
-        specs say, and (``serve_metrics``) the metrics server runs on the port it prints."""
+        specs say, and (``metrics``) the metrics server runs on the port it prints."""
         self.state = "starting"
         await asyncio.to_thread(probe_bootstrap, self.cfg.bus.bootstrap_servers)
         await self.topics()
-        if serve_metrics:
+        if metrics:
             self.serve_metrics()
 
     async def topics(self, create: bool = True) -> list["TopicState"]:
@@ -192,14 +187,17 @@ def serve_stage(stage_cls: type[Stage], cfg: "PipelineConfig") -> int:
 
 def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
     """Run ``main(stop_event)`` on a new event loop; SIGINT/SIGTERM set the event so it can shut
-    down cleanly."""
+    down cleanly (``Runtime.run`` for a process that also wants the bus)."""
+    stop = asyncio.Event()
+    return _run_with_signals(lambda: main(stop), stop.set)
 
+
+def _run_with_signals(main: Callable[[], Awaitable[T]], on_signal: Callable[[], None]) -> T:
     async def runner() -> T:
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        return await main(stop)
+            loop.add_signal_handler(sig, on_signal)
+        return await main()
 
     return asyncio.run(runner())
 

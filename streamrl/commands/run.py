@@ -260,7 +260,7 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
     from streamrl.observing import Observation, Observer, Watch, observe_until, status_line, summarise
 
     cfg, bus, stop, bootstrap = runtime.cfg, runtime.bus, runtime.stop_event, runtime.cfg.bus.bootstrap_servers
-    await runtime.start(serve_metrics=False)
+    await runtime.start(metrics=False)
     fresh = await check_topics(bus, state, out)
     # every stage gets the run's directories: rollout workers load weights only from there
     common = ["--bootstrap-servers", bootstrap, "--config", args.config, *args.overrides, "metrics.port=0",
