@@ -112,6 +112,7 @@ class Runtime:
         await self.topics()
         if metrics:
             self.serve_metrics()
+        self.state = "running"
 
     async def topics(self, create: bool = True) -> list["TopicState"]:
         """The pipeline's topics on the broker: created where missing (``create``), each
@@ -135,29 +136,28 @@ class Runtime:
         stage.validate()
         await self.start()
         print(f"{stage_cls.name}: {stage.describe()}", flush=True)
-        self.state = "running"
-        gone = await self.supervise(stage.run(self.stop_event), stage_cls.name)
+        gone = await self.supervise(stage.run(self.stop_event))
         if gone is not None:
             return 1
         print(f"{stage_cls.name}: stopped, {stage.describe()}", flush=True)
         return 0
 
-    async def supervise(self, work: Awaitable[Any], who: str) -> str | None:
+    async def supervise(self, work: Awaitable[Any]) -> str | None:
         """Await ``work`` while watching the broker: if it stays unreachable for
         ``bus.unavailable_timeout_s``, stop (``work`` drains), give it ``GONE_DRAIN_S``, and
         return the reason (the process exits hard if the drain does not end). None: ``work``
-        ended by itself or by a stop."""
+        ended by itself or by a stop. Reports name the runtime (``name``: the stage's)."""
         from streamrl.broker import watch_broker
 
         bus = self.cfg.bus
         watch = asyncio.create_task(watch_broker(bus.bootstrap_servers, bus.unavailable_timeout_s,
-                                                 self.stop_event, who))
+                                                 self.stop_event, self.name))
         task = asyncio.ensure_future(work)
         await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
         gone = watch.result() if watch.done() else None
         if gone:  # the stage was told to stop; with no broker its drain may never finish
             self.state = "stopping"
-            print(f"{who}: {gone}: stopping", file=sys.stderr, flush=True)
+            print(f"{self.name}: {gone}: stopping", file=sys.stderr, flush=True)
             done, _ = await asyncio.wait([task], timeout=GONE_DRAIN_S)
             if not done:
                 os._exit(1)
