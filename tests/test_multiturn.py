@@ -30,7 +30,9 @@ from streamrl.errors import Failure
 from streamrl.records import Prompt, Rewarded, Trajectory
 from streamrl.rollout.backends import Sample, SamplingParams, TransformersBackend
 from streamrl.rollout.config import FeedConfig, InteractionConfig, MultiTurnConfig, RolloutConfig
-from streamrl.rollout.episode import ChatRenderer, MultiTurn, run_group
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode import run_group
+from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.feed import build_prompts
 from streamrl.rollout.tools.calculator import CalculationError, CalculatorTool, calculate
 from streamrl.rollout.tools.parser import ToolCall, ToolCallError, parse_tool_calls

@@ -28,7 +28,9 @@ from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
 from streamrl.rollout.config import RolloutConfig
-from streamrl.rollout.episode import ChatRenderer, MultiTurn, run_group
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode import run_group
+from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.gate import StalenessGate
 from streamrl.rollout.weights import PolicyFollower
 
