@@ -28,7 +28,8 @@ from streamrl.bus import Bus
 from streamrl.config import BusConfig, ConfigError
 from streamrl.errors import Failure
 from streamrl.records import Prompt, Rewarded, Trajectory
-from streamrl.rollout.backends import Sample, SamplingParams, TransformersBackend
+from streamrl.rollout.backends import Sample, SamplingParams
+from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.config import FeedConfig, InteractionConfig, MultiTurnConfig, RolloutConfig
 from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group

@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from streamrl.rollout.backends import OpenAIBackend, PromptInput, Sample, SamplingParams
+from streamrl.rollout.backends import PromptInput, Sample, SamplingParams
+from streamrl.rollout.backends.openai_server import OpenAIBackend
 
 
 @dataclass(frozen=True)
