@@ -4,12 +4,12 @@ alone, as a ``RecordError`` naming why, before it is in a mini-batch."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamrl.records import RecordError, Rewarded
+from streamrl.reward.bounds import check_reward
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
@@ -22,9 +22,7 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
     (``learner.missing_logprobs: recompute``)."""
     from streamrl.learner.trainer import Sample
 
-    if not (math.isfinite(record.reward) and abs(record.reward) <= cfg.max_abs_reward):
-        raise RecordError("bad_reward", f"reward {record.reward!r} is not finite or beyond "
-                          f"learner.max_abs_reward ({cfg.max_abs_reward})")
+    check_reward(record.reward, cfg.max_abs_reward, "learner.max_abs_reward", error=RecordError)
     group = (record.reward_info or {}).get("group")
     if (cfg.incomplete_groups == "drop" and isinstance(group, dict)
             and group.get("status") in ("incomplete", "late")):

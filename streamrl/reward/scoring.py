@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import Any
 
@@ -34,6 +33,7 @@ from tenacity import (AsyncRetrying, retry_if_exception_type, retry_if_not_excep
 from streamrl import metrics
 from streamrl.errors import Failure
 from streamrl.records import Rewarded, Trajectory
+from streamrl.reward.bounds import check_reward
 from streamrl.reward.config import GroupHookConfig, OverlongBufferConfig, RewardConfig, TurnScoresConfig
 from streamrl.reward.table import Entry, ScorerTable, build_table
 from streamrl.scorers.base import ScoreError, ScorerUnavailable, numeric_info, split_result
@@ -146,12 +146,8 @@ class Scoring:
                                                     "reduced": reduced, "scorer_reward": reward})
         if cfg.reducer == "discounted":
             info["turn_scores"]["gamma"] = cfg.gamma
-        value = np.float32(total)
-        if not math.isfinite(value):
-            raise Failure("non_finite_reward", f"reward {reward!r} + turn reward {added!r} is not finite in fp32")
-        if abs(value) > self.rc.max_abs_reward:
-            raise Failure("reward_out_of_range", f"reward {reward!r} + turn reward {added!r} is beyond "
-                                                 f"reward.max_abs_reward ({self.rc.max_abs_reward})")
+        check_reward(total, self.rc.max_abs_reward, "reward.max_abs_reward",
+                     what=f"reward {reward!r} + turn reward {added!r}")
         return total, info
 
     async def _score_bounded(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:
@@ -204,16 +200,12 @@ class Scoring:
             metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, reason).inc()
             raise
         metrics.REWARD_SCORE_SECONDS.labels(entry.name).observe(time.monotonic() - started)
-        value = np.float32(score)
-        if not math.isfinite(value):
-            bad = _BadValue("non_finite_reward", f"reward {score!r} is not finite in fp32")
-        elif abs(value) > self.rc.max_abs_reward:
-            bad = _BadValue("reward_out_of_range", f"reward {score!r} is beyond reward.max_abs_reward "
-                                                   f"({self.rc.max_abs_reward})")
-        else:
-            return score, extras
-        metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, bad.reason).inc()
-        raise bad
+        try:
+            check_reward(score, self.rc.max_abs_reward, "reward.max_abs_reward", error=_BadValue)
+        except _BadValue as bad:
+            metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, bad.reason).inc()
+            raise
+        return score, extras
 
 
 _info_series: set[tuple[str, str]] = set()
