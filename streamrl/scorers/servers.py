@@ -51,7 +51,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -60,6 +59,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from streamrl.errors import ConfigError, MissingExtra, StreamrlError
+from streamrl.net import free_port
 from streamrl.reward.config import RewardServerConfig
 
 log = logging.getLogger(__name__)
@@ -183,12 +183,6 @@ def redacted(argv: Iterable[str]) -> str:
             continue
         out.append(a)
     return " ".join(out)
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
