@@ -258,7 +258,7 @@ def launch_servers(cfg: RolloutConfig) -> Any:
     launch = cfg.servers_launch
     if not launch.backend:
         return None
-    from streamrl.reward.config import RewardServerConfig
+    from streamrl.scorers.servers import RewardServerConfig
     from streamrl.scorers.servers import RewardServers
 
     spec = RewardServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,

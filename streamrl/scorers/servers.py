@@ -60,7 +60,6 @@ from typing import Any, Iterable
 
 from streamrl.errors import ConfigError, MissingExtra, StreamrlError
 from streamrl.net import free_port
-from streamrl.reward.config import RewardServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +71,27 @@ _SECRET_FLAGS = ("key", "token", "secret", "password")
 VLLM_WORKER_EXTENSION = "streamrl.rollout.vllm_extension.WeightFollowerExtension"
 #: what a policy server's environment needs: vLLM serves ``/collective_rpc`` only in dev mode
 POLICY_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}, "sglang": {}}
+
+
+@dataclass
+class RewardServerConfig:
+    """A reward-model server the reward stage launches and supervises itself (one entry of
+    ``reward.servers``; ``streamrl.scorers.servers``): ``replicas`` local processes, each
+    health-checked before the stage scores, restarted with backoff when it dies, stopped with
+    the stage. A model entry scores on it with ``model: {server: NAME}`` instead of ``urls``."""
+
+    name: str = ""
+    model: str = ""  # the model directory or hub id the server loads
+    backend: str = "vllm"  # vllm (vllm serve) | sglang (sglang.launch_server) | transformers (streamrl's own, CPU or CUDA)
+    replicas: int = 1
+    gpus_per_replica: int = 1  # CUDA devices per replica (tensor parallel); transformers: 0 = CPU
+    port: int = 0  # the first replica's port, replica i on port + i; 0: free ports, picked at start
+    host: str = "127.0.0.1"
+    args: list[str] = field(default_factory=list)  # extra command-line arguments, appended as given
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
+    startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
+    restart_backoff_s: float = 1.0  # first wait before restarting a replica that died; doubles
+    restart_backoff_max_s: float = 60.0
 
 
 class ServerStartError(StreamrlError):
