@@ -144,7 +144,7 @@ LEARNER_WEIGHTS_PUBLISH_SECONDS = Histogram(
 
 # -- reward --------------------------------------------------------------------------------------
 # ``scorer`` is an entry name of the config's scorer table (bounded); ``reason`` a failure reason
-# (a ScoreError's reason, "timeout", "scorer_error", "non_finite_reward", ...).
+# (a Failure's reason, "timeout", "scorer_error", "non_finite_reward", ...).
 REWARD_SCORED = Counter("streamrl_reward_scored_records_total",
                         "Records scored and handed on to the rewarded topic (status: ok, or the "
                         "fallback the config allowed)", ["scorer", "status"])

@@ -189,3 +189,15 @@ def test_the_circle_check_sees_every_form_of_import():
 def test_no_import_circles():
     found = cycles(import_graph(sources()))
     assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_per_record_outcomes_are_not_user_errors():
+    """A record's failure is dead-lettered by its stage; were one to escape, it must not pass for
+    a user error (exit 2, 'change your config'). Scorer authors' names are the same classes."""
+    from streamrl.errors import Failure, RecordOutcome, StreamrlError, Unavailable
+    from streamrl.records import RecordError
+    from streamrl.scorers import ScoreError, ScorerUnavailable
+
+    for cls in (Failure, Unavailable, RecordError):
+        assert issubclass(cls, RecordOutcome) and not issubclass(cls, StreamrlError)
+    assert ScoreError is Failure and ScorerUnavailable is Unavailable

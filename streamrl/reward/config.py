@@ -76,7 +76,7 @@ class ScorerSpec:
     version: str = ""  # reported in Rewarded.scorer.version; default: the module's VERSION or "0"
     # Failure reason -> score this config accepts instead of a dead letter, once retries are
     # spent, e.g. {timeout: 0.0}. The record says so: reward_info.status = "fallback:timeout".
-    # A backend outage (ScorerUnavailable) never falls back: the stage holds the record.
+    # A backend outage (Unavailable) never falls back: the stage holds the record.
     fallbacks: dict[str, float] = field(default_factory=dict)
     parts: dict[str, float] = field(default_factory=dict)  # type hybrid: scorer name -> weight
     judge: dict[str, Any] = field(default_factory=dict)  # type judge: JudgeConfig fields
@@ -143,7 +143,7 @@ class RewardConfig:
     max_in_flight: int = 256  # records being scored at once per member (back-pressure above)
     max_attempts: int = 3  # tries of a failing scorer before the record is dead-lettered
     retry_backoff_s: float = 0.2  # first retry's wait; doubles each time, with jitter
-    # A scorer whose backend is down (ScorerUnavailable) is retried without end, waiting up to
+    # A scorer whose backend is down (Unavailable) is retried without end, waiting up to
     # this long between tries: the record is held, never scored 0.
     unavailable_backoff_max_s: float = 30.0
     process_workers: int = 0  # worker processes for executor=process; 0: the CPU count

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamrl import metrics
-from streamrl.bus import Bus, DeadLetterError, Message, Producer, StageLoop
+from streamrl.bus import Bus, Message, Producer, StageLoop
+from streamrl.errors import Failure
 from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
@@ -214,7 +215,7 @@ class RolloutWorker:
                 return await run_group(prompt, n, self.backend, self.params, self.renderer,
                                        self.multi_turn, before_turn)
             except BackendError as exc:
-                raise DeadLetterError("backend_error", str(exc)) from None
+                raise Failure("backend_error", str(exc)) from None
             except BackendUnavailable as exc:
                 metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels(self._label).inc()
                 log.warning("backend unavailable (%s); holding the prompt, retrying in %.0fs", exc, delay)

@@ -90,7 +90,7 @@ class OpenAIBackend(Backend):
         retry."""
         import aiohttp
 
-        from streamrl.scorers.base import ScorerUnavailable
+        from streamrl.errors import Unavailable
         from streamrl.scorers.router import RouterError
 
         payload = orjson.dumps(body)
@@ -120,7 +120,7 @@ class OpenAIBackend(Backend):
                     return task.result(), version
             except (RouterError, asyncio.TimeoutError, aiohttp.ClientError) as exc:  # one server failed
                 last = str(exc)
-            except ScorerUnavailable as exc:  # none to pick (RouterError is one too: caught above)
+            except Unavailable as exc:  # none to pick (RouterError is one too: caught above)
                 raise BackendUnavailable(f"no rollout server available: {exc}") from None
             attempt += 1
             if attempt > self.max_retries:

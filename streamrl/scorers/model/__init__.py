@@ -8,7 +8,7 @@ without waiting). A gathered batch is tokenised, sorted by length and cut into f
 at most ``max_batch_tokens`` padded tokens, so short and long records do not pad each other.
 The forward runs in a thread, off the event loop; scores come back as fp32. A batch that fails
 is scored again one record at a time, so a bad record fails alone; a backend outage
-(``ScorerUnavailable``) fails the whole batch, and the stage holds those records.
+(``Unavailable``) fails the whole batch, and the stage holds those records.
 
 What a score is: the model's last logit for the text (prompt, response), as verl computes a
 discriminative reward (``AutoModelForSequenceClassification`` with one label; a reward model

@@ -16,8 +16,7 @@ import numpy as np
 import orjson
 
 from streamrl import metrics
-from streamrl.errors import ConfigError
-from streamrl.scorers.base import ScorerUnavailable
+from streamrl.errors import ConfigError, Unavailable
 from streamrl.scorers.batching import MicroBatcher
 from streamrl.scorers.model.config import ModelScorerConfig, protocol_of
 from streamrl.scorers.model.local import RewardInput, TransformersRewardModel
@@ -177,7 +176,7 @@ class ModelScorer:
         so one poison record costs O(log batch) extra calls and fails alone."""
         try:
             return list(await self._score(pairs))
-        except ScorerUnavailable as exc:  # the backend is down: every record waits
+        except Unavailable as exc:  # the backend is down: every record waits
             return [exc] * len(pairs)
         except Exception as exc:  # noqa: BLE001 - goes to that record's caller, or is split
             if len(pairs) == 1:
