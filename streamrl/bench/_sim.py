@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from streamrl.rollout.backends import PromptInput, Sample, SamplingParams
+from streamrl.rollout.backends import Completion, PromptInput, SamplingParams
 from streamrl.rollout.backends.openai_server import OpenAIBackend
 
 
@@ -160,7 +160,7 @@ class FollowingBackend(OpenAIBackend):
         return 0.0
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
-                       params: SamplingParams) -> list[list[Sample]]:
+                       params: SamplingParams) -> list[list[Completion]]:
         version = self.version
         out = await super().generate(prompts, n, params)
         for samples in out:

@@ -36,7 +36,7 @@ import numpy as np
 
 from streamrl.errors import Failure, Unavailable
 from streamrl.records import Prompt, Trajectory
-from streamrl.rollout.backends import Backend, BackendUnavailable, Sample, SamplingParams
+from streamrl.rollout.backends import Backend, BackendUnavailable, Completion, SamplingParams
 from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.interactions.registry import call_compat
 from streamrl.rollout.multiturn import MultiTurn
@@ -79,7 +79,7 @@ class _Episode:
     interaction_s: float = 0.0
     tool_s: float = 0.0
 
-    def add_sample(self, s: Sample) -> None:
+    def add_sample(self, s: Completion) -> None:
         self.versions.append(s.policy_version)
         self.answer, self.finish_reason, self.answer_ids = s.text, s.finish_reason, s.response_ids
         self.turns.append({"role": "assistant", "content": s.text, "policy_version": s.policy_version})

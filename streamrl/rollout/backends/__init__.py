@@ -27,10 +27,10 @@ The interface is in ``base``; the engines in ``transformers_engine``, ``vllm_eng
 
 from __future__ import annotations
 
-from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavailable, PromptInput, Sample,
+from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavailable, PromptInput, Completion,
                                             SamplingParams, WeightLoadError)
 
-__all__ = ["Backend", "BackendError", "BackendUnavailable", "PromptInput", "Sample", "SamplingParams",
+__all__ = ["Backend", "BackendError", "BackendUnavailable", "PromptInput", "Completion", "SamplingParams",
            "WeightLoadError", "make_backend"]
 
 

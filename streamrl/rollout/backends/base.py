@@ -22,9 +22,9 @@ class SamplingParams:
 
 
 @dataclass
-class Sample:
+class Completion:
     """One sampled response. Token fields are None when the backend cannot report them (a
-    text-only server)."""
+    text-only server). (``learner.trainer.Sample`` is the training sample made of a record.)"""
 
     text: str
     prompt_ids: list[int] | None
@@ -60,7 +60,7 @@ class Backend(ABC):
 
     @abstractmethod
     async def generate(self, prompts: Sequence[PromptInput], n: int,
-                       params: SamplingParams) -> list[list[Sample]]:
+                       params: SamplingParams) -> list[list[Completion]]:
         """``n`` samples for each prompt, in order."""
 
     async def load_weights(self, uri: str, version: int) -> float:

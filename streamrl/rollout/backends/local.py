@@ -9,7 +9,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
 
-from streamrl.rollout.backends.base import Backend, BackendError, PromptInput, Sample, SamplingParams
+from streamrl.rollout.backends.base import Backend, BackendError, Completion, PromptInput, SamplingParams
 
 
 @dataclass
@@ -36,7 +36,7 @@ class _LocalEngine(Backend):
         self._server: asyncio.Task | None = None
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
-                       params: SamplingParams) -> list[list[Sample]]:
+                       params: SamplingParams) -> list[list[Completion]]:
         if any(len(p) == 0 for p in prompts):
             raise BackendError("empty prompt")
         request = _Request(list(prompts), n, params, asyncio.get_running_loop().create_future())
@@ -99,7 +99,7 @@ class _LocalEngine(Backend):
             return time.monotonic() - started
 
     @abstractmethod
-    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Sample]]:
+    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Completion]]:
         ...
 
     @abstractmethod

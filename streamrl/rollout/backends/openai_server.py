@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import orjson
 
-from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavailable, PromptInput, Sample,
+from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavailable, PromptInput, Completion,
                                             SamplingParams, WeightLoadError)
 
 
@@ -51,7 +51,7 @@ class OpenAIBackend(Backend):
         return next(iter(self.fleet.members.values())).completions_url
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
-                       params: SamplingParams) -> list[list[Sample]]:
+                       params: SamplingParams) -> list[list[Completion]]:
         await self._ensure_session()
         return list(await asyncio.gather(*(self._complete(p, n, params) for p in prompts)))
 
@@ -141,7 +141,7 @@ class OpenAIBackend(Backend):
             except orjson.JSONDecodeError:
                 raise BackendError(f"{url}: response is not JSON: {text[:200]}") from None
 
-    async def _complete(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Sample]:
+    async def _complete(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Completion]:
         body: dict[str, Any] = {"model": self.model, "prompt": prompt, "n": n,
                                 "max_tokens": params.max_new_tokens, "temperature": params.temperature,
                                 "top_p": params.top_p, "logprobs": 0}
@@ -159,17 +159,17 @@ class OpenAIBackend(Backend):
             raise BackendError(f"{self.url}: unexpected response shape ({type(exc).__name__}: {exc})") from None
 
     @staticmethod
-    def _sample(choice: dict[str, Any], prompt: PromptInput) -> Sample:
+    def _sample(choice: dict[str, Any], prompt: PromptInput) -> Completion:
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs")
         ids = choice.get("token_ids")
         if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
             ids = [int(str(t).removeprefix("token_id:")) for t in lp["tokens"]]
         prompt_ids = prompt if isinstance(prompt, list) else choice.get("prompt_token_ids")
-        return Sample(text=str(choice["text"]),
-                      prompt_ids=None if prompt_ids is None else [int(t) for t in prompt_ids],
-                      response_ids=None if ids is None else [int(t) for t in ids],
-                      response_logprobs=None if logprobs is None else np.asarray(
+        return Completion(text=str(choice["text"]),
+                          prompt_ids=None if prompt_ids is None else [int(t) for t in prompt_ids],
+                          response_ids=None if ids is None else [int(t) for t in ids],
+                          response_logprobs=None if logprobs is None else np.asarray(
                           [float(x) for x in logprobs], dtype=np.float32),
-                      finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
-                      policy_version=0)
+                          finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+                          policy_version=0)

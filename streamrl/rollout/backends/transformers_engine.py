@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamrl.rollout.backends.base import PromptInput, Sample, SamplingParams, WeightLoadError
+from streamrl.rollout.backends.base import Completion, PromptInput, SamplingParams, WeightLoadError
 from streamrl.rollout.backends.local import _LocalEngine
 from streamrl.rollout.backends.weight_files import iter_safetensors, weights_path
 
@@ -27,7 +27,7 @@ class TransformersBackend(_LocalEngine):
         self.device = device
         torch.manual_seed(seed)
 
-    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Sample]]:
+    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Completion]]:
         import torch
 
         tok = self.tokenizer
@@ -47,7 +47,7 @@ class TransformersBackend(_LocalEngine):
             logprobs = recorder.finish(new)
         new, logprobs = new.cpu().tolist(), logprobs.cpu().numpy().astype(np.float32)
         eos = tok.eos_token_id
-        results: list[list[Sample]] = []
+        results: list[list[Completion]] = []
         for i, ids in enumerate(prompt_ids):
             samples = []
             for j in range(i * n, (i + 1) * n):
@@ -55,10 +55,10 @@ class TransformersBackend(_LocalEngine):
                 stop = eos in resp
                 length = resp.index(eos) + 1 if stop else len(resp)
                 resp = resp[:length]
-                samples.append(Sample(text=tok.decode(resp, skip_special_tokens=True),
-                                      prompt_ids=list(ids), response_ids=resp,
-                                      response_logprobs=logprobs[j, :length].copy(),
-                                      finish_reason="stop" if stop else "length", policy_version=0))
+                samples.append(Completion(text=tok.decode(resp, skip_special_tokens=True),
+                                          prompt_ids=list(ids), response_ids=resp,
+                                          response_logprobs=logprobs[j, :length].copy(),
+                                          finish_reason="stop" if stop else "length", policy_version=0))
             results.append(samples)
         return results
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from streamrl.rollout.backends.base import PromptInput, Sample, SamplingParams
+from streamrl.rollout.backends.base import Completion, PromptInput, SamplingParams
 from streamrl.rollout.backends.local import _LocalEngine
 from streamrl.rollout.backends.weight_files import iter_safetensors, weights_path
 
@@ -32,7 +32,7 @@ class VLLMBackend(_LocalEngine):
                        tensor_parallel_size=tensor_parallel_size, **(engine_kwargs or {}))
         self.tokenizer = self.llm.get_tokenizer()
 
-    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Sample]]:
+    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -45,10 +45,10 @@ class VLLMBackend(_LocalEngine):
             for c in request.outputs:
                 ids = list(c.token_ids)
                 lps = np.array([c.logprobs[k][t].logprob for k, t in enumerate(ids)], dtype=np.float32)
-                samples.append(Sample(text=c.text, prompt_ids=list(request.prompt_token_ids),
-                                      response_ids=ids, response_logprobs=lps,
-                                      finish_reason="length" if c.finish_reason == "length" else "stop",
-                                      policy_version=0))
+                samples.append(Completion(text=c.text, prompt_ids=list(request.prompt_token_ids),
+                                          response_ids=ids, response_logprobs=lps,
+                                          finish_reason="length" if c.finish_reason == "length" else "stop",
+                                          policy_version=0))
             results.append(samples)
         return results
 
