@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamrl.errors import StreamrlError
+from streamrl.net import free_port
 
 
 class BrokerError(StreamrlError, RuntimeError):
@@ -72,12 +73,6 @@ def stop_process(proc: subprocess.Popen, timeout_s: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _port_in_use(host: str, port: int) -> bool:

@@ -1,8 +1,15 @@
 """streamrl's error tree, a leaf module (it imports nothing of streamrl).
 
-Every error a user can act on derives from ``StreamrlError``; the CLI prints its message on one
-line, with no traceback, and exits 2. The message names what to change: the config field, the
-command-line override, the address, the missing extra.
+Two roots, never mixed:
+
+- ``StreamrlError``: an error the user can act on. The CLI prints its message on one line, with
+  no traceback, and exits 2. The message names what to change: the config field, the
+  command-line override, the address, the missing extra.
+- ``RecordOutcome``: what happened to one record when it could not become its output:
+  ``Failure`` (permanent: a dead letter with a reason) or ``Unavailable`` (transient: hold and
+  retry). Stages handle these per record; they are not user errors, so one that ever escaped to
+  the CLI is a bug with its traceback, never an exit 2 that blames the user's config. Scorer
+  authors know them as ``streamrl.scorers.ScoreError`` / ``ScorerUnavailable`` (the same classes).
 """
 
 from __future__ import annotations
@@ -32,9 +39,9 @@ def need(module: str, extra: str, purpose: str) -> ModuleType:
         raise MissingExtra(f"{purpose} needs {module.split('.')[0]}: pip install 'streamrl[{extra}]'") from None
 
 
-class _Reasoned(StreamrlError):
-    """The one shape of a per-record outcome: ``reason`` is short and stable (a metric label and
-    the dead-letter reason), ``detail`` says exactly what happened."""
+class RecordOutcome(Exception):
+    """The root of per-record outcomes, apart from the user errors: ``reason`` is short and
+    stable (a metric label and the dead-letter reason), ``detail`` says exactly what happened."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -42,13 +49,13 @@ class _Reasoned(StreamrlError):
         self.detail = detail
 
 
-class Failure(_Reasoned):
+class Failure(RecordOutcome):
     """Permanent, for this one record: it cannot be decoded, scored or used. Every stage sends
     it to the dead-letter topic with its original bytes and the reason, and goes on with the
     next record (after the bounded retries the stage allows)."""
 
 
-class Unavailable(_Reasoned):
+class Unavailable(RecordOutcome):
     """Transient: a backend (judge, reward server, generation server, broker) cannot serve now.
     Every stage holds the record, backs off and retries; never a dead letter, never a made-up
     score."""

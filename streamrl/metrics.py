@@ -16,10 +16,11 @@ metric that is not declared here.
 from __future__ import annotations
 
 import platform
-import socket
 from importlib import metadata as _metadata
 
 from prometheus_client import Counter, Gauge, Histogram, Info, Summary, start_http_server
+
+from streamrl.net import free_port
 
 # -- bus: every consuming / producing stage -----------------------------------------------------
 BUS_CONSUMED = Counter("streamrl_bus_consumed_records_total", "Records taken from a topic",
@@ -68,9 +69,7 @@ BUILD_INFO.info({"version": _version, "python": platform.python_version(),
 def serve(port: int = 0, host: str = "127.0.0.1") -> int:
     """Serve the registry on ``port`` (0: a free one) and return the port."""
     if port == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+        port = free_port(host)
     start_http_server(port, addr=host)
     return port
 
@@ -145,7 +144,7 @@ LEARNER_WEIGHTS_PUBLISH_SECONDS = Histogram(
 
 # -- reward --------------------------------------------------------------------------------------
 # ``scorer`` is an entry name of the config's scorer table (bounded); ``reason`` a failure reason
-# (a ScoreError's reason, "timeout", "scorer_error", "non_finite_reward", ...).
+# (a Failure's reason, "timeout", "scorer_error", "non_finite_reward", ...).
 REWARD_SCORED = Counter("streamrl_reward_scored_records_total",
                         "Records scored and handed on to the rewarded topic (status: ok, or the "
                         "fallback the config allowed)", ["scorer", "status"])

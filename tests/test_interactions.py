@@ -14,8 +14,11 @@ import torch
 from streamrl.config import ConfigError
 from streamrl.policy import load_policy, save_policy
 from streamrl.records import Prompt, Trajectory
-from streamrl.rollout.backends import SamplingParams, TransformersBackend
-from streamrl.rollout.episode import ChatRenderer, InteractionRunner, run_group
+from streamrl.rollout.backends import SamplingParams
+from streamrl.rollout.backends.transformers_engine import TransformersBackend
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode import run_group
+from streamrl.rollout.multiturn import InteractionRunner
 from streamrl.rollout.interactions import BaseInteraction, load_interaction
 from streamrl.rollout.interactions.gsm8k import CORRECT, INCORRECT, Gsm8kInteraction
 

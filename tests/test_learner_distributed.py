@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import LearnerConfig, ParallelConfig
 from streamrl.learner.trainer import Sample, Trainer, follow
+from streamrl.net import free_port
 from streamrl.policy import load_policy
 
 STEPS = 3
@@ -58,12 +58,6 @@ def local_state_bytes(trainer: Trainer) -> int:
     return local_bytes(trainer.model.parameters()) + local_bytes(optim)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
     """One of two ranks: rank 1 follows; rank 0 resumes from ``resume``, trains STEPS
     mini-batches, writes a checkpoint and reports losses, weights and memory."""
@@ -93,7 +87,7 @@ def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
     ckpt1 = tmp_path / "ckpt1"
     ckpt1.mkdir()
     one.write_checkpoint(ckpt1)  # written by one process, resumed by two below
-    mp.spawn(_rank, args=(2, _free_port(), str(tmp_path), str(ckpt1)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), str(tmp_path), str(ckpt1)), nprocs=2, join=True)
     out = json.loads((tmp_path / "out.json").read_text())
 
     resumed = load_policy(str(tmp_path / "resumed"))[0].state_dict()

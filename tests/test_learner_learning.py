@@ -11,7 +11,8 @@ import time
 import numpy as np
 import torch
 
-from streamrl.learner.stage import Learner, read_latest_policy
+from streamrl.learner.stage import Learner
+from streamrl.learner.versions import read_latest_policy
 from streamrl.policy import load_policy
 from streamrl.records import Rewarded
 from tests.test_learner_stage import learner_cfg, publish, wait_for

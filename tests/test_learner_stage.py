@@ -405,3 +405,29 @@ def test_restart_from_an_older_checkpoint_starts_a_new_line_and_drops_the_abando
     lines = [(p.version, p.lineage) for p in announced]
     assert lines[:4] == [(0, old_line), (1, old_line), (2, old_line), (1, state.lineage)]
     assert lines[4:] == [(2, state.lineage), (3, state.lineage), (4, state.lineage)]
+
+
+def test_one_rule_names_the_current_policy():
+    """The highest version of a line wins (a record read again never steps a follower back);
+    a new line wins whatever its number (a learner restarted from an older checkpoint)."""
+    from streamrl.learner.versions import supersedes
+
+    def v(n: int, line: str = "a") -> PolicyVersion:
+        return PolicyVersion(version=n, lineage=line)
+
+    assert supersedes(v(0), None)
+    assert supersedes(v(3), v(2)) and not supersedes(v(2), v(3)) and not supersedes(v(3), v(3))
+    assert supersedes(v(1, "b"), v(5, "a"))
+
+
+def test_one_bounds_check_for_every_reward():
+    from streamrl.errors import Failure
+    from streamrl.records import RecordError
+    from streamrl.reward.bounds import check_reward
+
+    check_reward(1e6, 1e6, "reward.max_abs_reward")
+    for value, reason in ((float("nan"), "non_finite_reward"), (1e39, "non_finite_reward"),
+                          (-2.0, "reward_out_of_range")):
+        with pytest.raises(Failure) as caught:
+            check_reward(value, 1.0, "learner.max_abs_reward", error=RecordError)
+        assert caught.value.reason == reason and isinstance(caught.value, RecordError)

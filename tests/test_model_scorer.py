@@ -249,7 +249,7 @@ class PoolingServer(AppServer):
         return len(text.split()) / 100
 
     def activation(self, body: dict) -> bool:
-        from streamrl.scorers.model import vllm_version_tuple
+        from streamrl.scorers.model.vllm_version import vllm_version_tuple
 
         if vllm_version_tuple(self.version or "99.0") < (0, 11, 1):  # none: as the newest
             names = ("activation",)

@@ -28,9 +28,12 @@ from streamrl.bus import Bus
 from streamrl.config import BusConfig, ConfigError
 from streamrl.errors import Failure
 from streamrl.records import Prompt, Rewarded, Trajectory
-from streamrl.rollout.backends import Sample, SamplingParams, TransformersBackend
+from streamrl.rollout.backends import Completion, SamplingParams
+from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.config import FeedConfig, InteractionConfig, MultiTurnConfig, RolloutConfig
-from streamrl.rollout.episode import ChatRenderer, MultiTurn, run_group
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode import run_group
+from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.feed import build_prompts
 from streamrl.rollout.tools.calculator import CalculationError, CalculatorTool, calculate
 from streamrl.rollout.tools.parser import ToolCall, ToolCallError, parse_tool_calls
@@ -184,9 +187,9 @@ class ScriptedPolicy(TransformersBackend):
             ids = p if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"]
             resp = tok(script(tok.decode(ids)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
             lps = model_logprobs(self.model, list(ids), resp, params.temperature or 1.0).astype(np.float32)
-            samples = [Sample(text=tok.decode(resp, skip_special_tokens=True), prompt_ids=list(ids),
-                              response_ids=list(resp), response_logprobs=lps.copy(), finish_reason="stop",
-                              policy_version=self.version) for _ in range(n)]
+            samples = [Completion(text=tok.decode(resp, skip_special_tokens=True), prompt_ids=list(ids),
+                                  response_ids=list(resp), response_logprobs=lps.copy(), finish_reason="stop",
+                                  policy_version=self.version) for _ in range(n)]
             self.said += [s.response_ids for s in samples]
             out.append(samples)
         return out

@@ -15,8 +15,9 @@ from aiohttp import web
 from streamrl import metrics
 from streamrl.bus import Bus
 from streamrl.records import DeadLetter, Prompt, Trajectory
-from streamrl.rollout.backends import (BackendError, BackendUnavailable, OpenAIBackend, SamplingParams,
-                                       TransformersBackend)
+from streamrl.rollout.backends import BackendError, BackendUnavailable, SamplingParams
+from streamrl.rollout.backends.openai_server import OpenAIBackend
+from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
 from streamrl.rollout.worker import RolloutWorker
 from tests.helpers import serve_app

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamrl.broker import free_port
+from streamrl.net import free_port
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from tests.test_records import make_trajectory

@@ -23,11 +23,11 @@ from streamrl import metrics
 from streamrl.config import load_section
 from streamrl.errors import ConfigError, Failure
 from streamrl.records import Rewarded
-from streamrl.reward.config import RewardConfig, RewardServerConfig
+from streamrl.reward.config import RewardConfig
 from streamrl.reward.scoring import Scoring
 from streamrl.reward.table import build_table
 from streamrl.scorers.model import bundled_minilm_dir
-from streamrl.scorers.servers import RewardServers, ServerStartError, redacted, server_argv
+from streamrl.scorers.servers import RewardServerConfig, RewardServers, ServerStartError, redacted, server_argv
 from streamrl.testing import trajectory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -26,11 +26,11 @@ from streamrl import metrics
 from streamrl.bus import Bus
 from streamrl.errors import ConfigError
 from streamrl.records import DeadLetter, PolicyVersion, Prompt, Trajectory
-from streamrl.reward.config import RewardServerConfig
-from streamrl.rollout.backends import OpenAIBackend, SamplingParams, WeightLoadError
+from streamrl.rollout.backends import SamplingParams, WeightLoadError
+from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig, ServersLaunchConfig
 from streamrl.rollout.worker import RolloutWorker
-from streamrl.scorers.servers import RewardServers, server_argv
+from streamrl.scorers.servers import RewardServerConfig, RewardServers, server_argv
 from tests.helpers import AppServer, read_topic
 
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from streamrl import metrics
-from streamrl.bus import DeadLetterError
 from streamrl.config import ConfigError
+from streamrl.errors import Failure
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
@@ -218,7 +218,7 @@ def test_process_pool_timeout_kills_the_worker_and_never_blocks_the_loop(user_fi
 
     quick, quick_at, dead, fallback, elapsed, after, ticks = _run(stage, go)
     assert quick[0] == 0.5 and quick_at < elapsed  # answered while the slow ones were running
-    assert isinstance(dead, DeadLetterError) and dead.reason == "timeout"
+    assert isinstance(dead, Failure) and dead.reason == "timeout"
     assert fallback[0] == 0.0 and fallback[1]["status"] == "fallback:timeout"
     assert elapsed < 10  # killed at 1 s, not after the 30 s sleep
     assert after[0] == 1.0
@@ -239,9 +239,9 @@ def test_retries_then_ok_or_dead_letter_and_non_finite(user_file):
 
     flaky, fails, nan = _run(stage, go)
     assert flaky[0] == 1.0 and flaky[1]["attempts"] == 3 and flaky[1]["status"] == "ok"
-    assert isinstance(fails, DeadLetterError) and fails.reason == "no_verdict"
+    assert isinstance(fails, Failure) and fails.reason == "no_verdict"
     assert metrics.REWARD_ATTEMPT_ERRORS.labels("fails", "no_verdict")._value.get() - before == 3
-    assert isinstance(nan, DeadLetterError) and nan.reason == "non_finite_reward"
+    assert isinstance(nan, Failure) and nan.reason == "non_finite_reward"
 
 
 def test_unavailable_scorer_holds_the_record_until_it_answers(user_file):

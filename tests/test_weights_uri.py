@@ -17,7 +17,8 @@ from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
 from streamrl.policy import load_policy, save_policy
-from streamrl.rollout.backends import TransformersBackend, WeightLoadError
+from streamrl.rollout.backends import WeightLoadError
+from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.worker import RolloutWorker, weights_allowed
 
 

@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from streamrl.rollout.backends import OpenAIBackend, PromptInput, Sample, SamplingParams
+from streamrl.rollout.backends import Completion, PromptInput, SamplingParams
+from streamrl.rollout.backends.openai_server import OpenAIBackend
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class FollowingBackend(OpenAIBackend):
         return 0.0
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
-                       params: SamplingParams) -> list[list[Sample]]:
+                       params: SamplingParams) -> list[list[Completion]]:
         version = self.version
         out = await super().generate(prompts, n, params)
         for samples in out:

@@ -198,23 +198,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class Prompt:
+class Question:
+    """One question of the workload (the bench makes its trajectories itself: not a feed
+    ``records.Prompt``)."""
+
     index: int
     question: str
     ground_truth: str
 
 
-def load_prompts(dataset: str, n: int) -> list[Prompt]:
+def load_prompts(dataset: str, n: int) -> list[Question]:
     from streamrl.datasets import read_rows
     from streamrl.rollout.feed import gsm8k_ground_truth
 
     rows = read_rows(dataset, n, field="--dataset")
     if len(rows) < n:
         raise SystemExit(f"streamrl bench ablation: {dataset} has {len(rows)} rows, the run needs {n}")
-    return [Prompt(i, str(r["question"]), gsm8k_ground_truth(str(r["answer"]))) for i, r in enumerate(rows)]
+    return [Question(i, str(r["question"]), gsm8k_ground_truth(str(r["answer"]))) for i, r in enumerate(rows)]
 
 
-def rollout(prompt: Prompt, sample: int, group_size: int, version: int) -> Any:
+def rollout(prompt: Question, sample: int, group_size: int, version: int) -> Any:
     """One simulated response: the same text for (prompt, sample) in every mode, right about
     60 % of the time."""
     from streamrl.records import Trajectory
@@ -302,20 +305,12 @@ class ModeResult:
     events: list[tuple[str, float, float, int]] = field(default_factory=list)  # kind, start, end, batch
 
 
-def grpo_advantages(rewards: list[float], group_size: int) -> list[float]:
-    """verl's GRPO outcome advantage per group: (r - mean) / (unbiased std + 1e-6)."""
-    out = []
-    for i in range(0, len(rewards), group_size):
-        r = rewards[i:i + group_size]
-        mean = sum(r) / len(r)
-        std = (sum((x - mean) ** 2 for x in r) / (len(r) - 1)) ** 0.5 if len(r) > 1 else 1.0
-        out.extend((x - mean) / (std + 1e-6) for x in r)
-    return out
-
-
-async def run_mode(mode: str, w: Workload, prompts: list[Prompt], progress: Any) -> ModeResult:
+async def run_mode(mode: str, w: Workload, prompts: list[Question], progress: Any) -> ModeResult:
     """``w.steps`` steps under one schedule, as verl's ``fit`` drives them: one controller, the
     device's work in sequence, the reward agent in the background."""
+    import torch
+
+    from streamrl.learner.losses import grpo_advantages
     from streamrl.reward.scoring import Scoring
 
     pipeline, off_policy = SCHEDULES[mode]
@@ -351,7 +346,7 @@ async def run_mode(mode: str, w: Workload, prompts: list[Prompt], progress: Any)
         start = time.monotonic()
         rewarded = [r for g in groups for r in g]
         rewards = [float(r.reward) for r in rewarded]
-        grpo_advantages(rewards, w.group_size)
+        grpo_advantages(torch.tensor(rewards), [r.group_id for r in rewarded])  # the driver's part, as verl's
         res.max_staleness = max(res.max_staleness, max(version - r.policy_version for r in rewarded))
         res.scored += len(rewarded)
         res.reward_sum += sum(rewards)
@@ -455,7 +450,7 @@ def plot(results: dict[str, ModeResult], reduction: dict[str, float], w: Workloa
     save(fig, path, dpi=80)
 
 
-async def _bench(w: Workload, prompts: list[Prompt]) -> dict[str, ModeResult]:
+async def _bench(w: Workload, prompts: list[Question]) -> dict[str, ModeResult]:
     from tqdm import tqdm
 
     import streamrl.scorers.gsm8k  # noqa: F401 - imported before any clock starts

@@ -97,6 +97,7 @@ def _parallel_rank(rank: int, world: int, port: int, args: argparse.Namespace, p
         follow(cfg)
         return
     from streamrl.learner.trainer import Trainer
+    from streamrl.net import free_port
 
     trainer = Trainer(cfg, policy=policy)
     result = _parallel_steps(trainer, args)
@@ -127,8 +128,6 @@ def _parallel_steps(trainer, args: argparse.Namespace) -> dict:
 
 def parallel(args: argparse.Namespace) -> int:
     """1 vs N ranks on the same mini-batches, in one run."""
-    import socket
-
     import torch
     import torch.multiprocessing as mp
 
@@ -151,9 +150,7 @@ def parallel(args: argparse.Namespace) -> int:
             else:
                 out = Path(tmp) / f"n{n}"
                 out.mkdir()
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
+                port = free_port()
                 mp.spawn(_parallel_rank, args=(n, port, args, policy, str(out)), nprocs=n, join=True)
                 r = json.loads((out / "result.json").read_text())
                 if reference is not None:

@@ -177,7 +177,8 @@ async def run_sync(s: Setup, cfg: Any, prompts: list) -> dict[str, Any]:
     from streamrl.policy import save_policy
     from streamrl.reward.scoring import Scoring
     from streamrl.rollout.backends import SamplingParams
-    from streamrl.rollout.episode import ChatRenderer, run_group
+    from streamrl.rollout.chat import ChatRenderer
+    from streamrl.rollout.episode import run_group
 
     backend = latency_backend(cfg.rollout, s.gen_latency_s)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)

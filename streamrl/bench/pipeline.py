@@ -206,7 +206,8 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
     from streamrl.policy import save_policy
     from streamrl.reward.scoring import Scoring
     from streamrl.rollout.backends import SamplingParams
-    from streamrl.rollout.episode import ChatRenderer, run_group
+    from streamrl.rollout.chat import ChatRenderer
+    from streamrl.rollout.episode import run_group
     from transformers.utils import logging as transformers_logging
 
     o = cfg.rollout.openai

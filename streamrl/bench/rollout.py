@@ -42,7 +42,8 @@ async def _tokens_per_s(backend, prompts: int, n: int, params, merged: bool) -> 
 
 
 async def _run(args: argparse.Namespace) -> dict:
-    from streamrl.rollout.backends import SamplingParams, TransformersBackend
+    from streamrl.rollout.backends import SamplingParams
+    from streamrl.rollout.backends.transformers_engine import TransformersBackend
 
     backend = TransformersBackend(args.policy, device=args.device, max_batch_rows=args.prompts * args.samples)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)

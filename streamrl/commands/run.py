@@ -158,7 +158,7 @@ async def check_topics(bus, state, out: Path) -> bool:
     run's: sharing them would mix two runs' prompts, versions and weights); a resumed one
     refuses a policy topic of another training line than its checkpoint's."""
     from streamrl.errors import StreamrlError
-    from streamrl.learner.stage import read_latest_policy
+    from streamrl.learner.versions import read_latest_policy
 
     held = await topic_contents(bus)
     if not any(held.values()):

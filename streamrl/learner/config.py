@@ -96,7 +96,7 @@ class LearnerConfig:
     # incomplete / late in reward_info.group): mixing them with adjusted ones skews a batch, so
     # they are dropped (dead letter "incomplete_group") unless "train".
     incomplete_groups: str = "drop"
-    max_abs_reward: float = 1e6  # a reward beyond this (or not finite) is refused: "bad_reward"
+    max_abs_reward: float = 1e6  # a reward beyond this (or not finite) is refused (reward.bounds)
     max_response_tokens: int = 0  # a longer response is refused ("response_too_long"); 0: no limit
     versions: int = 0  # stop once the policy version reaches this (across restarts); 0 = never
     # verl's total_epochs: end when the feed's data ends (every prompt the ``feed`` section

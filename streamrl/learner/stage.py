@@ -20,21 +20,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import math
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 
 from streamrl import metrics
 from streamrl.bus import Bus, Checkpoint, Message, OffsetTracker, Reader, TopicPartition
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
+from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update
+from streamrl.learner.samples import to_sample
+from streamrl.learner.versions import prune_weights, read_latest_policy, start_line
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
@@ -43,28 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STAGE = "learner"
-
-
-async def read_latest_policy(bus: Bus, stage: str = STAGE) -> PolicyVersion | None:
-    """The last record on the compacted ``policy`` topic (the highest version among its
-    partitions' last records), or None."""
-    best: PolicyVersion | None = None
-    async with Reader(bus, ["policy"], stage) as reader:
-        ends = await reader.end_offsets()
-        last = {tp: end - 1 for tp, end in ends.items() if end > 0}
-        try:
-            async for batch in reader.read(last, {tp: ends[tp] for tp in last}, stall_timeout_s=10):
-                for msg in batch:
-                    try:
-                        rec = PolicyVersion.decode(msg.value)
-                    except RecordError as exc:
-                        log.warning("policy topic: last record unreadable (%s)", exc)
-                        continue
-                    if best is None or rec.version > best.version:
-                        best = rec
-        except TimeoutError as exc:
-            log.warning("policy topic: last record not read (%s)", exc)
-    return best
 
 
 @dataclass
@@ -345,62 +323,8 @@ class Learner:
 
     def _sample(self, record: Rewarded):
         """The record as a training sample, or ``RecordError`` saying why it cannot be one."""
-        from streamrl.learner.trainer import Sample
-
-        cfg = self.cfg
-        if not (math.isfinite(record.reward) and abs(record.reward) <= cfg.max_abs_reward):
-            raise RecordError("bad_reward", f"reward {record.reward!r} is not finite or beyond "
-                              f"learner.max_abs_reward ({cfg.max_abs_reward})")
-        group = (record.reward_info or {}).get("group")
-        if (cfg.incomplete_groups == "drop" and isinstance(group, dict)
-                and group.get("status") in ("incomplete", "late")):
-            raise RecordError("incomplete_group", f"the group hook did not adjust it ({group.get('status')}); "
-                              "learner.incomplete_groups is 'drop'")
-        recompute = self.cfg.missing_logprobs == "recompute"
-        prompt_ids, response_ids = record.array("prompt_ids"), record.array("response_ids")
-        if prompt_ids is None or response_ids is None:
-            if not recompute:
-                raise RecordError("no_tokens", "prompt_ids/response_ids missing and "
-                                  "learner.missing_logprobs is 'error'")
-            prompt_ids, response_ids = self._tokenize(record)
-        logprobs = record.array("response_logprobs")
-        if logprobs is None and not recompute:
-            raise RecordError("no_logprobs", "response_logprobs missing and "
-                              "learner.missing_logprobs is 'error'")
-        mask = record.array("response_mask")
-        vocab = self.trainer.model.get_input_embeddings().num_embeddings
-        n = len(response_ids)
-        if cfg.max_response_tokens and n > cfg.max_response_tokens:
-            raise RecordError("response_too_long", f"{n} response tokens, learner.max_response_tokens "
-                              f"is {cfg.max_response_tokens}")
-        if len(prompt_ids) == 0:
-            raise RecordError("bad_tokens", "empty prompt_ids")
-        if logprobs is not None and len(logprobs) != n:
-            raise RecordError("bad_tokens", f"{len(logprobs)} response_logprobs for {n} response_ids")
-        if mask is not None and len(mask) != n:
-            raise RecordError("bad_tokens", f"{len(mask)} response_mask entries for {n} response_ids")
-        for name, ids in (("prompt_ids", prompt_ids), ("response_ids", response_ids)):
-            if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
-                raise RecordError("bad_tokens", f"{name} outside the vocabulary (size {vocab})")
-        if logprobs is not None and not np.isfinite(logprobs).all():
-            raise RecordError("bad_tokens", "response_logprobs has NaN or infinities")
-        return Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
-                      response_ids=response_ids, reward=float(record.reward),
-                      policy_version=record.policy_version, behaviour_logprobs=logprobs,
-                      response_mask=mask)
-
-    def _tokenize(self, record: Rewarded) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids for a text-only record (``missing_logprobs: recompute``)."""
-        tok = self.trainer.tokenizer
-        if isinstance(record.prompt, str):
-            prompt = tok(record.prompt, add_special_tokens=False).input_ids
-        elif getattr(tok, "chat_template", None):
-            prompt = tok.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True)
-        else:
-            prompt = tok("\n".join(str(m.get("content") or "") for m in record.prompt),
-                         add_special_tokens=False).input_ids
-        response = tok(record.response, add_special_tokens=False).input_ids
-        return np.asarray(prompt, dtype=np.int64), np.asarray(response, dtype=np.int64)
+        return to_sample(record, self.cfg, self.trainer.model.get_input_embeddings().num_embeddings,
+                         self.trainer.tokenizer)
 
     async def _drop(self, drops: list[Drop]) -> None:
         for d in drops:
@@ -422,15 +346,7 @@ class Learner:
     # -- training -----------------------------------------------------------------------------
     async def _train(self, groups: list[Group]) -> None:
         taken: list[_Taken] = [item.payload for g in groups for item in g.items]
-        now = time.time()
-        for t in taken:
-            r = t.record
-            metrics.LEARNER_STALENESS.observe(max(0, self.version - r.policy_version))
-            gen = _generation_seconds(r)
-            if gen is not None:
-                metrics.LEARNER_STALENESS_SECONDS.labels("generation").observe(gen)
-            metrics.LEARNER_STALENESS_SECONDS.labels("reward").observe(max(0.0, r.scored_at - r.created_at))
-            metrics.LEARNER_STALENESS_SECONDS.labels("learner").observe(max(0.0, now - r.scored_at))
+        observe_staleness([t.record for t in taken], self.version)
         for g in groups:
             metrics.LEARNER_GROUPS.labels("partial" if len(g.items) < g.items[0].group_size else "trained").inc()
         out = await asyncio.to_thread(self.trainer.step, [t.sample for t in taken])
@@ -449,31 +365,15 @@ class Learner:
         self.state.trained_records += n
         self.state.mini_batches += 1
         self._dirty = True
-        self._observe(out, n)
+        observe_update(out, n)
         self._version_metrics.append(out)
         if self.state.mini_batches >= self.cfg.mini_batches_per_version:
             await self._finish_version()
 
-    def _observe(self, out: dict[str, float], n: int) -> None:
-        metrics.LEARNER_RECORDS.labels("trained").inc(n)
-        metrics.LEARNER_STEP_SECONDS.observe(out["step_seconds"])
-        metrics.LEARNER_TOKENS.inc(out["tokens"])
-        for part in ("loss", "pg_loss", "kl"):
-            if part in out:
-                metrics.LEARNER_LOSS.labels(part).set(out[part])
-        metrics.LEARNER_REWARD.labels("mean").set(out["reward_mean"])
-        metrics.LEARNER_REWARD.labels("std").set(out["reward_std"])
-        if "kl" in out:
-            metrics.LEARNER_KL.labels("ref").set(out["kl"])
-        metrics.LEARNER_KL.labels("ppo").set(out["ppo_kl"])
-        metrics.LEARNER_ENTROPY.set(out["entropy"])
-        metrics.LEARNER_GRAD_NORM.set(out["grad_norm"])
-        metrics.LEARNER_CLIP_FRACTION.set(out["clip_fraction"])
-
     async def _finish_version(self) -> None:
         self.state.version += 1
         self.state.mini_batches = 0
-        summary = _mean_metrics(self._version_metrics)
+        summary = mean_metrics(self._version_metrics)
         self._version_metrics = []
         metrics.LEARNER_VERSION.set(self.version)
         if self.version % self.cfg.checkpoint_every == 0:
@@ -497,40 +397,14 @@ class Learner:
                                lineage=self.state.lineage)
         await self.producer.send_and_wait("policy", record)
         log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)
-        await asyncio.to_thread(self._prune_weights, version)
+        await asyncio.to_thread(prune_weights, self.cfg, version)
         return record
-
-    def _prune_weights(self, version: int) -> None:
-        """Keep the newest ``keep_weights`` version directories (rollout workers load the newest;
-        the checkpoints keep their own copy)."""
-        root = Path(self.cfg.weights_dir)
-        for path in root.glob("v*"):
-            if path.name[1:].isdigit() and int(path.name[1:]) <= version - self.cfg.keep_weights:
-                shutil.rmtree(path, ignore_errors=True)
-        if self.cfg.weights_uri:
-            from streamrl import weights_store
-
-            try:
-                weights_store.prune(self.cfg.weights_uri, version, self.cfg.keep_weights)
-            except Exception as exc:  # a failed clean-up costs storage, not the run
-                log.warning("learner: pruning old versions at %s failed: %s", self.cfg.weights_uri, exc)
 
     async def _announce_current(self) -> None:
         """At start: make sure ``policy`` names the weights this learner starts from, so rollout
         workers and the learner agree (version 0 on a fresh run)."""
         latest = await read_latest_policy(self.bus)
-        if latest is not None and (latest.version > self.version or
-                                   (latest.lineage and latest.lineage != self.state.lineage)):
-            # the topic is ahead of this checkpoint (a crash between them, or an older checkpoint
-            # restored): versions after ours were trained from weights we no longer have. A new
-            # line starts at our version; records of the old line's later versions are dropped.
-            old = latest.lineage or self.state.lineage
-            self.state.abandoned[old] = min(self.version, self.state.abandoned.get(old, self.version))
-            self.state.lineage = uuid.uuid4().hex[:12]
-            log.warning("learner: policy topic is at version %d (line %s), this checkpoint at %d: "
-                        "starting line %s at version %d; records of versions after %d of line %s "
-                        "are dropped", latest.version, old, self.version, self.state.lineage,
-                        self.version, self.version, old)
+        if start_line(self.state, latest):
             await self._checkpoint()  # the new line is on disk before anything is trained on it
             await self._announce(self.version, {})
         elif latest is None or latest.version < self.version:
@@ -558,21 +432,3 @@ class Learner:
         metrics.LEARNER_CHECKPOINT_SECONDS.observe(time.monotonic() - started)
         return saved[0]
 
-
-def _generation_seconds(r: Rewarded) -> float | None:
-    t = r.timings or {}
-    if "generation_s" in t:
-        return float(t["generation_s"])
-    if "generation_started_at" in t:
-        return max(0.0, r.created_at - float(t["generation_started_at"]))
-    return None
-
-
-def _mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
-    keys = {k for m in items for k in m}
-    out = {}
-    for k in sorted(keys):
-        vals = [m[k] for m in items if k in m and math.isfinite(m[k])]
-        if vals:
-            out[k] = float(sum(vals) / len(vals)) if k not in ("tokens", "sequences") else float(sum(vals))
-    return out

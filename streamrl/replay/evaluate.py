@@ -70,7 +70,9 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     the rollout backend (``cfg.rollout``: backend, sampling), score them with ``scorer`` and
     report; returns the JSON report's path. Needs a broker only to publish."""
     from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
-    from streamrl.rollout.episode import ChatRenderer, MultiTurn, run_group
+    from streamrl.rollout.chat import ChatRenderer
+    from streamrl.rollout.episode import run_group
+    from streamrl.rollout.multiturn import MultiTurn
     from streamrl.rollout.feed import build_prompts
 
     _check_publish_topic(publish_topic)

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from streamrl.errors import ConfigError
 from streamrl.scorers.rules import RULES
+from streamrl.scorers.servers import RewardServerConfig
 
 SCORER_TYPES = ("rule", "function", "class", "judge", "model", "hybrid")
 EXECUTORS = ("auto", "inline", "thread", "process")
@@ -75,7 +76,7 @@ class ScorerSpec:
     version: str = ""  # reported in Rewarded.scorer.version; default: the module's VERSION or "0"
     # Failure reason -> score this config accepts instead of a dead letter, once retries are
     # spent, e.g. {timeout: 0.0}. The record says so: reward_info.status = "fallback:timeout".
-    # A backend outage (ScorerUnavailable) never falls back: the stage holds the record.
+    # A backend outage (Unavailable) never falls back: the stage holds the record.
     fallbacks: dict[str, float] = field(default_factory=dict)
     parts: dict[str, float] = field(default_factory=dict)  # type hybrid: scorer name -> weight
     judge: dict[str, Any] = field(default_factory=dict)  # type judge: JudgeConfig fields
@@ -93,27 +94,6 @@ class GroupHookConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 120.0  # a group not complete by then is published unadjusted, marked so
     data_sources: list[str] = field(default_factory=list)  # only these; empty: every data source
-
-
-@dataclass
-class RewardServerConfig:
-    """A reward-model server the reward stage launches and supervises itself (one entry of
-    ``reward.servers``; ``streamrl.scorers.servers``): ``replicas`` local processes, each
-    health-checked before the stage scores, restarted with backoff when it dies, stopped with
-    the stage. A model entry scores on it with ``model: {server: NAME}`` instead of ``urls``."""
-
-    name: str = ""
-    model: str = ""  # the model directory or hub id the server loads
-    backend: str = "vllm"  # vllm (vllm serve) | sglang (sglang.launch_server) | transformers (streamrl's own, CPU or CUDA)
-    replicas: int = 1
-    gpus_per_replica: int = 1  # CUDA devices per replica (tensor parallel); transformers: 0 = CPU
-    port: int = 0  # the first replica's port, replica i on port + i; 0: free ports, picked at start
-    host: str = "127.0.0.1"
-    args: list[str] = field(default_factory=list)  # extra command-line arguments, appended as given
-    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
-    startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
-    restart_backoff_s: float = 1.0  # first wait before restarting a replica that died; doubles
-    restart_backoff_max_s: float = 60.0
 
 
 TURN_REDUCERS = ("none", "last", "sum", "mean", "max", "discounted")
@@ -163,7 +143,7 @@ class RewardConfig:
     max_in_flight: int = 256  # records being scored at once per member (back-pressure above)
     max_attempts: int = 3  # tries of a failing scorer before the record is dead-lettered
     retry_backoff_s: float = 0.2  # first retry's wait; doubles each time, with jitter
-    # A scorer whose backend is down (ScorerUnavailable) is retried without end, waiting up to
+    # A scorer whose backend is down (Unavailable) is retried without end, waiting up to
     # this long between tries: the record is held, never scored 0.
     unavailable_backoff_max_s: float = 30.0
     process_workers: int = 0  # worker processes for executor=process; 0: the CPU count

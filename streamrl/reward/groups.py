@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from streamrl import metrics
-from streamrl.errors import Failure as DeadLetterError
+from streamrl.errors import Failure
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.config import GroupHookConfig
 from streamrl.scorers.base import split_result
@@ -94,8 +94,8 @@ class GroupCollector:
         except asyncio.TimeoutError:
             self._expire(gid, g)
             results = g.done.result()
-        if isinstance(results, DeadLetterError):
-            raise DeadLetterError(results.reason, results.detail)
+        if isinstance(results, Failure):
+            raise Failure(results.reason, results.detail)
         return results.get(rewarded.id) or self._mark(rewarded, "incomplete", g)
 
     async def failed(self, traj: Trajectory) -> None:
@@ -132,7 +132,7 @@ class GroupCollector:
             metrics.REWARD_GROUPS.labels("applied").inc()
         except Exception as exc:  # noqa: BLE001 - a user hook's bug dead-letters the group
             log.exception("group hook %s failed on group %s", self.name, gid)
-            outcome = DeadLetterError("group_hook_error", f"{self.name}: {type(exc).__name__}: {exc}")
+            outcome = Failure("group_hook_error", f"{self.name}: {type(exc).__name__}: {exc}")
             metrics.REWARD_GROUPS.labels("hook_error").inc()
         self._finish(gid, g, outcome)
 

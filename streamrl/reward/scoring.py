@@ -5,10 +5,10 @@ one path:
 
 1. look the record's ``data_source`` up in the scorer table (``reward.table``); none serves it:
    ``Failure("unknown_data_source")``;
-2. score it. A failing scorer (``ScoreError`` or any exception) is retried ``max_attempts`` times
+2. score it. A failing scorer (``Failure`` or any exception) is retried ``max_attempts`` times
    with backoff, then fails with its reason, unless the config allows a fallback score for that
    reason (``reward_info.status = "fallback:<reason>"``). A scorer whose backend is down
-   (``ScorerUnavailable``) is retried without end: the record is held (the stage's loop stops
+   (``Unavailable``) is retried without end: the record is held (the stage's loop stops
    fetching once ``max_in_flight`` records are held). An outage is never scored 0;
 3. a NaN or infinite reward (in fp32) is never published: ``Failure("non_finite_reward")``, nor
    one beyond ``reward.max_abs_reward``: ``Failure("reward_out_of_range")``;
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import Any
 
@@ -32,11 +31,12 @@ from tenacity import (AsyncRetrying, retry_if_exception_type, retry_if_not_excep
                       stop_after_attempt, wait_exponential_jitter)
 
 from streamrl import metrics
-from streamrl.errors import Failure
+from streamrl.errors import Failure, Unavailable
 from streamrl.records import Rewarded, Trajectory
+from streamrl.reward.bounds import check_reward
 from streamrl.reward.config import GroupHookConfig, OverlongBufferConfig, RewardConfig, TurnScoresConfig
 from streamrl.reward.table import Entry, ScorerTable, build_table
-from streamrl.scorers.base import ScoreError, ScorerUnavailable, numeric_info, split_result
+from streamrl.scorers.base import numeric_info, split_result
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Scoring:
                     state.outcome.exception(), traj.id, state.attempt_number)
 
         hold = AsyncRetrying(
-            retry=retry_if_exception_type(ScorerUnavailable), reraise=True, before_sleep=on_hold,
+            retry=retry_if_exception_type(Unavailable), reraise=True, before_sleep=on_hold,
             wait=wait_exponential_jitter(multiplier=rc.retry_backoff_s, max=rc.unavailable_backoff_max_s,
                                       jitter=rc.retry_backoff_s))
         try:
@@ -146,12 +146,8 @@ class Scoring:
                                                     "reduced": reduced, "scorer_reward": reward})
         if cfg.reducer == "discounted":
             info["turn_scores"]["gamma"] = cfg.gamma
-        value = np.float32(total)
-        if not math.isfinite(value):
-            raise Failure("non_finite_reward", f"reward {reward!r} + turn reward {added!r} is not finite in fp32")
-        if abs(value) > self.rc.max_abs_reward:
-            raise Failure("reward_out_of_range", f"reward {reward!r} + turn reward {added!r} is beyond "
-                                                 f"reward.max_abs_reward ({self.rc.max_abs_reward})")
+        check_reward(total, self.rc.max_abs_reward, "reward.max_abs_reward",
+                     what=f"reward {reward!r} + turn reward {added!r}")
         return total, info
 
     async def _score_bounded(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:
@@ -165,20 +161,20 @@ class Scoring:
 
         retrying = AsyncRetrying(
             stop=stop_after_attempt(rc.max_attempts), reraise=True, before_sleep=count,
-            retry=retry_if_not_exception_type((ScorerUnavailable, _BadValue, asyncio.CancelledError)),
+            retry=retry_if_not_exception_type((Unavailable, _BadValue, asyncio.CancelledError)),
             wait=wait_exponential_jitter(multiplier=rc.retry_backoff_s, max=10.0, jitter=rc.retry_backoff_s))
         try:
             async for attempt in retrying:
                 with attempt:
                     tries += 1
                     score, extras = await self._score_once(entry, traj)
-        except (ScorerUnavailable, asyncio.CancelledError):
+        except (Unavailable, asyncio.CancelledError):
             raise
         except _BadValue as exc:
             raise Failure(exc.reason, f"{entry.name}: {exc.detail}") from None
         except Exception as exc:  # noqa: BLE001 - every scorer failure ends here, named
-            reason = exc.reason if isinstance(exc, ScoreError) else "scorer_error"
-            detail = exc.detail if isinstance(exc, ScoreError) else f"{type(exc).__name__}: {exc}"
+            reason = exc.reason if isinstance(exc, Failure) else "scorer_error"
+            detail = exc.detail if isinstance(exc, Failure) else f"{type(exc).__name__}: {exc}"
             if reason in entry.fallbacks:
                 score = entry.fallbacks[reason]
                 return float(np.float32(score)), {"status": f"fallback:{reason}", "error": detail[:500],
@@ -197,23 +193,19 @@ class Scoring:
             result = await entry.scorer(traj.data_source, traj.response, traj.ground_truth,
                                         traj.extra_info, prompt=traj.prompt)
             score, extras = split_result(result, entry.name)
-        except ScorerUnavailable:
+        except Unavailable:
             raise
         except Exception as exc:
-            reason = exc.reason if isinstance(exc, ScoreError) else "scorer_error"
+            reason = exc.reason if isinstance(exc, Failure) else "scorer_error"
             metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, reason).inc()
             raise
         metrics.REWARD_SCORE_SECONDS.labels(entry.name).observe(time.monotonic() - started)
-        value = np.float32(score)
-        if not math.isfinite(value):
-            bad = _BadValue("non_finite_reward", f"reward {score!r} is not finite in fp32")
-        elif abs(value) > self.rc.max_abs_reward:
-            bad = _BadValue("reward_out_of_range", f"reward {score!r} is beyond reward.max_abs_reward "
-                                                   f"({self.rc.max_abs_reward})")
-        else:
-            return score, extras
-        metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, bad.reason).inc()
-        raise bad
+        try:
+            check_reward(score, self.rc.max_abs_reward, "reward.max_abs_reward", error=_BadValue)
+        except _BadValue as bad:
+            metrics.REWARD_ATTEMPT_ERRORS.labels(entry.name, bad.reason).inc()
+            raise
+        return score, extras
 
 
 _info_series: set[tuple[str, str]] = set()

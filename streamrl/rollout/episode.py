@@ -26,183 +26,25 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
-import orjson
 
 from streamrl.errors import Failure, Unavailable
 from streamrl.records import Prompt, Trajectory
-from streamrl.rollout.backends import Backend, BackendUnavailable, Sample, SamplingParams
-from streamrl.rollout.interactions import BaseInteraction, load_interaction, load_interaction_config
+from streamrl.rollout.backends import Backend, BackendUnavailable, Completion, SamplingParams
+from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.interactions.registry import call_compat
-from streamrl.rollout.tools import LoadedTool, ToolCall, ToolCallError, load_tool_config, parse_tool_calls
-
-if TYPE_CHECKING:
-    from streamrl.rollout.config import RolloutConfig
+from streamrl.rollout.multiturn import MultiTurn
+from streamrl.rollout.tool_calls import finish_tools, run_tools
+from streamrl.rollout.tools import ToolCall, parse_tool_calls
+from streamrl.rollout.trajectory import build_trajectory, jsonable, turn_score
 
 log = logging.getLogger(__name__)
-
-
-def tools_preamble(tools: list[dict[str, Any]]) -> str:
-    """The tools' schemas and the Hermes calling convention as text, for a tokenizer whose chat
-    template does not render ``tools`` itself (and for the plain layout)."""
-    schemas = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nYou can call the functions described below, as JSON, between <tools> and </tools>:\n"
-            f"<tools>\n{schemas}\n</tools>\n\n"
-            "To call one, write its name and a JSON object of arguments between <tool_call> and </tool_call>:\n"
-            '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call>')
-
-
-class ChatRenderer:
-    """Chat messages to the text the policy conditions on, and the text of the turns that answer
-    it (feedback, tool responses). ``tools`` (OpenAI function schemas) go to the chat template as
-    ``tools=`` when the template renders them, else into the system message as text."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
-        self.template = template is not None
-        texts = template.values() if isinstance(template, dict) else [template] if isinstance(template, str) else []
-        self.template_tools = any("tools" in t for t in texts)
-        self._warned = False
-
-    def _with_tools(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-        if not tools or (self.template and self.template_tools):
-            return messages
-        preamble = tools_preamble(tools)
-        if messages and messages[0].get("role") == "system":
-            first = messages[0]
-            return [{**first, "content": f"{first.get('content') or ''}\n\n{preamble}"}, *messages[1:]]
-        return [{"role": "system", "content": preamble}, *messages]
-
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation: bool) -> str:
-        extra = {"tools": tools} if tools and self.template_tools else {}
-        return self.tokenizer.apply_chat_template(self._with_tools(messages, tools), add_generation_prompt=generation,
-                                                  tokenize=False, **extra)
-
-    def prompt_text(self, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-        if isinstance(prompt, str):
-            return f"{tools_preamble(tools)}\n\n{prompt}" if tools else prompt
-        if self.template:
-            return self._render(prompt, tools, generation=True)
-        return "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in self._with_tools(prompt, tools)) + "assistant: "
-
-    def feedback_text(self, before: list[dict[str, Any]], answer: str, feedback: str, stopped: bool,
-                      tools: list[dict[str, Any]] | None = None) -> str:
-        """``turn_text`` for one user message (the interaction's feedback)."""
-        return self.turn_text(before, answer, [{"role": "user", "content": feedback}], stopped, tools)
-
-    def turn_text(self, before: list[dict[str, Any]], answer: str, new: list[dict[str, Any]], stopped: bool,
-                  tools: list[dict[str, Any]] | None = None) -> str:
-        """What follows the sampled answer: the end of the assistant turn (unless the policy
-        already sampled it), the ``new`` messages (user feedback or tool responses), and the next
-        generation prompt."""
-        plain = "".join(f"\n{m['role']}: {m.get('content') or ''}" for m in new) + "\nassistant: "
-        if not self.template:
-            return plain
-        head = self._render(before, tools, generation=True)
-        answered = before + [{"role": "assistant", "content": answer}]
-        with_answer = self._render(answered, tools, generation=False)
-        full = self._render(answered + new, tools, generation=True)
-        if with_answer.startswith(head + answer) and full.startswith(with_answer):
-            closing = with_answer[len(head) + len(answer):]
-            eos = self.tokenizer.eos_token or ""
-            if stopped and eos and closing.startswith(eos):
-                closing = closing[len(eos):]
-            return closing + full[len(with_answer):]
-        if not self._warned:  # e.g. a template that rewrites earlier turns
-            log.warning("the chat template does not extend turn by turn; feedback and tool turns use the "
-                        "plain 'role: content' layout")
-            self._warned = True
-        return ("" if stopped else (self.tokenizer.eos_token or "")) + plain
-
-
-@dataclass
-class MultiTurn:
-    """What an episode may do beyond one answer: the interactions samples pick by name, the
-    tools, and verl's limits (``rollout.multi_turn``). ``every_sample`` names the one interaction
-    that serves every sample (``rollout.interaction.name``, streamrl's older form)."""
-
-    interactions: dict[str, Any] = field(default_factory=dict)
-    tools: list[LoadedTool] = field(default_factory=list)
-    max_assistant_turns: int = 3
-    max_user_turns: int = 2
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 256
-    tool_response_truncate_side: str = "middle"
-    tool_timeout_s: float = 30.0
-    tool_format: str = "hermes"
-    every_sample: str | None = None
-
-    def __post_init__(self) -> None:
-        self.tool_map = {t.name: t for t in self.tools}
-
-    @classmethod
-    def from_config(cls, cfg: "RolloutConfig") -> "MultiTurn | None":
-        """The rollout config's interactions and tools, loaded (a bad file, class or schema is a
-        ``ConfigError`` naming the field), or None for single-turn rollouts."""
-        mt, ic = cfg.multi_turn, cfg.interaction
-        if not mt.enabled and not ic.name:
-            return None
-        interactions: dict[str, Any] = {}
-        limits = (mt.max_assistant_turns, mt.max_user_turns)
-        if ic.name:
-            interactions = {ic.name: load_interaction(ic.name, dict(ic.kwargs))}
-            limits = (ic.max_assistant_turns, ic.max_user_turns)
-        if mt.interaction_config_path:
-            interactions = load_interaction_config(mt.interaction_config_path)
-        tools = load_tool_config(mt.tool_config_path) if mt.tool_config_path else []
-        return cls(interactions=interactions, tools=tools, max_assistant_turns=limits[0], max_user_turns=limits[1],
-                   max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
-                   tool_response_truncate_side=mt.tool_response_truncate_side, tool_timeout_s=mt.tool_timeout_s,
-                   tool_format=mt.format, every_sample=ic.name or None)
-
-    @property
-    def tool_schemas(self) -> list[dict[str, Any]] | None:
-        return [t.schema for t in self.tools] or None
-
-    def interaction_for(self, prompt: Prompt) -> tuple[str, Any, dict[str, Any]] | None:
-        """``(name, interaction, kwargs)`` for ``prompt``, or None (no interaction: the sample
-        carries no ``interaction_kwargs``). A name that is not configured fails the prompt
-        (``Failure``: a dead letter naming the known ones)."""
-        if not self.interactions:
-            return None
-        given = prompt.extra_info.get("interaction_kwargs")
-        if given is not None and not isinstance(given, dict):
-            raise Failure("bad_interaction_kwargs", f"extra_info.interaction_kwargs is a {type(given).__name__}, "
-                                                    "not an object")
-        if self.every_sample:
-            name = self.every_sample
-        elif given is None:
-            return None
-        else:
-            name = given.get("name")
-            if name is None and len(self.interactions) == 1:
-                name = next(iter(self.interactions))
-            if name not in self.interactions:
-                raise Failure("unknown_interaction", f"extra_info.interaction_kwargs.name is {name!r}; the "
-                                                     f"interaction config has {sorted(self.interactions)}")
-        kwargs = dict(given or {})
-        if kwargs.get("ground_truth") is None and prompt.ground_truth is not None:
-            kwargs["ground_truth"] = prompt.ground_truth
-        return name, self.interactions[name], kwargs
-
-
-class InteractionRunner(MultiTurn):
-    """One interaction for every sample, with its turn limits (the older ``rollout.interaction``
-    form; kept for callers that build one by hand)."""
-
-    def __init__(self, interaction: BaseInteraction, name: str, max_assistant_turns: int, max_user_turns: int):
-        super().__init__(interactions={name: interaction}, max_assistant_turns=max_assistant_turns,
-                         max_user_turns=max_user_turns, every_sample=name)
-        self.interaction, self.name = interaction, name
 
 
 @dataclass
@@ -237,7 +79,7 @@ class _Episode:
     interaction_s: float = 0.0
     tool_s: float = 0.0
 
-    def add_sample(self, s: Sample) -> None:
+    def add_sample(self, s: Completion) -> None:
         self.versions.append(s.policy_version)
         self.answer, self.finish_reason, self.answer_ids = s.text, s.finish_reason, s.response_ids
         self.turns.append({"role": "assistant", "content": s.text, "policy_version": s.policy_version})
@@ -327,7 +169,7 @@ async def run_group(prompt: Prompt, n: int, backend: Backend, params: SamplingPa
     finally:
         if multi is not None:
             await asyncio.gather(*(_finish(e, multi, chosen) for e in episodes))
-    return [_trajectory(prompt, n, e, started_at, multi) for e in episodes]
+    return [build_trajectory(prompt, n, e, started_at, multi) for e in episodes]
 
 
 async def _guarded(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -378,7 +220,7 @@ async def _next_turn(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict
                 last["ignored_tool_calls"] = len(calls) - multi.max_parallel_calls
             t0 = time.monotonic()
             try:
-                return await _run_tools(e, calls[:multi.max_parallel_calls], multi)
+                return await run_tools(e, calls[:multi.max_parallel_calls], multi)
             finally:
                 e.tool_s += time.monotonic() - t0
     if chosen is None:
@@ -394,11 +236,11 @@ async def _next_turn(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict
     except (TypeError, ValueError):
         raise Failure("interaction_error", f"interaction {name!r}: generate_response returned {type(reply).__name__}, "
                                            "not (should_terminate, response, score, metadata)") from None
-    score = _number(score)
+    score = turn_score(score)
     if score is not None:
         last["score"] = score
         e.turn_scores.append(score)
-    info = _jsonable(info if isinstance(info, dict) else {})
+    info = jsonable(info if isinstance(info, dict) else {})
     e.turn_info.append(info)
     if info:
         last["info"] = info
@@ -408,173 +250,11 @@ async def _next_turn(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict
     return [({"role": "user", "content": content}, {"role": "user", "content": content})]
 
 
-async def _invoke(fn: Callable[..., Any], timeout: float, /, *args: Any, **kwargs: Any) -> Any:
-    """A tool method, async or not, bounded by ``timeout`` (a blocking one runs in a thread)."""
-    if inspect.iscoroutinefunction(fn):
-        return await asyncio.wait_for(call_compat(fn, *args, **kwargs), timeout)
-    result = await asyncio.wait_for(asyncio.to_thread(call_compat, fn, *args, **kwargs), timeout)
-    if inspect.isawaitable(result):  # a decorated coroutine function
-        result = await asyncio.wait_for(result, timeout)
-    return result
-
-
-def _tool_kwargs(e: _Episode, name: str, which: str) -> dict[str, Any]:
-    per_tool = e.tools_kwargs.get(name)
-    value = per_tool.get(which) if isinstance(per_tool, dict) else None
-    return dict(value) if isinstance(value, dict) else {}
-
-
-async def _create(e: _Episode, tool: LoadedTool, timeout: float) -> None:
-    """The episode's instance of ``tool``, created before its first call with the sample's
-    ``create_kwargs`` (as keywords, and as ``create_kwargs=`` the way verl's agent loop passes
-    them: a tool takes whichever its signature names)."""
-    create_kwargs = _tool_kwargs(e, tool.name, "create_kwargs")
-    kwargs = {**create_kwargs}
-    kwargs.setdefault("create_kwargs", create_kwargs)
-    try:
-        result = await _invoke(tool.tool.create, timeout, e.uid, **kwargs)
-    except (Failure, asyncio.CancelledError):
-        raise
-    except Unavailable as exc:
-        raise BackendUnavailable(f"tool {tool.name!r}: {exc}") from None
-    except asyncio.TimeoutError:
-        e.tool_create_errors[tool.name] = f"creating the tool timed out after {timeout:g}s"
-        return
-    except Exception as exc:  # noqa: BLE001 - a user's tool: any error goes back to the model
-        e.tool_create_errors[tool.name] = f"{type(exc).__name__}: {exc}"
-        return
-    instance = result[0] if isinstance(result, tuple) and result else result
-    e.tool_instances[tool.name] = instance if isinstance(instance, str) else e.uid
-
-
-async def _run_tools(e: _Episode, calls: list[ToolCall | ToolCallError],
-                     multi: MultiTurn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Execute ``calls`` concurrently; each answers with one ``tool`` message. Nothing a tool
-    does ends the episode: an unknown tool, bad arguments, an exception or a timeout come back
-    as the message's text (``Error when executing tool: ...``, verl's wording)."""
-    needed = {c.name for c in calls if isinstance(c, ToolCall) and c.name in multi.tool_map
-              and c.name not in e.tool_instances and c.name not in e.tool_create_errors}
-    await asyncio.gather(*(_create(e, multi.tool_map[name], multi.tool_timeout_s) for name in sorted(needed)))
-    return list(await asyncio.gather(*(_call(e, c, multi) for c in calls)))
-
-
-async def _call(e: _Episode, call: ToolCall | ToolCallError, multi: MultiTurn) -> tuple[dict[str, Any], dict[str, Any]]:
-    record: dict[str, Any] = {"role": "tool"}
-    error = None
-    reward = None
-    metrics: dict[str, Any] = {}
-    text = ""
-    if isinstance(call, ToolCallError):
-        error = f"the tool call could not be read: {call.message}"
-    else:
-        record["name"] = call.name
-        e.tool_calls += 1
-        loaded = multi.tool_map.get(call.name)
-        if loaded is None:
-            error = f"no tool named {call.name!r} (tools: {', '.join(sorted(multi.tool_map))})"
-        elif call.name in e.tool_create_errors:
-            error = e.tool_create_errors[call.name]
-        else:
-            try:
-                result = await _invoke(loaded.tool.execute, multi.tool_timeout_s, e.tool_instances[call.name],
-                                       call.arguments, **_tool_kwargs(e, call.name, "execute_kwargs"))
-                text, reward, metrics = _unpack_tool_result(result)
-            except (Failure, asyncio.CancelledError):
-                raise
-            except Unavailable as exc:
-                raise BackendUnavailable(f"tool {call.name!r}: {exc}") from None
-            except asyncio.TimeoutError:
-                error = f"timed out after {multi.tool_timeout_s:g}s"
-            except Exception as exc:  # noqa: BLE001 - a user's tool: any error goes back to the model
-                error = f"{type(exc).__name__}: {exc}"
-    if error is not None:
-        text = f"Error when executing tool: {error}"
-        record["error"] = error[:1000]
-    text = truncate(text, multi.max_tool_response_length, multi.tool_response_truncate_side)
-    record["content"] = text
-    if reward is not None:
-        record["score"] = reward
-    if metrics:
-        record["metrics"] = metrics
-    return {"role": "tool", "content": text}, record
-
-
-def _unpack_tool_result(result: Any) -> tuple[str, float | None, dict[str, Any]]:
-    """``execute``'s ``(response, step_reward, metrics)``: the response a ``ToolResponse``
-    (verl >= 0.5), a dict with ``text`` or a string (older verl tools)."""
-    if isinstance(result, tuple):
-        response = result[0] if result else None
-        reward = _number(result[1]) if len(result) > 1 else None
-        metrics = result[2] if len(result) > 2 and isinstance(result[2], dict) else {}
-    else:
-        response, reward, metrics = result, None, {}
-    if isinstance(response, str):
-        text = response
-    elif isinstance(response, dict):
-        text = str(response.get("text") or "")
-    elif response is None:
-        text = ""
-    else:
-        text = str(getattr(response, "text", None) or "")
-    return text, reward, _jsonable(metrics)
-
-
-def truncate(text: str, limit: int, side: str) -> str:
-    """verl's truncation of a tool answer to ``limit`` characters: ``left`` keeps the start,
-    ``right`` the end, ``middle`` both halves."""
-    if len(text) <= limit:
-        return text
-    if side == "left":
-        return text[:limit] + "...(truncated)"
-    if side == "right":
-        return "(truncated)..." + text[-limit:]
-    half = limit // 2
-    return text[:half] + "...(truncated)..." + text[len(text) - half:]
-
-
-def _number(value: Any) -> float | None:
-    """A finite score, or None (verl skips a None turn score; NaN cannot travel in JSON)."""
-    if value is None or isinstance(value, bool):
-        return None if value is None else float(value)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        log.warning("a turn score %r is not a number: not recorded", value)
-        return None
-    if not math.isfinite(number):
-        log.warning("a turn score %r is not finite: not recorded", value)
-        return None
-    return number
-
-
-def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` as it can travel in a record: values JSON cannot carry become their repr."""
-    try:
-        orjson.dumps(data)
-        return dict(data)
-    except TypeError:
-        return {str(k): (v if v is None or isinstance(v, (bool, int, float, str)) else repr(v)[:200])
-                for k, v in data.items()}
-
-
 async def _finish(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict[str, Any]] | None) -> None:
     """End the episode's tool instances (``calc_reward`` into ``tool_rewards``, then ``release``)
     and its interaction. Runs however the episode ended; failures here are logged, never raised
     over the episode's own outcome."""
-    for name, instance in e.tool_instances.items():
-        tool = multi.tool_map[name].tool
-        if callable(getattr(tool, "calc_reward", None)):
-            try:
-                value = _number(await _invoke(tool.calc_reward, multi.tool_timeout_s, instance,
-                                              **_tool_kwargs(e, name, "calc_reward_kwargs")))
-                if value is not None:
-                    e.tool_rewards[name] = value
-            except Exception as exc:  # noqa: BLE001
-                log.warning("tool %r: calc_reward failed: %s: %s", name, type(exc).__name__, exc)
-        try:
-            await _invoke(tool.release, multi.tool_timeout_s, instance, **_tool_kwargs(e, name, "release_kwargs"))
-        except Exception as exc:  # noqa: BLE001
-            log.warning("tool %r: release failed: %s: %s", name, type(exc).__name__, exc)
+    await finish_tools(e, multi)
     if chosen is not None and e.instance_id is not None:
         try:
             result = call_compat(chosen[1].finalize_interaction, e.instance_id)
@@ -582,37 +262,3 @@ async def _finish(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict[st
                 await result
         except Exception as exc:  # noqa: BLE001
             log.warning("interaction %r: finalize_interaction failed: %s: %s", chosen[0], type(exc).__name__, exc)
-
-
-def _trajectory(prompt: Prompt, n: int, e: _Episode, started_at: float, multi: MultiTurn | None) -> Trajectory:
-    extra = dict(prompt.extra_info)
-    extra.update(sample_index=e.index, finish_reason=e.finish_reason)
-    if multi is not None:
-        extra["num_turns"] = len(e.versions)
-        if e.interaction_name is not None:
-            extra.update(interaction=e.interaction_name, turn_scores=e.turn_scores)
-            if any(e.turn_info):
-                extra["turn_info"] = e.turn_info
-        if e.tool_calls:
-            extra["tool_calls"] = e.tool_calls
-        if e.tool_rewards:
-            extra["tool_rewards"] = e.tool_rewards
-    arrays = e.arrays_ok and e.prompt_ids is not None
-    timings = {"generation_started_at": started_at, "generation_s": e.generation_s}
-    if e.interaction_name is not None:
-        timings["interaction_s"] = e.interaction_s
-    if e.tool_calls:
-        timings["tool_s"] = e.tool_s
-    return Trajectory(
-        # One id per (prompt group, sample slot): a prompt redelivered after a crash yields the
-        # same ids, so the learner's de-duplication keeps each slot once.
-        id=f"{prompt.group_id}-{e.index}",
-        group_id=prompt.group_id, group_size=n, policy_version=min(e.versions),
-        data_source=prompt.data_source, prompt=prompt.prompt, response=e.answer,
-        ground_truth=prompt.ground_truth, extra_info=extra,
-        prompt_ids=np.asarray(e.prompt_ids, dtype=np.int32) if arrays else None,
-        response_ids=np.asarray(e.response_ids, dtype=np.int32) if arrays else None,
-        response_logprobs=(np.concatenate(e.logprobs) if e.logprobs else np.zeros(0, np.float32)) if arrays else None,
-        response_mask=np.asarray(e.mask, dtype=np.uint8) if arrays and multi is not None else None,
-        turns=e.turns if multi is not None else None,
-        timings=timings)

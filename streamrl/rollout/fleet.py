@@ -52,7 +52,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from streamrl import metrics
-from streamrl.scorers.base import ScorerUnavailable
+from streamrl.errors import Unavailable
 from streamrl.scorers.router import Router, public_url, server_root
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class ServerFleet:
                     ) -> AsyncIterator[tuple[Member, int]]:
         """An eligible server and the version it has now, counted as in flight while the block
         runs (the router's lease: failures count towards ejection). Waits up to ``wait_s`` for
-        one; then ``ScorerUnavailable``."""
+        one; then ``Unavailable``."""
         deadline = time.monotonic() + wait_s
         while True:
             changed = self._changed
@@ -172,7 +172,7 @@ class ServerFleet:
                         entered = True
                         yield m, int(m.version)  # type: ignore[arg-type]
                         return
-            except ScorerUnavailable:  # none to pick (the block's own errors are the caller's)
+            except Unavailable:  # none to pick (the block's own errors are the caller's)
                 if entered or time.monotonic() >= deadline:
                     raise
             finally:

@@ -1,10 +1,10 @@
-"""Weight following: the latest record of the policy topic, read by every rollout worker.
+"""Weight following: the learner's current policy on the policy topic, read by every rollout worker.
 
-The topic is compacted with one key, so its last record is the learner's current version. Each
-worker reads it from the beginning with a ``Reader`` (no consumer group: every worker needs
-every record) and keeps the last one it has seen; the worker loads it between generations. The
-last record wins, not the highest number, so a learner that restarts from version 0 is followed
-too.
+Each worker reads the topic from the beginning with a ``Reader`` (no consumer group: every
+worker needs every record) and keeps the current policy by the one rule the learner uses too
+(``streamrl.learner.versions.supersedes``: the highest version of a line, or a new line's
+version whatever its number, so a learner that restarts from an older checkpoint or from
+version 0 is followed); the worker loads it between generations.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import logging
 
 from streamrl.bus import Bus, Message, Reader
+from streamrl.learner.versions import supersedes
 from streamrl.records import PolicyVersion, RecordError
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ class PolicyFollower:
     def __init__(self, bus: Bus, stage: str = "rollout"):
         self.reader = Reader(bus, ["policy"], stage)
         self.latest: PolicyVersion | None = None
-        self.latest_offset = -1  # offset of ``latest`` in the policy topic
+        self.latest_offset = -1  # offset of ``latest`` in the policy topic (a new one: load it)
         self.updated = asyncio.Event()  # set on every new record; cleared by whoever waits
         self._task: asyncio.Task | None = None
 
@@ -65,6 +66,6 @@ class PolicyFollower:
                 # become one dead letter per worker. The learner owns the topic.
                 log.error("policy topic offset %d: unreadable record (%s); ignored", msg.offset, exc)
                 continue
-            if msg.offset > self.latest_offset:
+            if supersedes(record, self.latest):
                 self.latest, self.latest_offset = record, msg.offset
                 self.updated.set()

@@ -22,13 +22,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
 from streamrl import metrics
-from streamrl.bus import Bus, DeadLetterError, Message, Producer, StageLoop
+from streamrl.bus import Bus, Message, Producer, StageLoop
+from streamrl.errors import Failure
 from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
 from streamrl.rollout.config import RolloutConfig
-from streamrl.rollout.episode import ChatRenderer, MultiTurn, run_group
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode import run_group
+from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.gate import StalenessGate
 from streamrl.rollout.weights import PolicyFollower
 
@@ -206,22 +211,32 @@ class RolloutWorker:
         return [("rollouts", t) for t in trajectories]
 
     async def _generate(self, prompt: Prompt, n: int, before_turn: Any) -> list[Trajectory]:
-        delay = 1.0
-        while True:
-            try:
-                return await run_group(prompt, n, self.backend, self.params, self.renderer,
-                                       self.multi_turn, before_turn)
-            except BackendError as exc:
-                raise DeadLetterError("backend_error", str(exc)) from None
-            except BackendUnavailable as exc:
-                metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels(self._label).inc()
-                log.warning("backend unavailable (%s); holding the prompt, retrying in %.0fs", exc, delay)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), delay)
-                except asyncio.TimeoutError:
-                    delay = min(delay * 2, _RETRY_MAX_S)
-                    continue
-                raise asyncio.CancelledError("worker stopping") from None
+        """The group's trajectories. A backend outage holds the prompt: retried without end,
+        1 s doubling to ``_RETRY_MAX_S`` apart, until the backend answers or the worker stops."""
+
+        def held(state: RetryCallState) -> None:
+            metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels(self._label).inc()
+            log.warning("backend unavailable (%s); holding the prompt, retrying in %.0fs",
+                        state.outcome.exception(), state.next_action.sleep)
+
+        retrying = AsyncRetrying(retry=retry_if_exception_type(BackendUnavailable), before_sleep=held,
+                                 wait=wait_exponential(multiplier=1.0, max=_RETRY_MAX_S),
+                                 sleep=self._wait_unless_stopping, reraise=True)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await run_group(prompt, n, self.backend, self.params, self.renderer,
+                                           self.multi_turn, before_turn)
+        except BackendError as exc:
+            raise Failure("backend_error", str(exc)) from None
+        raise AssertionError("unreachable")
+
+    async def _wait_unless_stopping(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except asyncio.TimeoutError:
+            return
+        raise asyncio.CancelledError("worker stopping")
 
 
 _REFUSALS = ("not_allowed", "no_uri", "load_failed")
@@ -256,7 +271,7 @@ def launch_servers(cfg: RolloutConfig) -> Any:
     launch = cfg.servers_launch
     if not launch.backend:
         return None
-    from streamrl.reward.config import RewardServerConfig
+    from streamrl.scorers.servers import RewardServerConfig
     from streamrl.scorers.servers import RewardServers
 
     spec = RewardServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,

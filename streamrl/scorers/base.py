@@ -18,10 +18,13 @@ from streamrl.errors import Failure, Unavailable
 
 #: This record cannot be scored (e.g. the judge's answer has no score). The reward stage
 #: retries a bounded number of times, then sends the record to dead letters with the reason.
+#: The name scorer authors write (``from streamrl.scorers import ScoreError``): the same class as
+#: ``streamrl.errors.Failure``, which the package itself uses.
 ScoreError = Failure
 
 #: The scorer's backend is down (every judge / reward server failing). The reward stage holds
 #: the record and tries again later (back-pressure): an outage is never scored 0.
+#: The same class as ``streamrl.errors.Unavailable``.
 ScorerUnavailable = Unavailable
 
 

@@ -31,7 +31,7 @@ from collections import deque
 from fractions import Fraction
 from typing import Any
 
-from streamrl.scorers.base import ScoreError
+from streamrl.errors import Failure
 
 VERSION = "1"
 
@@ -136,7 +136,7 @@ def reference_number(ground_truth: str) -> Fraction:
     region = ground_truth.rsplit("####", 1)[1] if "####" in ground_truth else ground_truth
     value = parse_number(region)
     if value is None:
-        raise ScoreError("bad_ground_truth", f"no number in the gsm8k ground truth {ground_truth[:80]!r}")
+        raise Failure("bad_ground_truth", f"no number in the gsm8k ground truth {ground_truth[:80]!r}")
     return value
 
 
@@ -198,7 +198,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None,
     if method not in METHODS:
         raise ValueError(f"gsm8k method must be one of {METHODS}, got {method!r}")
     if ground_truth is None:
-        raise ScoreError("no_ground_truth", "a gsm8k record needs ground_truth")
+        raise Failure("no_ground_truth", "a gsm8k record needs ground_truth")
     if method != "robust":
         pred = verl_extract_solution(solution_str, method)
         return {"score": float(verl_compute_score(solution_str, verl_ground_truth(ground_truth),

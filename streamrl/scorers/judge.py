@@ -5,12 +5,12 @@ the ground truth, sent to ``/v1/chat/completions`` on the server the router pick
 is parsed out of the answer with a regex. How failures come out, so that a score is never a
 silent 0:
 
-- the answer has no score (or one out of range): ``ScoreError("judge_unparseable" / ...)``; the
+- the answer has no score (or one out of range): ``Failure("judge_unparseable" / ...)``; the
   stage retries a bounded number of times, then dead-letters the record with that reason;
-- the server rejects the request (4xx other than 429): ``ScoreError("judge_rejected")``;
+- the server rejects the request (4xx other than 429): ``Failure("judge_rejected")``;
 - timeouts, connection errors, 5xx, 429: retried on another server with exponential backoff and
   jitter (tenacity), counted against the server (ejection, see ``router``); when the retries
-  run out or every server is ejected: ``ScorerUnavailable``, the stage holds the record.
+  run out or every server is ejected: ``Unavailable``, the stage holds the record.
 
 Concurrency is bounded per member (``concurrency``); requests and tokens per minute are bounded
 for the whole consumer group (``rpm`` / ``tpm``, this member's share follows its partitions,
@@ -29,8 +29,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from streamrl.errors import ConfigError
-from streamrl.scorers.base import ScoreError
+from streamrl.errors import ConfigError, Failure
 from streamrl.scorers.ratelimit import RateLimiter
 from streamrl.scorers.router import Router
 
@@ -185,12 +184,12 @@ class JudgeScorer:
         found = self._regex.findall(text or "")
         if not found:
             tail = (text or "")[-200:]
-            raise ScoreError("judge_unparseable",
+            raise Failure("judge_unparseable",
                              f"no score matching {self.config.score_regex!r} in the judge's answer: {tail!r}")
         raw = float(found[-1])
         lo, hi = self.config.score_min, self.config.score_max
         if not lo <= raw <= hi:
-            raise ScoreError("judge_out_of_range", f"score {raw} outside [{lo}, {hi}]")
+            raise Failure("judge_out_of_range", f"score {raw} outside [{lo}, {hi}]")
         return (raw - lo) / (hi - lo), raw
 
     async def __call__(self, data_source: str, solution_str: str, ground_truth: Any,

@@ -30,9 +30,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-from streamrl.errors import ConfigError
+from streamrl.errors import ConfigError, Failure
 from streamrl.loading import load_object
-from streamrl.scorers.base import ScoreError
 
 #: Keyword arguments the stage may offer a scorer beyond verl's four; a function gets the ones
 #: it names (or all, if it takes ``**kwargs``).
@@ -142,12 +141,12 @@ class ProcessRunner:
         try:
             return await asyncio.wrap_future(future)
         except concurrent.futures.TimeoutError:
-            raise ScoreError("timeout", f"{ref} ran over {timeout_s} s in its worker process "
+            raise Failure("timeout", f"{ref} ran over {timeout_s} s in its worker process "
                                         "(the worker was killed)") from None
         except MemoryError:
-            raise ScoreError("memory", f"{ref} passed the worker's memory cap of {self.memory_mb} MB") from None
+            raise Failure("memory", f"{ref} passed the worker's memory cap of {self.memory_mb} MB") from None
         except pebble.ProcessExpired as exc:
-            raise ScoreError("worker_died", f"{ref}: its worker process died ({exc})") from None
+            raise Failure("worker_died", f"{ref}: its worker process died ({exc})") from None
 
     def close(self) -> None:
         if self._pool is not None:
@@ -253,7 +252,7 @@ class FunctionScorer:
         try:
             return await asyncio.wait_for(awaitable, timeout)
         except asyncio.TimeoutError:
-            raise ScoreError("timeout", f"{self.ref} ran over {timeout} s") from None
+            raise Failure("timeout", f"{self.ref} ran over {timeout} s") from None
 
 
 class BatchFunctionScorer:
@@ -296,4 +295,4 @@ class BatchFunctionScorer:
         try:
             return list(await asyncio.wait_for(in_daemon_thread(call), self.timeout_s))
         except asyncio.TimeoutError:
-            raise ScoreError("timeout", f"{self.ref} ran over {self.timeout_s} s on a batch of {len(items)}") from None
+            raise Failure("timeout", f"{self.ref} ran over {self.timeout_s} s on a batch of {len(items)}") from None

@@ -32,7 +32,7 @@ had armed is put back afterwards; off the main thread (the ``thread`` executor),
 cannot be used, a trace function raises at the first call into math-library code after the
 deadline, and because CPython switches a tracer off once it raises, a profile function re-arms
 it until the work has stopped. Either raises only in SymPy / math-verify code, never inside a
-lock-holding section of ``logging`` or ``threading``. Running out of budget is ``ScoreError("timeout")``, which the stage retries,
+lock-holding section of ``logging`` or ``threading``. Running out of budget is ``Failure("timeout")``, which the stage retries,
 then dead-letters or maps to a configured fallback; never a silent 0.
 """
 
@@ -49,7 +49,7 @@ from itertools import product
 from types import FrameType
 from typing import Any, Callable, TypeVar
 
-from streamrl.scorers.base import ScoreError
+from streamrl.errors import Failure
 from streamrl.scorers.gsm8k import boxed_spans
 
 VERSION = "3"  # 3: math-verify's verdict is the floor; streamrl only adds equivalences
@@ -189,8 +189,8 @@ class _Deadline:
     def remaining(self) -> float:
         return self.end - time.monotonic()
 
-    def expired(self) -> ScoreError:
-        return ScoreError("timeout", f"math-verify {self.phase} ran over {self.seconds:g} s")
+    def expired(self) -> Failure:
+        return Failure("timeout", f"math-verify {self.phase} ran over {self.seconds:g} s")
 
 
 #: Where a deadline may interrupt: only on entering (or, for the alarm, while running) code of
@@ -284,7 +284,7 @@ class _TraceDeadline:
 
 def _bounded(call: Callable[[], T], deadline: _Deadline) -> T:
     """``call()`` (math-verify with its own timeouts off) within ``deadline``: running out is
-    ``ScoreError("timeout")``."""
+    ``Failure("timeout")``."""
     from math_verify.errors import TimeoutException
 
     left = deadline.remaining()
@@ -473,7 +473,7 @@ def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARS
           max_response_chars: int = MAX_RESPONSE_CHARS) -> tuple[bool, str, list[Any]]:
     """``(equal, why, read)``: the verdict, which rule gave it (``"math-verify"``, one of
     ``_ADDITIONS``, ``"units"`` for the veto, ``"different"``, or ``"no answer"``) and the answer
-    read. Raises ``ScoreError`` like ``compute_score``."""
+    read. Raises ``Failure`` like ``compute_score``."""
     parsing = _Deadline(parse_timeout_s, "parsing")
     comparing = _Deadline(verify_timeout_s, "comparison")
     answer = ground_truth_answer(ground_truth)
@@ -492,7 +492,7 @@ def judge(solution_str: str, ground_truth: str, *, parse_timeout_s: float = PARS
         wrappers = [gold_text] if "$" in gold_text else [f"\\boxed{{{gold_text}}}", f"${gold_text}$", gold_text]
         gold = _parse_first(wrappers, parsing) if gold_text else []
         if not gold and not gold_mv and not gold_direct:
-            raise ScoreError("bad_ground_truth", f"math-verify cannot parse the ground truth {ground_truth[:80]!r}")
+            raise Failure("bad_ground_truth", f"math-verify cannot parse the ground truth {ground_truth[:80]!r}")
         read_gold.append(gold)
         return gold
 
@@ -523,10 +523,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None,
                   max_response_chars: int = MAX_RESPONSE_CHARS, **kwargs: Any) -> dict[str, Any]:
     """``score`` if ``solution_str``'s final answer equals ``ground_truth`` (see the module
     docstring: math-verify's verdict, plus streamrl's documented additions); ``format_score`` if
-    an answer was found but differs; else 0. ``ScoreError("timeout")`` if parsing or comparing
-    runs over its budget; ``ScoreError("bad_ground_truth")`` if the reference does not parse."""
+    an answer was found but differs; else 0. ``Failure("timeout")`` if parsing or comparing
+    runs over its budget; ``Failure("bad_ground_truth")`` if the reference does not parse."""
     if ground_truth is None:
-        raise ScoreError("no_ground_truth", "a math record needs ground_truth")
+        raise Failure("no_ground_truth", "a math record needs ground_truth")
     equal, _, pred = judge(solution_str, str(ground_truth),  # some datasets store a bare number
                            parse_timeout_s=parse_timeout_s, verify_timeout_s=verify_timeout_s,
                            max_response_chars=max_response_chars)

@@ -13,7 +13,7 @@
   default, as in vLLM, the sigmoid of it. The answer is ``{"object": "list", "data": [{"index",
   "label", "probs": [p], "num_classes": 1}], "usage": {...}}``.
 
-It runs ``TransformersRewardModel`` (``streamrl.scorers.model``): the same sorting by length and
+It runs ``TransformersRewardModel`` (``streamrl.scorers.model.local``): the same sorting by length and
 the same split into forward passes of at most ``--max-batch-tokens`` padded tokens as the local
 backend; requests are scored one at a time (the model scorer already sends batches). It is the
 ``transformers`` backend of ``reward.servers``: a reward model on CPU (or a GPU without vLLM)
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    from streamrl.scorers.model import ModelScorerConfig, TransformersRewardModel
+    from streamrl.scorers.model.config import ModelScorerConfig
+    from streamrl.scorers.model.local import TransformersRewardModel
 
     model = TransformersRewardModel(ModelScorerConfig(
         model_path=args.model, device=args.device, dtype=args.dtype, max_length=args.max_length,

@@ -6,7 +6,7 @@ server fleet (``streamrl.rollout.fleet``: one router, two users; the fleet narro
 ``eligible``: version, update in progress, per-server concurrency). A server is *ejected* after
 ``eject_after`` consecutive failures (failed requests or failed health checks) and *re-admitted*
 when a health check passes again; health checks run every ``health_interval_s`` on every server.
-When every server is ejected, ``pick`` raises ``ScorerUnavailable``: the reward stage holds the
+When every server is ejected, ``pick`` raises ``Unavailable``: the reward stage holds the
 record (back-pressure) instead of scoring it.
 
 URLs are server roots (``http://host:8000``; a trailing ``/v1`` is accepted and dropped), so
@@ -35,8 +35,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from streamrl import metrics
-from streamrl.errors import Unavailable
-from streamrl.scorers.base import ScoreError, ScorerUnavailable
+from streamrl.errors import Failure, Unavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,14 +84,14 @@ def retry_after_s(value: str | None, cap_s: float) -> float:
 class RouterError(Unavailable):
     """A request failed on one server (``reason``: timeout, connect, http_429, http_5xx): it
     counts towards that server's ejection and is retried on another server;
-    ``ScorerUnavailable`` once retries run out."""
+    ``Unavailable`` once retries run out."""
 
 
-class BadReply(ScoreError):
+class BadReply(Failure):
     """A server answered, but not with something ``parse`` can read (HTTP 200 with null content,
     empty choices, not JSON, a body over ``max_reply_bytes``). That is this request's problem,
     not the server's: retried (on another server where there is one) without counting towards
-    ejection, then a ``ScoreError`` for this record alone, which goes to dead letters."""
+    ejection, then a ``Failure`` for this record alone, which goes to dead letters."""
 
 
 @dataclass
@@ -142,15 +141,15 @@ class Router:
     def pick(self, exclude: Iterable[str] = (), eligible: Callable[[str], bool] | None = None) -> str:
         """The admitted server with the fewest outstanding requests (ties: round robin),
         preferring servers not in ``exclude`` (those a retry already tried). ``eligible`` narrows
-        the admitted ones further (``ScorerUnavailable("none_eligible")`` when it leaves none)."""
+        the admitted ones further (``Unavailable("none_eligible")`` when it leaves none)."""
         admitted = [s for s in self.servers.values() if not s.ejected]
         if not admitted:
-            raise ScorerUnavailable("all_ejected", f"{self.name}: all {len(self.servers)} servers are ejected "
+            raise Unavailable("all_ejected", f"{self.name}: all {len(self.servers)} servers are ejected "
                                     "(failing); holding records until one passes a health check")
         if eligible is not None:
             admitted = [s for s in admitted if eligible(s.url)]
             if not admitted:
-                raise ScorerUnavailable("none_eligible", f"{self.name}: no admitted server is eligible now")
+                raise Unavailable("none_eligible", f"{self.name}: no admitted server is eligible now")
         skip = set(exclude)
         fresh = [s for s in admitted if s.url not in skip] or admitted
         start = next(self._rr) % len(fresh)
@@ -201,10 +200,10 @@ class Router:
         """POST ``body`` (JSON) to ``path`` on the server ``pick`` chooses and return
         ``parse(answer)``. Timeouts, connection errors, 429 and 5xx are retried on another server
         where there is one, with exponential backoff and jitter; when the retries run out:
-        ``ScorerUnavailable`` (an outage: the record is held). An answer ``parse`` cannot read, or
+        ``Unavailable`` (an outage: the record is held). An answer ``parse`` cannot read, or
         one over ``max_reply_bytes``, is retried the same way; when the retries run out it is a
-        ``BadReply`` (a ``ScoreError``: this record fails alone). Another 4xx means the request
-        itself is bad: ``ScoreError(rejected)``, not retried. ``before_attempt`` runs before each
+        ``BadReply`` (a ``Failure``: this record fails alone). Another 4xx means the request
+        itself is bad: ``Failure(rejected)``, not retried. ``before_attempt`` runs before each
         attempt (the rate limiter's wait)."""
         assert self._session is not None, "router not started"
         tried: list[str] = []
@@ -225,7 +224,7 @@ class Router:
                         raise RouterError("http_5xx", f"{public_url(url)}: HTTP {resp.status}")
                     if resp.status >= 400:  # the request's fault, not the server's
                         metrics.ROUTER_ERRORS.labels(self.name, public_url(url), "http_4xx").inc()
-                        raise ScoreError(rejected, f"HTTP {resp.status}: "
+                        raise Failure(rejected, f"HTTP {resp.status}: "
                                          f"{raw[:300].decode(errors='replace')}")
                 try:
                     return parse(orjson.loads(raw))
@@ -246,7 +245,7 @@ class Router:
         try:
             return await retrying(attempt_once)
         except RouterError as exc:
-            raise ScorerUnavailable(exc.reason, f"{self.name}: {len(tried)} attempts failed, last on "
+            raise Unavailable(exc.reason, f"{self.name}: {len(tried)} attempts failed, last on "
                                     f"{public_url(tried[-1]) if tried else '?'}: {exc}") from None
 
     async def _read_bounded(self, resp: aiohttp.ClientResponse) -> bytes:
@@ -348,7 +347,7 @@ class Router:
                                             content_type=resp.content_type)
             except RouterError as exc:  # before its base class: one server failed
                 return web.Response(status=502, text=f"{self.name}: upstream failed: {exc.reason}")
-            except ScorerUnavailable as exc:
+            except Unavailable as exc:
                 return web.Response(status=503, text=str(exc))
 
         app = web.Application(client_max_size=64 * 1024 * 1024)

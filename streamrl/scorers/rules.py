@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from streamrl.errors import Failure
 from streamrl.loading import load_object
-from streamrl.scorers.base import ScoreError
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: str
     for rule in RULES.values():
         if any(serves(pattern, data_source) for pattern in rule.data_sources):
             return load_object(rule.ref)(data_source, solution_str, ground_truth, extra_info, **kwargs)
-    raise ScoreError("unknown_data_source", f"no built-in scorer for data_source {data_source!r}")
+    raise Failure("unknown_data_source", f"no built-in scorer for data_source {data_source!r}")
 
 
 def serves(pattern: str, data_source: str) -> bool:

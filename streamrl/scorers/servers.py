@@ -51,7 +51,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -59,8 +58,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
 from streamrl.errors import ConfigError, MissingExtra, StreamrlError
-from streamrl.reward.config import RewardServerConfig
+from streamrl.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,35 @@ _SECRET_FLAGS = ("key", "token", "secret", "password")
 VLLM_WORKER_EXTENSION = "streamrl.rollout.vllm_extension.WeightFollowerExtension"
 #: what a policy server's environment needs: vLLM serves ``/collective_rpc`` only in dev mode
 POLICY_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}, "sglang": {}}
+
+
+@dataclass
+class RewardServerConfig:
+    """A reward-model server the reward stage launches and supervises itself (one entry of
+    ``reward.servers``; ``streamrl.scorers.servers``): ``replicas`` local processes, each
+    health-checked before the stage scores, restarted with backoff when it dies, stopped with
+    the stage. A model entry scores on it with ``model: {server: NAME}`` instead of ``urls``."""
+
+    name: str = ""
+    model: str = ""  # the model directory or hub id the server loads
+    backend: str = "vllm"  # vllm (vllm serve) | sglang (sglang.launch_server) | transformers (streamrl's own, CPU or CUDA)
+    replicas: int = 1
+    gpus_per_replica: int = 1  # CUDA devices per replica (tensor parallel); transformers: 0 = CPU
+    port: int = 0  # the first replica's port, replica i on port + i; 0: free ports, picked at start
+    host: str = "127.0.0.1"
+    args: list[str] = field(default_factory=list)  # extra command-line arguments, appended as given
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
+    startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
+    restart_backoff_s: float = 1.0  # first wait before restarting a replica that died; doubles
+    restart_backoff_max_s: float = 60.0
+
+
+class _DiedYoung(Exception):
+    """A replica's process ended before ``STABLE_AFTER_S``: restarted after a growing backoff."""
+
+    def __init__(self, code: int | None, lived: float):
+        super().__init__(f"exited with status {code} after {lived:.1f} s")
+        self.code, self.lived = code, lived
 
 
 class ServerStartError(StreamrlError):
@@ -183,12 +213,6 @@ def redacted(argv: Iterable[str]) -> str:
             continue
         out.append(a)
     return " ".join(out)
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -358,31 +382,39 @@ class RewardServers:
             await asyncio.sleep(HEALTH_POLL_S)
 
     async def _supervise(self, r: Replica) -> None:
-        """Restart ``r`` whenever its process ends, after a backoff that doubles while it keeps
-        dying young. The router's health checks take it out and back in meanwhile."""
-        backoff = r.spec.restart_backoff_s
-        while not self._closing:
-            assert r.proc is not None
-            code = await r.proc.wait()
-            if self._closing:
-                return
-            lived = time.monotonic() - r.started_at
-            if lived >= STABLE_AFTER_S:
-                backoff = r.spec.restart_backoff_s
-            log.warning("%s exited with status %s after %.1f s; restarting in %.1f s (log %s: %s)",
-                        r.label, code, lived, backoff, r.log_path, r.log_tail(3))
-            await asyncio.sleep(backoff)
-            if self._closing:
-                return
-            backoff = min(max(backoff * 2, 0.1), r.spec.restart_backoff_max_s)
-            try:
-                await self._spawn(r)
-            except OSError as exc:  # could not even exec: try again after the backoff
+        """Restart ``r`` whenever its process ends, after a backoff (tenacity's exponential,
+        ``restart_backoff_s`` doubling to ``restart_backoff_max_s``) that grows while it keeps
+        dying young; a replica that lived ``STABLE_AFTER_S`` starts over from the first backoff.
+        The router's health checks take it out and back in meanwhile. ``close`` cancels it."""
+        spec = r.spec
+
+        def waiting(state: RetryCallState) -> None:
+            exc = state.outcome.exception()
+            if isinstance(exc, OSError):  # could not even exec: try again after the backoff
                 log.error("restarting %s failed: %s", r.label, exc)
-                r.started_at = time.monotonic()
-                await asyncio.sleep(backoff)
-                continue
-            r.restarts += 1
+            else:
+                log.warning("%s exited with status %s after %.1f s; restarting in %.1f s (log %s: %s)",
+                            r.label, exc.code, exc.lived, state.next_action.sleep, r.log_path, r.log_tail(3))
+
+        while not self._closing:
+            retrying = AsyncRetrying(retry=retry_if_exception_type((_DiedYoung, OSError)), before_sleep=waiting,
+                                     wait=wait_exponential(multiplier=spec.restart_backoff_s or 0.05,
+                                                           max=spec.restart_backoff_max_s))
+            async for attempt in retrying:
+                with attempt:
+                    assert r.proc is not None
+                    if r.proc.returncode is not None:  # a restart (the first life was started by start())
+                        await self._spawn(r)
+                        r.restarts += 1
+                    code = await r.proc.wait()
+                    lived = time.monotonic() - r.started_at
+                    if not self._closing and lived < STABLE_AFTER_S:
+                        raise _DiedYoung(code, lived)
+            if self._closing:
+                return
+            log.warning("%s exited with status %s after %.1f s; restarting in %.1f s (log %s: %s)", r.label,
+                        r.proc.returncode, lived, spec.restart_backoff_s, r.log_path, r.log_tail(3))
+            await asyncio.sleep(spec.restart_backoff_s)  # after a stable life: the first backoff again
 
     async def close(self, keep_logs: bool = False) -> None:
         """Stop supervising, then stop every replica: SIGTERM to its process group, SIGKILL

@@ -1,0 +1,76 @@
+"""A rewarded record as the trainer's sample: checked (reward bounds, group status, token
+arrays against the vocabulary and each other) so that a record the update cannot use fails
+alone, as a ``RecordError`` naming why, before it is in a mini-batch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from streamrl.records import RecordError, Rewarded
+from streamrl.reward.bounds import check_reward
+
+if TYPE_CHECKING:
+    from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.trainer import Sample
+
+
+def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any) -> "Sample":
+    """The record as a training sample, or ``RecordError`` saying why it cannot be one.
+    ``vocab``: the policy's vocabulary size; ``tokenizer``: for text-only records
+    (``learner.missing_logprobs: recompute``)."""
+    from streamrl.learner.trainer import Sample
+
+    check_reward(record.reward, cfg.max_abs_reward, "learner.max_abs_reward", error=RecordError)
+    group = (record.reward_info or {}).get("group")
+    if (cfg.incomplete_groups == "drop" and isinstance(group, dict)
+            and group.get("status") in ("incomplete", "late")):
+        raise RecordError("incomplete_group", f"the group hook did not adjust it ({group.get('status')}); "
+                          "learner.incomplete_groups is 'drop'")
+    recompute = cfg.missing_logprobs == "recompute"
+    prompt_ids, response_ids = record.array("prompt_ids"), record.array("response_ids")
+    if prompt_ids is None or response_ids is None:
+        if not recompute:
+            raise RecordError("no_tokens", "prompt_ids/response_ids missing and "
+                              "learner.missing_logprobs is 'error'")
+        prompt_ids, response_ids = tokenize(record, tokenizer)
+    logprobs = record.array("response_logprobs")
+    if logprobs is None and not recompute:
+        raise RecordError("no_logprobs", "response_logprobs missing and "
+                          "learner.missing_logprobs is 'error'")
+    mask = record.array("response_mask")
+    n = len(response_ids)
+    if cfg.max_response_tokens and n > cfg.max_response_tokens:
+        raise RecordError("response_too_long", f"{n} response tokens, learner.max_response_tokens "
+                          f"is {cfg.max_response_tokens}")
+    if len(prompt_ids) == 0:
+        raise RecordError("bad_tokens", "empty prompt_ids")
+    if logprobs is not None and len(logprobs) != n:
+        raise RecordError("bad_tokens", f"{len(logprobs)} response_logprobs for {n} response_ids")
+    if mask is not None and len(mask) != n:
+        raise RecordError("bad_tokens", f"{len(mask)} response_mask entries for {n} response_ids")
+    for name, ids in (("prompt_ids", prompt_ids), ("response_ids", response_ids)):
+        if len(ids) and (ids.min() < 0 or ids.max() >= vocab):
+            raise RecordError("bad_tokens", f"{name} outside the vocabulary (size {vocab})")
+    if logprobs is not None and not np.isfinite(logprobs).all():
+        raise RecordError("bad_tokens", "response_logprobs has NaN or infinities")
+    return Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
+                  response_ids=response_ids, reward=float(record.reward),
+                  policy_version=record.policy_version, behaviour_logprobs=logprobs,
+                  response_mask=mask)
+
+
+def tokenize(record: Rewarded, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids for a text-only record (``missing_logprobs: recompute``): the prompt as the
+    chat template renders it (plain lines without one), the response as text."""
+    tok = tokenizer
+    if isinstance(record.prompt, str):
+        prompt = tok(record.prompt, add_special_tokens=False).input_ids
+    elif getattr(tok, "chat_template", None):
+        prompt = tok.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=True)
+    else:
+        prompt = tok("\n".join(str(m.get("content") or "") for m in record.prompt),
+                     add_special_tokens=False).input_ids
+    response = tok(record.response, add_special_tokens=False).input_ids
+    return np.asarray(prompt, dtype=np.int64), np.asarray(response, dtype=np.int64)

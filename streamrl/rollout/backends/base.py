@@ -1,0 +1,71 @@
+"""The interface every generation backend implements: ``SamplingParams`` in, ``n`` samples per
+prompt out, and the three ways a request can fail (refused for good, unavailable for now, a
+version whose weights cannot be loaded)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+
+PromptInput = str | list[int]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+
+
+@dataclass
+class Completion:
+    """One sampled response. Token fields are None when the backend cannot report them (a
+    text-only server). (``learner.trainer.Sample`` is the training sample made of a record.)"""
+
+    text: str
+    prompt_ids: list[int] | None
+    response_ids: list[int] | None
+    response_logprobs: np.ndarray | None  # float32, one per response token
+    finish_reason: str  # "stop" (end of sequence) | "length" (max_new_tokens)
+    policy_version: int  # the weights that produced it
+
+
+class BackendError(Exception):
+    """The backend refused this request for good (e.g. the prompt is too long): the prompt
+    goes to dead letters with this message."""
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot be reached right now (connection refused, 5xx, timeouts after
+    retries): the worker holds the prompt and tries again; nothing is dropped or faked."""
+
+
+class WeightLoadError(Exception):
+    """A policy version's weights could not be loaded; the worker keeps the weights it has."""
+
+
+class Backend(ABC):
+    """What a rollout worker samples from."""
+
+    name: str = "backend"
+    tokenizer: Any = None  # a Hugging Face tokenizer, when the backend works on token ids
+    can_load_weights: bool = True
+
+    def __init__(self) -> None:
+        self.version = 0  # the policy version of the weights in use
+
+    @abstractmethod
+    async def generate(self, prompts: Sequence[PromptInput], n: int,
+                       params: SamplingParams) -> list[list[Completion]]:
+        """``n`` samples for each prompt, in order."""
+
+    async def load_weights(self, uri: str, version: int) -> float:
+        """Load a policy version between generations; returns the seconds it took."""
+        raise WeightLoadError(f"the {self.name} backend cannot load weights")
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,109 @@
+"""``TransformersBackend``: ``model.generate`` on a Hugging Face causal LM in this process (CPU or
+CUDA; the tests' tiny model), with the sampled tokens' log-probs recorded as it samples."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamrl.rollout.backends.base import Completion, PromptInput, SamplingParams, WeightLoadError
+from streamrl.rollout.backends.local import _LocalEngine
+from streamrl.rollout.backends.weight_files import iter_safetensors, weights_path
+
+
+class TransformersBackend(_LocalEngine):
+    """``model.generate`` on a Hugging Face causal LM (``streamrl.policy.load_policy``)."""
+
+    name = "transformers"
+
+    def __init__(self, policy: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0,
+                 max_batch_rows: int = 64):
+        super().__init__(max_batch_rows)
+        import torch
+
+        from streamrl.policy import load_policy
+
+        self.model, self.tokenizer = load_policy(policy, device=device, dtype=dtype, seed=seed)
+        self.tokenizer.padding_side = "left"
+        self.device = device
+        torch.manual_seed(seed)
+
+    def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Completion]]:
+        import torch
+
+        tok = self.tokenizer
+        prompt_ids = [p if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        batch = tok.pad({"input_ids": prompt_ids}, return_tensors="pt")
+        input_ids = batch["input_ids"].repeat_interleave(n, 0).to(self.device)
+        attention = batch["attention_mask"].repeat_interleave(n, 0).to(self.device)
+        greedy = params.temperature <= 0
+        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p}
+        recorder = _logprob_recorder(1.0 if greedy else params.temperature)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, do_sample=not greedy,
+                max_new_tokens=params.max_new_tokens, return_dict_in_generate=True,
+                logits_processor=[recorder], pad_token_id=tok.pad_token_id, **sampling)
+            new = out.sequences[:, input_ids.shape[1]:]
+            logprobs = recorder.finish(new)
+        new, logprobs = new.cpu().tolist(), logprobs.cpu().numpy().astype(np.float32)
+        eos = tok.eos_token_id
+        results: list[list[Completion]] = []
+        for i, ids in enumerate(prompt_ids):
+            samples = []
+            for j in range(i * n, (i + 1) * n):
+                resp = new[j]
+                stop = eos in resp
+                length = resp.index(eos) + 1 if stop else len(resp)
+                resp = resp[:length]
+                samples.append(Completion(text=tok.decode(resp, skip_special_tokens=True),
+                                          prompt_ids=list(ids), response_ids=resp,
+                                          response_logprobs=logprobs[j, :length].copy(),
+                                          finish_reason="stop" if stop else "length", policy_version=0))
+            results.append(samples)
+        return results
+
+    def _load_weights(self, uri: str) -> None:
+        """Copy the version's tensors into the running model (no second model in memory)."""
+        import torch
+
+        state = dict(iter_safetensors(weights_path(uri)))
+        with torch.no_grad():
+            result = self.model.load_state_dict(state, strict=False)
+        missing = set(result.missing_keys)
+        out_emb, in_emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
+        if out_emb is not None and out_emb.weight is in_emb.weight:
+            missing.discard("lm_head.weight")  # tied to the input embeddings, saved once
+        if missing or result.unexpected_keys:
+            raise WeightLoadError(f"weights {uri!r} do not fit the model: missing {sorted(missing)[:5]}, "
+                                  f"unexpected {sorted(result.unexpected_keys)[:5]}")
+
+
+def _logprob_recorder(temperature: float):
+    """A logits processor that records ``log_softmax(logits / T)`` at each sampled token, one
+    step late (at step t it sees the token sampled at t - 1), so it keeps one [batch, vocab] row
+    of log-probs instead of the [batch, steps, vocab] that ``output_logits`` would hold: the
+    difference between a few MB and tens of GB for a large vocabulary and long responses.
+    ``generate`` runs custom processors before its temperature / top-p warpers, so the
+    recorded distribution is the temperature-scaled one, untruncated."""
+    import torch
+    from transformers import LogitsProcessor
+
+    class Recorder(LogitsProcessor):
+        def __init__(self) -> None:
+            self.steps: list[torch.Tensor] = []
+            self.pending: torch.Tensor | None = None
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if self.pending is not None:
+                self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+            self.pending = torch.log_softmax(scores.float() / temperature, dim=-1)
+            return scores
+
+        def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+            """[batch, steps] log-probs of ``new_tokens`` (the generated part)."""
+            if self.pending is not None:
+                self.steps.append(self.pending.gather(-1, new_tokens[:, -1:]).squeeze(-1))
+                self.pending = None
+            return torch.stack(self.steps, dim=1)
+
+    return Recorder()
