@@ -1,4 +1,5 @@
-"""Watching ``streamrl run`` from the topics: the live status line, the summary and its plot.
+"""Watching ``streamrl run`` from the topics: the live status line, the summary and its plot;
+and each consumer's lag, as its stage exports it (``ConsumerLag``).
 
 ``Observer`` reads the topics themselves (no consumer group, no commits) to tell what the pipeline
 is doing: records per stage, rewards by policy version, dead letters, versions. It depends on no
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from streamrl.bus import Bus, Reader, TopicPartition
+from streamrl import metrics
+from streamrl.bus import Bus, Consumer, Reader, TopicPartition
 from streamrl.launching import LagAutoscaler, Launcher
 from streamrl.plotting import pyplot, save
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded
@@ -24,6 +26,37 @@ from streamrl.scorers.base import numeric_info
 from streamrl.topics import load_specs
 
 log = logging.getLogger(__name__)
+
+
+class ConsumerLag:
+    """A consuming stage's lag, exported after each commit (a ``Checkpoint``'s ``on_commit``):
+    per partition, log end minus committed position, from the high watermarks the fetcher
+    already knows (no extra request), and the age of the oldest record taken but not finished.
+    Series of partitions no longer held (revoked in a rebalance) are removed, so a group's
+    summed lag does not count a partition twice."""
+
+    def __init__(self) -> None:
+        self._exported: set[tuple[str, ...]] = set()
+
+    def __call__(self, consumer: Consumer, positions: dict[TopicPartition, int],
+                 oldest: dict[TopicPartition, float]) -> None:
+        now = time.time()
+        exported = set()
+        for tp, pos in positions.items():
+            labels = (consumer.stage, consumer.group or "", tp.topic, str(tp.partition))
+            end = consumer.highwater(tp)
+            if end is not None:
+                metrics.CONSUMER_LAG.labels(*labels).set(max(0, end - pos))
+            taken_at = oldest.get(tp)
+            metrics.CONSUMER_OLDEST_AGE.labels(*labels).set(max(0.0, now - taken_at) if taken_at is not None else 0.0)
+            exported.add(labels)
+        for labels in self._exported - exported:
+            for gauge in (metrics.CONSUMER_LAG, metrics.CONSUMER_OLDEST_AGE):
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+        self._exported = exported
 
 
 @dataclass

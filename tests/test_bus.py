@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 
-from streamrl.bus import Bus, Checkpoint, DeadLetterError, OffsetTracker, Reader, StageLoop, TopicPartition
+from streamrl.bus import Bus, Checkpoint, DeadLetterError, Reader, StageLoop, TopicPartition
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
 from tests.helpers import read_topic, read_topic_sync
 from tests.test_records import make_trajectory
@@ -240,17 +240,16 @@ def test_checkpoint_flushes_then_saves_then_commits(bus):
         producer = bus.producer("test")
         await producer.start()
         await consumer.start()
-        tracker = OffsetTracker()
         seen = {}
         try:
             got = []
             deadline = time.monotonic() + 30
             while len(got) < len(trajs) and time.monotonic() < deadline:
                 got += await consumer.getmany(timeout_ms=200)
-            checkpoint = Checkpoint(consumer, producer, tracker)
+            checkpoint = Checkpoint(consumer, producer)
             for msg in got:
                 tp = TopicPartition(msg.topic, msg.partition)
-                tracker.take(tp, msg.offset, msg.timestamp)
+                checkpoint.take(tp, msg.offset, msg.timestamp)
                 out = rewarded_from(Trajectory.decode(msg.value))
                 checkpoint.done_when_acked(await producer.send("rewarded", out), tp, msg.offset)
             parts = sorted({TopicPartition(m.topic, m.partition) for m in got})

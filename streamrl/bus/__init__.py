@@ -5,7 +5,7 @@ stage runs.
   only module that imports aiokafka (``_bare`` too: the benchmark's bare-client baseline);
 - ``reader``: ``Reader``, reading topic ranges without a consumer group, with exact end offsets;
 - ``checkpoint``: ``Checkpoint``, the ordered commit unit (flush outputs, save state, commit);
-- ``loop``: ``StageLoop`` and ``OffsetTracker``.
+- ``loop``: ``StageLoop``.
 
 Client: aiokafka (native asyncio). Measured in DESIGN.md and ``streamrl bench bus``: ~90 MB/s of
 32 KB records on 2 cores, a group member gets its first record in ~3 s with a 6 s session;
@@ -18,9 +18,9 @@ Writes downstream must be idempotent: the learner de-duplicates by ``id``.
 """
 
 from streamrl.bus.checkpoint import Checkpoint
-from streamrl.bus.loop import DeadLetterError, OffsetTracker, StageLoop
+from streamrl.bus.loop import DeadLetterError, StageLoop
 from streamrl.bus.reader import Reader
 from streamrl.bus.transport import Admin, Bus, Consumer, Delivery, Message, Producer, TopicPartition
 
 __all__ = ["Admin", "Bus", "Checkpoint", "Consumer", "DeadLetterError", "Delivery", "Message",
-           "OffsetTracker", "Producer", "Reader", "StageLoop", "TopicPartition"]
+           "Producer", "Reader", "StageLoop", "TopicPartition"]

@@ -263,7 +263,6 @@ class Consumer:
         self.topics = [bus.topic(t) for t in topics]
         self._listener = (_Callbacks(on_assigned, on_revoked)
                           if on_assigned is not None or on_revoked is not None else None)
-        self._exported: set[TopicPartition] = set()  # partitions with lag/age series
         self._probe: asyncio.Task | None = None
         self._last_probe = 0.0
         settings: dict[str, Any] = dict(
@@ -384,35 +383,7 @@ class Consumer:
         got = await self._client.offsets_for_times({_kafka_tp(tp): timestamp_ms for tp in partitions})
         return {TopicPartition(*tp): (None if at is None else at.offset) for tp, at in got.items()}
 
-    # -- metrics ------------------------------------------------------------------------------
-    def update_lag(self, committed: Mapping[TopicPartition, int],
-                   oldest: Mapping[TopicPartition, float] | None = None) -> None:
-        """Export log-end minus committed per partition, from the high watermarks the fetcher
-        already knows (no extra request), and the age of the oldest record taken but not
-        finished (``oldest``: its Kafka timestamp in unix seconds, per partition; absent: none
-        waiting). Series of partitions no longer in ``committed`` (revoked in a rebalance) are
-        removed, so a group's summed lag does not count a partition twice."""
-        oldest = oldest or {}
-        now = time.time()
-        group = self.group or ""
-        for tp in self._exported - set(committed):
-            labels = (self.stage, group, tp.topic, str(tp.partition))
-            for gauge in (metrics.CONSUMER_LAG, metrics.CONSUMER_OLDEST_AGE):
-                try:
-                    gauge.remove(*labels)
-                except KeyError:
-                    pass
-        self._exported = set()
-        for tp, pos in committed.items():
-            labels = (self.stage, group, tp.topic, str(tp.partition))
-            end = self.highwater(tp)
-            if end is not None:
-                metrics.CONSUMER_LAG.labels(*labels).set(max(0, end - pos))
-            taken_at = oldest.get(tp)
-            metrics.CONSUMER_OLDEST_AGE.labels(*labels).set(
-                max(0.0, now - taken_at) if taken_at is not None else 0.0)
-            self._exported.add(tp)
-
+    # -- broker health --------------------------------------------------------------------------
     def check_broker(self) -> None:
         """At most every ``BROKER_PROBE_INTERVAL_S`` (``getmany`` calls it), ask the broker for
         metadata in the background and export whether it answered: a stage that is idle or

@@ -18,6 +18,7 @@ from typing import ClassVar
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop, TopicPartition
 from streamrl.config import PipelineConfig
+from streamrl.observing import ConsumerLag
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.scoring import Scoring
 
@@ -57,7 +58,7 @@ class RewardStage:
                 self.bus, stage=STAGE, source=SOURCE, group=self.group, decode=self._decode,
                 handle=self.handle, max_in_flight=self.rc.max_in_flight,
                 drain_timeout_s=self.rc.drain_timeout_s,
-                on_assign=self._assigned, on_revoke=self._revoked)
+                on_assign=self._assigned, on_revoke=self._revoked, on_commit=ConsumerLag())
             task = asyncio.create_task(self.loop.run())
             if stop is not None:
                 stopper = asyncio.create_task(stop.wait())

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamrl import metrics
 from streamrl.bus import Bus, DeadLetterError, Message, Producer, StageLoop
+from streamrl.observing import ConsumerLag
 from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
@@ -65,7 +66,8 @@ class RolloutWorker:
         self.producer = _GateReleasingProducer(bus, STAGE, self.gate)
         self.group = cfg.group or bus.topic(STAGE)
         self.loop = StageLoop(bus, stage=STAGE, source="prompts", group=self.group, decode=Prompt.decode,
-                              handle=self.handle, max_in_flight=cfg.max_in_flight, producer=self.producer)
+                              handle=self.handle, max_in_flight=cfg.max_in_flight, producer=self.producer,
+                              on_commit=ConsumerLag())
         self._loaded_offset = -1  # policy-topic offset of the version in use (-1: the startup weights)
         self.lineage: str | None = None  # the training line of the weights in use
         self._load_lock = asyncio.Lock()
