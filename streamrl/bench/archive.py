@@ -73,7 +73,7 @@ async def _round(bus_cfg: Any, records: list[Any], compression: str) -> dict[str
     topic_bytes = sum(len(p) for p in payloads)
     async with bus.producer("bench") as producer:
         started = time.perf_counter()
-        await producer.send_all("rewarded", records)
+        await producer.send_all(records)
         bus_s = time.perf_counter() - started
 
     with tempfile.TemporaryDirectory(prefix="streamrl-bench-archive-") as tmp:

@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
-from streamrl.bus.transport import Consumer, Producer, TopicPartition
+from streamrl.bus.base import TopicPartition
+from streamrl.bus.records import Consumer, Producer
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,11 @@ from streamrl import metrics
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from streamrl.bus.checkpoint import Checkpoint, OnCommit
-from streamrl.bus.transport import Bus, Message, PartitionsCallback, Producer, TopicPartition, is_transient
+from streamrl.bus.base import Message, PartitionsCallback, TopicPartition
+from streamrl.bus.records import Bus, Producer
 from streamrl.errors import Failure
 from streamrl.records import RecordError, _Record
+from streamrl.topics import Topic
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +27,18 @@ R = TypeVar("R")
 DeadLetterError = Failure
 
 
-Handler = Callable[[R, Message], Awaitable[Iterable[tuple[str, _Record]]]]
+#: A stage's work on one record: its outputs, each sent to its type's topic.
+Handler = Callable[[R, Message], Awaitable[Iterable[_Record]]]
 
 
 class StageLoop(Generic[R]):
     """The loop of a consuming stage: the framework owns it, a stage supplies ``decode`` and
     ``handle``.
 
-    For each message: ``decode`` (a ``RecordError`` sends the original bytes to dead letters),
-    then ``handle(record, message)`` concurrently, at most ``max_in_flight`` at once; it returns
-    ``(topic, record)`` outputs or raises ``DeadLetterError``. A record is finished when its
+    For each message of ``source``: ``decode`` (default: the topic's record type's; a
+    ``RecordError`` sends the original bytes to dead letters), then ``handle(record, message)``
+    concurrently, at most ``max_in_flight`` at once; it returns the output records (each goes
+    to its type's topic) or raises ``DeadLetterError``. A record is finished when its
     outputs (or its dead letter) are acknowledged; every ``commit_interval_s`` a ``Checkpoint``
     commits up to the lowest unfinished one. While ``max_in_flight`` records are unfinished the
     loop stops fetching (back-pressure) but keeps the group membership alive. On ``stop()``:
@@ -43,12 +47,17 @@ class StageLoop(Generic[R]):
     Build it inside a running event loop (the Kafka clients bind to it).
     """
 
-    def __init__(self, bus: Bus, *, stage: str, source: str, group: str,
-                 decode: Callable[[bytes], R], handle: Handler, max_in_flight: int = 64,
+    def __init__(self, bus: Bus, *, stage: str, source: Topic[R] | str, group: str,
+                 handle: Handler, decode: Callable[[bytes], R] | None = None, max_in_flight: int = 64,
                  drain_timeout_s: float = 30.0, producer: Producer | None = None,
                  on_assign: PartitionsCallback | None = None,
                  on_revoke: PartitionsCallback | None = None, on_commit: OnCommit | None = None):
         self.bus, self.stage, self.group = bus, stage, group
+        if decode is None:
+            if not isinstance(source, Topic):
+                raise TypeError("StageLoop: give decode, or a source Topic whose records it decodes")
+            limit = bus.config.max_record_bytes
+            decode = lambda data: source.decode(data, limit)  # noqa: E731
         self.decode, self.handle = decode, handle
         self.max_in_flight, self.drain_timeout_s = max_in_flight, drain_timeout_s
         self.producer = producer or bus.producer(stage)
@@ -128,7 +137,7 @@ class StageLoop(Generic[R]):
                         reason=exc.reason, detail=exc.detail, message=msg,
                         record_id=getattr(record, "id", None))])
                 else:
-                    await self._send_until_acked(lambda: [self.producer.send(topic, out) for topic, out in outputs])
+                    await self._send_until_acked(lambda: [self.producer.send(out) for out in outputs])
         except asyncio.CancelledError:
             return  # shutting down: not finished, so not committed; it will be redelivered
         except Exception as exc:  # noqa: BLE001 - a bug in a handler must not lose the record
@@ -149,7 +158,7 @@ class StageLoop(Generic[R]):
         (leader change, timeout, broker restarting) is waited out with backoff and the outputs
         are sent again (a duplicate downstream is fine: sinks are idempotent); only a permanent
         error reaches the caller, which dead-letters the record."""
-        retrying = AsyncRetrying(retry=retry_if_exception(is_transient), reraise=True,
+        retrying = AsyncRetrying(retry=retry_if_exception(self.bus.is_transient), reraise=True,
                                  wait=wait_exponential(multiplier=0.2, max=30.0),
                                  before_sleep=self._retrying)
         async for attempt in retrying:

@@ -493,7 +493,7 @@ class Learner:
         record = PolicyVersion(version=version, weights_uri=uri,
                                trained_records=self.state.trained_records, metrics=summary,
                                lineage=self.state.lineage)
-        await self.producer.send_and_wait("policy", record)
+        await self.producer.send_and_wait(record)
         log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)
         await asyncio.to_thread(self._prune_weights, version)
         return record
