@@ -10,8 +10,10 @@ import time
 
 import pytest
 
+from streamrl import metrics
 from streamrl.bus import Bus, Reader, StageLoop, TopicPartition
 from streamrl.errors import Failure
+from streamrl.observing import ConsumerLag
 from streamrl.records import DEADLETTER, REWARDED, ROLLOUTS, Rewarded, Trajectory, topic_of
 from streamrl.testing import memory_bus
 
@@ -98,8 +100,8 @@ def test_send_consume_commit_resume_seek_pause(any_bus):
 
 def test_stage_loop_reader_and_dead_letters(any_bus):
     """A StageLoop (its Checkpoint included) and a Reader run unchanged: outputs go to their
-    type's topic, a bad message's original bytes go to dead letters with the reason, and the
-    loop commits what it finished."""
+    type's topic, a bad message's original bytes go to dead letters with the reason, the loop
+    commits what it finished, and its lag gauges (``observing.ConsumerLag``) say nothing waits."""
     bus = any_bus
     records = [traj(i, f"g{i}") for i in range(4)]
 
@@ -114,7 +116,7 @@ def test_stage_loop_reader_and_dead_letters(any_bus):
                 await p.send_and_wait(r)
             await (await p.send_bytes(ROLLOUTS, b"{not json", key=b"bad"))
         group = f"{bus.config.topic_prefix}-loop"
-        loop = StageLoop(bus, stage="test", source=ROLLOUTS, group=group, handle=handle)
+        loop = StageLoop(bus, stage="test", source=ROLLOUTS, group=group, handle=handle, on_commit=ConsumerLag())
         task = asyncio.create_task(loop.run())
         deadline = time.monotonic() + 60
         while loop.finished < 5 and time.monotonic() < deadline:
@@ -133,6 +135,10 @@ def test_stage_loop_reader_and_dead_letters(any_bus):
         async with bus.admin() as admin:
             committed = await admin.committed(group, list(ends))
         assert {tp: committed[tp] or 0 for tp in ends} == ends  # everything finished is committed
+        read = {tp for tp, end in ends.items() if end}
+        assert read and all(metrics.CONSUMER_LAG.labels("test", group, tp.topic, str(tp.partition))._value.get() == 0
+                            for tp in read)
+        assert metrics.CONSUMER_LAG._metrics.keys() >= {("test", group, tp.topic, str(tp.partition)) for tp in read}
 
     asyncio.run(main())
 
