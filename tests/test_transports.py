@@ -163,3 +163,32 @@ def test_topics_route_by_type_and_memory_limits():
         Bus(bus.config.__class__(bootstrap_servers="memory://bad name"))
     with pytest.raises(ValueError, match="bus.bootstrap_servers"):
         Bus(bus.config.__class__(bootstrap_servers="kafka://host:9092"))
+
+
+def test_the_reward_stage_runs_unchanged_on_memory():
+    """A stage built from a config whose ``bus`` is a memory bus: no broker, well under a second."""
+    from streamrl.config import PipelineConfig
+    from streamrl.reward.stage import RewardStage
+    from streamrl.testing import trajectory
+
+    bus = memory_bus(commit_interval_s=0.1)
+    cfg = PipelineConfig()
+    cfg.bus, cfg.reward.process_workers = bus.config, 1
+
+    async def main():
+        stage = RewardStage(cfg)
+        async with bus.producer("test") as p:
+            for i in range(4):
+                await p.send_and_wait(trajectory(id=f"t{i}", group_id=f"g{i}", response=f"#### {40 + i % 2}",
+                                                 ground_truth="40"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(stage.run(stop))
+        deadline = time.monotonic() + 20
+        while (stage.loop is None or stage.loop.finished < 4) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+        async with Reader(bus, [REWARDED], "test") as reader:
+            return [REWARDED.decode(m.value) for batch in [b async for b in reader.read()] for m in batch]
+
+    assert sorted((r.id, r.reward) for r in asyncio.run(main())) == [("t0", 1.0), ("t1", 0.0), ("t2", 1.0), ("t3", 0.0)]
