@@ -1,4 +1,5 @@
-"""Watching ``streamrl run`` from the topics: the live status line, the summary and its plot.
+"""Watching ``streamrl run`` from the topics: the live status line, the summary and its plot;
+and each consumer's lag, as its stage exports it (``ConsumerLag``).
 
 ``Observer`` reads the topics themselves (no consumer group, no commits) to tell what the pipeline
 is doing: records per stage, rewards by policy version, dead letters, versions. It depends on no
@@ -16,14 +17,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from streamrl.bus import Bus, Reader, TopicPartition
+from streamrl import metrics
+from streamrl.bus import Bus, Consumer, Reader, TopicPartition
 from streamrl.launching import LagAutoscaler, Launcher
 from streamrl.plotting import pyplot, save
-from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded
+from streamrl.records import DEADLETTER, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
 from streamrl.scorers.base import numeric_info
-from streamrl.topics import load_specs
 
 log = logging.getLogger(__name__)
+
+
+class ConsumerLag:
+    """A consuming stage's lag, exported after each commit (a ``Checkpoint``'s ``on_commit``):
+    per partition, log end minus committed position, from the high watermarks the fetcher
+    already knows (no extra request), and the age of the oldest record taken but not finished.
+    Series of partitions no longer held (revoked in a rebalance) are removed, so a group's
+    summed lag does not count a partition twice."""
+
+    def __init__(self) -> None:
+        self._exported: set[tuple[str, ...]] = set()
+
+    def __call__(self, consumer: Consumer, positions: dict[TopicPartition, int],
+                 oldest: dict[TopicPartition, float]) -> None:
+        now = time.time()
+        exported = set()
+        for tp, pos in positions.items():
+            labels = (consumer.stage, consumer.group or "", tp.topic, str(tp.partition))
+            end = consumer.highwater(tp)
+            if end is not None:
+                metrics.CONSUMER_LAG.labels(*labels).set(max(0, end - pos))
+            taken_at = oldest.get(tp)
+            metrics.CONSUMER_OLDEST_AGE.labels(*labels).set(max(0.0, now - taken_at) if taken_at is not None else 0.0)
+            exported.add(labels)
+        for labels in self._exported - exported:
+            for gauge in (metrics.CONSUMER_LAG, metrics.CONSUMER_OLDEST_AGE):
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+        self._exported = exported
 
 
 @dataclass
@@ -100,13 +132,13 @@ class Observation:
         end): by id once the run has read ``rollouts`` (a record the producer sent twice is one
         trajectory), by end offsets while it runs."""
         if self.rollout_ids is not None:
-            return len(self.rollout_ids - self.seen_ids - self.dead_ids.get("rollouts", set()))
-        return self.rollouts - self.rewarded - self.dead("rollouts")
+            return len(self.rollout_ids - self.seen_ids - self.dead_ids.get(ROLLOUTS.name, set()))
+        return self.rollouts - self.rewarded - self.dead(ROLLOUTS.name)
 
     @property
     def untrained(self) -> int:
         """Rewarded records neither trained nor dropped by the learner (0 after the data ended)."""
-        return max(0, self.rewarded - (self.trained - self.trained_base) - self.dead("rewarded"))
+        return max(0, self.rewarded - (self.trained - self.trained_base) - self.dead(REWARDED.name))
 
     def records(self) -> dict[str, int]:
         """This session's records, every one accounted for: rollouts = rewarded + dead_at_reward
@@ -114,8 +146,8 @@ class Observation:
         rollouts = len(self.rollout_ids) if self.rollout_ids is not None else self.rollouts
         return {"prompts": self.prompts, "rollouts": rollouts, "rewarded": self.rewarded,
                 **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
-                "trained": self.trained - self.trained_base, "dead_at_reward": self.dead("rollouts"),
-                "dead_at_learner": self.dead("rewarded"), "unscored": self.unscored,
+                "trained": self.trained - self.trained_base, "dead_at_reward": self.dead(ROLLOUTS.name),
+                "dead_at_learner": self.dead(REWARDED.name), "unscored": self.unscored,
                 "untrained": self.untrained}
 
     def to_state(self) -> dict[str, Any]:
@@ -146,10 +178,9 @@ class Observer:
         self.bus = bus
         self.reward_group = reward_group
         self.obs = carried or Observation()
-        self._reader = Reader(bus, ["rewarded", "policy", "deadletter"], "run")
-        specs = load_specs()
-        self._counted = {name: [TopicPartition(bus.topic(name), p) for p in range(specs[name].partitions)]
-                         for name in ("prompts", "rollouts")}
+        self._reader = Reader(bus, [REWARDED, POLICY, DEADLETTER], "run")
+        self._counted = {t.name: [TopicPartition(bus.topic(t), p) for p in range(t.spec.partitions)]
+                         for t in (PROMPTS, ROLLOUTS)}
         self._rollout_ends: dict[TopicPartition, int] = {}  # from the last poll
 
     async def start(self) -> None:
@@ -163,8 +194,8 @@ class Observer:
         for msg in await self._reader.fetch(timeout_ms=timeout_ms):
             topic = self.bus.config.short_topic(msg.topic)
             try:
-                if topic == "rewarded":
-                    rec = Rewarded.decode(msg.value)
+                if topic == REWARDED.name:
+                    rec = REWARDED.decode(msg.value)
                     if rec.id in obs.seen_ids:
                         continue  # at-least-once: a redelivered record counts once
                     obs.seen_ids.add(rec.id)
@@ -176,12 +207,12 @@ class Observer:
                     stats.last_scored = max(stats.last_scored, rec.scored_at)
                     source = rec.data_source if rec.data_source in obs.by_source or len(obs.by_source) < MAX_SOURCES else "(other)"
                     obs.by_source.setdefault(source, SourceStats()).add(rec.reward, rec.reward_info)
-                elif topic == "policy":
-                    pv = PolicyVersion.decode(msg.value)
+                elif topic == POLICY.name:
+                    pv = POLICY.decode(msg.value)
                     obs.versions[pv.version] = pv.created_at
                     obs.trained = max(obs.trained, pv.trained_records)
-                elif topic == "deadletter":
-                    letter = DeadLetter.decode(msg.value, DeadLetter.size_limit(self.bus.config.max_record_bytes))
+                elif topic == DEADLETTER.name:
+                    letter = DEADLETTER.decode(msg.value, self.bus.largest_record)
                     obs.deadletters[letter.reason] += 1
                     if letter.source_topic:
                         source = self.bus.config.short_topic(letter.source_topic)
@@ -201,7 +232,7 @@ class Observer:
         import orjson
 
         ids = set()
-        async with Reader(self.bus, ["rollouts"], "run") as reader:
+        async with Reader(self.bus, [ROLLOUTS], "run") as reader:
             async for batch in reader.read():
                 for msg in batch:
                     try:

@@ -29,7 +29,7 @@ import orjson
 from fastjsonschema import JsonSchemaValueException
 
 from streamrl.errors import Failure
-from streamrl.topics import validator_for
+from streamrl.topics import Topic, validator_for
 
 TRAJECTORY_SCHEMA = "streamrl.trajectory/1"
 REWARDED_SCHEMA = "streamrl.rewarded/1"
@@ -97,7 +97,6 @@ class _Record:
     """Shared codec for the record dataclasses below."""
 
     SCHEMA: ClassVar[str]
-    TOPIC: ClassVar[str]  # the topic file (``topics/<TOPIC>.json``) whose schema validates it
 
     @classmethod
     def size_limit(cls, record_limit: int) -> int:
@@ -124,7 +123,7 @@ class _Record:
     @classmethod
     def from_dict(cls, data: dict[str, Any]):
         try:
-            validator_for(cls.TOPIC)(data)
+            validator_for(topic_of(cls).name)(data)
         except JsonSchemaValueException as exc:
             raise RecordError("schema", exc.message) from None
         if data.get("schema") != cls.SCHEMA:
@@ -170,7 +169,6 @@ class Trajectory(_Record):
     """One sampled response to one prompt (``streamrl.rollouts``)."""
 
     SCHEMA: ClassVar[str] = TRAJECTORY_SCHEMA
-    TOPIC: ClassVar[str] = "rollouts"
 
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     group_id: str
@@ -207,7 +205,6 @@ class Rewarded(Trajectory):
     """A trajectory with its reward (``streamrl.rewarded``). ``reward`` is fp32-exact."""
 
     SCHEMA: ClassVar[str] = REWARDED_SCHEMA
-    TOPIC: ClassVar[str] = "rewarded"
 
     reward: float
     reward_info: dict[str, Any] = field(default_factory=dict)
@@ -228,7 +225,6 @@ class Prompt(_Record):
     trajectories from it, all carrying its ``group_id``."""
 
     SCHEMA: ClassVar[str] = PROMPT_SCHEMA
-    TOPIC: ClassVar[str] = "prompts"
 
     group_id: str
     group_size: int
@@ -250,7 +246,6 @@ class PolicyVersion(_Record):
     """A new policy version announced by the learner (``streamrl.policy``, compacted)."""
 
     SCHEMA: ClassVar[str] = POLICY_SCHEMA
-    TOPIC: ClassVar[str] = "policy"
 
     version: int
     weights_uri: str | None = None  # where the weights are (a directory or file URI)
@@ -272,7 +267,6 @@ class DeadLetter(_Record):
     """A message that failed for good, with its original bytes (``streamrl.deadletter``)."""
 
     SCHEMA: ClassVar[str] = DEADLETTER_SCHEMA
-    TOPIC: ClassVar[str] = "deadletter"
 
     stage: str
     reason: str
@@ -307,6 +301,26 @@ class DeadLetter(_Record):
 
     def original_value(self) -> bytes | None:
         return None if self.original_value_b64 is None else base64.b64decode(self.original_value_b64)
+
+
+#: The topics and the record type each carries: declared here, once. A record's topic is its
+#: type's (``topic_of``): ``Rewarded`` is a ``Trajectory`` but travels on ``rewarded``.
+PROMPTS: Topic[Prompt] = Topic("prompts", Prompt)
+ROLLOUTS: Topic[Trajectory] = Topic("rollouts", Trajectory)
+REWARDED: Topic[Rewarded] = Topic("rewarded", Rewarded)
+POLICY: Topic[PolicyVersion] = Topic("policy", PolicyVersion)
+DEADLETTER: Topic[DeadLetter] = Topic("deadletter", DeadLetter)
+TOPICS: tuple[Topic, ...] = (PROMPTS, ROLLOUTS, REWARDED, POLICY, DEADLETTER)
+_TOPIC_OF: dict[type, Topic] = {t.record: t for t in TOPICS}
+
+
+def topic_of(record: "_Record | type[_Record]") -> Topic:
+    """The topic a record (or record type) travels on, by its exact type."""
+    cls = record if isinstance(record, type) else type(record)
+    try:
+        return _TOPIC_OF[cls]
+    except KeyError:
+        raise TypeError(f"{cls.__name__} has no topic (records.TOPICS)") from None
 
 
 RECORD_TYPES: dict[str, type[_Record]] = {

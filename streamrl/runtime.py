@@ -85,9 +85,11 @@ class Runtime:
         if not cfg.bus.bootstrap_servers:
             raise StreamrlError(NO_BROKER)
         from streamrl.bus import Bus
+        from streamrl.observing import ConsumerLag
 
         self.cfg, self.name = cfg, name
         self.bus = Bus(cfg.bus)
+        self.bus.commit_observer = ConsumerLag  # every consuming stage's lag gauges
         self.stop_event = asyncio.Event()
         self.metrics_port: int | None = None
         self.state = "built"

@@ -9,20 +9,46 @@ config's table, retries, fallbacks and group hook::
                 reward={"scorers": {"mine": {"type": "function", "path": "my_scorer.py:compute_score",
                                              "data_sources": ["my_src"]}}})
     assert out[0].reward == 1.0          # a Rewarded, or a Failure with .reason / .detail
+
+And run a stage, or anything built on the bus, without a broker: ``memory_bus()`` is a ``Bus`` on
+a fresh in-process broker (``streamrl.bus.memory``) with every topic created. A stage built from
+a config whose ``bus`` is ``memory_bus().config`` shares that broker (same process only)::
+
+    bus = memory_bus()
+    cfg = PipelineConfig(); cfg.bus = bus.config
+    stage = RewardStage(cfg)   # its StageLoop, Checkpoint and Reader run unchanged
+
+Limits of the in-memory broker: one process; a consumer group has one member, which gets
+every partition (no rebalancing); nothing is retained or compacted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any, Iterable
 
-from streamrl.config import load_section
+from streamrl.bus import Bus
+from streamrl.bus.memory import SCHEME
+from streamrl.config import BusConfig, load_section
 from streamrl.errors import Failure
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.config import RewardConfig
 from streamrl.reward.scoring import Scoring
+from streamrl.topics import load_specs
 
-__all__ = ["score", "score_async", "trajectory"]
+__all__ = ["memory_bus", "score", "score_async", "trajectory"]
+
+
+def memory_bus(**bus: Any) -> Bus:
+    """A ``Bus`` on a fresh in-process broker (``memory://<unique name>``) with every topic of
+    ``topics/`` created as its spec says; ``bus``: other ``BusConfig`` fields
+    (``topic_prefix``, ``commit_interval_s``, ...)."""
+    out = Bus(BusConfig(**{**bus, "bootstrap_servers": f"{SCHEME}{uuid.uuid4().hex[:12]}"}))
+    assert out.broker is not None
+    for name, spec in load_specs().items():
+        out.broker.create_topic(out.topic(name), spec.partitions, spec.config)
+    return out
 
 
 def trajectory(**fields: Any) -> Trajectory:

@@ -3,6 +3,9 @@ built from them, and creating / describing them on a broker.
 
 A spec names the topic *without* its prefix (``rollouts``); the full name is
 ``<prefix>.<name>`` with the prefix from ``BusConfig.topic_prefix`` (default ``streamrl``).
+A ``Topic`` handle pairs a topic with the record type it carries; the handles are declared once,
+beside the record types (``streamrl.records``: ``PROMPTS``, ``ROLLOUTS``, ``REWARDED``,
+``POLICY``, ``DEADLETTER``).
 """
 
 from __future__ import annotations
@@ -11,13 +14,37 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 import fastjsonschema
 
 from streamrl.packaged import packaged_dir
 
 TOPIC_NAMES = ("prompts", "rollouts", "rewarded", "policy", "deadletter")
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Topic(Generic[R]):
+    """A topic (short name, as in its spec file) and the record type it carries: a producer
+    finds a record's topic by its type (``Producer.send(record)``), a consumer decodes what it
+    reads with ``decode``."""
+
+    name: str
+    record: type[R]
+
+    @property
+    def spec(self) -> "TopicSpec":
+        return load_specs()[self.name]
+
+    def decode(self, data: bytes | None, max_bytes: int | None = None) -> R:
+        """A message's bytes as this topic's record, or ``RecordError`` saying why not."""
+        decode = self.record.decode  # type: ignore[attr-defined]
+        return decode(data) if max_bytes is None else decode(data, max_bytes)
+
+    def __str__(self) -> str:
+        return self.name
 
 
 def topics_dir() -> Path:

@@ -106,11 +106,11 @@ def test_schema_drift_goes_to_dead_letters_and_the_stage_goes_on(bus_config, tmp
 
     async def main():
         async with bus.producer("test") as producer:
-            await producer.send_and_wait("rewarded", good[0])
-            await producer.send_and_wait("rewarded", drifted, key=b"g")
-            await producer.send_and_wait("rewarded", drifted2, key=b"g")
+            await producer.send_and_wait(good[0])
+            await (await producer.send_bytes("rewarded", drifted, key=b"g"))
+            await (await producer.send_bytes("rewarded", drifted2, key=b"g"))
             for rec in good[1:]:
-                await producer.send_and_wait("rewarded", rec)
+                await producer.send_and_wait(rec)
         stage = ArchiveStage(stage_config(bus_config, str(tmp_path), topics=["rewarded"]))
         stop = asyncio.Event()
         task = asyncio.create_task(stage.run(stop))
@@ -157,7 +157,7 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
 
     async def publish(topic, recs):
         async with bus.producer("test") as producer:
-            await producer.send_all(topic, recs)
+            await producer.send_all(recs)
 
     asyncio.run(publish("rollouts", rollouts))
     asyncio.run(publish("rewarded", first))
@@ -241,8 +241,8 @@ def test_replay_without_a_scorer_reports_what_a_topic_or_an_archive_holds(bus_co
 
     async def publish():
         async with bus.producer("test") as producer:
-            await producer.send_all("rewarded", recs + recs[:2])  # two redelivered: counted once
-            await producer.send_and_wait("deadletter", letter)
+            await producer.send_all(recs + recs[:2])  # two redelivered: counted once
+            await producer.send_and_wait(letter)
         stage = ArchiveStage(stage_config(bus_config, uri, topics=["rewarded", "deadletter"]))
         stop = asyncio.Event()
         task = asyncio.create_task(stage.run(stop))

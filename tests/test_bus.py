@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 
-from streamrl.bus import Bus, Checkpoint, DeadLetterError, OffsetTracker, Reader, StageLoop, TopicPartition
+from streamrl.bus import Bus, Checkpoint, DeadLetterError, Reader, StageLoop, TopicPartition
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
 from tests.helpers import read_topic, read_topic_sync
 from tests.test_records import make_trajectory
@@ -56,15 +56,15 @@ def test_malformed_messages_go_to_dead_letters_and_the_stream_goes_on(bus_config
     async def main():
         async with writer.producer("test") as p:
             for i, traj in enumerate(good):
-                await p.send_and_wait("rollouts", traj)
+                await p.send_and_wait(traj)
                 name = list(bad)[i] if i < len(bad) else None
                 if name:
-                    await p.send_and_wait("rollouts", bad[name], key=b"g0")
+                    await (await p.send_bytes("rollouts", bad[name], key=b"g0"))
 
         async def handle(traj, msg):
             if traj.id == "refused":
                 raise DeadLetterError("refused_by_test", "the handler said no")
-            return [("rewarded", rewarded_from(traj))]
+            return [rewarded_from(traj)]
 
         loop = StageLoop(bus, stage="test", source="rollouts", group="g",
                          decode=lambda b: Trajectory.decode(b, bus_config.max_record_bytes), handle=handle)
@@ -92,12 +92,12 @@ def test_records_of_real_size_travel_and_over_the_limit_fail_fast(bus):
 
     async def main():
         async with bus.producer("test") as p:
-            futures = [await p.send("rollouts", t) for t in group]
+            futures = [await p.send(t) for t in group]
             await asyncio.gather(*futures)
             too_big = b"x" * (bus.config.max_record_bytes + 1)
             started = time.monotonic()
             with pytest.raises(RecordError) as err:
-                await p.send("rollouts", too_big)
+                await p.send_bytes("rollouts", too_big)
             assert err.value.reason == "oversize" and time.monotonic() - started < 1.0
         return await read_topic(bus, "rollouts", len(group))
 
@@ -134,7 +134,7 @@ def test_a_member_killed_before_committing_has_its_records_redelivered(bus_confi
 
     async def publish():
         async with bus.producer("test") as p:
-            await asyncio.gather(*[await p.send("rollouts", t) for t in trajs])
+            await asyncio.gather(*[await p.send(t) for t in trajs])
 
     asyncio.run(publish())
     victim = subprocess.Popen([sys.executable, "-c", MEMBER, json.dumps(asdict(bus_config))],
@@ -153,7 +153,7 @@ def test_a_member_killed_before_committing_has_its_records_redelivered(bus_confi
 
     async def survivor():
         async def handle(traj, msg):
-            return [("rewarded", rewarded_from(traj))]
+            return [rewarded_from(traj)]
         loop = StageLoop(bus, stage="survivor", source="rollouts", group="members",
                          decode=Trajectory.decode, handle=handle)
         await run_loop_until(loop, len(trajs), timeout_s=45)
@@ -169,11 +169,11 @@ def test_a_clean_stop_commits_so_nothing_is_redelivered(bus):
 
     async def handle(traj, msg):
         seen.append(traj.id)
-        return [("rewarded", rewarded_from(traj))]
+        return [rewarded_from(traj)]
 
     async def main():
         async with bus.producer("test") as p:
-            await asyncio.gather(*[await p.send("rollouts", t) for t in trajs])
+            await asyncio.gather(*[await p.send(t) for t in trajs])
         first = StageLoop(bus, stage="s", source="rollouts", group="once", decode=Trajectory.decode, handle=handle)
         await run_loop_until(first, len(trajs))
         second = StageLoop(bus, stage="s", source="rollouts", group="once", decode=Trajectory.decode, handle=handle)
@@ -193,7 +193,7 @@ async def produce_batches(bus: Bus, sizes: list[int]) -> None:
         for size in sizes:
             acks = []
             for _ in range(size):
-                acks.append(await p.send("rollouts", make_trajectory(id=f"b{n}", group_id="one")))
+                acks.append(await p.send(make_trajectory(id=f"b{n}", group_id="one")))
                 n += 1
             await asyncio.gather(*acks)
 
@@ -212,7 +212,7 @@ def test_reader_end_offsets_are_exact_and_ranges_read_exactly(bus):
             middle = [m async for batch in reader.read({tp: 3}, {tp: 12}) for m in batch]
             last = [m async for batch in reader.read({tp: 21}, {tp: 22}) for m in batch]
             async with bus.producer("test") as p:
-                await p.send_and_wait("rollouts", make_trajectory(id="after", group_id="one"))
+                await p.send_and_wait(make_trajectory(id="after", group_id="one"))
             followed = []
             deadline = time.monotonic() + 10
             while not followed and time.monotonic() < deadline:
@@ -234,25 +234,24 @@ def test_checkpoint_flushes_then_saves_then_commits(bus):
 
     async def main():
         async with bus.producer("test") as p:
-            await asyncio.gather(*[await p.send("rollouts", t) for t in trajs])
+            await asyncio.gather(*[await p.send(t) for t in trajs])
         assigned: list[set] = []
         consumer = bus.consumer(["rollouts"], "ckpt", "test", on_assigned=assigned.append)
         producer = bus.producer("test")
         await producer.start()
         await consumer.start()
-        tracker = OffsetTracker()
         seen = {}
         try:
             got = []
             deadline = time.monotonic() + 30
             while len(got) < len(trajs) and time.monotonic() < deadline:
                 got += await consumer.getmany(timeout_ms=200)
-            checkpoint = Checkpoint(consumer, producer, tracker)
+            checkpoint = Checkpoint(consumer, producer)
             for msg in got:
                 tp = TopicPartition(msg.topic, msg.partition)
-                tracker.take(tp, msg.offset, msg.timestamp)
+                checkpoint.take(tp, msg.offset, msg.timestamp)
                 out = rewarded_from(Trajectory.decode(msg.value))
-                checkpoint.done_when_acked(await producer.send("rewarded", out), tp, msg.offset)
+                checkpoint.done_when_acked(await producer.send(out), tp, msg.offset)
             parts = sorted({TopicPartition(m.topic, m.partition) for m in got})
 
             async def save(positions):

@@ -75,7 +75,7 @@ def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: 
 async def publish(bus: Bus, records) -> None:
     async with bus.producer("test") as p:
         for r in records:
-            await (await p.send("rewarded", r))
+            await (await p.send(r))
 
 
 async def wait_for(cond, timeout: float = 40.0, what: str = "condition") -> None:

@@ -159,9 +159,9 @@ def test_worker_holds_prompts_while_the_server_is_down(engine, bus_config):
         prompts = [Prompt(group_id=f"g{i}", group_size=2, data_source="gsm8k", prompt=f"{i} + {i} =",
                           ground_truth=str(2 * i)) for i in range(3)]
         for p in prompts:
-            await producer.send_and_wait("prompts", p)
+            await producer.send_and_wait(p)
         refused = Prompt(group_id="refused", group_size=2, data_source="gsm8k", prompt="REFUSE this")
-        await producer.send_and_wait("prompts", refused)
+        await producer.send_and_wait(refused)
         await producer.stop()
         while metrics.ROLLOUT_BACKEND_UNAVAILABLE.labels("openai")._value.get() < down_before + 2:
             await asyncio.sleep(0.2)

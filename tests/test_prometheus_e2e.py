@@ -169,7 +169,7 @@ def _start_reward(tmp_path: Path, bus_config: BusConfig, metrics_port: int,
 def _publish(bus: Bus, n: int) -> None:
     async def main():
         async with bus.producer("test") as producer:
-            acks = [await producer.send("rollouts", make_trajectory(
+            acks = [await producer.send(make_trajectory(
                 id=f"judged-{i}", group_id=f"g{i}", group_size=1, data_source="e2e_judged"))
                 for i in range(n)]
             await asyncio.gather(*acks)

@@ -60,7 +60,7 @@ def test_ray_launcher_runs_the_reward_group_and_autoscales_it(bus_config, tmp_pa
 
     async def main() -> list:
         async with bus.producer("test") as p:
-            await asyncio.gather(*[await p.send("rollouts", make_trajectory(id=f"t{i}", group_id=f"g{i}", data_source="slow"))
+            await asyncio.gather(*[await p.send(make_trajectory(id=f"t{i}", group_id=f"g{i}", data_source="slow"))
                                    for i in range(n)])
         observer = Observer(bus, reward_group=bus.config.group("reward"))
         await observer.start()

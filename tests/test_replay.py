@@ -86,12 +86,12 @@ async def publish(bus: Bus, records: list[Rewarded]) -> list[dict[str, Any]]:
     try:
         again = [r for r in records if r.id in DUPLICATED]
         for r in records + again:
-            md = await producer.send_and_wait("rewarded", r)
+            md = await producer.send_and_wait(r)
             landed.append({"id": r.id, "partition": md.partition, "offset": md.offset, "bad": None})
         no_reward = records[0].to_dict()
         del no_reward["reward"]
         for bad, value in (("bad_json", b"{not json"), ("schema", orjson.dumps(no_reward))):
-            md = await producer.send_and_wait("rewarded", value, key=b"g0")
+            md = await (await producer.send_bytes("rewarded", value, key=b"g0"))
             landed.append({"id": None, "partition": md.partition, "offset": md.offset, "bad": bad})
     finally:
         await producer.stop()
@@ -337,7 +337,7 @@ def test_replay_gsm8k_reference_solutions_agree_with_their_answers(bus: Bus, tmp
         producer = bus.producer("test")
         await producer.start()
         try:
-            await asyncio.gather(*[await producer.send("rewarded", r) for r in records])
+            await asyncio.gather(*[await producer.send(r) for r in records])
         finally:
             await producer.stop()
         return await replay_topic(config(bus), topic="rewarded", scorer="gsm8k", out=tmp_path, progress=False)
@@ -416,7 +416,7 @@ def test_replay_of_trajectories_has_only_new_rewards(bus: Bus, tmp_path: Path) -
         producer = bus.producer("test")
         await producer.start()
         for t in trajectories:
-            await producer.send_and_wait("rollouts", t)
+            await producer.send_and_wait(t)
         await producer.stop()
         return await replay_topic(config(bus), topic="rollouts", scorer="gsm8k", out=tmp_path, progress=False)
 
@@ -444,7 +444,7 @@ def test_replay_with_a_judge_holds_while_it_is_down(bus: Bus, tmp_path: Path) ->
             producer = bus.producer("test")
             await producer.start()
             for r in records:
-                await producer.send_and_wait("rewarded", r)
+                await producer.send_and_wait(r)
             await producer.stop()
             task = asyncio.create_task(replay_topic(cfg, topic="rewarded", scorer="judge", out=tmp_path,
                                                     progress=False))

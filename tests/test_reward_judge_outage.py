@@ -57,7 +57,7 @@ def traj(i: int) -> Trajectory:
 
 async def produce(bus: Bus, records: list[Trajectory]) -> None:
     async with bus.producer("test") as p:
-        await asyncio.gather(*[await p.send("rollouts", r) for r in records])
+        await asyncio.gather(*[await p.send(r) for r in records])
 
 
 async def collect(bus: Bus, out: dict[str, list]) -> None:

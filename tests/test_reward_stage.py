@@ -117,8 +117,8 @@ def _pipeline(bus_config, **reward) -> PipelineConfig:
 
 async def _produce(bus: Bus, records: list) -> None:
     async with bus.producer("test") as p:
-        futs = [await p.send("rollouts", r) if not isinstance(r, tuple) else
-                await p.send("rollouts", r[1], key=r[0].encode()) for r in records]
+        futs = [await p.send(r) if not isinstance(r, tuple) else
+                await p.send_bytes("rollouts", r[1], key=r[0].encode()) for r in records]
         await asyncio.gather(*futs)
 
 

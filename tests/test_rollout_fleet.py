@@ -121,11 +121,11 @@ def test_records_carry_the_version_their_server_had_and_nothing_is_lost(bus_conf
         producer = bus.producer("learner")
         await producer.start()
         announced = {0: time.time()}
-        await producer.send_and_wait("policy", PolicyVersion(version=0, weights_uri=None))
+        await producer.send_and_wait(PolicyVersion(version=0, weights_uri=None))
         task = asyncio.create_task(worker.run())
         try:
             for p in prompts:
-                await producer.send_and_wait("prompts", p)
+                await producer.send_and_wait(p)
             version, seen = 0, 0
             deadline = time.monotonic() + 60
             while seen < 2 * groups and time.monotonic() < deadline:  # the learner: a version per 4
@@ -133,7 +133,7 @@ def test_records_carry_the_version_their_server_had_and_nothing_is_lost(bus_conf
                 if seen >= (version + 1) * per_version:
                     version += 1
                     announced[version] = time.time()
-                    await producer.send_and_wait("policy", PolicyVersion(
+                    await producer.send_and_wait(PolicyVersion(
                         version=version, weights_uri=str(tmp_path / f"v{version}"), trained_records=seen))
             records = [Trajectory.decode(m.value) for m in await read_topic(bus, "rollouts", 2 * groups, 5)]
         finally:

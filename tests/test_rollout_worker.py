@@ -74,7 +74,7 @@ def test_two_workers_share_one_feed_exactly_once(bus):
             assert await publish_feed(bus, feed) == 10
             producer = bus.producer("test")
             await producer.start()
-            await producer.send_and_wait("prompts", b'{"schema": "streamrl.prompt/1", "group_id": ', key=b"bad")
+            await (await producer.send_bytes("prompts", b'{"schema": "streamrl.prompt/1", "group_id": ', key=b"bad"))
             await producer.stop()
             rollouts = await read_topic(bus, "rollouts", 20, timeout_s=60)
             letters = await read_topic(bus, "deadletter", 1, timeout_s=20)
@@ -122,14 +122,14 @@ def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(bus, tmp_path):
     async def go():
         producer = bus.producer("learner")
         await producer.start()
-        await producer.send_and_wait("policy", PolicyVersion(version=0, weights_uri=str(tmp_path / "v0")))
+        await producer.send_and_wait(PolicyVersion(version=0, weights_uri=str(tmp_path / "v0")))
         worker = RolloutWorker(bus, cfg)
         paused_before = metrics.ROLLOUT_GATE_PAUSED._value.get()
         loads_before = metrics.ROLLOUT_WEIGHT_LOAD_SECONDS._sum.get()
         task = asyncio.create_task(worker.run())
         try:
             for p in prompts:
-                await producer.send_and_wait("prompts", p)
+                await producer.send_and_wait(p)
             first = await read_topic(bus, "rollouts", 4, timeout_s=60)
             await wait_for(lambda: worker.gate.held, 20, "the gate to hold")
             await asyncio.sleep(1.5)
@@ -138,7 +138,7 @@ def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(bus, tmp_path):
             paused = metrics.ROLLOUT_GATE_PAUSED._value.get() - paused_before
             assert paused > 1.0
             # the learner publishes version 1 having trained on the first 4
-            await producer.send_and_wait("policy", PolicyVersion(version=1, weights_uri=f"file://{tmp_path / 'v1'}",
+            await producer.send_and_wait(PolicyVersion(version=1, weights_uri=f"file://{tmp_path / 'v1'}",
                                                                  trained_records=4))
             both = await read_topic(bus, "rollouts", 8, timeout_s=60)
             await wait_for(lambda: worker.gate.held, 20, "the gate to hold again")

@@ -18,7 +18,7 @@ from streamrl.broker import BrokerError, EmbeddedBroker, free_port
 from streamrl.bus import Bus
 from streamrl.config import ConfigError
 from streamrl.pipeline_config import PipelineConfig, load_config
-from streamrl.records import RECORD_TYPES
+from streamrl.records import RECORD_TYPES, TOPICS, topic_of
 from streamrl.topics import TOPIC_NAMES, ensure_topics, load_specs
 from tests.helpers import read_topic_sync
 
@@ -35,7 +35,7 @@ def test_every_topic_has_a_spec_with_a_schema():
     assert set(rollouts["properties"]) - {"schema"} <= set(rewarded["properties"])
     assert {"reward", "reward_info", "scorer", "scored_at"} <= set(rewarded["required"])
     # every record type names the schema of a topic that exists
-    assert {cls.TOPIC for cls in RECORD_TYPES.values()} == set(TOPIC_NAMES)
+    assert {topic_of(cls).name for cls in RECORD_TYPES.values()} == {t.name for t in TOPICS} == set(TOPIC_NAMES)
 
 
 def test_create_is_idempotent_and_drift_is_reported_without_touching_data(bus_config):
@@ -52,7 +52,7 @@ def test_create_is_idempotent_and_drift_is_reported_without_touching_data(bus_co
             by_hand = replace(load_specs()["rollouts"], partitions=2, replication_factor=1, config={})
             await admin.create_topics({other.topic("rollouts"): by_hand})
         async with other.producer("test") as p:
-            await p.send_and_wait("rollouts", b'{"keep": "me"}', key=b"k")
+            await (await p.send_bytes("rollouts", b'{"keep": "me"}', key=b"k"))
 
     asyncio.run(make_small_topic())
     states = {s.topic: s for s in asyncio.run(ensure_topics(other))}

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from streamrl import metrics
 from streamrl.archive.store import REWARD_CONFIG, ArchiveError, Batch, Writer, to_row
-from streamrl.bus import Bus, Checkpoint, Message, OffsetTracker, TopicPartition
+from streamrl.bus import Bus, Checkpoint, Message, TopicPartition
 from streamrl.pipeline_config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ class ArchiveStage:
         self.cfg, self.ac = cfg, cfg.archive
         self.group = cfg.bus.group(STAGE, cfg.archive.group)
         self.bus = bus or Bus(cfg.bus)
-        self.tracker = OffsetTracker()
         self.batches: dict[str, Batch] = {}
         self.written: Counter[str] = Counter()  # records in durable files, per topic
         self.files = 0
@@ -78,7 +77,7 @@ class ArchiveStage:
         await asyncio.to_thread(self.writer.write_text, REWARD_CONFIG, _reward_yaml(self.cfg))
         self.producer = self.bus.producer(STAGE)  # dead letters
         self.consumer = self.bus.consumer(self.ac.topics, self.group, STAGE, on_revoked=self._revoked)
-        self.checkpoint = Checkpoint(self.consumer, self.producer, self.tracker)
+        self.checkpoint = Checkpoint(self.consumer, self.producer)
         await self.producer.start()
         await self.consumer.start()
         clean = False
@@ -106,7 +105,7 @@ class ArchiveStage:
         now = time.monotonic()
         for msg in msgs:
             tp = TopicPartition(msg.topic, msg.partition)
-            self.tracker.take(tp, msg.offset, msg.timestamp)
+            self.checkpoint.take(tp, msg.offset, msg.timestamp)
             topic = self.cfg.bus.short_topic(msg.topic)
             try:
                 row = to_row(topic, msg.partition, msg.offset, msg.timestamp, msg.value)
@@ -169,7 +168,7 @@ class ArchiveStage:
         metrics.ARCHIVE_BYTES.labels(batch.topic).inc(size)
         metrics.ARCHIVE_RECORDS.labels(batch.topic).inc(len(batch.rows))
         for tp, offset in batch.marks:
-            self.tracker.done(tp, offset)
+            self.checkpoint.done(tp, offset)
         self.written[batch.topic] += len(batch.rows)
         self.files += 1
         log.info("archive: %s (%d records, %d bytes)", path, len(batch.rows), size)
@@ -180,4 +179,4 @@ class ArchiveStage:
         if revoked:
             await self._roll(everything=True)
             await self.checkpoint.commit(revoked)
-            self.tracker.forget(revoked)
+            self.checkpoint.forget(revoked)

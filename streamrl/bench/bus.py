@@ -86,7 +86,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
     for i in range(n):
         if mode == "bus":
             traj = dataclasses.replace(template, id=uuid.uuid4().hex, group_id=f"g{i // 16}")
-            futures.append(await producer.send("rollouts", traj))
+            futures.append(await producer.send(traj))
         else:
             futures.append(await raw.send(topic, payload, key=f"g{i // 16}".encode()))
     await asyncio.gather(*futures)

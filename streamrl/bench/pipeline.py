@@ -324,7 +324,7 @@ async def start_stages(bench: str, bus, observer, learner, reward, rollouts: lis
     for p in rollouts:
         p.start()
     async with bus.producer("bench") as producer:
-        await asyncio.gather(*[await producer.send("prompts", p) for p in prompts])
+        await asyncio.gather(*[await producer.send(p) for p in prompts])
 
 
 async def run_streaming(w: Workload, cfg, cfg_path: Path, prompts: list, run_dir: Path,

@@ -102,9 +102,8 @@ class TopicFeed:
             self.first = time.perf_counter()
         out = await self.scorer(traj.data_source, traj.response, traj.ground_truth,
                                 traj.extra_info, prompt=traj.prompt)
-        return [("rewarded", Rewarded.from_trajectory(traj, reward=out["score"],
-                                                      reward_info={"model": out["score"]},
-                                                      scorer={"name": "bench-model", "version": 1}))]
+        return [Rewarded.from_trajectory(traj, reward=out["score"], reward_info={"model": out["score"]},
+                                         scorer={"name": "bench-model", "version": 1})]
 
     async def start(self) -> None:
         from streamrl.bus import StageLoop
@@ -124,7 +123,7 @@ class TopicFeed:
 
         target = self.loop.finished + len(pairs)
         self.first = None
-        acks = [await self.producer.send("rollouts", Trajectory(
+        acks = [await self.producer.send(Trajectory(
             group_id=f"g{i // 8}", group_size=8, policy_version=0, data_source="bench",
             prompt=p, response=r, ground_truth=None)) for i, (p, r) in enumerate(pairs)]
         await asyncio.gather(*acks)

@@ -145,7 +145,7 @@ async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_
                                "metrics.port=0"], "reward")
         settle_s = await wait_settled(launcher, names, logs, cfg.reward.group, timeout_s=90)
         async with bus.producer("bench") as producer:
-            await asyncio.gather(*[await producer.send("rollouts", Trajectory(
+            await asyncio.gather(*[await producer.send(Trajectory(
                 group_id=f"g{i}", group_size=1, policy_version=0, data_source=DATA_SOURCE,
                 prompt="How many clips did Natalia sell altogether in April and May?",
                 response=f"She sold 48 / 2 = 24 in May and 48 + 24 = 72 in all. (#{i})\n#### 72",

@@ -1,11 +1,23 @@
-"""The bus: the thin transport layer between streamrl and Kafka, and the loop every consuming
-stage runs.
+"""The bus: the layers between streamrl's stages and Kafka, and the loop every consuming stage runs.
 
-- ``transport``: the Kafka client, wrapped (``Bus``, ``Producer``, ``Consumer``, ``Admin``); the
-  only module that imports aiokafka (``_bare`` too: the benchmark's bare-client baseline);
+Bytes (a transport: topic names, keys, values, headers; no record types, no metrics):
+
+- ``base``: the interface both transports implement (``TopicPartition``, ``Message``, ...);
+- ``kafka``: the Kafka client, wrapped; the only module that imports aiokafka (``_bare`` too:
+  the benchmark's bare-client baseline);
+- ``memory``: an in-process broker with the same interface (``bus.bootstrap_servers:
+  memory://NAME``), for stage logic tested in milliseconds (``streamrl.testing.memory_bus``).
+
+Records, on top (what stages use):
+
+- ``records``: ``Bus`` (settings, picks the transport, builds clients), ``Producer``
+  (``send(record)`` to its type's topic, dead letters, counters, ``on_delivery``), ``Consumer``;
 - ``reader``: ``Reader``, reading topic ranges without a consumer group, with exact end offsets;
-- ``checkpoint``: ``Checkpoint``, the ordered commit unit (flush outputs, save state, commit);
-- ``loop``: ``StageLoop`` and ``OffsetTracker``.
+- ``checkpoint``: ``Checkpoint``, the ordered commit unit (flush outputs, save state, commit),
+  which tracks the offsets taken and finished (``take``/``done``/``holds``);
+- ``loop``: ``StageLoop``.
+
+Lag gauges are the observer's (``streamrl.observing.ConsumerLag``, a checkpoint's ``on_commit``).
 
 Client: aiokafka (native asyncio). Measured in DESIGN.md and ``streamrl bench bus``: ~90 MB/s of
 32 KB records on 2 cores, a group member gets its first record in ~3 s with a 6 s session;
@@ -17,10 +29,11 @@ Delivery is at-least-once: a record's offset is committed only after everything 
 Writes downstream must be idempotent: the learner de-duplicates by ``id``.
 """
 
+from streamrl.bus.base import Admin, Delivery, Message, TopicPartition
 from streamrl.bus.checkpoint import Checkpoint
-from streamrl.bus.loop import DeadLetterError, OffsetTracker, StageLoop
+from streamrl.bus.loop import DeadLetterError, StageLoop
 from streamrl.bus.reader import Reader
-from streamrl.bus.transport import Admin, Bus, Consumer, Delivery, Message, Producer, TopicPartition
+from streamrl.bus.records import Bus, Consumer, Producer
 
 __all__ = ["Admin", "Bus", "Checkpoint", "Consumer", "DeadLetterError", "Delivery", "Message",
-           "OffsetTracker", "Producer", "Reader", "StageLoop", "TopicPartition"]
+           "Producer", "Reader", "StageLoop", "TopicPartition"]

@@ -1,19 +1,21 @@
-"""``StageLoop``, the loop every consuming stage runs, and ``OffsetTracker``, which knows how far
-a partition may be committed."""
+"""``StageLoop``, the loop every consuming stage runs."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, Iterable, TypeVar
 
 from streamrl import metrics
-from streamrl.bus.checkpoint import Checkpoint
-from streamrl.bus.transport import Bus, Message, PartitionsCallback, Producer, TopicPartition, is_transient
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
+
+from streamrl.bus.checkpoint import Checkpoint, OnCommit
+from streamrl.bus.base import Message, PartitionsCallback, TopicPartition
+from streamrl.bus.records import Bus, Producer
 from streamrl.errors import Failure
 from streamrl.records import RecordError, _Record
+from streamrl.topics import Topic
 
 log = logging.getLogger(__name__)
 
@@ -25,63 +27,18 @@ R = TypeVar("R")
 DeadLetterError = Failure
 
 
-@dataclass
-class _Partition:
-    pending: dict[int, float] = field(default_factory=dict)  # offset -> record timestamp (unix s)
-    next_offset: int = -1  # one past the last offset taken
-    committed: int = -1
-
-
-class OffsetTracker:
-    """Per partition: which offsets are taken but unfinished. The commit position is the lowest
-    unfinished offset, or one past the last taken, so a commit never skips a record."""
-
-    def __init__(self) -> None:
-        self.parts: dict[TopicPartition, _Partition] = {}
-
-    def take(self, tp: TopicPartition, offset: int, timestamp_ms: int | None = None) -> None:
-        """``timestamp_ms``: the record's Kafka timestamp (ms; -1 or None: none, use now)."""
-        p = self.parts.setdefault(tp, _Partition())
-        p.pending[offset] = timestamp_ms / 1000 if timestamp_ms and timestamp_ms > 0 else time.time()
-        p.next_offset = max(p.next_offset, offset + 1)
-
-    def done(self, tp: TopicPartition, offset: int) -> None:
-        p = self.parts.get(tp)
-        if p is not None:
-            p.pending.pop(offset, None)
-
-    def positions(self, only_changed: bool = True) -> dict[TopicPartition, int]:
-        out = {}
-        for tp, p in self.parts.items():
-            pos = min(p.pending) if p.pending else p.next_offset
-            if pos >= 0 and (pos != p.committed or not only_changed):
-                out[tp] = pos
-        return out
-
-    def oldest(self) -> dict[TopicPartition, float]:
-        """Per partition with unfinished records: the timestamp of the oldest one."""
-        return {tp: min(p.pending.values()) for tp, p in self.parts.items() if p.pending}
-
-    def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
-        for tp, pos in offsets.items():
-            if tp in self.parts:
-                self.parts[tp].committed = pos
-
-    def forget(self, tps: Iterable[TopicPartition]) -> None:
-        for tp in tps:
-            self.parts.pop(tp, None)
-
-
-Handler = Callable[[R, Message], Awaitable[Iterable[tuple[str, _Record]]]]
+#: A stage's work on one record: its outputs, each sent to its type's topic.
+Handler = Callable[[R, Message], Awaitable[Iterable[_Record]]]
 
 
 class StageLoop(Generic[R]):
     """The loop of a consuming stage: the framework owns it, a stage supplies ``decode`` and
     ``handle``.
 
-    For each message: ``decode`` (a ``RecordError`` sends the original bytes to dead letters),
-    then ``handle(record, message)`` concurrently, at most ``max_in_flight`` at once; it returns
-    ``(topic, record)`` outputs or raises ``DeadLetterError``. A record is finished when its
+    For each message of ``source``: ``decode`` (default: the topic's record type's; a
+    ``RecordError`` sends the original bytes to dead letters), then ``handle(record, message)``
+    concurrently, at most ``max_in_flight`` at once; it returns the output records (each goes
+    to its type's topic) or raises ``DeadLetterError``. A record is finished when its
     outputs (or its dead letter) are acknowledged; every ``commit_interval_s`` a ``Checkpoint``
     commits up to the lowest unfinished one. While ``max_in_flight`` records are unfinished the
     loop stops fetching (back-pressure) but keeps the group membership alive. On ``stop()``:
@@ -90,20 +47,24 @@ class StageLoop(Generic[R]):
     Build it inside a running event loop (the Kafka clients bind to it).
     """
 
-    def __init__(self, bus: Bus, *, stage: str, source: str, group: str,
-                 decode: Callable[[bytes], R], handle: Handler, max_in_flight: int = 64,
+    def __init__(self, bus: Bus, *, stage: str, source: Topic[R] | str, group: str,
+                 handle: Handler, decode: Callable[[bytes], R] | None = None, max_in_flight: int = 64,
                  drain_timeout_s: float = 30.0, producer: Producer | None = None,
                  on_assign: PartitionsCallback | None = None,
-                 on_revoke: PartitionsCallback | None = None):
+                 on_revoke: PartitionsCallback | None = None, on_commit: OnCommit | None = None):
         self.bus, self.stage, self.group = bus, stage, group
+        if decode is None:
+            if not isinstance(source, Topic):
+                raise TypeError("StageLoop: give decode, or a source Topic whose records it decodes")
+            limit = bus.config.max_record_bytes
+            decode = lambda data: source.decode(data, limit)  # noqa: E731
         self.decode, self.handle = decode, handle
         self.max_in_flight, self.drain_timeout_s = max_in_flight, drain_timeout_s
         self.producer = producer or bus.producer(stage)
         self._own_producer = producer is None
         self.consumer = bus.consumer([source], group, stage, on_assigned=on_assign,
                                      on_revoked=self._revoked)
-        self.tracker = OffsetTracker()
-        self.checkpoint = Checkpoint(self.consumer, self.producer, self.tracker)
+        self.checkpoint = Checkpoint(self.consumer, self.producer, on_commit)
         self._on_revoke = on_revoke
         self._tasks: set[asyncio.Task] = set()
         self._by_partition: dict[TopicPartition, set[asyncio.Task]] = {}
@@ -148,7 +109,7 @@ class StageLoop(Generic[R]):
 
     def _start(self, msg: Message) -> None:
         tp = TopicPartition(msg.topic, msg.partition)
-        self.tracker.take(tp, msg.offset, msg.timestamp)
+        self.checkpoint.take(tp, msg.offset, msg.timestamp)
         task = asyncio.create_task(self._process(msg, tp))
         self._tasks.add(task)
         self._by_partition.setdefault(tp, set()).add(task)
@@ -176,7 +137,7 @@ class StageLoop(Generic[R]):
                         reason=exc.reason, detail=exc.detail, message=msg,
                         record_id=getattr(record, "id", None))])
                 else:
-                    await self._send_until_acked(lambda: [self.producer.send(topic, out) for topic, out in outputs])
+                    await self._send_until_acked(lambda: [self.producer.send(out) for out in outputs])
         except asyncio.CancelledError:
             return  # shutting down: not finished, so not committed; it will be redelivered
         except Exception as exc:  # noqa: BLE001 - a bug in a handler must not lose the record
@@ -187,7 +148,7 @@ class StageLoop(Generic[R]):
             except Exception:  # noqa: BLE001 - cannot even dead-letter: leave it uncommitted
                 log.exception("%s: dead letter failed; the record stays uncommitted", self.stage)
                 return
-        self.tracker.done(tp, msg.offset)
+        self.checkpoint.done(tp, msg.offset)
         self.finished += 1
         metrics.BUS_HANDLER_SECONDS.labels(self.stage).observe(time.monotonic() - started)
         metrics.CONSUMER_LAST_PROGRESS.labels(self.stage, self.group).set(time.time())
@@ -197,20 +158,19 @@ class StageLoop(Generic[R]):
         (leader change, timeout, broker restarting) is waited out with backoff and the outputs
         are sent again (a duplicate downstream is fine: sinks are idempotent); only a permanent
         error reaches the caller, which dead-letters the record."""
-        delay = 0.2
-        while True:
-            try:
+        retrying = AsyncRetrying(retry=retry_if_exception(self.bus.is_transient), reraise=True,
+                                 wait=wait_exponential(multiplier=0.2, max=30.0),
+                                 before_sleep=self._retrying)
+        async for attempt in retrying:
+            with attempt:
                 acks = [await send for send in sends()]
                 await asyncio.gather(*acks)
-                return
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                metrics.BUS_SEND_RETRIES.labels(self.stage).inc()
-                log.warning("%s: transient send error (%s: %s); retrying in %.1f s", self.stage,
-                            type(exc).__name__, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+
+    def _retrying(self, state: RetryCallState) -> None:
+        metrics.BUS_SEND_RETRIES.labels(self.stage).inc()
+        exc = state.outcome.exception()
+        log.warning("%s: transient send error (%s: %s); retrying in %.1f s", self.stage,
+                    type(exc).__name__, exc, state.next_action.sleep)
 
     async def commit(self, tps: Iterable[TopicPartition] | None = None) -> None:
         """Checkpoint what is finished on ``tps`` (default: every partition assigned)."""
@@ -227,7 +187,7 @@ class StageLoop(Generic[R]):
             if cancelled:
                 await asyncio.wait(cancelled)
                 log.info("%s: %d records in flight on revoked partitions handed over", self.stage, len(cancelled))
-            self.tracker.forget(revoked)
+            self.checkpoint.forget(revoked)
             if self._on_revoke:
                 result = self._on_revoke(revoked)
                 if asyncio.iscoroutine(result):

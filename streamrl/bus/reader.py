@@ -16,7 +16,9 @@ import asyncio
 import time
 from typing import AsyncIterator, Iterable, Mapping, Sequence
 
-from streamrl.bus.transport import Bus, Consumer, Message, TopicPartition
+from streamrl.bus.base import Message, TopicPartition
+from streamrl.bus.records import Bus, Consumer
+from streamrl.topics import Topic
 
 #: ``read`` gives up when no partition advances for this long (a broker that stopped answering).
 STALL_TIMEOUT_S = 60.0
@@ -30,13 +32,13 @@ class Reader:
     returns what arrived since. A reader that only asks ``end_offsets`` fetches nothing.
     Build and use it inside one running event loop."""
 
-    def __init__(self, bus: Bus, topics: Sequence[str], stage: str, *,
+    def __init__(self, bus: Bus, topics: Sequence[Topic | str], stage: str, *,
                  partitions: Iterable[TopicPartition] | None = None):
         self.bus, self.stage = bus, stage
         self.topics = [bus.topic(t) for t in topics]
         self.partitions: list[TopicPartition] = list(partitions) if partitions is not None else []
         self._resolve = partitions is None
-        self._consumer = Consumer(bus, topics, None, stage)
+        self._consumer = bus.consumer(topics, None, stage)
         self._assigned = False
         self._side: Consumer | None = None  # fetches at the listed ends (``end_offsets``)
         self._side_lock = asyncio.Lock()
@@ -72,7 +74,7 @@ class Reader:
         async with self._side_lock:  # one side client, one question at a time (it seeks)
             if self._side is None:
                 # fetch_max_wait_ms: the broker's default 500 ms wait would be paid per question
-                self._side = await Consumer(self.bus, [], None, "", fetch_max_wait_ms=10).start(subscribe=False)
+                self._side = await self.bus.consumer([], None, "", fetch_max_wait_ms=10).start(subscribe=False)
             side = self._side
             side.assign(need)  # fresh partition states: no high watermark left from last time
             for tp in need:

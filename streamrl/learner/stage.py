@@ -5,9 +5,8 @@ checkpoint, and announce the version on ``policy``.
 Why not ``StageLoop``: its offsets are committed as soon as a record's outputs are acknowledged,
 but a learner's record is finished only when its update is in a *checkpoint*; the offsets must
 describe the same moment as the weights. So this loop owns a plain ``Consumer``, tracks offsets
-with the bus's ``OffsetTracker`` (a record is done when trained into the weights, or dropped
-and its dead letter acknowledged, or a duplicate), and commits through the bus's
-``Checkpoint`` with the learner's checkpoint as its "save state" step: outputs flushed, offsets
+with the bus's ``Checkpoint`` (a record is done when trained into the weights, or dropped
+and its dead letter acknowledged, or a duplicate), and commits through it with the learner's checkpoint as its "save state" step: outputs flushed, offsets
 saved inside the checkpoint, then committed to Kafka. On (re)assignment it seeks to the
 checkpoint's offsets.
 
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 
 from streamrl import metrics
-from streamrl.bus import Bus, Checkpoint, Message, OffsetTracker, Reader, TopicPartition
+from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
@@ -74,12 +73,11 @@ class Learner:
                                    allow_partial_groups=cfg.allow_partial_groups,
                                    dedup_window=cfg.dedup_window)
         self.assembler.load_state_dict(self.state.assembler)
-        self.tracker = OffsetTracker()
         self.producer = bus.producer(STAGE)
         self.group = bus.config.group(STAGE, cfg.consumer_group)
         self.consumer = bus.consumer(["rewarded"], self.group, STAGE,
                                      on_assigned=self._assigned, on_revoked=self._revoked)
-        self.checkpointer = Checkpoint(self.consumer, self.producer, self.tracker)
+        self.checkpointer = Checkpoint(self.consumer, self.producer)
         self._version_metrics: list[dict[str, float]] = []
         self._dirty = False
         self.last_checkpoint: Path | None = last
@@ -284,10 +282,9 @@ class Learner:
     # -- taking records -----------------------------------------------------------------------
     async def _take(self, msg: Message) -> None:
         tp = TopicPartition(msg.topic, msg.partition)
-        part = self.tracker.parts.get(tp)
-        if part is not None and msg.offset in part.pending:
+        if self.checkpointer.holds(tp, msg.offset):
             return  # the same message again (a seek after a rebalance): it is already held
-        self.tracker.take(tp, msg.offset, msg.timestamp)
+        self.checkpointer.take(tp, msg.offset, msg.timestamp)
         self._dirty = True
         record = None
         try:
@@ -310,7 +307,7 @@ class Learner:
         status, drops = self.assembler.add(item, self.version, time.monotonic())
         if status == "duplicate":
             metrics.LEARNER_RECORDS.labels("duplicate").inc()
-            self.tracker.done(tp, msg.offset)
+            self.checkpointer.done(tp, msg.offset)
         await self._drop(drops)
         if record.group_id in self._lost:
             await self._settle(record.group_id)
@@ -358,7 +355,7 @@ class Learner:
                                         "the update on this mini-batch was skipped", t.record.id)
             return
         for t in taken:
-            self.tracker.done(TopicPartition(t.message.topic, t.message.partition), t.message.offset)
+            self.checkpointer.done(TopicPartition(t.message.topic, t.message.partition), t.message.offset)
         n = len(taken)
         metrics.CONSUMER_LAST_PROGRESS.labels(STAGE, self.group).set(time.time())
         self.state.consumed_records += n
@@ -395,7 +392,7 @@ class Learner:
         record = PolicyVersion(version=version, weights_uri=uri,
                                trained_records=self.state.trained_records, metrics=summary,
                                lineage=self.state.lineage)
-        await self.producer.send_and_wait("policy", record)
+        await self.producer.send_and_wait(record)
         log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)
         await asyncio.to_thread(prune_weights, self.cfg, version)
         return record
@@ -426,7 +423,7 @@ class Learner:
                 None, self.state, self.cfg.keep_checkpoints, write=self.trainer.write_checkpoint))
 
         # every partition taken from, assigned now or not: the checkpoint describes them all
-        await self.checkpointer.commit(list(self.tracker.parts), save=save)
+        await self.checkpointer.commit(self.checkpointer.partitions, save=save)
         self.last_checkpoint = saved[0]
         self._dirty = False
         metrics.LEARNER_CHECKPOINT_SECONDS.observe(time.monotonic() - started)

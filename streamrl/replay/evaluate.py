@@ -169,6 +169,6 @@ async def publish(bus: Bus, topic: str, located: list[Located], scored: list[Sco
                                            scorer={"name": s.scorer, "version": s.version})
 
     async with bus.producer(STAGE) as producer:
-        sent = await producer.send_all(topic, records())
+        sent = await producer.send_all(records(), topic=topic)
     metrics.REPLAY_RECORDS.labels("published").inc(sent)
     return sent

@@ -18,12 +18,10 @@ from typing import ClassVar
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop, TopicPartition
 from streamrl.pipeline_config import PipelineConfig
-from streamrl.records import Rewarded, Trajectory
+from streamrl.records import ROLLOUTS, Rewarded, Trajectory
 from streamrl.reward.scoring import Scoring
 
 STAGE = "reward"
-SOURCE = "rollouts"
-SINK = "rewarded"
 
 
 class RewardStage:
@@ -54,8 +52,7 @@ class RewardStage:
         await self.scoring.start()
         try:
             self.loop = StageLoop(
-                self.bus, stage=STAGE, source=SOURCE, group=self.group, decode=self._decode,
-                handle=self.handle, max_in_flight=self.rc.max_in_flight,
+                self.bus, stage=STAGE, source=ROLLOUTS, group=self.group, handle=self.handle, max_in_flight=self.rc.max_in_flight,
                 drain_timeout_s=self.rc.drain_timeout_s,
                 on_assign=self._assigned, on_revoke=self._revoked)
             task = asyncio.create_task(self.loop.run())
@@ -68,9 +65,6 @@ class RewardStage:
         finally:
             await self.scoring.close()
 
-    def _decode(self, data: bytes) -> Trajectory:
-        return Trajectory.decode(data, self.cfg.bus.max_record_bytes)
-
     # -- partitions: this member's share of group-wide rate limits ---------------------------
     def _assigned(self, assigned: set[TopicPartition]) -> None:
         self._share(len(assigned))
@@ -81,16 +75,14 @@ class RewardStage:
 
     def _share(self, owned: int) -> None:
         assert self.loop is not None
-        topic = self.bus.topic(SOURCE)
+        topic = self.bus.topic(ROLLOUTS)
         total = len(self.loop.consumer.partitions_for_topic(topic))
         if not total:
-            from streamrl.topics import load_specs
-
-            total = load_specs()[SOURCE].partitions
+            total = ROLLOUTS.spec.partitions
         fraction = min(1.0, owned / total)
         metrics.REWARD_PARTITION_SHARE.labels(self.group).set(fraction)
         self.table.set_share(fraction)
 
     # -- one record ----------------------------------------------------------------------------
-    async def handle(self, traj: Trajectory, msg: Message) -> list[tuple[str, Rewarded]]:
-        return [(SINK, await self.scoring.reward(traj))]
+    async def handle(self, traj: Trajectory, msg: Message) -> list[Rewarded]:
+        return [await self.scoring.reward(traj)]

@@ -168,7 +168,7 @@ async def publish_feed(bus, cfg: FeedConfig, *, window: int = 1000, skip: set[st
     if skip:
         prompts = (p for p in prompts if p.group_id not in skip)
     async with bus.producer("feed") as producer:
-        return await producer.send_all("prompts", prompts, window=window)
+        return await producer.send_all(prompts, window=window)
 
 
 class Feed:

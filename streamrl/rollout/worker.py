@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from streamrl import metrics
-from streamrl.bus import Bus, Message, Producer, StageLoop
+from streamrl.bus import Bus, Message, StageLoop
 from streamrl.errors import Failure
-from streamrl.records import Prompt, Trajectory
+from streamrl.records import PROMPTS, ROLLOUTS, Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
 from streamrl.rollout.config import RolloutConfig
@@ -67,10 +67,12 @@ class RolloutWorker:
         self.gate = StalenessGate(bus, self.follower, max_staleness=cfg.max_staleness,
                                   per_version=cfg.trajectories_per_version,
                                   baseline=cfg.gate_baseline, poll_s=cfg.gate_poll_s)
-        self.producer = _GateReleasingProducer(bus, STAGE, self.gate)
+        # each trajectory's gate reservation goes back when the broker has acknowledged it (or
+        # refused it: then the prompt is not committed and is generated again)
+        self.producer = bus.producer(STAGE, on_delivery=self._delivered)
         self.group = cfg.group or bus.topic(STAGE)
-        self.loop = StageLoop(bus, stage=STAGE, source="prompts", group=self.group, decode=Prompt.decode,
-                              handle=self.handle, max_in_flight=cfg.max_in_flight, producer=self.producer)
+        self.loop = StageLoop(bus, stage=STAGE, source=PROMPTS, group=self.group, handle=self.handle,
+                              max_in_flight=cfg.max_in_flight, producer=self.producer)
         self._loaded_offset = -1  # policy-topic offset of the version in use (-1: the startup weights)
         self.lineage: str | None = None  # the training line of the weights in use
         self._load_lock = asyncio.Lock()
@@ -177,7 +179,11 @@ class RolloutWorker:
             metrics.ROLLOUT_POLICY_VERSION.set(latest.version)
             return took
 
-    async def handle(self, prompt: Prompt, msg: Message) -> list[tuple[str, Trajectory]]:
+    def _delivered(self, topic: str, error: BaseException | None) -> None:
+        if topic == ROLLOUTS.name:
+            self.gate.release(1)
+
+    async def handle(self, prompt: Prompt, msg: Message) -> list[Trajectory]:
         metrics.ROLLOUT_PROMPTS.labels(self._label).inc()
         n = self.cfg.group_size or prompt.group_size
         gate_s = await self.gate.acquire(n)
@@ -197,7 +203,7 @@ class RolloutWorker:
             self.gate.release(n)
             raise
         # the reservation is released trajectory by trajectory as the broker acknowledges them
-        # (``_GateReleasingProducer``): only then do they count in the topic's end offsets
+        # (``_delivered``): only then do they count in the topic's end offsets
         tokens = 0
         for t in trajectories:
             t.timings.update(gate_wait_s=gate_s, weight_load_s=load_s)
@@ -208,7 +214,7 @@ class RolloutWorker:
         metrics.ROLLOUT_GENERATION_SECONDS.labels(self._label).observe(took - load_s)
         metrics.ROLLOUT_TOKENS.labels(self._label).inc(tokens)
         metrics.ROLLOUT_TRAJECTORIES.labels(self._label).inc(len(trajectories))
-        return [("rollouts", t) for t in trajectories]
+        return trajectories
 
     async def _generate(self, prompt: Prompt, n: int, before_turn: Any) -> list[Trajectory]:
         """The group's trajectories. A backend outage holds the prompt: retried without end,
@@ -293,24 +299,3 @@ def weights_allowed(uri: str, prefixes: list[str]) -> bool:
     return any(path.is_relative_to(Path(p.removeprefix("file://")).resolve()) for p in prefixes if "://" not in p
                or p.startswith("file://"))
 
-
-class _GateReleasingProducer(Producer):
-    """The stage loop's producer, which hands each trajectory's reservation back to the gate
-    when the broker has acknowledged it (or refused it: then the prompt is not committed and
-    is generated again)."""
-
-    def __init__(self, bus: Bus, stage: str, gate: StalenessGate):
-        super().__init__(bus, stage)
-        self.gate = gate
-
-    async def send(self, topic: str, record: Any, key: bytes | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        try:
-            fut = await super().send(topic, record, key, headers)
-        except Exception:
-            if topic == "rollouts":
-                self.gate.release(1)
-            raise
-        if topic == "rollouts":
-            fut.add_done_callback(lambda _fut: self.gate.release(1))
-        return fut
