@@ -18,7 +18,8 @@ import numpy as np
 import orjson
 import pytest
 
-from streamrl.bus import Bus, Checkpoint, DeadLetterError, Reader, StageLoop, TopicPartition
+from streamrl.bus import Bus, Checkpoint, Reader, StageLoop, TopicPartition
+from streamrl.errors import Failure
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
 from tests.helpers import read_topic, read_topic_sync
 from tests.test_records import make_trajectory
@@ -63,7 +64,7 @@ def test_malformed_messages_go_to_dead_letters_and_the_stream_goes_on(bus_config
 
         async def handle(traj, msg):
             if traj.id == "refused":
-                raise DeadLetterError("refused_by_test", "the handler said no")
+                raise Failure("refused_by_test", "the handler said no")
             return [rewarded_from(traj)]
 
         loop = StageLoop(bus, stage="test", source="rollouts", group="g",

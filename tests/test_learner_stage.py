@@ -125,7 +125,10 @@ def test_trains_versions_drops_stale_and_duplicates(bus, tmp_path):
         await publish(bus, first + [first[0], first[3]] + no_lp)
         await wait_for(lambda: learner.version >= 1, what="version 1")
         stale = group("s", version=0)
-        await publish(bus, stale + group("c", version=1) + group("d", version=1) + [first[1]])
+        dups = metrics.LEARNER_RECORDS.labels("duplicate")
+        await publish(bus, stale + [first[1]])  # the third duplicate is taken before version 2 ends the run
+        await wait_for(lambda: dups._value.get() - dup_before >= 3, what="third duplicate")
+        await publish(bus, group("c", version=1) + group("d", version=1))
         state = await asyncio.wait_for(task, 60)
         return learner, state, first, stale
 

@@ -167,7 +167,7 @@ def test_topics_route_by_type_and_memory_limits():
 
 def test_the_reward_stage_runs_unchanged_on_memory():
     """A stage built from a config whose ``bus`` is a memory bus: no broker, well under a second."""
-    from streamrl.config import PipelineConfig
+    from streamrl.pipeline_config import PipelineConfig
     from streamrl.reward.stage import RewardStage
     from streamrl.testing import trajectory
 

@@ -31,9 +31,9 @@ Writes downstream must be idempotent: the learner de-duplicates by ``id``.
 
 from streamrl.bus.base import Admin, Delivery, Message, TopicPartition
 from streamrl.bus.checkpoint import Checkpoint
-from streamrl.bus.loop import DeadLetterError, StageLoop
+from streamrl.bus.loop import StageLoop
 from streamrl.bus.reader import Reader
 from streamrl.bus.records import Bus, Consumer, Producer
 
-__all__ = ["Admin", "Bus", "Checkpoint", "Consumer", "DeadLetterError", "Delivery", "Message",
+__all__ = ["Admin", "Bus", "Checkpoint", "Consumer", "Delivery", "Message",
            "Producer", "Reader", "StageLoop", "TopicPartition"]

@@ -22,11 +22,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
-#: Raised by a stage handler: this record failed for good; dead-letter it with ``reason``.
-#: The one permanent per-record error of every stage (``streamrl.errors.Failure``).
-DeadLetterError = Failure
-
-
 #: A stage's work on one record: its outputs, each sent to its type's topic.
 Handler = Callable[[R, Message], Awaitable[Iterable[_Record]]]
 
@@ -38,7 +33,7 @@ class StageLoop(Generic[R]):
     For each message of ``source``: ``decode`` (default: the topic's record type's; a
     ``RecordError`` sends the original bytes to dead letters), then ``handle(record, message)``
     concurrently, at most ``max_in_flight`` at once; it returns the output records (each goes
-    to its type's topic) or raises ``DeadLetterError``. A record is finished when its
+    to its type's topic) or raises ``Failure``. A record is finished when its
     outputs (or its dead letter) are acknowledged; every ``commit_interval_s`` a ``Checkpoint``
     commits up to the lowest unfinished one. While ``max_in_flight`` records are unfinished the
     loop stops fetching (back-pressure) but keeps the group membership alive. On ``stop()``:
@@ -132,7 +127,7 @@ class StageLoop(Generic[R]):
             else:
                 try:
                     outputs = list(await self.handle(record, msg))
-                except DeadLetterError as exc:
+                except Failure as exc:
                     await self._send_until_acked(lambda: [self.producer.dead_letter(
                         reason=exc.reason, detail=exc.detail, message=msg,
                         record_id=getattr(record, "id", None))])
