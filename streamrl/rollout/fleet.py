@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import orjson
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from streamrl import metrics
 from streamrl.errors import Unavailable
@@ -209,25 +210,19 @@ class ServerFleet:
         self._notify()
 
     async def _update_loop(self, m: Member) -> None:
-        delay = self.retry_s
         while m.version != self.target:
-            version, uri = self.target, self.target_uri
-            assert uri is not None
-            started = time.monotonic()
-            try:
-                await self._quiesce(m)
-                await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
-            except Exception as exc:  # noqa: BLE001 - any failure takes it out and is retried
-                why = "timeout" if isinstance(exc, asyncio.TimeoutError) else str(exc)[:300]
-                m.updating, m.out = False, True
-                m.failures += 1
-                metrics.ROLLOUT_SERVER_UPDATE_FAILURES.labels(public_url(m.url)).inc()
-                log.error("rollout server %s: loading policy version %d failed (%s); out of rotation, "
-                          "retrying in %.1f s", public_url(m.url), version, why, delay)
-                self._notify()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_max_s)
-                continue
+            # any failure takes the server out of rotation and is retried, the target re-read
+            # each time (tenacity: retry_s, doubling, at most retry_max_s)
+            retrying = AsyncRetrying(wait=wait_exponential(multiplier=self.retry_s, max=self.retry_max_s),
+                                     retry=retry_if_exception_type(Exception), reraise=True,
+                                     before_sleep=lambda state: self._failed(m, state))
+            async for attempt in retrying:
+                with attempt:
+                    version, uri = self.target, self.target_uri
+                    assert uri is not None
+                    started = time.monotonic()
+                    await self._quiesce(m)
+                    await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
             took = time.monotonic() - started
             if m.out:
                 log.warning("rollout server %s: loaded policy version %d after %d failed attempts; back "
@@ -239,6 +234,16 @@ class ServerFleet:
             log.info("rollout server %s: policy version %d loaded in %.2f s", public_url(m.url), version, took)
             self._notify()
         m.updating = False
+
+    def _failed(self, m: Member, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        why = "timeout" if isinstance(exc, asyncio.TimeoutError) else str(exc)[:300]
+        m.updating, m.out = False, True
+        m.failures += 1
+        metrics.ROLLOUT_SERVER_UPDATE_FAILURES.labels(public_url(m.url)).inc()
+        log.error("rollout server %s: loading policy version %d failed (%s); out of rotation, retrying in %.1f s",
+                  public_url(m.url), self.target, why, state.next_action.sleep if state.next_action else 0.0)
+        self._notify()
 
     async def _quiesce(self, m: Member) -> None:
         """No new requests to ``m``; then wait for (drain) or cancel (abort) those in flight."""

@@ -93,39 +93,47 @@ class OpenAIBackend(Backend):
         from streamrl.errors import Unavailable
         from streamrl.scorers.router import RouterError
 
+        from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt, wait_exponential
+
         payload = orjson.dumps(body)
         headers = {**self._headers, "Content-Type": "application/json"}
         tried: list[str] = []
-        attempt, last = 0, ""
-        while True:
-            try:
-                async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
-                    tried.append(server.url)
-                    url = server.completions_url
-                    task = asyncio.create_task(self._post_once(url, payload, headers))
-                    server.inflight.add(task)
-                    try:
-                        await asyncio.wait({task})
-                    finally:
-                        server.inflight.discard(task)
-                        if not task.done():  # this caller was cancelled: so is its request
-                            task.cancel()
-                    if task.cancelled():  # aborted for a weight update: resubmit, as if not sent
-                        self.fleet.aborted += 1
-                        from streamrl import metrics
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1), wait=wait_exponential(multiplier=0.5, max=10.0),
+            retry=retry_if_exception_type((RouterError, asyncio.TimeoutError, aiohttp.ClientError)))  # one server failed
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._post_to_one(tried, payload, headers)
+        except RetryError as exc:
+            raise BackendUnavailable(f"{len(tried)} attempts failed, last: {exc.last_attempt.exception()}") from None
+        except Unavailable as exc:  # none to pick (RouterError is one too, retried above)
+            raise BackendUnavailable(f"no rollout server available: {exc}") from None
+        raise AssertionError("unreachable: tenacity returns or raises")
 
-                        metrics.ROLLOUT_REQUESTS_ABORTED.inc()
-                        tried.pop()
-                        continue
-                    return task.result(), version
-            except (RouterError, asyncio.TimeoutError, aiohttp.ClientError) as exc:  # one server failed
-                last = str(exc)
-            except Unavailable as exc:  # none to pick (RouterError is one too: caught above)
-                raise BackendUnavailable(f"no rollout server available: {exc}") from None
-            attempt += 1
-            if attempt > self.max_retries:
-                raise BackendUnavailable(f"{len(tried)} attempts failed, last: {last}")
-            await asyncio.sleep(min(0.5 * 2 ** (attempt - 1), 10.0))
+    async def _post_to_one(self, tried: list[str], payload: bytes,
+                           headers: dict[str, str]) -> tuple[dict[str, Any], int]:
+        """One attempt on one server the fleet leases (not one in ``tried``); a request aborted
+        for a weight update is resubmitted here, as if never sent."""
+        while True:
+            async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
+                tried.append(server.url)
+                task = asyncio.create_task(self._post_once(server.completions_url, payload, headers))
+                server.inflight.add(task)
+                try:
+                    await asyncio.wait({task})
+                finally:
+                    server.inflight.discard(task)
+                    if not task.done():  # this caller was cancelled: so is its request
+                        task.cancel()
+                if task.cancelled():  # aborted for a weight update: resubmit, as if not sent
+                    self.fleet.aborted += 1
+                    from streamrl import metrics
+
+                    metrics.ROLLOUT_REQUESTS_ABORTED.inc()
+                    tried.pop()
+                    continue
+                return task.result(), version
 
     async def _post_once(self, url: str, payload: bytes, headers: dict[str, str]) -> dict[str, Any]:
         from streamrl.scorers.router import RouterError
