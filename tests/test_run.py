@@ -49,7 +49,7 @@ def start_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
 
 def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     """The embedded default on its generated task: the reward of the records the last versions
-    generated is well above that of the first (the full default run goes from ~0.05 to ~0.6+)."""
+    generated is well above that of the first (the full default run goes from ~0.07 to ~0.9)."""
     proc = start_run(tmp_path, "learner.versions=30", "feed.limit=600")
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]

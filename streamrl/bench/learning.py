@@ -50,14 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_bootstrap_argument(parser)
     parser.add_argument("--quick", action="store_true",
-                        help="one seed, staleness 1 and 4, 20 versions (under 3 minutes)")
-    parser.add_argument("--versions", type=int, default=0, help="versions per run (default 60, --quick 20)")
+                        help="one seed, staleness 1, 30 versions, target 0.15 (under 3 minutes)")
+    parser.add_argument("--versions", type=int, default=0, help="versions per run (default 60, --quick 30)")
     parser.add_argument("--seeds", type=int, default=0, help="seeds per variant (default 3, --quick 1)")
-    parser.add_argument("--staleness", default="", help="streaming max_staleness values (default 1,2,4; --quick 1,4)")
+    parser.add_argument("--staleness", default="", help="streaming max_staleness values (default 1,2,4; --quick 1)")
     parser.add_argument("--groups", type=int, default=16, help="prompts per version")
     parser.add_argument("--group-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.0, help="learning rate (default: local.yaml's)")
-    parser.add_argument("--target", type=float, default=0.0, help="reward to reach (default 0.7, --quick 0.4)")
+    parser.add_argument("--target", type=float, default=0.0, help="reward to reach (default 0.7, --quick 0.15)")
     parser.add_argument("--final", type=int, default=5, help="the final reward: mean of this many last versions")
     parser.add_argument("--gen-latency", type=float, default=0.05, help="seconds added to each generation call")
     parser.add_argument("--judge-latency", type=float, default=0.0, help="seconds added to each score")
@@ -85,10 +85,10 @@ class Setup:
 
 
 def setup_from(args: argparse.Namespace) -> Setup:
-    staleness = [int(s) for s in (args.staleness or ("1,4" if args.quick else "1,2,4")).split(",") if s.strip()]
-    return Setup(versions=args.versions or (20 if args.quick else 60), seeds=args.seeds or (1 if args.quick else 3),
+    staleness = [int(s) for s in (args.staleness or ("1" if args.quick else "1,2,4")).split(",") if s.strip()]
+    return Setup(versions=args.versions or (30 if args.quick else 60), seeds=args.seeds or (1 if args.quick else 3),
                  staleness=staleness, groups=args.groups, group_size=args.group_size, lr=args.lr,
-                 target=args.target or (0.4 if args.quick else 0.7), final=args.final,
+                 target=args.target or (0.15 if args.quick else 0.7), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
                  step_latency_s=args.step_latency)
 

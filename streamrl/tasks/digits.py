@@ -1,8 +1,8 @@
 """``digits``: short digit-string puzzles generated from a seed, the embedded default's task.
 
-A row asks one operation on three digits and knows its answer::
+A row asks one operation on two digits and knows its answer::
 
-    {"question": "inc 482=", "answer": "593", "data_source": "digits", "extra_info": {...}}
+    {"question": "inc 48=", "answer": "59", "data_source": "digits", "extra_info": {...}}
 
 Operations (``digits:OP``): ``inc`` (add one to each digit, 9 wraps to 0; the default), ``copy``,
 ``rev`` (reverse), ``sort`` (ascending). The dataset spec is ``digits[:OP][@SEED]``: the same spec
@@ -11,7 +11,7 @@ scorer is ``streamrl.scorers.digits`` (exact, with partial credit per position).
 
 The warm start (``warm_start``). The default policy is a byte-level model of ~0.1M parameters
 from random weights: it writes random bytes and rarely stops, so every answer scores 0 and RL has
-nothing to climb; and even a policy that answers three digits and stops (tried: a supervised pass
+nothing to climb; and even a policy that answers digits and stops (tried: a supervised pass
 on random digits) learns nothing by RL within minutes on two CPU cores, because to earn reward it
 must first learn to *read* the digits of the prompt, which no single sampled answer rewards. So a
 short supervised pass (80 steps of 64, seconds) teaches it to read: prompts of the ``copy``
@@ -21,6 +21,16 @@ learns slower, measured). It has never seen the task's own operation (``inc``): 
 there starts at ~0.05, and what it learns beyond is RL's doing. Real runs start the same way:
 from a model that can already read and write, which RL teaches a skill. (Noisy copies, to keep
 its guesses spread, ``noise=0.5``, did not teach reading within 150 steps.)
+
+Why two digits (``DIGITS``), and the learner's entropy bonus. What RL learns here is ten facts,
+one output digit per input digit. With three digits the default run rose to 0.55-0.8 and stayed
+(in-process on-policy runs, seeds 0-2: 0.38-0.69 over the last 10 of 80 versions): a sequence's
+reward is shared by all its digits, so a wrong digit is reinforced whenever its neighbours were
+right, and once a wrong mapping (2 -> 7, 7 -> 0 in the archive of one run) is nearly certain,
+every sample of its group is wrong alike, the group's advantage is 0 and the right digit is
+never sampled again. Two digits halve that shared credit, and ``learner.entropy_coeff`` (0.03 in
+``local.yaml``) keeps every digit's guesses spread until the right one is found: in-process, 0.98
+and 0.81 over the last 10 of 80 versions (seeds 0, 1), against 0.38-0.69 with neither.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ OPS: dict[str, Callable[[str], str]] = {
 }
 DEFAULT_OP = "inc"
 WARM_OP = "copy"  # what the warm start teaches (reading the digits), never the task's own op
-DIGITS = 3
+DIGITS = 2  # two digits: see "Why two digits" in the module doc
 DEFAULT_ROWS = 2000
 
 
