@@ -20,8 +20,7 @@ import pytest
 
 from streamrl.bus import Bus, Checkpoint, DeadLetterError, OffsetTracker, Reader, StageLoop, TopicPartition
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
-from tests.helpers import read_topic, read_topic_sync
-from tests.test_records import make_trajectory
+from tests.helpers import make_trajectory, read_topic, read_topic_sync
 
 
 def rewarded_from(traj: Trajectory) -> Rewarded:

@@ -14,7 +14,7 @@ import torch
 from streamrl.learner.stage import Learner, read_latest_policy
 from streamrl.policy import load_policy
 from streamrl.records import Rewarded
-from tests.test_learner_stage import learner_cfg, publish, wait_for
+from tests.helpers import learner_cfg, publish, wait_for
 
 GROUPS, GROUP_SIZE, NEW_TOKENS, VERSIONS = 4, 8, 8, 12
 

@@ -16,24 +16,10 @@ from __future__ import annotations
 
 import functools
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-
 from streamrl.scorers.math_verify import _ADDITIONS, judge
-from tests.math_pairs import HAND_ADDED, ISSUE, VETOED, Pair, all_pairs, generated
+from tests.math_pairs import HAND_ADDED, ISSUE, VETOED, Pair, all_pairs, generated, math_verify_says_equal
 
 PAIRS = all_pairs()
-
-
-def math_verify_says_equal(response: str, ground_truth: str) -> bool:
-    golds = [parse(f"\\boxed{{{ground_truth}}}", [LatexExtractionConfig(), ExprExtractionConfig()])]
-    if any(mark in ground_truth for mark in ("$", "\\(", "\\[", "\\boxed")):
-        golds.append(parse(ground_truth, [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]))
-    for configs in ([LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
-                    [ExprExtractionConfig(), LatexExtractionConfig()]):
-        pred = parse(response, configs)
-        if pred and any(gold and verify(gold, pred) for gold in golds):
-            return True
-    return False
 
 
 @functools.cache

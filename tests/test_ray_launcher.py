@@ -26,8 +26,7 @@ from streamrl.ray_launcher import (RayLauncher, _localise, actor_options, check_
 from streamrl.records import Rewarded
 from streamrl.launching import LagAutoscaler
 from streamrl.observing import Observer, resize_reward_group
-from tests.helpers import read_topic
-from tests.test_records import make_trajectory
+from tests.helpers import make_trajectory, read_topic
 
 SLOW_SCORER = '''
 import asyncio
