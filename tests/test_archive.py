@@ -178,6 +178,7 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
     assert "archive: group" in log.read_text()  # the start-up banner, as every stage prints it
 
 
+@pytest.mark.e2e
 def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(bootstrap, tmp_path):
     """``streamrl run`` (on the test broker, to compare with its topic after), then replay from
     its archive with no broker: every rewarded record once, re-scored as the run scored it."""

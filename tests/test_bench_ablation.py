@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from streamrl.bench.ablation import MODES, grpo_advantages, remote_gsm8k_score
 from tests.helpers import gsm8k_path
 
@@ -34,6 +36,7 @@ def test_grpo_advantages_per_group():
     assert adv[3:] == [0.0, 0.0, 0.0]  # a group with one reward teaches nothing
 
 
+@pytest.mark.e2e
 def test_bench_ablation_quick(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "streamrl", "bench", "ablation", "--quick", "--out", str(tmp_path),
                            "--dataset", str(gsm8k_path("train"))],

@@ -489,6 +489,7 @@ def installed_wheel(tmp_path_factory) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_the_wheel_the_image_installs_runs_its_stages_from_any_directory(installed_wheel, tmp_path):
     """In the image there is no repository: configs, topics and data come from the package."""
     argvs = [s["command"] for s in STREAMRL_SERVICES.values()]

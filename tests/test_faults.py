@@ -14,10 +14,14 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
 from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync
+
+pytestmark = pytest.mark.e2e
 
 #: a small, quick pipeline: 8 groups of 4 per version, one reward member at the start
 SMALL = ["feed.limit=400", "feed.group_size=4", "learner.groups_per_mini_batch=8",

@@ -162,6 +162,7 @@ def _rank_pid(run_pid: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.e2e
 def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
     """``streamrl run learner.parallel.nproc=2`` on the embedded default; rank 1 SIGKILLed
     after a version: the group goes down, the supervisor restarts it from the checkpoint, the

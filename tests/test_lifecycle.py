@@ -18,11 +18,15 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.learner import checkpoint
 from streamrl.records import PolicyVersion, Prompt
 from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync
+
+pytestmark = pytest.mark.e2e
 
 #: 16 prompts of 4 samples, 2 groups a version: about 8 versions of data, far fewer than asked
 TINY = ["run.reward_members=1", "feed.limit=16", "feed.group_size=4", "learner.groups_per_mini_batch=2",
@@ -145,14 +149,20 @@ LONGER = ["feed.limit=32"]
 
 
 def test_resume_after_ctrl_c_and_after_sigkill_of_everything(tmp_path):
+    """Ctrl-C stops every stage and leaves no process (once test_run's own run); the same command
+    with --resume goes on; a SIGKILL of everything, then --resume again, finishes the data."""
     run = Run(tmp_path, *LONGER)
     try:
         run.wait_for_version(2)
-        run.proc.send_signal(signal.SIGINT)
+        seen = run.seen | descendants(run.proc.pid)
+        run.proc.send_signal(signal.SIGINT)  # to `streamrl run` alone, as a terminal's Ctrl-C reaches it
         summary = run.finish(120)
     finally:
         run.kill()
     assert run.proc.returncode == 130 and summary["ended"] == "interrupted", run.err[-3000:]
+    assert len(seen) >= 5  # broker, learner, reward, rollout, feed
+    time.sleep(0.5)
+    assert [pid for pid in seen if alive(pid)] == []
     out = Path(summary["out"])
     assert f"--resume {out}" in summary["resume"]
     first = state_of(out)

@@ -23,6 +23,8 @@ from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from tests.helpers import ROOT, PrometheusServer, make_trajectory, stop
 
+pytestmark = pytest.mark.e2e
+
 RULES = ROOT / "configs" / "prometheus"
 JUDGE_ALERT = "StreamrlJudgeErrorRatioHigh"
 

@@ -159,6 +159,7 @@ def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(bus, tmp_path):
     assert stop_s < 10  # a worker held by the gate stops promptly (its prompt is not committed)
 
 
+@pytest.mark.e2e
 def test_rollout_and_feed_verbs_run_as_processes(bus_config, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     common = ["--bootstrap-servers", bus_config.bootstrap_servers, f"bus.topic_prefix={bus_config.topic_prefix}"]

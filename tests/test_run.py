@@ -1,17 +1,19 @@
 """`streamrl run`, the README's first command: the whole pipeline as processes on the embedded
-broker, to its end, and stopped by Ctrl-C with no process left behind."""
+broker, to its end. Ctrl-C stopping every stage with no process left behind is asserted on the
+first session of ``test_lifecycle``'s resume test (one pipeline start fewer)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.helpers import ROOT, alive, descendants
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.e2e
 
 
 def start_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
@@ -44,28 +46,3 @@ def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     # the rewarded records per data source, as the last line says them
     assert summary["by_data_source"]["digits"]["records"] == records["rewarded"]
     assert f"(digits: reward {summary['by_data_source']['digits']['reward']}" in err.strip().splitlines()[-1]
-
-
-def test_ctrl_c_stops_every_stage_and_leaves_no_process(tmp_path):
-    proc = start_run(tmp_path, "learner.versions=50")
-    seen: set[int] = set()
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            seen |= descendants(proc.pid)
-            line = proc.stderr.readline()
-            if "rollouts" in line and "| rollouts 0 |" not in line:
-                break  # the stages are up and records flow
-        else:
-            raise AssertionError("the pipeline never got going")
-        seen |= descendants(proc.pid)
-        assert len(seen) >= 5  # broker, learner, reward, rollout, feed
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130
-    assert json.loads(out.strip().splitlines()[-1])["ended"] == "interrupted"
-    time.sleep(0.5)
-    assert [pid for pid in seen if alive(pid)] == []
