@@ -19,7 +19,7 @@ import pytest
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
-from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync
+from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync, wait_for_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -85,8 +85,9 @@ def test_chaos_stages_killed_in_turn_are_restarted_and_nothing_is_lost(tmp_path,
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.5)
             assert proc.poll() is None, f"the run ended before the {verb} kill: make it longer"
-            pid = stage_pid(proc.pid, verb)
-            assert pid is not None, f"no {verb} process to kill"
+            # a stage being restarted (or slow to start on a loaded machine) is waited for
+            pid = wait_for_sync(lambda: proc.poll() is None and stage_pid(proc.pid, verb), 60,
+                                f"a {verb} process to kill", interval=0.2)
             os.kill(pid, signal.SIGKILL)
             killed.append(verb)
         out, err = proc.communicate(timeout=400)

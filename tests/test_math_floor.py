@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import functools
 
+import pytest
+
 from streamrl.scorers.math_verify import _ADDITIONS, judge
 from tests.math_pairs import HAND_ADDED, ISSUE, VETOED, Pair, all_pairs, generated, math_verify_says_equal
 
 PAIRS = all_pairs()
+#: one worker under xdist: ``verdicts()`` (math-verify over every pair, a minute or two of CPU) is
+#: computed once for the three tests that read it, not once per worker
+pytestmark = pytest.mark.xdist_group("math_floor")
 
 
 @functools.cache
