@@ -71,9 +71,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``), the tests that start a
     local Ray cluster share one worker (two Ray heads on one 2-core machine starve each other's
-    placements), and so do the tests that build the wheel from this checkout."""
+    placements), and so do the tests that build the wheel from this checkout.
+
+    The longest work goes first: a worker takes the next test in collection order when it is
+    free, so a pipeline run collected last would start when the others are done and alone make
+    the suite's tail (longest-first is the usual cure). The two groups (each one long unit on one
+    worker), then the end-to-end runs and the slow tests, then the rest in file order."""
     for item in items:
         if item.fspath.basename.startswith("test_ray_"):
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif "wheel" in item.name:  # they build the wheel in the same checkout (its build/ folder)
             item.add_marker(pytest.mark.xdist_group("wheel"))
+
+    def rank(item) -> int:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None:
+            return 0 if group.args[0] == "ray" else 1
+        if item.get_closest_marker("e2e") is not None:
+            return 2
+        return 3 if item.get_closest_marker("slow") is not None else 4
+
+    items.sort(key=rank)  # stable: file order within each rank

@@ -1,17 +1,34 @@
-"""Helpers for the tests: reading topics back, real HTTP servers in the test process, and the
-one reader of what the tests take from other projects (``shared/`` beside the clone)."""
+"""Helpers for the tests: waiting on a condition, reading topics back, the records and configs
+several test files build, the processes of a run, real HTTP servers (and a real Prometheus) in
+the test process, and the one reader of what the tests take from other projects (``shared/``
+beside the clone). Test modules import from here (and ``math_pairs``, ``deploy``), never from
+each other (``test_imports`` checks)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
+import subprocess
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+import numpy as np
 import pytest
+import yaml
 from aiohttp import web
 
-from streamrl.bus import Bus, Message
+from streamrl.broker import free_port
+from streamrl.bus import Bus, Message, Reader
+from streamrl.records import DeadLetter, Rewarded, Trajectory
+
+#: the checkout (the tests run ``python -m streamrl`` from here)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 #: beside the clone, as CI lays it: GSM8K (data/gsm8k/) and the deployment schemas (schemas/),
@@ -42,8 +59,41 @@ def gsm8k_run_config() -> list[str]:
     return ["configs/local-gsm8k.yaml", f"feed.dataset={gsm8k_path('train')}"]
 
 
-async def read_topic(bus: Bus, topic: str, n: int, timeout_s: float = 30.0) -> list[Message]:
-    """Read ``n`` messages of ``topic`` from the beginning, without a consumer group."""
+async def wait_for(predicate: Callable[[], Any], timeout_s: float = 40.0, what: str = "the condition",
+                   *, interval: float = 0.05, fail: bool = True) -> Any:
+    """Poll ``predicate()`` until it returns something truthy and return that; at ``timeout_s``
+    fail naming ``what`` (``fail=False``: return its last value instead, for a test that asserts
+    on it with its own message)."""
+    deadline = time.monotonic() + timeout_s
+    while not (last := predicate()):
+        if time.monotonic() > deadline:
+            if fail:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+            return last
+        await asyncio.sleep(interval)
+    return last
+
+
+def wait_for_sync(predicate: Callable[[], Any], timeout_s: float = 40.0, what: str = "the condition",
+                  *, interval: float = 0.05, fail: bool = True) -> Any:
+    """``wait_for`` outside an event loop (it sleeps the thread)."""
+    deadline = time.monotonic() + timeout_s
+    while not (last := predicate()):
+        if time.monotonic() > deadline:
+            if fail:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+            return last
+        time.sleep(interval)
+    return last
+
+
+async def read_topic(bus: Bus, topic: str, n: int | None = None, timeout_s: float = 30.0) -> list[Message]:
+    """Read ``n`` messages of ``topic`` from the beginning, without a consumer group; ``n=None``:
+    every message up to the topic's end offsets now."""
+    if n is None:
+        async with Reader(bus, [topic], "test") as reader:
+            ends = await reader.end_offsets()
+            return [m async for batch in reader.read(stop=ends) for m in batch]
     consumer = bus.consumer([topic], None, "test")
     await consumer.start()
     out: list[Message] = []
@@ -56,8 +106,134 @@ async def read_topic(bus: Bus, topic: str, n: int, timeout_s: float = 30.0) -> l
     return out
 
 
-def read_topic_sync(bus: Bus, topic: str, n: int, timeout_s: float = 30.0) -> list[Message]:
+def read_topic_sync(bus: Bus, topic: str, n: int | None = None, timeout_s: float = 30.0) -> list[Message]:
     return asyncio.run(read_topic(bus, topic, n, timeout_s))
+
+
+async def produce(bus: Bus, records: list, topic: str = "rollouts") -> None:
+    """Send ``records`` to ``topic`` and wait for every ack; a ``(key, record)`` pair is sent with
+    that key."""
+    async with bus.producer("test") as p:
+        futs = [await p.send(r, topic=topic) if not isinstance(r, tuple) else
+                await p.send_bytes(topic, r[1], key=r[0].encode()) for r in records]
+        await asyncio.gather(*futs)
+
+
+class Collector:
+    """Reads ``rewarded`` and ``deadletter`` from the beginning without a group, in the
+    background, while the test does other things."""
+
+    def __init__(self, bus: Bus):
+        self.bus = bus
+        self.rewarded: list[Rewarded] = []
+        self.partitions: dict[str, int] = {}  # id -> partition (same key, same count as rollouts)
+        self.dead: list[DeadLetter] = []
+
+    async def start(self) -> "Collector":
+        self.consumer = self.bus.consumer(["rewarded", "deadletter"], None, "test")
+        await self.consumer.start()
+        self.task = asyncio.create_task(self._run())
+        return self
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.consumer.stop()
+
+    async def __aenter__(self):
+        return await self.start()
+
+    async def _run(self):
+        dl_topic = self.bus.topic("deadletter")
+        while True:
+            for m in await self.consumer.getmany(timeout_ms=100):
+                if m.topic == dl_topic:
+                    self.dead.append(DeadLetter.decode(m.value, 2**26))
+                else:
+                    self.rewarded.append(Rewarded.decode(m.value))
+                    self.partitions[self.rewarded[-1].id] = m.partition
+
+    async def wait(self, predicate, timeout_s: float) -> bool:
+        return bool(await wait_for(predicate, timeout_s, interval=0.1, fail=False))
+
+    async def __aexit__(self, *exc):
+        await self.stop()
+
+
+# --- records the tests build -------------------------------------------------------------------
+
+def make_trajectory(n_tokens: int = 64, **overrides) -> Trajectory:
+    """A full trajectory (every field, arrays of ``n_tokens``), as the bus and codec tests send."""
+    rng = np.random.default_rng(0)
+    fields = dict(
+        group_id="g1", group_size=4, policy_version=7, data_source="gsm8k",
+        prompt=[{"role": "user", "content": "What is 6*7?"}], response="#### 42", ground_truth="42",
+        extra_info={"split": "test", "index": 3},
+        prompt_ids=rng.integers(0, 2**31 - 1, 16, dtype=np.int32),
+        response_ids=rng.integers(0, 2**31 - 1, n_tokens, dtype=np.int32),
+        response_logprobs=(-rng.exponential(size=n_tokens)).astype(np.float32),
+        response_mask=rng.integers(0, 2, n_tokens, dtype=np.uint8),
+        turns=[{"role": "assistant", "content": "41"}, {"role": "user", "content": "wrong"}],
+        timings={"generation_started_at": 1.5, "generation_s": 0.25},
+    )
+    fields.update(overrides)
+    return Trajectory(**fields)
+
+
+def traj(i: int | str, ds: str = "gsm8k", response: str = "#### 42", gt: str | None = "42",
+         group: str | None = None, size: int = 1, **extra) -> Trajectory:
+    """A small rollout for the reward stage: ``t-{i}`` in group ``g-{i}`` (or ``group``)."""
+    return Trajectory(id=f"t-{i}", group_id=group or f"g-{i}", group_size=size, policy_version=3,
+                      data_source=ds, prompt=[{"role": "user", "content": "6 * 7?"}],
+                      response=response, ground_truth=gt, extra_info={"i": str(i), **extra},
+                      response_ids=[1, 2, 3], response_logprobs=[-0.5, -0.25, -0.125])
+
+
+def learner_cfg(tmp_path: Path, **kw):
+    """A learner config for the tests that drive ``Learner`` in-process: small batches, its own
+    consumer group, checkpoints and weights under ``tmp_path``."""
+    from streamrl.learner.config import LearnerConfig
+
+    base = dict(lr=1e-3, groups_per_mini_batch=2, mini_batches_per_version=1, max_staleness=1,
+                group_timeout_s=30.0, checkpoint_dir=str(tmp_path / "ckpt"),
+                weights_dir=str(tmp_path / "weights"), consumer_group=f"learner-{uuid.uuid4().hex[:6]}")
+    base.update(kw)
+    return LearnerConfig(**base)
+
+
+async def publish(bus: Bus, records) -> None:
+    """Send rewarded records one by one, each acked before the next (the learner's input order)."""
+    async with bus.producer("test") as p:
+        for r in records:
+            await (await p.send(r))
+
+
+# --- the processes of a run --------------------------------------------------------------------
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 async def serve_app(app, port: int = 0):
@@ -133,3 +309,83 @@ class JudgeServer(AppServer):
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+
+
+# --- a real Prometheus -------------------------------------------------------------------------
+
+def binary(name: str) -> str:
+    """A tool ``make test`` installs (.ci/test-tools); the test fails naming it when missing."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"`{name}` is not on PATH: install Debian's prometheus package "
+                    "(apt-get install -y prometheus); `make test` does (.ci/test-tools)")
+    return path
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class PrometheusServer:
+    """A Prometheus on a free port with temporary storage, scraping ``targets`` (job -> list of
+    HOST:PORT) every second and evaluating the given rule files every second."""
+
+    def __init__(self, workdir: Path, targets: dict[str, list[str]], rule_files: list[Path]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]}
+                               for job, hosts in targets.items()],
+        }
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "prometheus.log"
+        self.storage = workdir / "tsdb"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "PrometheusServer":
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [binary("prometheus"), f"--config.file={self.config_path}",
+                 f"--storage.tsdb.path={self.storage}", f"--web.listen-address=127.0.0.1:{self.port}",
+                 "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"prometheus exited: {self.log_path.read_text()[-2000:]}"
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"prometheus not ready in 30 s: {self.log_path.read_text()[-2000:]}")
+
+    def __exit__(self, *exc) -> None:
+        stop(self.proc)
+
+    def api(self, path: str, **params: str) -> dict:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=5) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as exc:  # 400/422: a bad query; the body says why
+            raise AssertionError(f"{path} {params}: {exc.read().decode()}") from None
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        return self.api("query", query=expr)["result"]
+
+    def wait_for(self, what: str, check, timeout_s: float):
+        """Poll ``check()`` until it returns something truthy; fail naming ``what``."""
+        return wait_for_sync(check, timeout_s, what, interval=0.5)

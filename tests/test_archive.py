@@ -26,9 +26,8 @@ from streamrl.bus import Bus
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory, as_plain
 from streamrl.replay.reader import Range, parse_bound, read_archive
-from tests.helpers import read_topic
+from tests.helpers import ROOT, read_topic, wait_for_sync
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def records(n: int, seed: int = 0) -> list[Rewarded]:
@@ -142,13 +141,6 @@ def start_archive(bus_config, uri: str, log: Path) -> subprocess.Popen:
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
-
-
 def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
     bus, uri, log = Bus(bus_config), str(tmp_path / "archive"), tmp_path / "archive.log"
     rollouts = [Trajectory(**{k: v for k, v in as_plain(r).items() if k in Trajectory.__dataclass_fields__
@@ -163,7 +155,7 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
     asyncio.run(publish("rewarded", first))
     proc = start_archive(bus_config, uri, log)
     try:
-        wait_for(lambda: store.files(uri, "rewarded"), 60, f"no file written: {log.read_text()[-2000:]}")
+        wait_for_sync(lambda: store.files(uri, "rewarded"), 60, f"no file written: {log.read_text()[-2000:]}")
         proc.send_signal(signal.SIGKILL)  # files written, offsets not yet committed
         proc.wait(10)
         asyncio.run(publish("rewarded", second))
@@ -172,7 +164,7 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
         def complete() -> bool:
             ids = {loc.record.id for loc in read_archive(uri, "rewarded").records}
             return ids >= {r.id for r in first + second}
-        wait_for(complete, 90, f"records missing: {log.read_text()[-2000:]}")
+        wait_for_sync(complete, 90, f"records missing: {log.read_text()[-2000:]}")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-2000:]
     finally:
@@ -186,6 +178,7 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
     assert "archive: group" in log.read_text()  # the start-up banner, as every stage prints it
 
 
+@pytest.mark.e2e
 def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(bootstrap, tmp_path):
     """``streamrl run`` (on the test broker, to compare with its topic after), then replay from
     its archive with no broker: every rewarded record once, re-scored as the run scored it."""

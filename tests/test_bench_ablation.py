@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from streamrl.bench.ablation import MODES, remote_gsm8k_score
 from tests.helpers import gsm8k_path
 
@@ -28,6 +30,7 @@ def test_remote_score_blocks_and_scores_gsm8k():
     assert remote_gsm8k_score("gsm8k", "#### 71", "72", {"index": 3, "sample": 1}, scale=0.0)["score"] == 0.0
 
 
+@pytest.mark.e2e
 def test_bench_ablation_quick(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "streamrl", "bench", "ablation", "--quick", "--out", str(tmp_path),
                            "--dataset", str(gsm8k_path("train"))],

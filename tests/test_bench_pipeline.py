@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from streamrl.bench._sim import JudgeLatency
 from streamrl.cli import main
 from tests.helpers import gsm8k_path
@@ -36,6 +38,7 @@ def test_judge_latency_is_log_uniform():
     assert JudgeLatency(0.5, 0.5).mean == 0.5 == JudgeLatency(0.5, 0.5).draw(0.9)
 
 
+@pytest.mark.e2e
 def test_bench_pipeline_tiny(bootstrap, tmp_path, capsys):
     versions, group_size, groups, mini = 3, 2, 2, 2
     gen_latency, step_s, judge_c, low, high = 0.05, 0.05, 4, 5.0, 50.0
@@ -71,6 +74,7 @@ def test_bench_pipeline_tiny(bootstrap, tmp_path, capsys):
     assert json.loads((tmp_path / "pipeline.json").read_text())["records"] == res["records"]
 
 
+@pytest.mark.e2e
 def test_bench_scale_tiny(bootstrap, tmp_path, capsys):
     latency_ms, concurrency = 100.0, 4
     rc = main(["bench", "scale", "--bootstrap-servers", bootstrap, "--members", "1,2",

@@ -21,8 +21,7 @@ import pytest
 from streamrl.bus import Bus, Checkpoint, Reader, StageLoop, TopicPartition
 from streamrl.errors import Failure
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
-from tests.helpers import read_topic, read_topic_sync
-from tests.test_records import make_trajectory
+from tests.helpers import make_trajectory, read_topic, read_topic_sync, wait_for
 
 
 def rewarded_from(traj: Trajectory) -> Rewarded:
@@ -179,7 +178,9 @@ def test_a_clean_stop_commits_so_nothing_is_redelivered(bus):
         await run_loop_until(first, len(trajs))
         second = StageLoop(bus, stage="s", source="rollouts", group="once", decode=Trajectory.decode, handle=handle)
         task = asyncio.create_task(second.run())
-        await asyncio.sleep(8)  # joined and fetched: nothing left to take
+        # joined (waited for, not slept through), then fetched: nothing left to take
+        await wait_for(lambda: second.consumer.assignment(), 30, "the second loop to join")
+        await asyncio.sleep(2)
         second.stop()
         await task
 

@@ -15,7 +15,8 @@ code by reading them:
   from the build context (what the Dockerfile copies, less .dockerignore) runs its stages from any
   directory.
 
-tests/test_k8s.py reuses the command and environment checks for the Kubernetes manifests."""
+tests/test_k8s.py uses the same command and environment checks (tests/deploy.py) for the Kubernetes
+manifests."""
 
 from __future__ import annotations
 
@@ -34,36 +35,15 @@ import jsonschema
 import pytest
 import yaml
 
-from streamrl.cli import OVERRIDE, VERBS, build_parser
-from streamrl.commands.common import load
+from tests.deploy import (DOCKERFILE, PROMETHEUS, check_streamrl_command, dockerfile_stages, metrics_port,
+                          prometheus_targets, streamrl_env_names, workdir)
 from tests.helpers import shared_path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 GPU_ENV = DOCKER / "gpu.env"
-DOCKERFILE = DOCKER / "Dockerfile"
-PROMETHEUS = ROOT / "configs" / "prometheus" / "prometheus.yml"
 STAGES = ("rollout", "reward", "learner")  # the long-running verbs, each serving metrics
-
-
-# -- what streamrl reads from the environment --------------------------------------------------
-
-_ENV_READ = re.compile(r"""os\.(?:environ(?:\.get|\.setdefault|\.pop)?\s*[\[(]|getenv\s*\()\s*["']([A-Za-z_]\w*)["']""")
-# config fields that name an environment variable (``sasl_password_env``, ``api_key_env``), with
-# the name they default to
-_ENV_FIELD = re.compile(r"""^\s*\w+_env\s*:\s*str\s*=\s*["']([A-Za-z_]\w*)["']""", re.M)
-
-
-def streamrl_env_names() -> set[str]:
-    """Every environment variable streamrl's source reads by a literal name, and the default
-    names of config fields that name one."""
-    names: set[str] = set()
-    for path in (ROOT / "streamrl").rglob("*.py"):
-        text = path.read_text()
-        names.update(_ENV_READ.findall(text))
-        names.update(_ENV_FIELD.findall(text))
-    return names
 
 
 def test_the_environment_scan_finds_what_streamrl_reads():
@@ -71,79 +51,6 @@ def test_the_environment_scan_finds_what_streamrl_reads():
     assert {"STREAMRL_BOOTSTRAP_SERVERS", "STREAMRL_LOG_LEVEL", "STREAMRL_TANSU_BIN",
             "STREAMRL_SASL_PASSWORD", "OPENAI_API_KEY"} <= names, names
     assert "PATH" not in names and "STREAMRL_NOT_A_VARIABLE" not in names
-
-
-def env_names_of_config(cfg: Any) -> set[str]:
-    """The variables a loaded config names in its ``*_env`` fields (judge / model keys ...)."""
-    from omegaconf import OmegaConf
-
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if str(key).endswith("_env") and isinstance(value, str) and value:
-                    found.add(value)
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(OmegaConf.to_container(OmegaConf.structured(cfg)))
-    return found
-
-
-# -- a streamrl command, checked as the stage would check it at start --------------------------
-
-def check_streamrl_command(argv: list[str], env: dict[str, str], cwd: Path,
-                           monkeypatch: pytest.MonkeyPatch, where: str) -> Any:
-    """Parse ``streamrl ARGV`` with ``env`` as the process environment and ``cwd`` as its working
-    directory, load its config (packaged name or file, plus overrides) and run the checks the
-    verb makes before it starts; return the config."""
-    verb = argv[0]
-    assert verb in VERBS, f"{where}: {verb!r} is not a streamrl verb ({', '.join(VERBS)})"
-    with pytest.raises(SystemExit) as help_exit:
-        build_parser().parse_args([verb, "--help"])
-    assert help_exit.value.code == 0, f"{where}: streamrl {verb} --help failed"
-
-    for name in [n for n in os.environ if n.startswith(("STREAMRL_", "HF_", "OPENAI_"))]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, str(value))
-    monkeypatch.chdir(cwd)
-    args, extra = build_parser().parse_known_args(argv)  # defaults read the environment
-    assert all(OVERRIDE.match(a) for a in extra), f"{where}: unknown arguments {extra}"
-    args.overrides = [*getattr(args, "overrides", []), *extra]
-    try:
-        cfg = load(args)
-    except SystemExit as exc:
-        pytest.fail(f"{where}: the config does not load from {cwd}: {exc}")
-
-    def validate(section: Any) -> None:  # the section's own start-up check
-        check = getattr(section, "validate", None) or getattr(section, "check", None)
-        assert check is not None, f"{type(section).__name__} has no validate()"
-        check()
-
-    if verb in ("rollout", "learner", "reward", "feed"):
-        validate(getattr(cfg, verb))
-    if verb == "reward":
-        from streamrl.reward.stage import RewardStage
-
-        RewardStage(cfg)  # builds and checks the scorer table; connects nothing
-    elif verb == "feed":
-        from streamrl.datasets import read_rows
-
-        assert read_rows(cfg.feed.dataset, limit=1), f"{where}: feed.dataset {cfg.feed.dataset!r} is empty"
-    elif verb == "topics":
-        from streamrl.topics import load_specs
-
-        assert load_specs()
-    return cfg
-
-
-def metrics_port(argv: list[str]) -> int | None:
-    ports = [int(a.split("=", 1)[1]) for a in argv if a.startswith("metrics.port=")]
-    return ports[-1] if ports else None
 
 
 # -- the compose file, as compose reads it --------------------------------------------------------
@@ -337,22 +244,6 @@ def test_every_environment_variable_set_is_one_streamrl_reads(name):
             assert env[var] in ("", None), f"{name}: {var} has a value in the compose file"
 
 
-def prometheus_targets() -> dict[str, dict[str, int]]:
-    """job -> {host name: port} of configs/prometheus/prometheus.yml."""
-    prom = yaml.safe_load(PROMETHEUS.read_text())
-    jobs: dict[str, dict[str, int]] = {}
-    for job in prom["scrape_configs"]:
-        targets = jobs.setdefault(job["job_name"], {})
-        for sd in job.get("dns_sd_configs", []):
-            for host in sd["names"]:
-                targets[host] = int(sd["port"])
-        for sc in job.get("static_configs", []):
-            for t in sc["targets"]:
-                host, port = t.rsplit(":", 1)
-                targets[host] = int(port)
-    return jobs
-
-
 def test_prometheus_scrapes_every_metrics_port_under_the_stages_job_name():
     jobs = prometheus_targets()
     for name, svc in STREAMRL_SERVICES.items():
@@ -433,26 +324,6 @@ def test_no_path_leaves_the_repository():
 def test_the_path_check_catches_a_path_outside():
     bad = {"x": {"volumes": ["../../" + "shared/data:/data:ro"]}}
     assert not all(_inside_repo(DOCKER / p) for _, p in host_paths(bad))
-
-
-def dockerfile_stages() -> list[list[tuple[str, str]]]:
-    """The Dockerfile as stages of (INSTRUCTION, arguments), continuation lines joined."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    stages: list[list[tuple[str, str]]] = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        instr, _, rest = line.partition(" ")
-        if instr.upper() == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append((instr.upper(), rest.strip()))
-    return stages
-
-
-def workdir() -> str:
-    return [a for i, a in dockerfile_stages()[-1] if i == "WORKDIR"][-1]
 
 
 def test_learner_and_rollout_share_the_weights_at_relative_paths_under_the_workdir(monkeypatch, tmp_path):
@@ -618,6 +489,7 @@ def installed_wheel(tmp_path_factory) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_the_wheel_the_image_installs_runs_its_stages_from_any_directory(installed_wheel, tmp_path):
     """In the image there is no repository: configs, topics and data come from the package."""
     argvs = [s["command"] for s in STREAMRL_SERVICES.values()]

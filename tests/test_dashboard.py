@@ -168,7 +168,7 @@ def test_every_rule_reads_exported_metrics():
 
 
 def test_every_dashboard_query_parses_in_a_real_prometheus(tmp_path):
-    from tests.test_prometheus_e2e import PrometheusServer
+    from tests.helpers import PrometheusServer
 
     dashboard = json.loads(DASHBOARD.read_text())
     with PrometheusServer(tmp_path, {}, RULE_FILES) as prom:

@@ -4,7 +4,6 @@ of the records does not freeze the run (the staleness gate gets those slots back
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -15,11 +14,14 @@ import time
 import uuid
 from pathlib import Path
 
-from streamrl.bus import Bus, Reader
+import pytest
+
+from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
-from tests.helpers import gsm8k_run_config
-from tests.test_run import ROOT, alive, descendants
+from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync, wait_for_sync
+
+pytestmark = pytest.mark.e2e
 
 #: a small, quick pipeline: 8 groups of 4 per version, one reward member at the start
 SMALL = ["feed.limit=400", "feed.group_size=4", "learner.groups_per_mini_batch=8",
@@ -50,12 +52,6 @@ def stage_pid(run_pid: int, verb: str) -> int | None:
     return None
 
 
-async def read_all(cfg: BusConfig, topic: str) -> list:
-    async with Reader(Bus(cfg), [topic], "test") as reader:
-        ends = await reader.end_offsets()
-        return [m async for batch in reader.read(stop=ends) for m in batch]
-
-
 def drain_reward(bootstrap: str, prefix: str, cfg: BusConfig, timeout_s: float = 120) -> None:
     """One more reward member until the group has scored everything: what the run left
     unscored at its end (uncommitted, so nothing lost) is scored now."""
@@ -66,9 +62,9 @@ def drain_reward(bootstrap: str, prefix: str, cfg: BusConfig, timeout_s: float =
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            rollouts = {Trajectory.decode(m.value).id for m in asyncio.run(read_all(cfg, "rollouts"))}
-            done = {Rewarded.decode(m.value).id for m in asyncio.run(read_all(cfg, "rewarded"))}
-            done |= {DeadLetter.decode(m.value, 2**26).record_id for m in asyncio.run(read_all(cfg, "deadletter"))}
+            rollouts = {Trajectory.decode(m.value).id for m in read_topic_sync(Bus(cfg), "rollouts")}
+            done = {Rewarded.decode(m.value).id for m in read_topic_sync(Bus(cfg), "rewarded")}
+            done |= {DeadLetter.decode(m.value, 2**26).record_id for m in read_topic_sync(Bus(cfg), "deadletter")}
             if rollouts <= done:
                 return
             time.sleep(2)
@@ -89,8 +85,9 @@ def test_chaos_stages_killed_in_turn_are_restarted_and_nothing_is_lost(tmp_path,
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.5)
             assert proc.poll() is None, f"the run ended before the {verb} kill: make it longer"
-            pid = stage_pid(proc.pid, verb)
-            assert pid is not None, f"no {verb} process to kill"
+            # a stage being restarted (or slow to start on a loaded machine) is waited for
+            pid = wait_for_sync(lambda: proc.poll() is None and stage_pid(proc.pid, verb), 60,
+                                f"a {verb} process to kill", interval=0.2)
             os.kill(pid, signal.SIGKILL)
             killed.append(verb)
         out, err = proc.communicate(timeout=400)
@@ -104,14 +101,14 @@ def test_chaos_stages_killed_in_turn_are_restarted_and_nothing_is_lost(tmp_path,
     assert summary["restarts"] >= 3 and killed == ["reward", "rollout", "learner"]
     assert "restarted" in err
     # policy versions never go back
-    versions = [PolicyVersion.decode(m.value).version for m in asyncio.run(read_all(cfg, "policy"))]
+    versions = [PolicyVersion.decode(m.value).version for m in read_topic_sync(Bus(cfg), "policy")]
     assert all(b >= a for a, b in zip(versions, versions[1:])), versions
     assert versions[-1] == 20
     # every trajectory ends rewarded or dead-lettered: nothing was lost by the kills
     drain_reward(bootstrap, prefix, cfg)
-    rollouts = {Trajectory.decode(m.value).id for m in asyncio.run(read_all(cfg, "rollouts"))}
-    rewarded = {Rewarded.decode(m.value).id for m in asyncio.run(read_all(cfg, "rewarded"))}
-    dead = {DeadLetter.decode(m.value, 2**26).record_id for m in asyncio.run(read_all(cfg, "deadletter"))}
+    rollouts = {Trajectory.decode(m.value).id for m in read_topic_sync(Bus(cfg), "rollouts")}
+    rewarded = {Rewarded.decode(m.value).id for m in read_topic_sync(Bus(cfg), "rewarded")}
+    dead = {DeadLetter.decode(m.value, 2**26).record_id for m in read_topic_sync(Bus(cfg), "deadletter")}
     assert rollouts and not rollouts - rewarded - dead
 
 
@@ -143,10 +140,10 @@ def test_a_scorer_failing_on_a_third_of_the_records_does_not_freeze_the_run(tmp_
     assert proc.returncode == 0, err[-4000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["ended"] == "done" and summary["versions"] == 4, summary
-    dead = [DeadLetter.decode(m.value, 2**26) for m in asyncio.run(read_all(cfg, "deadletter"))]
+    dead = [DeadLetter.decode(m.value, 2**26) for m in read_topic_sync(Bus(cfg), "deadletter")]
     failed = [d for d in dead if d.reason == "scorer_error"]
     dropped = [d for d in dead if d.stage == "learner"]
-    rollouts = asyncio.run(read_all(cfg, "rollouts"))
+    rollouts = read_topic_sync(Bus(cfg), "rollouts")
     assert len(rollouts) > (4 + 2) * 16  # past the old gate's bound at the last version
     assert len(failed) >= len(rollouts) // 5 and dropped, (len(failed), len(dropped), len(rollouts))
     assert all(d.original_value_b64 for d in failed)  # the original bytes, for a replay

@@ -294,3 +294,21 @@ def test_per_record_outcomes_are_not_user_errors():
     for cls in (Failure, Unavailable, RecordError):
         assert issubclass(cls, RecordOutcome) and not issubclass(cls, StreamrlError)
     assert ScoreError is Failure and ScorerUnavailable is Unavailable
+
+
+def test_no_test_module_imports_another():
+    """What several test files share lives in ``tests/helpers.py`` (or ``math_pairs``, ``deploy``,
+    fixtures in ``conftest.py``): importing a test module runs its module-level code and ties
+    two test files' bodies together. Every import at any depth counts."""
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in imports(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                f"{node.module or ''}.{a.name}" for a in node.names]
+            for name in names:
+                parts = name.split(".")
+                if parts[0].startswith("test_") or (parts[:1] == ["tests"] and parts[1:2] and parts[1].startswith("test_")):
+                    found.append(f"tests/{path.name}:{node.lineno}: {name}")
+    assert not found, "test modules imported by other files (move what they share to tests/helpers.py):\n" + \
+        "\n".join(found)

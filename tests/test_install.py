@@ -67,6 +67,7 @@ def test_no_path_outside_the_repository():
     assert OUTSIDE.search("GSM8K = \"/" + "work/shared/data\"")
 
 
+@pytest.mark.e2e
 def test_wheel_runs_the_main_job_from_an_empty_directory(tmp_path: Path, bootstrap: str):
     """Build the wheel, install it into a fresh virtualenv (dependencies from this environment),
     and from an empty directory: ``streamrl topics describe`` and ``streamrl run``."""
@@ -114,6 +115,7 @@ def test_wheel_runs_the_main_job_from_an_empty_directory(tmp_path: Path, bootstr
     assert Path(summary["plot"]).is_file()
 
 
+@pytest.mark.e2e
 def test_a_clone_alone_runs_the_main_job(tmp_path: Path):
     """A clone of the repository with nothing beside it runs the main job (its own code, its own
     packaged data, topics and config)."""
@@ -216,6 +218,7 @@ def foreign_data(names: list[str]) -> list[str]:
     return [n for n in names if not n.endswith(".py") and ".dist-info/" not in n and not OWN_DATA.match(n)]
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_no_data_but_the_projects_own(tmp_path: Path):
     """The wheel, built from the repository's files as a fresh clone has them (no stale build/
     of a checkout), holds code, metadata, topics/ and configs/ and nothing else: no data set,

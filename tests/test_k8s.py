@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from tests.helpers import shared_path
-from tests.test_compose import (check_streamrl_command, env_names_of_config, metrics_port,
-                                prometheus_targets, streamrl_env_names, workdir)
+from tests.deploy import (check_streamrl_command, env_names_of_config, metrics_port, prometheus_targets,
+                          streamrl_env_names, workdir)
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "docker" / "k8s"

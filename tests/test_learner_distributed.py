@@ -143,7 +143,7 @@ def test_memory_limit_refuses_at_start(tmp_path):
 
 def _rank_pid(run_pid: int, rank: int) -> int | None:
     """The learner rank ``rank`` under the run (its environment says LOCAL_RANK)."""
-    from tests.test_run import alive, descendants
+    from tests.helpers import alive, descendants
 
     for pid in descendants(run_pid):
         try:
@@ -156,6 +156,7 @@ def _rank_pid(run_pid: int, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.e2e
 def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
     """``streamrl run learner.parallel.nproc=2`` on the embedded default; rank 1 SIGKILLed
     after a version: the group goes down, the supervisor restarts it from the checkpoint, the
@@ -164,8 +165,7 @@ def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
     import sys
     import time
 
-    from tests.helpers import gsm8k_run_config
-    from tests.test_run import ROOT
+    from tests.helpers import ROOT, gsm8k_run_config
 
     versions, per_version = 5, 2 * 4  # local.yaml: groups_per_mini_batch x group_size
     proc = subprocess.Popen(

@@ -15,7 +15,7 @@ from streamrl.learner.stage import Learner
 from streamrl.learner.versions import read_latest_policy
 from streamrl.policy import load_policy
 from streamrl.records import Rewarded
-from tests.test_learner_stage import learner_cfg, publish, wait_for
+from tests.helpers import learner_cfg, publish, wait_for
 
 GROUPS, GROUP_SIZE, NEW_TOKENS, VERSIONS = 4, 8, 8, 12
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,13 +19,12 @@ import pytest
 import torch
 
 from streamrl import metrics
-from streamrl.bus import Bus
 from streamrl.learner import checkpoint
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.stage import Learner
 from streamrl.policy import load_policy
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded
-from tests.helpers import read_topic
+from tests.helpers import learner_cfg, publish, read_topic, wait_for
 
 _POLICY = {}
 
@@ -70,28 +68,6 @@ def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: 
                        reward=reward, reward_info={}, scorer={"name": "test"}, scored_at=now)
         out.append(rec)
     return out
-
-
-async def publish(bus: Bus, records) -> None:
-    async with bus.producer("test") as p:
-        for r in records:
-            await (await p.send(r))
-
-
-async def wait_for(cond, timeout: float = 40.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def learner_cfg(tmp_path: Path, **kw) -> LearnerConfig:
-    base = dict(lr=1e-3, groups_per_mini_batch=2, mini_batches_per_version=1, max_staleness=1,
-                group_timeout_s=30.0, checkpoint_dir=str(tmp_path / "ckpt"),
-                weights_dir=str(tmp_path / "weights"), consumer_group=f"learner-{uuid.uuid4().hex[:6]}")
-    base.update(kw)
-    return LearnerConfig(**base)
 
 
 def params(model) -> dict[str, torch.Tensor]:

@@ -6,7 +6,6 @@ named on the status line."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -19,12 +18,15 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
+from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.learner import checkpoint
 from streamrl.records import PolicyVersion, Prompt
-from tests.test_faults import read_all
-from tests.helpers import gsm8k_run_config
-from tests.test_run import ROOT, alive, descendants
+from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync
+
+pytestmark = pytest.mark.e2e
 
 #: 16 prompts of 4 samples, 2 groups a version: about 8 versions of data, far fewer than asked
 TINY = ["run.reward_members=1", "feed.limit=16", "feed.group_size=4", "learner.groups_per_mini_batch=2",
@@ -147,14 +149,20 @@ LONGER = ["feed.limit=32"]
 
 
 def test_resume_after_ctrl_c_and_after_sigkill_of_everything(tmp_path):
+    """Ctrl-C stops every stage and leaves no process (once test_run's own run); the same command
+    with --resume goes on; a SIGKILL of everything, then --resume again, finishes the data."""
     run = Run(tmp_path, *LONGER)
     try:
         run.wait_for_version(2)
-        run.proc.send_signal(signal.SIGINT)
+        seen = run.seen | descendants(run.proc.pid)
+        run.proc.send_signal(signal.SIGINT)  # to `streamrl run` alone, as a terminal's Ctrl-C reaches it
         summary = run.finish(120)
     finally:
         run.kill()
     assert run.proc.returncode == 130 and summary["ended"] == "interrupted", run.err[-3000:]
+    assert len(seen) >= 5  # broker, learner, reward, rollout, feed
+    time.sleep(0.5)
+    assert [pid for pid in seen if alive(pid)] == []
     out = Path(summary["out"])
     assert f"--resume {out}" in summary["resume"]
     first = state_of(out)
@@ -224,10 +232,10 @@ def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_to
     finally:
         run.kill()
     assert run.proc.returncode == 0 and summary["ended"] == "data_exhausted", run.err[-3000:]
-    prompts = [Prompt.decode(m.value) for m in asyncio.run(read_all(cfg, "prompts"))]
+    prompts = [Prompt.decode(m.value) for m in read_topic_sync(Bus(cfg), "prompts")]
     ids = Counter((p.group_id, p.epoch) for p in prompts)
     assert len(ids) == 32 and max(ids.values()) == 1  # no prompt published twice for its epoch
-    versions = [PolicyVersion.decode(m.value).version for m in asyncio.run(read_all(cfg, "policy"))]
+    versions = [PolicyVersion.decode(m.value).version for m in read_topic_sync(Bus(cfg), "policy")]
     assert versions == sorted(set(versions)) and versions[-1] == summary["versions"] > stopped_at
     accounted(summary, redelivered=True)
     assert len(set(state_of(out).done_groups)) == 32
@@ -287,7 +295,7 @@ def test_stage_verbs_started_separately_end_with_their_data(tmp_path, bootstrap)
                 proc.kill()
     state = state_of(tmp_path)
     assert state.ended == "data_exhausted" and len(set(state.done_groups)) == 8
-    versions = [PolicyVersion.decode(m.value).version for m in asyncio.run(read_all(cfg, "policy"))]
+    versions = [PolicyVersion.decode(m.value).version for m in read_topic_sync(Bus(cfg), "policy")]
     assert versions[-1] == state.version >= 1
 
 

@@ -16,24 +16,15 @@ from __future__ import annotations
 
 import functools
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+import pytest
 
 from streamrl.scorers.math_verify import _ADDITIONS, judge
-from tests.math_pairs import HAND_ADDED, ISSUE, VETOED, Pair, all_pairs, generated
+from tests.math_pairs import HAND_ADDED, ISSUE, VETOED, Pair, all_pairs, generated, math_verify_says_equal
 
 PAIRS = all_pairs()
-
-
-def math_verify_says_equal(response: str, ground_truth: str) -> bool:
-    golds = [parse(f"\\boxed{{{ground_truth}}}", [LatexExtractionConfig(), ExprExtractionConfig()])]
-    if any(mark in ground_truth for mark in ("$", "\\(", "\\[", "\\boxed")):
-        golds.append(parse(ground_truth, [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]))
-    for configs in ([LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()],
-                    [ExprExtractionConfig(), LatexExtractionConfig()]):
-        pred = parse(response, configs)
-        if pred and any(gold and verify(gold, pred) for gold in golds):
-            return True
-    return False
+#: one worker under xdist: ``verdicts()`` (math-verify over every pair, a minute or two of CPU) is
+#: computed once for the three tests that read it, not once per worker
+pytestmark = pytest.mark.xdist_group("math_floor")
 
 
 @functools.cache

@@ -515,6 +515,7 @@ def test_the_learner_trains_only_where_the_mask_is_1(episodes):
     assert abs(on_one["loss"] - base["loss"]) > 1e-4
 
 
+@pytest.mark.e2e
 def test_a_verl_multiturn_gsm8k_setup_runs_through_streamrl_run(bootstrap, tmp_path):
     """verl's own interaction and tool config files (naming verl's classes: streamrl's equivalents
     stand in when verl is not installed), a parquet as verl's multi-turn preprocessing writes it,

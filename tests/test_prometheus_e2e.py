@@ -10,15 +10,9 @@ ones. Scrapes and rule evaluations run every second.
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,94 +21,12 @@ import yaml
 from streamrl.net import free_port
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
-from tests.test_records import make_trajectory
+from tests.helpers import ROOT, PrometheusServer, make_trajectory, stop
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
 RULES = ROOT / "configs" / "prometheus"
 JUDGE_ALERT = "StreamrlJudgeErrorRatioHigh"
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"`{name}` is not on PATH: install Debian's prometheus package "
-                    "(apt-get install -y prometheus); `make test` does (.ci/test-tools)")
-    return path
-
-
-class PrometheusServer:
-    """A Prometheus on a free port with temporary storage, scraping ``targets`` (job -> list of
-    HOST:PORT) every second and evaluating the given rule files every second."""
-
-    def __init__(self, workdir: Path, targets: dict[str, list[str]], rule_files: list[Path]):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-            "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]}
-                               for job, hosts in targets.items()],
-        }
-        self.config_path = workdir / "prometheus.yml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = workdir / "prometheus.log"
-        self.storage = workdir / "tsdb"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "PrometheusServer":
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [_binary("prometheus"), f"--config.file={self.config_path}",
-                 f"--storage.tsdb.path={self.storage}", f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"prometheus exited: {self.log_path.read_text()[-2000:]}"
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError(f"prometheus not ready in 30 s: {self.log_path.read_text()[-2000:]}")
-
-    def __exit__(self, *exc) -> None:
-        _stop(self.proc)
-
-    def api(self, path: str, **params: str) -> dict:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/{path}{query}", timeout=5) as r:
-                body = json.load(r)
-        except urllib.error.HTTPError as exc:  # 400/422: a bad query; the body says why
-            raise AssertionError(f"{path} {params}: {exc.read().decode()}") from None
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list[dict]:
-        return self.api("query", query=expr)["result"]
-
-    def wait_for(self, what: str, check, timeout_s: float):
-        """Poll ``check()`` until it returns something truthy; fail naming ``what``."""
-        deadline = time.monotonic() + timeout_s
-        last = None
-        while time.monotonic() < deadline:
-            last = check()
-            if last:
-                return last
-            time.sleep(0.5)
-        raise AssertionError(f"{what}: not within {timeout_s} s (last: {last})")
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def fast_alerts_copy(workdir: Path) -> Path:
@@ -217,7 +129,7 @@ def test_judge_down_fires_the_judge_alert_through_a_real_prometheus(tmp_path, bu
             assert produced == [], f"records were scored although the judge is down: {produced}"
             assert reward.poll() is None, (tmp_path / "reward.log").read_text()[-3000:]
     finally:
-        _stop(reward)
+        stop(reward)
     assert reward.returncode == 0, (tmp_path / "reward.log").read_text()[-3000:]
 
 
@@ -249,5 +161,5 @@ def test_a_lost_broker_fires_the_broker_alert_through_a_real_prometheus(tmp_path
             assert alerts[0]["labels"]["stage"] == "reward"
             assert reward.poll() is None, "the member died instead of waiting for the broker"
     finally:
-        _stop(reward)
+        stop(reward)
         broker.stop()

@@ -26,6 +26,8 @@ from streamrl.records import PolicyVersion
 from streamrl.ray_launcher import RayLauncher
 from tests.helpers import gsm8k_path, read_topic_sync
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 SECRET_NAME = "STREAMRL_TEST_SECRET"
 

@@ -26,8 +26,7 @@ from streamrl.ray_placement import actor_options, check_placement, stage_counts,
 from streamrl.records import Rewarded
 from streamrl.launching import LagAutoscaler
 from streamrl.observing import Observer, resize_reward_group
-from tests.helpers import read_topic
-from tests.test_records import make_trajectory
+from tests.helpers import make_trajectory, read_topic
 
 SLOW_SCORER = '''
 import asyncio
@@ -37,6 +36,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
 '''
 
 
+@pytest.mark.e2e
 def test_ray_launcher_runs_the_reward_group_and_autoscales_it(bus_config, tmp_path: Path):
     (tmp_path / "slow.py").write_text(SLOW_SCORER)
     config = tmp_path / "reward.yaml"
@@ -103,6 +103,7 @@ def ray_run(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None,
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs")
+@pytest.mark.e2e
 def test_run_with_default_resources_goes_to_its_end_on_two_cpus(tmp_path):
     """No run.ray.num_cpus, no resources given: learner 1 CPU, rollout 1, two reward members and
     the feed 0.25 each, on a machine with 2 CPUs (pinned to two with taskset where there are more)."""
@@ -119,6 +120,7 @@ def test_run_with_default_resources_goes_to_its_end_on_two_cpus(tmp_path):
                                                           "rollout-0.log"]
 
 
+@pytest.mark.e2e
 def test_a_gpu_the_cluster_lacks_is_one_line_naming_the_stage(tmp_path):
     proc = ray_run(tmp_path, "run.ray.resources.learner.num_gpus=1", env={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 2

@@ -11,23 +11,7 @@ import pytest
 
 from streamrl.records import (DeadLetter, PolicyVersion, Prompt, RecordError, Rewarded, Trajectory,
                               as_plain)
-
-
-def make_trajectory(n_tokens: int = 64, **overrides) -> Trajectory:
-    rng = np.random.default_rng(0)
-    fields = dict(
-        group_id="g1", group_size=4, policy_version=7, data_source="gsm8k",
-        prompt=[{"role": "user", "content": "What is 6*7?"}], response="#### 42", ground_truth="42",
-        extra_info={"split": "test", "index": 3},
-        prompt_ids=rng.integers(0, 2**31 - 1, 16, dtype=np.int32),
-        response_ids=rng.integers(0, 2**31 - 1, n_tokens, dtype=np.int32),
-        response_logprobs=(-rng.exponential(size=n_tokens)).astype(np.float32),
-        response_mask=rng.integers(0, 2, n_tokens, dtype=np.uint8),
-        turns=[{"role": "assistant", "content": "41"}, {"role": "user", "content": "wrong"}],
-        timings={"generation_started_at": 1.5, "generation_s": 0.25},
-    )
-    fields.update(overrides)
-    return Trajectory(**fields)
+from tests.helpers import make_trajectory
 
 
 def test_trajectory_round_trip_keeps_arrays_bit_exact():

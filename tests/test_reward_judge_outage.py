@@ -6,19 +6,17 @@ server is back. Real broker (fixture), real aiohttp judge server in this process
 from __future__ import annotations
 
 import asyncio
-import time
 
 import numpy as np
 from aiohttp import web
 
 from streamrl import metrics
 from streamrl.broker import free_port
-from streamrl.bus import Bus
 from streamrl.pipeline_config import PipelineConfig
-from streamrl.records import DeadLetter, Rewarded, Trajectory
+from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
-from tests.helpers import serve_app
+from tests.helpers import Collector, produce, serve_app, wait_for
 
 NAME = "outage_judge"
 
@@ -55,32 +53,6 @@ def traj(i: int) -> Trajectory:
                       ground_truth="42")
 
 
-async def produce(bus: Bus, records: list[Trajectory]) -> None:
-    async with bus.producer("test") as p:
-        await asyncio.gather(*[await p.send(r) for r in records])
-
-
-async def collect(bus: Bus, out: dict[str, list]) -> None:
-    consumer = bus.consumer(["rewarded", "deadletter"], None, "test")
-    await consumer.start()
-    try:
-        while True:
-            for m in await consumer.getmany(timeout_ms=100):
-                if m.topic == bus.topic("deadletter"):
-                    out["dead"].append(DeadLetter.decode(m.value, 2**26))
-                else:
-                    out["rewarded"].append(Rewarded.decode(m.value))
-    finally:
-        await consumer.stop()
-
-
-async def wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not predicate():
-        await asyncio.sleep(0.05)
-    return predicate()
-
-
 def test_judge_outage_holds_records_and_resumes(bus):
     port = free_port()
     cfg = PipelineConfig()
@@ -99,11 +71,11 @@ def test_judge_outage_holds_records_and_resumes(bus):
     held = metrics.REWARD_HELD.labels(NAME)
 
     async def main():
-        out: dict[str, list] = {"rewarded": [], "dead": []}
         await judge.up()
         stop = asyncio.Event()
         run = asyncio.create_task(stage.run(stop))
-        reader = asyncio.create_task(collect(bus, out))
+        reader = await Collector(bus).start()
+        out = {"rewarded": reader.rewarded, "dead": reader.dead}
         try:
             await produce(bus, first)
             assert await wait_for(lambda: len(out["rewarded"]) == len(first), 30)
@@ -120,8 +92,7 @@ def test_judge_outage_holds_records_and_resumes(bus):
             stop.set()
             await run
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            await reader.stop()
             if judge.runner is not None:
                 await judge.down()
         return requests_down, during, done, out

@@ -16,8 +16,7 @@ from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
-from tests.helpers import serve_app
-from tests.test_reward_judge_outage import collect, produce, wait_for
+from tests.helpers import Collector, produce, serve_app, wait_for
 
 NAME = "poison_judge"
 POISON = {"null": {"choices": [{"message": {"role": "assistant", "content": None}}]},
@@ -66,19 +65,18 @@ async def score_through_the_stage(bus, urls: list[str], records: list[Trajectory
         "urls": urls, "timeout_s": 5.0, "max_retries": max_retries, "backoff_s": 0.01, "backoff_max_s": 0.02,
         "eject_after": eject_after, "health_interval_s": 0.0})
     stage = RewardStage(cfg)
-    out: dict[str, list] = {"rewarded": [], "dead": []}
     stop = asyncio.Event()
     run = asyncio.create_task(stage.run(stop))
-    reader = asyncio.create_task(collect(bus, out))
+    reader = await Collector(bus).start()
+    out = {"rewarded": reader.rewarded, "dead": reader.dead}
     try:
         await produce(bus, records)
-        done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60)
+        done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60, fail=False)
         ejected = stage.table.entries[NAME].scorer.router.ejected
         stop.set()
         await run
     finally:
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
+        await reader.stop()
     return done, ejected, out
 
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import orjson
@@ -21,11 +20,10 @@ import pytest
 from streamrl import metrics
 from streamrl.bus import Bus
 from streamrl.pipeline_config import PipelineConfig
-from streamrl.records import DeadLetter, Rewarded, Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
+from tests.helpers import ROOT, Collector, produce, traj
 
-REPO = Path(__file__).resolve().parents[1]
 
 USER_SCORERS = '''
 import asyncio, math, os
@@ -56,54 +54,6 @@ def user_file(tmp_path):
     return path
 
 
-def traj(i: int | str, ds: str = "gsm8k", response: str = "#### 42", gt: str | None = "42",
-         group: str | None = None, size: int = 1, **extra) -> Trajectory:
-    return Trajectory(id=f"t-{i}", group_id=group or f"g-{i}", group_size=size, policy_version=3,
-                      data_source=ds, prompt=[{"role": "user", "content": "6 * 7?"}],
-                      response=response, ground_truth=gt, extra_info={"i": str(i), **extra},
-                      response_ids=[1, 2, 3], response_logprobs=[-0.5, -0.25, -0.125])
-
-
-class Collector:
-    """Reads ``rewarded`` and ``deadletter`` from the beginning without a group, in the
-    background, while the test does other things."""
-
-    def __init__(self, bus: Bus):
-        self.bus = bus
-        self.rewarded: list[Rewarded] = []
-        self.partitions: dict[str, int] = {}  # id -> partition (same key, same count as rollouts)
-        self.dead: list[DeadLetter] = []
-
-    async def __aenter__(self):
-        self.consumer = self.bus.consumer(["rewarded", "deadletter"], None, "test")
-        await self.consumer.start()
-        self.task = asyncio.create_task(self._run())
-        return self
-
-    async def _run(self):
-        dl_topic = self.bus.topic("deadletter")
-        while True:
-            for m in await self.consumer.getmany(timeout_ms=100):
-                if m.topic == dl_topic:
-                    self.dead.append(DeadLetter.decode(m.value, 2**26))
-                else:
-                    self.rewarded.append(Rewarded.decode(m.value))
-                    self.partitions[self.rewarded[-1].id] = m.partition
-
-    async def wait(self, predicate, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            await asyncio.sleep(0.1)
-        return predicate()
-
-    async def __aexit__(self, *exc):
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        await self.consumer.stop()
-
-
 def _pipeline(bus_config, **reward) -> PipelineConfig:
     cfg = PipelineConfig()
     cfg.bus = bus_config
@@ -115,20 +65,13 @@ def _pipeline(bus_config, **reward) -> PipelineConfig:
     return cfg
 
 
-async def _produce(bus: Bus, records: list) -> None:
-    async with bus.producer("test") as p:
-        futs = [await p.send(r) if not isinstance(r, tuple) else
-                await p.send_bytes("rollouts", r[1], key=r[0].encode()) for r in records]
-        await asyncio.gather(*futs)
-
-
 async def _score_all(stage: RewardStage, bus: Bus, records: list, timeout_s: float):
     """Run the stage until every record came out (rewarded or dead-lettered) or ``timeout_s``;
     returns ``(all came out, rewarded, dead letters)``."""
     stop = asyncio.Event()
     run = asyncio.create_task(stage.run(stop))
     async with Collector(bus) as out:
-        await _produce(bus, records)
+        await produce(bus, records)
         done = await out.wait(lambda: len(out.rewarded) + len(out.dead) >= len(records), timeout_s)
         stop.set()
         await run
@@ -195,8 +138,8 @@ def _member(bus_config, group: str, user_file: Path, port: int) -> subprocess.Po
     return subprocess.Popen(
         [sys.executable, "-m", "streamrl", "reward", "--bootstrap-servers",
          bus_config.bootstrap_servers, "--group", group, *overrides],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def _get(url: str) -> str:
@@ -217,7 +160,7 @@ def test_two_members_share_partitions_and_a_killed_one_loses_nothing(bus, user_f
         async def main():
             nonlocal killed_pid
             async with Collector(bus) as out:
-                await _produce(bus, records)
+                await produce(bus, records)
                 pids = lambda: {r.reward_info["pid"] for r in out.rewarded}  # noqa: E731
                 # both members are scoring: the partitions are shared
                 shared = await out.wait(lambda: len(pids()) == 2, 40)
@@ -312,7 +255,7 @@ def test_an_unavailable_scorer_holds_records_with_back_pressure_and_resumes(bus,
         stop = asyncio.Event()
         run = asyncio.create_task(stage.run(stop))
         async with Collector(bus) as out:
-            await _produce(bus, records)
+            await produce(bus, records)
             held = await out.wait(lambda: metrics.REWARD_HELD.labels("flaky_judge")._value.get() == 4, 20)
             await asyncio.sleep(1.0)  # a while down: nothing is published, nothing more is taken
             during = (len(out.rewarded), len(out.dead), stage.loop.finished,

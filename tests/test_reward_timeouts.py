@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from tests.test_reward_stage import REPO, Collector, _produce, traj
+from tests.helpers import ROOT, Collector, produce, traj
 
 SLEEPY = '''
 import time
@@ -39,12 +39,12 @@ def test_a_scorer_past_its_timeout_fails_its_record_and_the_member_goes_on(bus, 
          "reward.retry_backoff_s=0.01", "reward.process_workers=2",
          "reward.scorers.sleepy.type=function", f"reward.scorers.sleepy.path={user}:sleepy",
          f"reward.scorers.sleepy.executor={executor}", "reward.scorers.sleepy.timeout_s=1.0"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         async def main():
             async with Collector(bus) as out:
-                await _produce(bus, records)
+                await produce(bus, records)
                 done = await out.wait(lambda: len({r.id for r in out.rewarded} | {d.record_id for d in out.dead})
                                       >= len(records), 60)
                 return done, list(out.rewarded), list(out.dead)

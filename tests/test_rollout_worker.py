@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,9 +26,8 @@ from streamrl.records import DeadLetter, PolicyVersion, Prompt, Trajectory
 from streamrl.rollout.config import FeedConfig, RolloutConfig
 from streamrl.rollout.feed import build_prompts, publish_feed
 from streamrl.rollout.worker import RolloutWorker
-from tests.helpers import gsm8k_path, read_topic
+from tests.helpers import ROOT, gsm8k_path, read_topic, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -43,14 +41,6 @@ def recompute(model, t: Trajectory, temperature: float = 1.0) -> np.ndarray:
     with torch.no_grad():
         logits = model(ids).logits[0, len(p) - 1:-1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(r, dtype=torch.long)[:, None])[:, 0].numpy()
-
-
-async def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def count(bus: Bus, topic: str) -> int:
@@ -169,6 +159,7 @@ def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(bus, tmp_path):
     assert stop_s < 10  # a worker held by the gate stops promptly (its prompt is not committed)
 
 
+@pytest.mark.e2e
 def test_rollout_and_feed_verbs_run_as_processes(bus_config, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     common = ["--bootstrap-servers", bus_config.bootstrap_servers, f"bus.topic_prefix={bus_config.topic_prefix}"]

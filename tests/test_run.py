@@ -1,43 +1,19 @@
 """`streamrl run`, the README's first command: the whole pipeline as processes on the embedded
-broker, to its end, and stopped by Ctrl-C with no process left behind."""
+broker, to its end. Ctrl-C stopping every stage with no process left behind is asserted on the
+first session of ``test_lifecycle``'s resume test (one pipeline start fewer)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
 
+from tests.helpers import ROOT
 
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid``, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+pytestmark = pytest.mark.e2e
 
 
 def start_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
@@ -72,28 +48,3 @@ def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     # the rewarded records per data source, as the last line says them
     assert summary["by_data_source"]["digits"]["records"] == records["rewarded"]
     assert f"(digits: reward {summary['by_data_source']['digits']['reward']}" in err.strip().splitlines()[-1]
-
-
-def test_ctrl_c_stops_every_stage_and_leaves_no_process(tmp_path):
-    proc = start_run(tmp_path, "learner.versions=50")
-    seen: set[int] = set()
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            seen |= descendants(proc.pid)
-            line = proc.stderr.readline()
-            if "rollouts" in line and "| rollouts 0 |" not in line:
-                break  # the stages are up and records flow
-        else:
-            raise AssertionError("the pipeline never got going")
-        seen |= descendants(proc.pid)
-        assert len(seen) >= 5  # broker, learner, reward, rollout, feed
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130
-    assert json.loads(out.strip().splitlines()[-1])["ended"] == "interrupted"
-    time.sleep(0.5)
-    assert [pid for pid in seen if alive(pid)] == []
