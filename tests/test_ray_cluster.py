@@ -154,7 +154,7 @@ def test_working_dir_reaches_the_stage_and_an_unplaceable_stage_is_named(cluster
     bus_cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     elsewhere = tmp_path / "elsewhere"  # the driver's directory has no prompts.jsonl
     elsewhere.mkdir()
-    launcher = RayLauncher(tmp_path / "logs", address=cluster.address, working_dir=str(work), placement_timeout_s=3,
+    launcher = RayLauncher(tmp_path / "logs", address=cluster.address, working_dir=str(work), placement_timeout_s=60,
                            resources={"reward": {"num_cpus": 0.25, "nowhere": 1}}, cwd=str(elsewhere))
     try:
         launcher.start("feed", ["feed", "--bootstrap-servers", bootstrap, "--dataset", "prompts.jsonl",
@@ -165,6 +165,7 @@ def test_working_dir_reaches_the_stage_and_an_unplaceable_stage_is_named(cluster
             time.sleep(0.5)
         assert launcher.returncode("feed") == 0, launcher.log_tail("feed")
         assert len(read_topic_sync(Bus(bus_cfg), "prompts", 5, timeout_s=30)) == 5
+        launcher.placement_timeout_s = 3  # short for the stage no node can hold (the feed got 60: a loaded machine)
         launcher.start("reward-0", ["reward", "--bootstrap-servers", bootstrap], "reward")
         started = time.monotonic()
         with pytest.raises(StreamrlError) as err:

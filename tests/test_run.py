@@ -44,7 +44,7 @@ def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
     plot = Path(summary["plot"])
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "version 30/30" in err  # the live status line
+    assert "version 40/40" in err  # the live status line
     # the rewarded records per data source, as the last line says them
     assert summary["by_data_source"]["digits"]["records"] == records["rewarded"]
     assert f"(digits: reward {summary['by_data_source']['digits']['reward']}" in err.strip().splitlines()[-1]
