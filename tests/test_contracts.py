@@ -99,3 +99,19 @@ def test_the_bring_your_own_producer_record_is_scored(bus_config):
     scored = Rewarded.decode(out[0].value)
     assert scored.id == record["id"] and scored.reward == 1.0 and scored.scorer["name"] == "gsm8k"
     assert out[0].key == record["group_id"].encode()
+
+
+def test_readme_layout_table_matches_the_tree():
+    """Every module and package directly under ``streamrl/`` has a row in README's layout table
+    (in its first column), and every ``streamrl/...`` path the table names exists."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text()
+    table = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    first_column = {tok.rstrip("/") for line in rows for tok in re.findall(r"`([^`]+)`", line.split("|")[1])}
+    named = {tok.rstrip("/") for line in rows for tok in re.findall(r"`(streamrl/[\w/.]+)`", line)}
+    pkg = root / "streamrl"
+    tree = {f"streamrl/{p.name}" for p in pkg.iterdir()
+            if (p.suffix == ".py" and p.name != "__init__.py") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert not sorted(tree - first_column), f"no layout row for: {sorted(tree - first_column)}"
+    assert not [n for n in named if not (root / n).exists()], [n for n in named if not (root / n).exists()]
