@@ -102,8 +102,8 @@ def announced_before(announced: dict[int, float], t: float) -> int:
 
 
 @pytest.mark.parametrize("on_update", ["drain", "abort"])
-def test_records_carry_the_version_their_server_had_and_nothing_is_lost(bus_config, tmp_path, on_update):
-    bus = Bus(bus_config)
+def test_records_carry_the_version_their_server_had_and_nothing_is_lost(memory_bus, tmp_path, on_update):
+    bus = memory_bus  # the worker's and the fleet's logic; the servers are real HTTP
     per_version, groups = 4, 12
     # max_staleness 2: the gate leaves room beyond the 4 prompts in flight, so versions arrive
     # while requests run (the case drain and abort are about)
