@@ -45,6 +45,7 @@ inside a running event loop (a test that also serves a judge, say).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Union
@@ -120,8 +121,8 @@ def score(records: Iterable[Trajectory | dict[str, Any]],
 
 class Outputs(dict):
     """What a stage produced while ``run_stage`` ran it: topic short name (``"rewarded"``,
-    ``"deadletter"``, ...) -> the records, decoded, in the order of their partition logs (one
-    partition after another); every topic of ``records.TOPICS`` has an entry. ``result``: what
+    ``"deadletter"``, ...) -> the records, decoded, in the order they were read (within a
+    partition, its log's order); every topic of ``records.TOPICS`` has an entry. ``result``: what
     the stage's ``run`` returned; ``stage``: the stage itself (its counters, its state)."""
 
     result: Any = None
@@ -151,8 +152,7 @@ async def run_stage_async(stage: "Stage | type[Stage]", inputs: Iterable[Any] = 
         from streamrl.pipeline_config import PipelineConfig
 
         bus = memory_bus()
-        cfg = config if config is not None else PipelineConfig()
-        cfg.bus = bus.config
+        cfg = dataclasses.replace(config if config is not None else PipelineConfig(), bus=bus.config)
         stage = stage.from_config(cfg, bus)
     bus = stage.bus  # type: ignore[attr-defined]
     broker = bus.broker
@@ -167,16 +167,18 @@ async def run_stage_async(stage: "Stage | type[Stage]", inputs: Iterable[Any] = 
             else:
                 await (await producer.send(record))
     by_name = {bus.topic(t): t for t in TOPICS}
-    start = {name: [len(log) for log in broker.topics[name].logs] for name in by_name if name in broker.topics}
+    # each partition's next unread offset: outputs are what the logs gained from here on
+    cursors = {name: [len(log) for log in broker.topics[name].logs] for name in by_name if name in broker.topics}
+    decoded: dict[str, list[Any]] = {t.name: [] for t in TOPICS}
 
     def outputs() -> Outputs:
-        out = Outputs({t.name: [] for t in TOPICS})
-        for name, starts in start.items():
+        for name, cursor in cursors.items():
             t = by_name[name]
             limit = DeadLetter.size_limit(bus.largest_record) if t is DEADLETTER else bus.largest_record
-            for log, first in zip(broker.topics[name].logs, starts):
-                out[t.name].extend(t.decode(m.value, limit) for m in log[first:])
-        return out
+            for p, log in enumerate(broker.topics[name].logs):
+                decoded[t.name].extend(t.decode(m.value, limit) for m in log[cursor[p]:])
+                cursor[p] = len(log)
+        return Outputs({name: list(records) for name, records in decoded.items()})
 
     done = _condition(until)
     stop = asyncio.Event()
