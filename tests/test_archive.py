@@ -1,7 +1,8 @@
 """The topic archive (``streamrl.archive``): Parquet files through fsspec that replay reads with
-no broker. Records round-trip exactly (token arrays included), the stage on the real broker
+no broker. Records round-trip exactly (token arrays included), the stage
 dead-letters what its schema cannot hold and goes on, and a SIGKILLed archive stage loses
-nothing (readers drop the duplicates a restart may write)."""
+nothing (readers drop the duplicates a restart may write). The schema drift is the stage's
+logic (``run_stage`` on the in-memory bus); the kill is about Kafka's commits (real broker)."""
 
 from __future__ import annotations
 

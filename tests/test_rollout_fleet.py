@@ -6,8 +6,9 @@ The servers are real aiohttp servers in the test process speaking the OpenAI com
 Each answers with the version it had loaded when the request started and when it ended
 (``"v3-v3"``), so a test sees which weights answered and whether they changed under a request.
 ``streamrl run`` runs the whole pipeline on two servers (on the test's broker, so its records can
-be read afterwards); the drain / abort tests run the rollout stage on the embedded broker with
-the test playing the learner, so that versions arrive while requests are in flight.
+be read afterwards); the drain / abort tests run the rollout stage on the in-memory bus
+(``memory_bus`` fixture) with the test playing the learner, so that versions arrive while
+requests are in flight.
 """
 
 from __future__ import annotations
