@@ -1,8 +1,8 @@
 """Rollout workers: on the real broker, two workers share one feed exactly once (a group of two
-members), trajectories
-carry the model's own token ids and log-probs, a malformed prompt goes to dead letters, a new
-policy version is loaded and stamped, and the CLI verb runs as a process with metrics and a
-graceful SIGTERM; on the in-memory bus, the staleness gate holds and releases."""
+members), trajectories carry the model's own token ids and log-probs, a malformed prompt goes
+to dead letters, a new policy version is loaded and stamped, and the CLI verb runs as a process
+with metrics and a graceful SIGTERM; on the in-memory bus, the staleness gate holds and
+releases."""
 
 from __future__ import annotations
 
