@@ -92,3 +92,12 @@ def pytest_collection_modifyitems(items):
         return 3 if item.get_closest_marker("slow") is not None else 4
 
     items.sort(key=rank)  # stable: file order within each rank
+
+
+@pytest.fixture
+def memory_bus() -> Bus:
+    """A bus on a fresh in-process broker (``streamrl.testing.memory_bus``) with every topic:
+    for stage logic that a test feeds while the stage runs (``run_stage`` when it does not)."""
+    from streamrl.testing import memory_bus as fresh
+
+    return fresh(commit_interval_s=0.2)

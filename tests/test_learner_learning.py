@@ -1,5 +1,5 @@
-"""The learning check: a tiny policy learns to answer with digits, driven through the real
-topics. The test plays the rollout side by the contract: it loads each version the learner
+"""The learning check: a tiny policy learns to answer with digits, driven through the topics
+(on the in-memory bus: what is tested is the learning, not Kafka). The test plays the rollout side by the contract: it loads each version the learner
 announces on ``policy`` from its ``weights_uri``, samples groups with their behaviour
 log-probs, scores them, and publishes them to ``rewarded``."""
 
@@ -46,7 +46,8 @@ def sample_groups(model, tok, version: int, round_: int) -> tuple[list[Rewarded]
     return records, float(np.mean(rewards))
 
 
-def test_mean_reward_rises_through_the_topics(bus, tmp_path):
+def test_mean_reward_rises_through_the_topics(memory_bus, tmp_path):
+    bus = memory_bus
     cfg = learner_cfg(tmp_path, lr=1e-2, max_staleness=0, groups_per_mini_batch=GROUPS,
                       versions=VERSIONS, micro_batch_size=GROUPS * GROUP_SIZE)
     torch.manual_seed(0)

@@ -1,5 +1,7 @@
-"""The learner on the real broker: versions, staleness, duplicates, groups, checkpoints and
-restart, the synchronous-GRPO equivalence, missing log-probs, and the CLI's SIGTERM."""
+"""The learner's logic on the in-memory bus (``streamrl.testing``: ``run_stage``, or the
+``memory_bus`` fixture where a test feeds it while it runs): versions, staleness, duplicates,
+groups, checkpoints and restart, the synchronous-GRPO equivalence, missing log-probs. The CLI's
+SIGTERM runs a real process on the real broker."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from streamrl.learner.config import LearnerConfig
 from streamrl.learner.stage import Learner
 from streamrl.policy import load_policy
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded
+from streamrl.testing import run_stage
 from tests.helpers import learner_cfg, publish, read_topic, wait_for
 
 _POLICY = {}
@@ -82,10 +85,11 @@ def letters(msgs) -> list[DeadLetter]:
     return [DeadLetter.decode(m.value) for m in msgs]
 
 
-def test_trains_versions_drops_stale_and_duplicates(bus, tmp_path):
+def test_trains_versions_drops_stale_and_duplicates(memory_bus, tmp_path):
     """Strictly on-policy (max_staleness=0): two versions from fresh groups; a version-0 group
     that arrives at version 1 is dead-lettered as stale; duplicates train once; an incomplete
     group times out; a record without log-probs is dead-lettered (missing_logprobs=error)."""
+    bus = memory_bus
     cfg = learner_cfg(tmp_path, max_staleness=0, versions=2, group_timeout_s=1.0)
     dup_before = metrics.LEARNER_RECORDS.labels("duplicate")._value.get()
     timeouts = metrics.LEARNER_DROPPED.labels("group_timeout")
@@ -131,9 +135,10 @@ def test_trains_versions_drops_stale_and_duplicates(bus, tmp_path):
     assert by_reason["group_timeout"] == {"i-0"}
 
 
-def test_restart_resumes_from_checkpoint(bus, tmp_path):
+def test_restart_resumes_from_checkpoint(memory_bus, tmp_path):
     """Killed between checkpoints: what was trained after the checkpoint is trained again, what
     was before is not, and the de-dup window from the checkpoint still skips duplicates."""
+    bus = memory_bus
     cfg = learner_cfg(tmp_path, groups_per_mini_batch=1, mini_batches_per_version=2, versions=2)
 
     async def first_life():
@@ -204,19 +209,12 @@ def plain_grpo_step(records, cfg: LearnerConfig) -> dict[str, torch.Tensor]:
     return params(model)
 
 
-def test_on_policy_update_equals_a_synchronous_grpo_step(bus, tmp_path):
+def test_on_policy_update_equals_a_synchronous_grpo_step(memory_bus, tmp_path):
     cfg = learner_cfg(tmp_path, max_staleness=0, groups_per_mini_batch=2, versions=1,
                       micro_batch_size=16)
     records = group("x", size=3, rewards=[1.0, 0.0, 0.5]) + group("y", size=3, rewards=[0.2, 0.9, 0.9])
 
-    async def go():
-        learner = Learner(bus, cfg)
-        task = asyncio.create_task(learner.run())
-        await publish(bus, records)
-        await asyncio.wait_for(task, 60)
-
-    asyncio.run(go())
-    pols = policies(asyncio.run(read_topic(bus, "policy", 2)))
+    pols = run_stage(Learner(memory_bus, cfg), records, timeout_s=60)["policy"]  # versions=1: it ends
     learned = params(load_policy(pols[-1].weights_uri)[0])
     want = plain_grpo_step(records, cfg)
     v0 = params(tiny()[0])
@@ -234,27 +232,23 @@ def test_on_policy_update_equals_a_synchronous_grpo_step(bus, tmp_path):
     assert firm.sum() > 100 and diff[firm].max() < 0.02 * cfg.lr, (firm.sum(), diff[firm].max())
 
 
-def test_recompute_partial_groups_and_the_other_objective_options(bus, tmp_path):
+def test_recompute_partial_groups_and_the_other_objective_options(memory_bus, tmp_path):
     """Text-only records (no token ids, no log-probs) train when missing_logprobs=recompute; an
     incomplete group trains as a partial group when allowed; the decoupled objective, KL to the
     reference, entropy bonus and seq-mean-token-mean run end to end."""
+    bus = memory_bus
     cfg = learner_cfg(tmp_path, missing_logprobs="recompute", groups_per_mini_batch=2, versions=1,
                       allow_partial_groups=True, group_timeout_s=1.0, decoupled=True, kl_coef=0.1,
                       entropy_coeff=0.01, loss_agg_mode="seq-mean-token-mean", micro_batch_size=2)
     partial = metrics.LEARNER_GROUPS.labels("partial")
     partial_before = partial._value.get()
 
-    async def go():
-        learner = Learner(bus, cfg)
-        task = asyncio.create_task(learner.run())
-        await publish(bus, group("t", size=2, tokens=False, rewards=[1.0, 0.0])
-                      + group("p", size=4, rewards=[1.0, 0.0, 0.0, 1.0])[:3])
-        return await asyncio.wait_for(task, 60)
-
-    state = asyncio.run(go())
+    out = run_stage(Learner(bus, cfg), group("t", size=2, tokens=False, rewards=[1.0, 0.0])
+                    + group("p", size=4, rewards=[1.0, 0.0, 0.0, 1.0])[:3], timeout_s=60)
+    state = out.result
     assert state.version == 1 and state.trained_records == 5
     assert partial._value.get() - partial_before == 1
-    pol = policies(asyncio.run(read_topic(bus, "policy", 2)))[-1]
+    pol = out["policy"][-1]
     assert pol.version == 1 and {"kl", "entropy", "is_weight"} <= pol.metrics.keys()
 
 
@@ -265,10 +259,11 @@ def _staleness_counts() -> dict[str, float]:
 
 
 @pytest.mark.parametrize("max_staleness", [0, 2])
-def test_staleness_bound_holds_over_random_version_mixes(bus, tmp_path, max_staleness):
+def test_staleness_bound_holds_over_random_version_mixes(memory_bus, tmp_path, max_staleness):
     """Groups generated by random older versions arrive while the learner moves on: every
     trained record is within the bound at the version its update started from (the exported
     histogram), every record is either trained or dead-lettered as stale, none lost."""
+    bus = memory_bus
     rng = np.random.default_rng(max_staleness)
     versions = 4
     cfg = learner_cfg(tmp_path, max_staleness=max_staleness, groups_per_mini_batch=1, versions=versions)
@@ -342,11 +337,12 @@ def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path
     assert state.version == 0 and state.mini_batches == 1 and state.trained_records == 2
 
 
-def test_restart_from_an_older_checkpoint_starts_a_new_line_and_drops_the_abandoned_one(bus, tmp_path):
+def test_restart_from_an_older_checkpoint_starts_a_new_line_and_drops_the_abandoned_one(memory_bus, tmp_path):
     """The newest checkpoint is damaged: the learner falls back to the previous one (version 1)
     while the policy topic already announced version 2. It starts a new line at version 1, says
     so on the policy topic, and drops records generated by version 2 of the abandoned line;
     version-1 records of the old line (the same weights) still train."""
+    bus = memory_bus
     cfg = learner_cfg(tmp_path, groups_per_mini_batch=1, mini_batches_per_version=1, versions=2,
                       keep_checkpoints=3, max_staleness=3)
 

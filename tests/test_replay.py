@@ -1,7 +1,8 @@
-"""Replay on the real broker: every number of the report against a direct computation, bounds
-by offset, record time and version, de-duplication, decode and scoring failures, determinism,
-a production group's committed offsets left alone, GSM8K reference solutions, the command line,
-publishing to an evaluation topic, and a checkpoint evaluation with the tiny policy."""
+"""Replay: every number of the report against a direct computation, bounds by offset, record
+time and version, de-duplication, decode and scoring failures, determinism, a production
+group's committed offsets left alone, GSM8K reference solutions and a judge that is down, on the
+in-memory bus (``memory_bus`` fixture); the command line and publishing to an evaluation topic
+on the real broker; and a checkpoint evaluation with the tiny policy."""
 
 from __future__ import annotations
 
@@ -243,7 +244,8 @@ async def commit(bus: Bus, group: str, offsets: dict[int, int]) -> None:
 
 # -- tests -----------------------------------------------------------------------------------------
 
-def test_replay_report_matches_direct_computation(bus: Bus, tmp_path: Path) -> None:
+def test_replay_report_matches_direct_computation(memory_bus: Bus, tmp_path: Path) -> None:
+    bus = memory_bus
     records = make_records()
     _, yaml = scorer_files(tmp_path)
     cfg = config(bus)
@@ -286,7 +288,8 @@ def test_replay_report_matches_direct_computation(bus: Bus, tmp_path: Path) -> N
         p: 1 for p in {m["partition"] for m in landed}}
 
 
-def test_replay_bounds_by_record_time_version_and_offset(bus: Bus, tmp_path: Path) -> None:
+def test_replay_bounds_by_record_time_version_and_offset(memory_bus: Bus, tmp_path: Path) -> None:
+    bus = memory_bus
     records = make_records()
     _, yaml = scorer_files(tmp_path)
     cfg = config(bus)
@@ -326,7 +329,8 @@ def test_replay_bounds_by_record_time_version_and_offset(bus: Bus, tmp_path: Pat
     assert all(b - a <= 1 for a, b in reports["offset"]["source"]["partitions"].values())
 
 
-def test_replay_gsm8k_reference_solutions_agree_with_their_answers(bus: Bus, tmp_path: Path) -> None:
+def test_replay_gsm8k_reference_solutions_agree_with_their_answers(memory_bus: Bus, tmp_path: Path) -> None:
+    bus = memory_bus
     rows = [orjson.loads(line) for line in gsm8k_path("test").read_bytes().splitlines()[:300]]
     records = [Rewarded(id=f"test-{i:04d}", group_id=f"test-{i:04d}", group_size=1, policy_version=0,
                         data_source="gsm8k", prompt=row["question"], response=row["answer"],
@@ -406,8 +410,9 @@ def test_cli_replay_publishes_to_an_evaluation_topic(bus: Bus, tmp_path: Path,
     assert full["mean_new"] == report["mean_new"]
 
 
-def test_replay_of_trajectories_has_only_new_rewards(bus: Bus, tmp_path: Path) -> None:
+def test_replay_of_trajectories_has_only_new_rewards(memory_bus: Bus, tmp_path: Path) -> None:
     """The rollouts topic carries trajectories: no old reward, so only the new side is reported."""
+    bus = memory_bus
     trajectories = [Trajectory(id=f"t{i}", group_id="g", group_size=3, policy_version=2, data_source="gsm8k",
                                prompt="q", response=f"#### {i}", ground_truth="1", response_ids=[1, 2, 3])
                     for i in range(3)]
@@ -427,9 +432,10 @@ def test_replay_of_trajectories_has_only_new_rewards(bus: Bus, tmp_path: Path) -
     assert report["by_version"]["2"]["new"]["max"] == 1.0
 
 
-def test_replay_with_a_judge_holds_while_it_is_down(bus: Bus, tmp_path: Path) -> None:
+def test_replay_with_a_judge_holds_while_it_is_down(memory_bus: Bus, tmp_path: Path) -> None:
     """A judge entry of the config re-scores rule-scored records through the stage's router and
     retries; while the judge is down the replay waits (never a 0), then finishes."""
+    bus = memory_bus
     records = [r for r in make_records() if r.data_source == "gsm8k"]
 
     async def scenario() -> tuple[dict[str, Any], JudgeServer]:

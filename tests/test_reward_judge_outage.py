@@ -1,6 +1,7 @@
 """A judge outage under the real reward stage: while the judge server is down the stage holds
 its records (no progress, nothing scored 0, nothing dead-lettered) and it resumes when the
-server is back. Real broker (fixture), real aiohttp judge server in this process, real sockets:
+server is back. The in-memory bus (``memory_bus`` fixture: the stage's logic, not Kafka, is under
+test), a real aiohttp judge server in this process, real sockets:
 "down" means nothing listens on the judge's port."""
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def traj(i: int) -> Trajectory:
                       ground_truth="42")
 
 
-def test_judge_outage_holds_records_and_resumes(bus):
+def test_judge_outage_holds_records_and_resumes(memory_bus):
+    bus = memory_bus
     port = free_port()
     cfg = PipelineConfig()
     cfg.bus = bus.config

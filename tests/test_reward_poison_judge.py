@@ -1,6 +1,7 @@
 """Poison replies stay per record (issue: survives faults). Two real judges in this process: a
 healthy one, and one that answers HTTP 200 with null content, empty choices, garbage or a 20 MB
-body for some records. Under the real reward stage on the real broker every record ends
+body for some records. Under the real reward stage (``run_stage``, on the in-memory bus: what is
+tested here is the scorer and the stage, not Kafka) every record ends
 rewarded or dead-lettered in bounded time, the poison records with the reason, the healthy
 server is never ejected and keeps its traffic, and no reply is read past the size bound."""
 
@@ -16,7 +17,8 @@ from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
-from tests.helpers import Collector, produce, serve_app, wait_for
+from streamrl.testing import memory_bus, run_stage_async
+from tests.helpers import serve_app
 
 NAME = "poison_judge"
 POISON = {"null": {"choices": [{"message": {"role": "assistant", "content": None}}]},
@@ -52,10 +54,12 @@ async def judge(poisonous: bool, seen: list[str]) -> tuple[web.AppRunner, str]:
     return await serve_app(app)
 
 
-async def score_through_the_stage(bus, urls: list[str], records: list[Trajectory], max_attempts: int,
-                                  max_retries: int, eject_after: int) -> tuple[bool, list[str], dict[str, list]]:
+async def score_through_the_stage(urls: list[str], records: list[Trajectory], max_attempts: int,
+                                  max_retries: int, eject_after: int) -> tuple[list[str], dict[str, list]]:
     """The real reward stage with one judge entry over ``urls``, until every record came out
-    rewarded or dead-lettered (or 60 s passed); returns (done, ejected servers, outputs)."""
+    rewarded or dead-lettered (``run_stage`` fails after 60 s saying what came out); returns
+    (ejected servers, outputs)."""
+    bus = memory_bus()
     cfg = PipelineConfig()
     cfg.bus = bus.config
     cfg.reward.group = f"reward-{bus.config.topic_prefix}"
@@ -65,22 +69,12 @@ async def score_through_the_stage(bus, urls: list[str], records: list[Trajectory
         "urls": urls, "timeout_s": 5.0, "max_retries": max_retries, "backoff_s": 0.01, "backoff_max_s": 0.02,
         "eject_after": eject_after, "health_interval_s": 0.0})
     stage = RewardStage(cfg)
-    stop = asyncio.Event()
-    run = asyncio.create_task(stage.run(stop))
-    reader = await Collector(bus).start()
-    out = {"rewarded": reader.rewarded, "dead": reader.dead}
-    try:
-        await produce(bus, records)
-        done = await wait_for(lambda: len(out["rewarded"]) + len(out["dead"]) >= len(records), 60, fail=False)
-        ejected = stage.table.entries[NAME].scorer.router.ejected
-        stop.set()
-        await run
-    finally:
-        await reader.stop()
-    return done, ejected, out
+    out = await run_stage_async(stage, records, timeout_s=60,
+                                until=lambda o: len(o["rewarded"]) + len(o["deadletter"]) >= len(records))
+    return stage.table.entries[NAME].scorer.router.ejected, {"rewarded": out["rewarded"], "dead": out["deadletter"]}
 
 
-def test_poison_replies_fail_their_record_alone(bus):
+def test_poison_replies_fail_their_record_alone():
     kinds = ["ok", "null", "ok", "empty", "ok", "garbage", "ok", "huge"] * 3
     records = [Trajectory(id=f"p-{i}", group_id=f"g-{i}", group_size=1, policy_version=0, data_source="judged",
                           prompt="q", response=f"answer [{k}]", ground_truth="a") for i, k in enumerate(kinds)]
@@ -92,16 +86,15 @@ def test_poison_replies_fail_their_record_alone(bus):
         poison, poison_url = await judge(True, poison_seen)
         try:
             # both URLs on one judge: the poisonous server answers everything, poison for some
-            done, ejected, out = await score_through_the_stage(bus, [poison_url, healthy_url], records,
-                                                               max_attempts=1, max_retries=2, eject_after=2)
+            ejected, out = await score_through_the_stage([poison_url, healthy_url], records,
+                                                         max_attempts=1, max_retries=2, eject_after=2)
         finally:
             await healthy.cleanup()
             await poison.cleanup()
-        return done, ejected, out, healthy_seen, poison_seen
+        return ejected, out, healthy_seen, poison_seen
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    done, ejected, out, healthy_seen, poison_seen = asyncio.run(main())
-    assert done, f"{len(out['rewarded'])} rewarded + {len(out['dead'])} dead of {len(kinds)}"
+    ejected, out, healthy_seen, poison_seen = asyncio.run(main())
     rewarded = {r.id for r in out["rewarded"]}
     dead = {d.record_id: d for d in out["dead"]}
     # a poison reply from one server is retried on the other, which scores it: every record is
@@ -121,7 +114,7 @@ def url_of(out: dict[str, list]) -> str:
     return detail.split(": ", 1)[1].split("/v1/")[0]
 
 
-def test_a_judge_that_only_answers_poison_dead_letters_the_record_with_the_reason(bus):
+def test_a_judge_that_only_answers_poison_dead_letters_the_record_with_the_reason():
     records = [Trajectory(id=f"q-{i}", group_id=f"h-{i}", group_size=1, policy_version=0, data_source="judged",
                           prompt="q", response=f"answer [{k}]", ground_truth="a")
                for i, k in enumerate(["null", "ok", "garbage", "ok", "huge"])]
@@ -130,12 +123,11 @@ def test_a_judge_that_only_answers_poison_dead_letters_the_record_with_the_reaso
         seen: list[str] = []
         poison, url = await judge(True, seen)
         try:
-            return await score_through_the_stage(bus, [url], records, max_attempts=2, max_retries=1, eject_after=1)
+            return await score_through_the_stage([url], records, max_attempts=2, max_retries=1, eject_after=1)
         finally:
             await poison.cleanup()
 
-    done, ejected, out = asyncio.run(main())
-    assert done
+    ejected, out = asyncio.run(main())
     assert ejected == []  # eject_after 1, yet the server is up: not ejected
     assert sorted(r.id for r in out["rewarded"]) == ["q-1", "q-3"]
     dead = {d.record_id: d for d in out["dead"]}

@@ -1,7 +1,9 @@
-"""The reward stage on the real broker: a mixed stream where every record reaches ``rewarded``
-or dead letters with a reason; two group members (separate processes) sharing the partitions,
-one killed with SIGKILL mid-stream, losing nothing; the group hook on complete, partial and
-incomplete groups."""
+"""The reward stage: its logic on the in-memory bus (``streamrl.testing.run_stage``, or the
+``memory_bus`` fixture where the test acts while it runs): a mixed stream where every record
+reaches ``rewarded`` or dead letters with a reason, the group hook on complete, partial and
+incomplete groups, an unavailable scorer held with back-pressure. On the real broker: two group
+members (separate processes) sharing the partitions, one killed with SIGKILL mid-stream, losing
+nothing."""
 
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ import orjson
 import pytest
 
 from streamrl import metrics
-from streamrl.bus import Bus
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
+from streamrl.testing import run_stage
 from tests.helpers import ROOT, Collector, produce, traj
 
 
@@ -65,21 +67,16 @@ def _pipeline(bus_config, **reward) -> PipelineConfig:
     return cfg
 
 
-async def _score_all(stage: RewardStage, bus: Bus, records: list, timeout_s: float):
-    """Run the stage until every record came out (rewarded or dead-lettered) or ``timeout_s``;
-    returns ``(all came out, rewarded, dead letters)``."""
-    stop = asyncio.Event()
-    run = asyncio.create_task(stage.run(stop))
-    async with Collector(bus) as out:
-        await produce(bus, records)
-        done = await out.wait(lambda: len(out.rewarded) + len(out.dead) >= len(records), timeout_s)
-        stop.set()
-        await run
-    return done, out.rewarded, out.dead
+def _score_all(stage: RewardStage, records: list, timeout_s: float):
+    """Run the stage until every record came out (rewarded or dead-lettered; ``run_stage``
+    fails at ``timeout_s`` saying what came out); returns ``(rewarded, dead letters)``."""
+    out = run_stage(stage, records, timeout_s=timeout_s,
+                    until=lambda o: len(o["rewarded"]) + len(o["deadletter"]) >= len(records))
+    return out["rewarded"], out["deadletter"]
 
 
-def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(bus, user_file):
-    cfg = _pipeline(bus.config)
+def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(memory_bus, user_file):
+    cfg = _pipeline(memory_bus.config)
     cfg.reward.scorers["boom"] = ScorerSpec(type="function", path=f"{user_file}:boom")
     cfg.reward.scorers["nan"] = ScorerSpec(type="function", path=f"{user_file}:nan")
     good_gsm8k = [traj(i, response="The answer is $42." if i % 2 else "#### 41") for i in range(6)]
@@ -88,13 +85,13 @@ def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(bus, user_fi
     schema_bad = orjson.loads(traj("x").encode())
     del schema_bad["response"]
     records = [*good_gsm8k, *good_math, traj("u", ds="chess"), traj("b", ds="boom"),
-               traj("n", ds="nan"), ("k1", b'{"schema": "streamrl.traj'), ("k2", orjson.dumps(schema_bad))]
+               traj("n", ds="nan"), ("rollouts", b"k1", b'{"schema": "streamrl.traj'),
+               ("rollouts", b"k2", orjson.dumps(schema_bad))]
     expected_dead = {"t-u": "unknown_data_source", "t-b": "boom", "t-n": "non_finite_reward"}
     stage = RewardStage(cfg)
     scored_before = metrics.REWARD_SCORED.labels("gsm8k", "ok")._value.get()
 
-    done, rewarded, dead = asyncio.run(_score_all(stage, bus, records, 45))
-    assert done, f"{len(rewarded)} rewarded + {len(dead)} dead of {len(records)}"
+    rewarded, dead = _score_all(stage, records, 45)
     assert len(rewarded) + len(dead) == len(records)  # none lost, none doubled
 
     by_id = {r.id: r for r in rewarded}
@@ -113,7 +110,7 @@ def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(bus, user_fi
     reasons = {d.record_id: d.reason for d in dead if d.record_id}
     assert reasons == expected_dead
     undecodable = {d.original_value(): d.reason for d in dead if not d.record_id}
-    assert undecodable == {records[-2][1]: "bad_json", records[-1][1]: "schema"}
+    assert undecodable == {records[-2][2]: "bad_json", records[-1][2]: "schema"}
     assert all(d.stage == "reward" and d.original_value() for d in dead)
     boom = next(d for d in dead if d.record_id == "t-b")
     assert "after 3 attempts" in boom.detail
@@ -210,8 +207,8 @@ def test_two_members_share_partitions_and_a_killed_one_loses_nothing(bus, user_f
     assert sum(next(iter(v)) for v in by_id.values()) == len([i for i in range(n) if i % 3])
 
 
-def test_group_hook_adjusts_complete_groups_and_times_out_incomplete_ones(bus):
-    cfg = _pipeline(bus.config)
+def test_group_hook_adjusts_complete_groups_and_times_out_incomplete_ones(memory_bus):
+    cfg = _pipeline(memory_bus.config)
     cfg.reward.group_hook.function = "normalize"
     cfg.reward.group_hook.timeout_s = 3.0
     full = [traj(f"a{i}", group="A", size=4, response="#### 42" if i < 2 else "#### 7") for i in range(4)]
@@ -223,8 +220,7 @@ def test_group_hook_adjusts_complete_groups_and_times_out_incomplete_ones(bus):
     records = full + partial + incomplete
     stage = RewardStage(cfg)
 
-    done, rewarded, dead = asyncio.run(_score_all(stage, bus, records, 30))
-    assert done
+    rewarded, dead = _score_all(stage, records, 30)
     by_id = {r.id: r for r in rewarded}
     assert len(rewarded) == len(records) - 1 and [d.reason for d in dead] == ["unknown_data_source"]
 
@@ -243,7 +239,8 @@ def test_group_hook_adjusts_complete_groups_and_times_out_incomplete_ones(bus):
         assert c.reward_info["group"]["status"] == "incomplete" and c.reward == 1.0
 
 
-def test_an_unavailable_scorer_holds_records_with_back_pressure_and_resumes(bus, user_file, tmp_path):
+def test_an_unavailable_scorer_holds_records_with_back_pressure_and_resumes(memory_bus, user_file, tmp_path):
+    bus = memory_bus
     flag = tmp_path / "judge-is-down"
     flag.touch()
     cfg = _pipeline(bus.config, max_in_flight=4, unavailable_backoff_max_s=0.2)

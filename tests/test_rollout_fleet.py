@@ -6,8 +6,9 @@ The servers are real aiohttp servers in the test process speaking the OpenAI com
 Each answers with the version it had loaded when the request started and when it ended
 (``"v3-v3"``), so a test sees which weights answered and whether they changed under a request.
 ``streamrl run`` runs the whole pipeline on two servers (on the test's broker, so its records can
-be read afterwards); the drain / abort tests run the rollout stage on the embedded broker with
-the test playing the learner, so that versions arrive while requests are in flight.
+be read afterwards); the drain / abort tests run the rollout stage on the in-memory bus
+(``memory_bus`` fixture) with the test playing the learner, so that versions arrive while
+requests are in flight.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ def announced_before(announced: dict[int, float], t: float) -> int:
 
 
 @pytest.mark.parametrize("on_update", ["drain", "abort"])
-def test_records_carry_the_version_their_server_had_and_nothing_is_lost(bus_config, tmp_path, on_update):
-    bus = Bus(bus_config)
+def test_records_carry_the_version_their_server_had_and_nothing_is_lost(memory_bus, tmp_path, on_update):
+    bus = memory_bus  # the worker's and the fleet's logic; the servers are real HTTP
     per_version, groups = 4, 12
     # max_staleness 2: the gate leaves room beyond the 4 prompts in flight, so versions arrive
     # while requests run (the case drain and abort are about)

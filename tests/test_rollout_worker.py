@@ -1,7 +1,8 @@
-"""Rollout workers on the real broker: two workers share one feed exactly once, trajectories
-carry the model's own token ids and log-probs, a malformed prompt goes to dead letters, a new
-policy version is loaded and stamped, the staleness gate holds and releases, and the CLI verb
-runs as a process with metrics and a graceful SIGTERM."""
+"""Rollout workers: on the real broker, two workers share one feed exactly once (a group of two
+members), trajectories carry the model's own token ids and log-probs, a malformed prompt goes
+to dead letters, a new policy version is loaded and stamped, and the CLI verb runs as a process
+with metrics and a graceful SIGTERM; on the in-memory bus, the staleness gate holds and
+releases."""
 
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def test_two_workers_share_one_feed_exactly_once(bus):
         assert t.timings["generation_s"] > 0 and t.timings["generation_started_at"] <= t.created_at
 
 
-def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(bus, tmp_path):
+def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(memory_bus, tmp_path):
+    bus = memory_bus
     v0, tok = load_policy("tiny", seed=0)
     v1, _ = load_policy("tiny", seed=1)
     save_policy(v0, tok, tmp_path / "v0")

@@ -1,4 +1,5 @@
-"""``streamrl.testing``: the reward stage's own scoring path on in-memory records, no broker."""
+"""``streamrl.testing``: the reward stage's own scoring path on in-memory records, and
+``run_stage`` (a stage's real loop on the in-memory bus), no broker."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from streamrl.errors import Failure
 from streamrl.loading import load_object
 from streamrl.records import Rewarded
-from streamrl.testing import score, trajectory
+from streamrl.testing import run_stage, score, trajectory
 
 
 def test_builtin_rules_user_function_and_failures_without_a_broker(tmp_path):
@@ -82,3 +83,26 @@ def test_blocking_sync_functions_run_concurrently_in_threads_by_default(tmp_path
     assert out[5].reward_info["extra"] == ["r5", "g"]
     module = sys.modules[load_object(f"{user}:remote_judge").__module__]
     assert module.peak == 64  # the default cap, reached
+
+
+def test_run_stage_sends_by_type_stops_on_the_condition_and_fails_saying_what_it_saw():
+    from streamrl.pipeline_config import PipelineConfig
+    from streamrl.reward.stage import RewardStage
+
+    cfg = PipelineConfig()
+    cfg.reward.process_workers = 1
+    own_bus = cfg.bus
+    inputs = [trajectory(id=f"t{i}", group_id=f"g{i}", response=f"#### {40 + i}", ground_truth="40") for i in range(3)]
+    out = run_stage(RewardStage, [*inputs, ("rollouts", b"k", b"{not json")], config=cfg,
+                    until={"rewarded": 3, "deadletter": 1})
+    assert sorted((r.id, r.reward) for r in out["rewarded"]) == [("t0", 1.0), ("t1", 0.0), ("t2", 0.0)]
+    assert [(d.reason, d.original_value()) for d in out["deadletter"]] == [("bad_json", b"{not json")]
+    assert out["rollouts"] == [] and out.counts() == {"rewarded": 3, "deadletter": 1}  # outputs only
+    assert out.stage.loop.finished == 4  # stopped gracefully: it drained what it took
+    # a predicate over the outputs; each run on a fresh broker (nothing of the run before)
+    assert len(run_stage(RewardStage, inputs[:1], config=cfg, until=lambda o: o["rewarded"])["rewarded"]) == 1
+    assert cfg.bus is own_bus and not own_bus.bootstrap_servers.startswith("memory://")  # the caller's config is left alone
+    with pytest.raises(AssertionError, match=r"did not hold after 1 s; the stage produced 1 rewarded"):
+        run_stage(RewardStage, inputs[:1], config=cfg, until={"rewarded": 2}, timeout_s=1)
+    with pytest.raises(ValueError, match="not topics"):
+        run_stage(RewardStage, inputs, config=cfg, until={"reward": 1})
