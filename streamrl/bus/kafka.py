@@ -706,20 +706,27 @@ class KafkaConsumer:
             raise LookupError(f"topic {topic!r} does not exist on {self.config.bootstrap_servers}")
         return [TopicPartition(topic, p) for p in sorted(got[topic])]
 
-    def _watermarks(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
-        client = self._client
-        return {tp: client.get_watermark_offsets(_ck_tp(tp), timeout=REQUEST_TIMEOUT_S)  # type: ignore[union-attr]
-                for tp in partitions}
+    def _list_offsets(self, partitions: list[TopicPartition], at: int) -> dict[TopicPartition, int]:
+        """ListOffsets for every partition in one request per broker (``at``: -1 the end, -2 the
+        beginning; ``get_watermark_offsets`` would ask one partition per round trip)."""
+        if not partitions:
+            return {}
+        got = self._client.offsets_for_times(  # type: ignore[union-attr]
+            [_ck_tp(tp, at) for tp in partitions], timeout=REQUEST_TIMEOUT_S)
+        for t in got:
+            if t.error is not None:
+                raise KafkaException(t.error)
+        return {TopicPartition(t.topic, t.partition): t.offset for t in got}
 
     async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         tps = list(partitions)
-        return {tp: lo for tp, (lo, _hi) in (await self._call(lambda: self._watermarks(tps))).items()}
+        return await self._call(lambda: self._list_offsets(tps, ck.OFFSET_BEGINNING))
 
     async def listed_end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """End offsets as the broker lists them. Not the log end on the embedded broker (see
         ``Reader.end_offsets``, which is exact everywhere)."""
         tps = list(partitions)
-        return {tp: hi for tp, (_lo, hi) in (await self._call(lambda: self._watermarks(tps))).items()}
+        return await self._call(lambda: self._list_offsets(tps, ck.OFFSET_END))
 
     async def offsets_for_times(self, partitions: Iterable[TopicPartition],
                                 timestamp_ms: int) -> dict[TopicPartition, int | None]:
