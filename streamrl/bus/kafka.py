@@ -240,7 +240,7 @@ class KafkaProducer:
                 self.on_delivery(topic, size, exc)
 
     def _on_error(self, err: KafkaError) -> None:
-        log.warning("producer: %s", err.str())
+        _rdkafka_log.warning("producer: %s", err.str())  # a client logger: rate-limited (logrates)
 
     # -- the event loop's side ---------------------------------------------------------------
     async def send(self, topic: str, value: bytes, key: bytes | None = None,
@@ -455,7 +455,7 @@ class KafkaConsumer:
             err = m.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning("consumer: %s", err.str())
+                    _rdkafka_log.warning("consumer: %s", err.str())
                 continue
             ts_type, ts = m.timestamp()
             msg = _Message(m.topic(), m.partition(), m.offset(),
@@ -473,7 +473,7 @@ class KafkaConsumer:
         return out
 
     def _on_error(self, err: KafkaError) -> None:
-        log.warning("consumer: %s", err.str())
+        _rdkafka_log.warning("consumer: %s", err.str())  # a client logger: rate-limited (logrates)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, subscribe: bool = True) -> "KafkaConsumer":
