@@ -128,3 +128,41 @@ def test_a_record_of_the_maximum_size_round_trips_and_one_byte_more_is_dead_lett
     assert [m.value for m in back] == [biggest, b"small"]
     letter = DeadLetter.decode(letters[0].value, DeadLetter.size_limit(limit))
     assert letter.reason == "oversize" and letter.original_value() == too_big
+
+
+def test_pause_holds_records_in_the_client_then_pauses_librdkafka_and_resume_loses_nothing(bus):
+    """``pause`` is lazy (librdkafka drops its prefetch on pause): records of a paused partition
+    are held, not handed out; past ``hold_bytes`` librdkafka is paused too; after ``resume``
+    every record comes once, in order."""
+    part = TopicPartition(bus.topic("rollouts"), 6)  # KNOWN_8: key g1
+
+    async def main():
+        async with bus.producer("test") as p:
+            for i in range(20):
+                await p.send_bytes("rollouts", f"a{i}".encode(), key=b"g1")
+        reader = bus.consumer(["rollouts"], None, "test")
+        await reader.start(subscribe=False)
+        reader.assign([part])
+        reader.transport.hold_bytes = 1  # the first records held pause librdkafka too
+        reader.pause([part])
+        held = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not reader.transport._held:
+            held += await reader.getmany(timeout_ms=100)
+        paused_in_librdkafka = set(reader.transport._held)
+        async with bus.producer("test") as p:
+            for i in range(20, 30):
+                await p.send_bytes("rollouts", f"a{i}".encode(), key=b"g1")
+        reader.resume([part])
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 30 and time.monotonic() < deadline:
+            got += await reader.getmany(timeout_ms=200)
+        await reader.stop()
+        return held, paused_in_librdkafka, got
+
+    held, paused_in_librdkafka, got = asyncio.run(main())
+    assert held == []
+    assert paused_in_librdkafka == {part}
+    assert [m.value for m in got] == [f"a{i}".encode() for i in range(30)]
+    assert [m.offset for m in got] == list(range(30))
