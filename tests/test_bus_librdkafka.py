@@ -2,7 +2,8 @@
 default partitioner picks, a revoke that arrives during a slow flush commits only what is in
 Kafka (and finishes before the partitions move), and the record size limit is exact: a record
 of the configured maximum goes through, one byte more is refused at once with a dead letter
-that carries it, and the producer goes on."""
+that carries it, and the producer goes on; a lazy pause (the pipeline's regression) loses and
+repeats nothing."""
 
 from __future__ import annotations
 
