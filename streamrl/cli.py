@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # The Kafka client's own errors (named by module, so only the bus imports the client):
         # one line naming the broker, not a 30-line traceback.
-        if type(exc).__module__.split(".")[0] not in ("aiokafka", "kafka"):
+        if (type(exc).__module__.split(".")[0] not in ("aiokafka", "kafka", "confluent_kafka", "cimpl")
+                and type(exc).__module__ != "streamrl.bus.kafka"):
             raise
         servers = getattr(args, "bootstrap_servers", "") or os.environ.get("STREAMRL_BOOTSTRAP_SERVERS", "")
         print(f"streamrl {args.verb}: Kafka error talking to {servers or 'the broker'}: "

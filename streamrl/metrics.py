@@ -63,7 +63,7 @@ try:
 except _metadata.PackageNotFoundError:  # a source tree that was never installed
     _version = "unknown"
 BUILD_INFO.info({"version": _version, "python": platform.python_version(),
-                 "aiokafka": _metadata.version("aiokafka")})
+                 "confluent_kafka": _metadata.version("confluent-kafka")})
 
 
 def serve(port: int = 0, host: str = "127.0.0.1") -> int:

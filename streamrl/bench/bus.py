@@ -1,11 +1,23 @@
 """``streamrl bench bus``: what the record codec and the bus cost over the bare Kafka client.
 
 One producer process and one consumer process move N trajectory records of a realistic size
-(~32 KB: 2k prompt+response tokens with ids, fp32 log-probs and a mask, plus the text) through
-the broker, twice per round: once as streamrl records (encode, schema check at decode, the bus's
-producer) and once as the same bytes through the bare aiokafka producer (``streamrl.bus._bare``);
-both are read by the bus's ``Reader``. Rounds alternate the two so that noise on a shared
-machine falls on both; the figures are medians over rounds.
+(~32 KB by default: 2k prompt+response tokens with ids, fp32 log-probs and a mask, plus the
+text; ``--response-tokens 32768`` for ~525 KB) through the broker. Every record is different
+(its own token ids, log-probs and text, drawn from a pool larger than a producer batch holds),
+as real trajectories are: an identical payload lets the compressor find the copies inside a
+batch and overstates every client 2-3x. Each round runs, in turn:
+
+- ``bus``: streamrl records through the bus's producer (encode, size check, delivery futures,
+  metrics), read and decoded (schema check) by the bus's ``Reader``;
+- ``bare``: the same records' bytes through the bare client the bus uses (librdkafka, the bus's
+  own producer settings: ``streamrl.bus._bare``), read by the ``Reader``;
+- ``aio``: confluent-kafka's own asyncio producer (``confluent_kafka.aio.AIOProducer``), the
+  alternative to the bus's delivery thread (when the installed confluent-kafka has it);
+- ``aiokafka``: the other Python client, same settings (when installed: ``streamrl[bench]``).
+
+The producer process measures its event loop's lag (a 1 ms ticker: how late it wakes) and how
+long each send holds the loop: the rollout worker's loop must not stop for a send. Rounds
+alternate the modes so that noise on a shared machine falls on all; figures are medians.
 """
 
 from __future__ import annotations
@@ -21,18 +33,24 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
-HELP = "bus throughput and latency against the bare Kafka client (one run, side by side)"
+HELP = "bus throughput, latency and loop lag against the bare Kafka clients (one run, side by side)"
+MODES = ("bus", "bare", "aio", "aiokafka")
+#: distinct records in the pool (at least 64): far more than a 1 MB producer batch holds
+POOL_BYTES = 48 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from streamrl.commands.common import add_bootstrap_argument
 
     add_bootstrap_argument(parser)
-    parser.add_argument("--records", type=int, default=0, help="records per run (default 10000; --quick 3000)")
-    parser.add_argument("--rounds", type=int, default=0, help="alternating raw/bus rounds (default 3; --quick 2)")
-    parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    parser.add_argument("--records", type=int, default=0,
+                        help="records per run (default: 160 MB worth, at least 300; --quick 60 MB)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds of every mode (default 3; --quick 2)")
+    parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--response-tokens", type=int, default=1536)
     parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--compression", default="", help="bus.compression for this run (default: the config's)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"which of {','.join(MODES)} to run")
 
 
 def sample_trajectory(prompt_tokens: int, response_tokens: int, seed: int = 0):
@@ -59,39 +77,128 @@ def sample_trajectory(prompt_tokens: int, response_tokens: int, seed: int = 0):
 
 # -- the two processes ---------------------------------------------------------------------------
 
+def _pool(shape: tuple[int, int]) -> list:
+    """Distinct trajectories, ``POOL_BYTES`` worth (at least 64): records are drawn from it in
+    turn, so no two records of a producer batch are the same."""
+    first = sample_trajectory(*shape, seed=0)
+    size = len(first.encode())
+    count = max(64, POOL_BYTES // size)
+    return [first] + [sample_trajectory(*shape, seed=i) for i in range(1, count)]
+
+
+class _LoopLag:
+    """How late a 1 ms ticker wakes: how long the event loop was kept from running."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.001)
+            self.lags.append((loop.time() - t - 0.001) * 1000)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._tick())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 def _producer(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out) -> None:
     asyncio.run(_produce(mode, bus_cfg, n, shape, go, out))
+
+
+def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int) -> tuple[int, float]:
+    """The bare librdkafka producer as its own examples drive it (no event loop): produce,
+    serve delivery reports, wait when the queue is full. Returns (payload bytes, wire ratio:
+    bytes sent to the broker over message bytes, from librdkafka's statistics)."""
+    import json as _json
+
+    from streamrl.bus._bare import bare_producer
+    from streamrl.config import BusConfig
+
+    stats: dict[str, Any] = {}
+    producer = bare_producer(BusConfig(**bus_cfg), **{
+        "statistics.interval.ms": 200, "stats_cb": lambda s: stats.update(_json.loads(s))})
+    failed: list[Any] = []
+    report = lambda err, _msg: failed.append(err) if err is not None else None  # noqa: E731
+    sent = 0
+    for i in range(n):
+        value = payloads[i % len(payloads)]
+        while True:
+            try:
+                producer.produce(topic, value, f"g{i // 16}".encode(), on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+        sent += len(value)
+    producer.flush(120)
+    if failed:
+        raise RuntimeError(f"bare producer: {len(failed)} records failed, first: {failed[0]}")
+    deadline = time.time() + 5
+    while stats.get("txmsg_bytes", 0) < sent and time.time() < deadline:
+        producer.poll(0.1)  # the statistics after the last delivery
+    return sent, stats.get("tx_bytes", 0) / max(1, stats.get("txmsg_bytes", 0))
 
 
 async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out) -> None:
     import dataclasses
 
     from streamrl.bus import Bus
-    from streamrl.bus._bare import bare_producer
+    from streamrl.bus._bare import aio_producer, aiokafka_producer
     from streamrl.config import BusConfig
 
     bus = Bus(BusConfig(**bus_cfg))
-    template = sample_trajectory(*shape)
-    payload = template.encode()  # raw mode sends these exact bytes: same size, same compressibility
-    if mode == "bus":
-        producer = bus.producer("bench")
-        await producer.start()
-    else:
-        raw = bare_producer(bus.config)
-        await raw.start()
+    pool = _pool(shape)
+    payloads = [t.encode() for t in pool]
     topic = bus.topic("rollouts")
+    client: Any = None
+    if mode == "bus":
+        client = await bus.producer("bench").start()
+    elif mode == "aio":
+        client = aio_producer(bus.config)
+    elif mode == "aiokafka":
+        client = aiokafka_producer(bus.config)
+        await client.start()
+    lag = _LoopLag()
+    send_ms: list[float] = []
     go.wait()
     started = time.time()
-    futures = []
-    for i in range(n):
-        if mode == "bus":
-            traj = dataclasses.replace(template, id=uuid.uuid4().hex, group_id=f"g{i // 16}")
-            futures.append(await producer.send(traj))
-        else:
-            futures.append(await raw.send(topic, payload, key=f"g{i // 16}".encode()))
-    await asyncio.gather(*futures)
-    out.put(("produced", started, time.time(), len(payload)))
-    await (producer.stop() if mode == "bus" else raw.stop())
+    sent, wire = 0, float("nan")
+    if mode == "bare":
+        sent, wire = _bare_send(bus_cfg, topic, payloads, n)
+    else:
+        lag.start()
+        futures = []
+        for i in range(n):
+            key = f"g{i // 16}".encode()
+            t0 = time.perf_counter()
+            if mode == "bus":
+                traj = dataclasses.replace(pool[i % len(pool)], id=uuid.uuid4().hex, group_id=f"g{i // 16}")
+                futures.append(await client.send(traj))
+            elif mode == "aio":
+                futures.append(await client.produce(topic, payloads[i % len(pool)], key))
+            else:
+                futures.append(await client.send(topic, payloads[i % len(pool)], key=key))
+            send_ms.append((time.perf_counter() - t0) * 1000)
+            sent += len(payloads[i % len(pool)])
+            await asyncio.sleep(0)  # let the ticker see the loop between sends
+        if mode == "aio":
+            await client.flush()
+        await asyncio.gather(*futures)
+        lag.stop()
+    out.put(("produced", started, time.time(), sent / n, lag.lags, send_ms, wire))
+    if mode == "bus":
+        await client.stop()
+    elif mode == "aio":
+        await client.close()
+    elif mode == "aiokafka":
+        await client.stop()
 
 
 def _consumer(mode: str, bus_cfg: dict, n: int, ready, out) -> None:
@@ -125,8 +232,15 @@ async def _consume(mode: str, bus_cfg: dict, n: int, ready, out) -> None:
     out.put(("consumed", last, nbytes, latencies))
 
 
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))]
+
+
 def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int]) -> dict[str, float]:
-    """One producer/consumer pair over fresh topics; returns throughput and latencies."""
+    """One producer/consumer pair over fresh topics; returns throughput, latencies, loop lag."""
     from streamrl.bus import Bus
     from streamrl.config import BusConfig
     from streamrl.topics import ensure_topics
@@ -139,26 +253,43 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int]) -> dict[s
     producer = ctx.Process(target=_producer, args=(mode, bus_cfg, n, shape, go, out))
     consumer.start()
     producer.start()
-    if not ready.wait(60):
+    if not ready.wait(120):
         raise RuntimeError("the bench consumer did not start")
     go.set()
-    msgs = [out.get(timeout=600), out.get(timeout=600)]
-    producer.join(30)
-    consumer.join(30)
+    msgs = [out.get(timeout=900), out.get(timeout=900)]
+    producer.join(60)
+    consumer.join(60)
     produced = next(m for m in msgs if m[0] == "produced")
     consumed = next(m for m in msgs if m[0] == "consumed")
-    _, started, _, record_bytes = produced
+    _, started, _, record_bytes, lags, send_ms, wire = produced
     _, last, nbytes, latencies = consumed
     elapsed = last - started
-    latencies.sort()
     return {
-        "records_per_s": n / elapsed,
-        "mb_per_s": nbytes / elapsed / 1e6,
-        "record_bytes": record_bytes,
-        "p50_latency_ms": latencies[len(latencies) // 2],
-        "p99_latency_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-        "seconds": elapsed,
+        "records_per_s": n / elapsed, "mb_per_s": nbytes / elapsed / 1e6, "record_bytes": record_bytes,
+        "p50_latency_ms": _pct(latencies, 0.5), "p99_latency_ms": _pct(latencies, 0.99),
+        "loop_lag_p99_ms": _pct(lags, 0.99), "loop_lag_max_ms": max(lags) if lags else float("nan"),
+        "send_p99_ms": _pct(send_ms, 0.99), "send_max_ms": max(send_ms) if send_ms else float("nan"),
+        "seconds": elapsed, "wire_ratio": wire,
     }
+
+
+def _available(modes: list[str]) -> list[str]:
+    import importlib.util
+
+    from streamrl.bus._bare import aio_producer  # noqa: F401 - the bus's own client is there
+
+    out = []
+    for mode in modes:
+        if mode not in MODES:
+            raise SystemExit(f"--modes: unknown mode {mode!r} (choose from {', '.join(MODES)})")
+        if mode == "aiokafka" and importlib.util.find_spec("aiokafka") is None:
+            print("bench bus: aiokafka not installed (pip install 'streamrl[bench]'): skipped", file=sys.stderr)
+            continue
+        if mode == "aio" and importlib.util.find_spec("confluent_kafka.aio") is None:
+            print("bench bus: this confluent-kafka has no asyncio producer: skipped", file=sys.stderr)
+            continue
+        out.append(mode)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -167,32 +298,38 @@ def main(args: argparse.Namespace) -> int:
     from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
 
-    n = args.records or (3000 if args.quick else 10000)
-    rounds = args.rounds or (2 if args.quick else 3)
     shape = (args.prompt_tokens, args.response_tokens)
+    record_bytes = len(sample_trajectory(*shape).encode())
+    n = args.records or max(300, int((60e6 if args.quick else 160e6) // record_bytes))
+    rounds = args.rounds or (2 if args.quick else 3)
+    modes = _available([m.strip() for m in args.modes.split(",") if m.strip()])
     cfg = PipelineConfig()
     cfg.bus.bootstrap_servers = args.bootstrap_servers
-    runs: dict[str, list[dict[str, float]]] = {"raw": [], "bus": []}
+    if args.compression:
+        cfg.bus.compression = args.compression
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     with broker_for(cfg):
         bus_cfg = asdict(cfg.bus)
-        steps = [mode for _ in range(rounds) for mode in ("raw", "bus")]
-        for mode in tqdm(steps, desc=f"bench bus ({n} records/run)", file=sys.stderr):
+        steps = [mode for _ in range(rounds) for mode in modes]
+        for mode in tqdm(steps, desc=f"bench bus ({n} records of {record_bytes} B per run)", file=sys.stderr):
             runs[mode].append(run_once(mode, bus_cfg, n, shape))
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
-    print(f"{'':6s} {'records/s':>10s} {'MB/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
-    for mode in ("raw", "bus"):
+    print(f"compression {cfg.bus.compression}, {n} distinct-content records of {record_bytes} B, "
+          f"median of {rounds} rounds")
+    print(f"{'':9s} {'records/s':>10s} {'MB/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'lag p99':>8s} "
+          f"{'lag max':>8s} {'send max':>8s} {'wire':>6s}")
+    for mode in modes:
         m = med[mode]
-        print(f"{mode:6s} {m['records_per_s']:10.0f} {m['mb_per_s']:8.1f} {m['p50_latency_ms']:8.1f} {m['p99_latency_ms']:8.1f}")
-    summary: dict[str, Any] = {
-        "records": n, "rounds": rounds, "record_bytes": int(med["bus"]["record_bytes"]),
-        "records_per_s": round(med["bus"]["records_per_s"], 1),
-        "mb_per_s": round(med["bus"]["mb_per_s"], 2),
-        "raw_mb_per_s": round(med["raw"]["mb_per_s"], 2),
-        "ratio_to_raw": round(med["bus"]["mb_per_s"] / med["raw"]["mb_per_s"], 3),
-        "p50_latency_ms": round(med["bus"]["p50_latency_ms"], 1),
-        "p99_latency_ms": round(med["bus"]["p99_latency_ms"], 1),
-        "raw_p50_latency_ms": round(med["raw"]["p50_latency_ms"], 1),
-        "raw_p99_latency_ms": round(med["raw"]["p99_latency_ms"], 1),
-    }
+        print(f"{mode:9s} {m['records_per_s']:10.0f} {m['mb_per_s']:8.1f} {m['p50_latency_ms']:8.1f} "
+              f"{m['p99_latency_ms']:8.1f} {m['loop_lag_p99_ms']:8.2f} {m['loop_lag_max_ms']:8.2f} "
+              f"{m['send_max_ms']:8.2f} {m['wire_ratio']:6.3f}")
+    summary: dict[str, Any] = {"records": n, "rounds": rounds, "record_bytes": record_bytes,
+                               "compression": cfg.bus.compression}
+    for mode in modes:
+        summary[mode] = {k: round(v, 2) for k, v in med[mode].items()}
+    if "bus" in med and "bare" in med:
+        summary["ratio_bus_to_bare"] = round(med["bus"]["mb_per_s"] / med["bare"]["mb_per_s"], 3)
+    if "bus" in med and "aiokafka" in med:
+        summary["ratio_bus_to_aiokafka"] = round(med["bus"]["mb_per_s"] / med["aiokafka"]["mb_per_s"], 3)
     print(json.dumps(summary), flush=True)
     return 0

@@ -3,8 +3,8 @@
 Bytes (a transport: topic names, keys, values, headers; no record types, no metrics):
 
 - ``base``: the interface both transports implement (``TopicPartition``, ``Message``, ...);
-- ``kafka``: the Kafka client, wrapped; the only module that imports aiokafka (``_bare`` too:
-  the benchmark's bare-client baseline);
+- ``kafka``: the Kafka client (confluent-kafka, librdkafka), wrapped; the only module that
+  imports it (``_bare`` too: the benchmark's bare-client baselines);
 - ``memory``: an in-process broker with the same interface (``bus.bootstrap_servers:
   memory://NAME``), for stage logic tested in milliseconds (``streamrl.testing.memory_bus``).
 
@@ -19,10 +19,10 @@ Records, on top (what stages use):
 
 Lag gauges are the observer's (``streamrl.observing.ConsumerLag``, a checkpoint's ``on_commit``).
 
-Client: aiokafka (native asyncio). Measured in DESIGN.md and ``streamrl bench bus``: ~90 MB/s of
-32 KB records on 2 cores, a group member gets its first record in ~3 s with a 6 s session;
-confluent-kafka is faster on raw bytes but its asyncio story is callbacks on threads, and
-kafka-python is CPU-bound at ~5 MB/s.
+Client: confluent-kafka (librdkafka), chosen by measurement with distinct records (issue 24,
+BENCHMARKS.md "Bus"): librdkafka compresses, batches and fetches in C threads, off the event
+loop; aiokafka compressed lz4 on the loop at ~20 MB/s per core, and kafka-python is CPU-bound at
+~5 MB/s. ``kafka`` says how its threads meet the event loop.
 
 Delivery is at-least-once: a record's offset is committed only after everything it produced
 (outputs or its dead letter) was acknowledged by the broker ("flush outputs, then commit").

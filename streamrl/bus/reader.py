@@ -6,8 +6,11 @@ rebalance and never moves anybody's committed offsets.
 End offsets are exact here, on every broker. Kafka answers ListOffsets(latest) with the log
 end; the embedded broker answers the first offset of the partition's last batch plus one
 (measured: batches of 5, 5, 5, 1, 1 records list ends 1, 6, 11, 16, 17). A fetch reports the
-exact high watermark on both, so ``end_offsets`` fetches once at the listed end with a side
-client: on Kafka that returns no records (cheap), on the embedded broker the last batch.
+exact high watermark on both, so ``end_offsets`` fetches once from the listed end minus one
+with a side client: that is the last record on Kafka and the first of the last batch on the
+embedded broker, so a record always comes back, and with it a high watermark that is fresh
+(librdkafka keeps a partition's last known watermark across assignments: only one that came
+with a record of this question is trusted).
 """
 
 from __future__ import annotations
@@ -76,14 +79,16 @@ class Reader:
                 # fetch_max_wait_ms: the broker's default 500 ms wait would be paid per question
                 self._side = await self.bus.consumer([], None, "", fetch_max_wait_ms=10).start(subscribe=False)
             side = self._side
-            side.assign(need)  # fresh partition states: no high watermark left from last time
+            side.assign(need)  # fresh partition states
             for tp in need:
-                side.seek(tp, listed[tp])
+                side.seek(tp, listed[tp] - 1)
             exact: dict[TopicPartition, int] = {}
             deadline = time.monotonic() + timeout_s
             while len(exact) < len(need) and time.monotonic() < deadline:
-                await side.getmany(timeout_ms=100, partitions=need)
-                exact.update({tp: hw for tp in need if (hw := side.highwater(tp)) is not None})
+                for m in await side.getmany(timeout_ms=100, partitions=need):
+                    tp = TopicPartition(m.topic, m.partition)
+                    exact[tp] = max(exact.get(tp, 0), m.offset + 1, side.highwater(tp) or 0)
+            side.assign([])  # stop its fetchers: at the log end they would ask every 10 ms meanwhile
         return {tp: max(end, exact.get(tp, end)) for tp, end in listed.items()}
 
     async def beginning_offsets(self, partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:

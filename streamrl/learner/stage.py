@@ -10,7 +10,7 @@ and its dead letter acknowledged, or a duplicate), and commits through it with t
 saved inside the checkpoint, then committed to Kafka. On (re)assignment it seeks to the
 checkpoint's offsets.
 
-Training runs in a worker thread (``asyncio.to_thread``) so aiokafka's heartbeat keeps the
+Training runs in a worker thread (``asyncio.to_thread``) so the Kafka client's heartbeat keeps the
 group membership alive during a long step.
 """
 
