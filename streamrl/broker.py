@@ -21,10 +21,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamrl.errors import StreamrlError
 from streamrl.net import free_port
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class BrokerError(StreamrlError, RuntimeError):

@@ -65,25 +65,23 @@ async def wait_for(predicate: Callable[[], Any], timeout_s: float = 40.0, what: 
     fail naming ``what`` (``fail=False``: return its last value instead, for a test that asserts
     on it with its own message)."""
     deadline = time.monotonic() + timeout_s
-    while not (last := predicate()):
-        if time.monotonic() > deadline:
-            if fail:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
-            return last
+    while not (last := predicate()) and time.monotonic() <= deadline:
         await asyncio.sleep(interval)
-    return last
+    return _result(last, timeout_s, what, fail)
 
 
 def wait_for_sync(predicate: Callable[[], Any], timeout_s: float = 40.0, what: str = "the condition",
                   *, interval: float = 0.05, fail: bool = True) -> Any:
     """``wait_for`` outside an event loop (it sleeps the thread)."""
     deadline = time.monotonic() + timeout_s
-    while not (last := predicate()):
-        if time.monotonic() > deadline:
-            if fail:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
-            return last
+    while not (last := predicate()) and time.monotonic() <= deadline:
         time.sleep(interval)
+    return _result(last, timeout_s, what, fail)
+
+
+def _result(last: Any, timeout_s: float, what: str, fail: bool) -> Any:
+    if not last and fail:
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
     return last
 
 
@@ -161,6 +159,11 @@ class Collector:
 
 
 # --- records the tests build -------------------------------------------------------------------
+
+def rewarded_from(traj: Trajectory) -> Rewarded:
+    """``traj`` scored 1.0 by a scorer named ``test``."""
+    return Rewarded.from_trajectory(traj, reward=1.0, reward_info={"status": "ok"}, scorer={"name": "test"})
+
 
 def make_trajectory(n_tokens: int = 64, **overrides) -> Trajectory:
     """A full trajectory (every field, arrays of ``n_tokens``), as the bus and codec tests send."""

@@ -21,11 +21,7 @@ import pytest
 from streamrl.bus import Bus, Checkpoint, Reader, StageLoop, TopicPartition
 from streamrl.errors import Failure
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
-from tests.helpers import make_trajectory, read_topic, read_topic_sync, wait_for
-
-
-def rewarded_from(traj: Trajectory) -> Rewarded:
-    return Rewarded.from_trajectory(traj, reward=1.0, reward_info={"status": "ok"}, scorer={"name": "test"})
+from tests.helpers import make_trajectory, read_topic, read_topic_sync, rewarded_from, wait_for
 
 
 async def run_loop_until(loop: StageLoop, finished: int, timeout_s: float = 30.0) -> None:

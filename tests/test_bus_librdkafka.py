@@ -12,9 +12,7 @@ import time
 
 from streamrl.bus import Checkpoint, Reader, TopicPartition
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
-from tests.helpers import read_topic
-from tests.test_bus import rewarded_from
-from tests.test_records import make_trajectory
+from tests.helpers import make_trajectory, read_topic, rewarded_from
 
 #: Kafka's murmur2 (positive hash mod partitions) for these keys on 8 partitions, as Java's
 #: default partitioner, kafka-python and aiokafka place them.
@@ -67,7 +65,7 @@ def test_a_revoke_during_a_slow_flush_commits_only_flushed_outputs_before_the_pa
             checkpoint.done_when_acked(ack, tp, msg.offset)
         b = bus.consumer(["rollouts"], group, "test")
         await b.start()
-        again, b_assigned = [], False
+        again, b_assigned, b_since = [], False, 0.0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (b_assigned and time.monotonic() > b_since + 3):
             await a.getmany(timeout_ms=100)  # A serves the rebalance in its consume

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import io
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "streamrl"
@@ -42,13 +43,15 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement, at any depth (functions too), except under ``if TYPE_CHECKING``
-    (those never run)."""
+def imports(tree: ast.Module, *, in_functions: bool = True) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth (``in_functions=False``: not inside a function),
+    except under ``if TYPE_CHECKING`` (those never run)."""
     out: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
+            if not in_functions and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
             if isinstance(child, ast.If) and _is_type_checking(child):
                 for other in child.orelse:
                     visit(other)
@@ -226,22 +229,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 def module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     """The imports that run when the module is imported: not those inside a function (lazy, by
     design: heavy extras, the CLI's fast ``--help``) nor under ``if TYPE_CHECKING`` (never run)."""
-    out: list[ast.Import | ast.ImportFrom] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for other in child.orelse:
-                    visit(other)
-                continue
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                out.append(child)
-            visit(child)
-
-    visit(tree)
-    return out
+    return imports(tree, in_functions=False)
 
 
 def layer_of(module: str) -> int | None:
@@ -312,3 +300,25 @@ def test_no_test_module_imports_another():
                     found.append(f"tests/{path.name}:{node.lineno}: {name}")
     assert not found, "test modules imported by other files (move what they share to tests/helpers.py):\n" + \
         "\n".join(found)
+
+
+def test_no_undefined_names_in_the_package_tests_or_services():
+    """pyflakes over every file: an undefined name is a NameError waiting on a code path the suite
+    may not run (a misplaced import once broke ``streamrl bench learner --nproc``); names used
+    only in string annotations are fine when imported under ``TYPE_CHECKING``."""
+    from pyflakes import api, messages, reporter
+
+    class Collect(reporter.Reporter):
+        def __init__(self) -> None:
+            super().__init__(io.StringIO(), io.StringIO())
+            self.found: list[str] = []
+
+        def flake(self, message) -> None:
+            if isinstance(message, (messages.UndefinedName, messages.UndefinedLocal, messages.UndefinedExport)):
+                self.found.append(str(message))
+
+    root = Path(__file__).resolve().parent.parent
+    collect = Collect()
+    for folder in ("streamrl", "tests", "services"):
+        api.checkRecursive([str(root / folder)], collect)
+    assert not collect.found, "\n".join(collect.found)

@@ -97,7 +97,6 @@ def _parallel_rank(rank: int, world: int, port: int, args: argparse.Namespace, p
         follow(cfg)
         return
     from streamrl.learner.trainer import Trainer
-    from streamrl.net import free_port
 
     trainer = Trainer(cfg, policy=policy)
     result = _parallel_steps(trainer, args)
@@ -132,6 +131,7 @@ def parallel(args: argparse.Namespace) -> int:
     import torch.multiprocessing as mp
 
     from streamrl.learner.trainer import Trainer
+    from streamrl.net import free_port
     from streamrl.policy import byte_tokenizer, load_policy, save_policy, tiny_model
 
     counts = sorted({int(n) for n in args.nproc.split(",") if n.strip()})

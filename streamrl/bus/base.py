@@ -17,8 +17,8 @@ class TopicPartition(NamedTuple):
     partition: int
 
 
-class Message(Protocol):
-    """One record as a consumer hands it out."""
+class Message(NamedTuple):
+    """One record as a consumer hands it out (either transport builds these)."""
 
     topic: str
     partition: int
@@ -26,7 +26,7 @@ class Message(Protocol):
     timestamp: int  # ms since the epoch; -1: none
     key: bytes | None
     value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
+    headers: Sequence[tuple[str, bytes]] = ()
 
 
 class Delivery(Protocol):

@@ -154,16 +154,6 @@ def producer_settings(c: BusConfig, max_request_bytes: int) -> dict[str, Any]:
         "enable.idempotence": False})
 
 
-class _Message(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
-
-
 class _Delivery(NamedTuple):
     topic: str
     partition: int
@@ -319,7 +309,7 @@ class KafkaConsumer:
         self._pos: dict[TopicPartition, int] = {}  # next offset, once known here
         self._hw: dict[TopicPartition, int] = {}  # high watermark of the last fetch
         self._meta: dict[str, set[int]] = {}
-        self._leftover: list[_Message] = []  # consumed from librdkafka, not yet handed out
+        self._leftover: list[Message] = []  # consumed from librdkafka, not yet handed out
         self._assigning: dict[TopicPartition, int] | None = None  # seeks asked during on_assign
         self._unfetched: set[TopicPartition] = set()  # assigned, no fetch answered yet
         self._lock = threading.Lock()
@@ -432,7 +422,7 @@ class KafkaConsumer:
         self._paused -= tps
         self._leftover = [m for m in self._leftover if TopicPartition(m.topic, m.partition) not in tps]
 
-    def _consume(self, n: int, timeout_s: float) -> list[_Message]:
+    def _consume(self, n: int, timeout_s: float) -> list[Message]:
         """Up to ``n`` records within ``timeout_s``. Right after a group assignment, until every
         partition assigned (and not paused) has answered its first fetch or ``SETTLE_S`` has
         passed: librdkafka starts each partition's fetcher on its own, so a stage would
@@ -443,10 +433,10 @@ class KafkaConsumer:
             out += self._consume_once(n - len(out), 0.02)
         return out
 
-    def _consume_once(self, n: int, timeout_s: float) -> list[_Message]:
+    def _consume_once(self, n: int, timeout_s: float) -> list[Message]:
         client = self._client
         assert client is not None
-        out: list[_Message] = []
+        out: list[Message] = []
         # consume(n, timeout) waits for n records or the whole timeout; like aiokafka's getmany,
         # return as soon as there are some: wait for the first, then take what is already queued.
         first = client.poll(timeout_s)
@@ -458,7 +448,7 @@ class KafkaConsumer:
                     _rdkafka_log.warning("consumer: %s", err.str())
                 continue
             ts_type, ts = m.timestamp()
-            msg = _Message(m.topic(), m.partition(), m.offset(),
+            msg = Message(m.topic(), m.partition(), m.offset(),
                            ts if ts_type != ck.TIMESTAMP_NOT_AVAILABLE else -1,
                            m.key(), m.value(), m.headers() or ())
             out.append(msg)
@@ -522,11 +512,11 @@ class KafkaConsumer:
             await asyncio.to_thread(thread.join, STOP_TIMEOUT_S)
 
     # -- records -------------------------------------------------------------------------------
-    def _take(self, want: set[TopicPartition], max_records: int | None) -> list[_Message]:
+    def _take(self, want: set[TopicPartition], max_records: int | None) -> list[Message]:
         if not self._leftover:
             return []
-        out: list[_Message] = []
-        keep: list[_Message] = []
+        out: list[Message] = []
+        keep: list[Message] = []
         for m in self._leftover:
             tp = TopicPartition(m.topic, m.partition)
             if ((max_records is None or len(out) < max_records) and tp not in self._paused

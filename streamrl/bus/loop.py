@@ -128,8 +128,9 @@ class StageLoop(Generic[R]):
                 try:
                     outputs = list(await self.handle(record, msg))
                 except Failure as exc:
+                    failure = exc  # the lambda may run after the except clause unbinds ``exc``
                     await self._send_until_acked(lambda: [self.producer.dead_letter(
-                        reason=exc.reason, detail=exc.detail, message=msg,
+                        reason=failure.reason, detail=failure.detail, message=msg,
                         record_id=getattr(record, "id", None))])
                 else:
                     await self._send_until_acked(lambda: [self.producer.send(out) for out in outputs])

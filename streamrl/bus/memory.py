@@ -27,20 +27,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from streamrl.bus.base import DeliveryCallback, PartitionsCallback, TopicPartition, TopicSettings
+from streamrl.bus.base import DeliveryCallback, Message, PartitionsCallback, TopicPartition, TopicSettings
 
 SCHEME = "memory://"
-
-
-@dataclass(frozen=True)
-class MemoryMessage:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]] = ()
 
 
 @dataclass(frozen=True)
@@ -52,7 +41,7 @@ class MemoryDelivery:
 
 @dataclass
 class _Topic:
-    logs: list[list[MemoryMessage]]
+    logs: list[list[Message]]
     config: dict[str, str]
     next_partition: itertools.count = field(default_factory=itertools.count)
 
@@ -76,7 +65,7 @@ class MemoryBroker:
         self.topics[name] = _Topic([[] for _ in range(partitions)], dict(config or {}))
         return True
 
-    def log(self, tp: TopicPartition) -> list[MemoryMessage]:
+    def log(self, tp: TopicPartition) -> list[Message]:
         topic = self.topics.get(tp.topic)
         if topic is None or not 0 <= tp.partition < len(topic.logs):
             raise LookupError(f"no partition {tp.topic}[{tp.partition}] on {SCHEME}{self.name}")
@@ -90,7 +79,7 @@ class MemoryBroker:
         n = len(t.logs)
         partition = zlib.crc32(key) % n if key is not None else next(t.next_partition) % n
         log = t.logs[partition]
-        log.append(MemoryMessage(topic, partition, len(log), int(time.time() * 1000), key, value,
+        log.append(Message(topic, partition, len(log), int(time.time() * 1000), key, value,
                                  tuple(headers or ())))
         for waiter in list(self._waiters):
             waiter.get_loop().call_soon_threadsafe(_wake, waiter)
@@ -217,7 +206,7 @@ class MemoryConsumer:
                   if tp in self._positions and tp not in self._paused]
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            out: list[MemoryMessage] = []
+            out: list[Message] = []
             if wanted:
                 self._turn = (self._turn + 1) % len(wanted)
             for tp in wanted[self._turn:] + wanted[:self._turn]:

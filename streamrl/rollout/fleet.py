@@ -228,7 +228,6 @@ class ServerFleet:
                 log.warning("rollout server %s: loaded policy version %d after %d failed attempts; back "
                             "in rotation", public_url(m.url), version, m.failures)
             m.version, m.updating, m.out, m.failures = version, False, False, 0
-            delay = self.retry_s
             metrics.ROLLOUT_SERVER_UPDATE_SECONDS.observe(took)
             metrics.ROLLOUT_SERVER_VERSION.labels(public_url(m.url)).set(version)
             log.info("rollout server %s: policy version %d loaded in %.2f s", public_url(m.url), version, took)
