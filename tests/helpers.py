@@ -85,6 +85,11 @@ def _result(last: Any, timeout_s: float, what: str, fail: bool) -> Any:
     return last
 
 
+def last_json_line(stdout: str) -> Any:
+    """The JSON object a command prints last (``streamrl run``'s summary, a bench's figures)."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 async def read_topic(bus: Bus, topic: str, n: int | None = None, timeout_s: float = 30.0) -> list[Message]:
     """Read ``n`` messages of ``topic`` from the beginning, without a consumer group; ``n=None``:
     every message up to the topic's end offsets now."""

@@ -7,7 +7,6 @@ logic (``run_stage`` on the in-memory bus); the kill is about Kafka's commits (r
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import signal
 import subprocess
@@ -27,7 +26,7 @@ from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory, as_plain
 from streamrl.replay.reader import Range, parse_bound, read_archive
 from streamrl.testing import run_stage
-from tests.helpers import ROOT, wait_for_sync
+from tests.helpers import ROOT, last_json_line, wait_for_sync
 
 
 
@@ -167,8 +166,6 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
 def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(bootstrap, tmp_path):
     """``streamrl run`` (on the test broker, to compare with its topic after), then replay from
     its archive with no broker: every rewarded record once, re-scored as the run scored it."""
-    import json
-
     from streamrl.config import BusConfig
     from streamrl.replay.reader import read_range
 
@@ -179,7 +176,7 @@ def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(b
          "feed.limit=48", "learner.versions=1"],
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    summary = last_json_line(run.stdout)
     archive = summary["archive"]
     assert archive == str(Path(summary["out"]) / "archive") and f"archive {archive}" in run.stderr
     on_topic = asyncio.run(read_range(Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)), "rewarded"))
@@ -204,14 +201,12 @@ def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(b
                           capture_output=True, text=True, timeout=120, env=env)
     assert here.returncode == 0, here.stderr[-3000:]
     assert "reading the archive archive" in here.stderr
-    inventory = json.loads(here.stdout.strip().splitlines()[-1])
+    inventory = last_json_line(here.stdout)
     assert inventory["records"] == len(on_topic.records)
     assert sum(v["n"] for v in inventory["by_version"].values()) == len(on_topic.records)
 
 
 def test_replay_without_a_scorer_reports_what_a_topic_or_an_archive_holds(bus_config, tmp_path):
-    import json
-
     bus, uri = Bus(bus_config), str(tmp_path / "archive")
     recs = records(9, seed=5)
     letter = DeadLetter.for_message(stage="reward", reason="timeout", detail="", topic=None, partition=None,
@@ -241,7 +236,7 @@ def test_replay_without_a_scorer_reports_what_a_topic_or_an_archive_holds(bus_co
     want_versions = {str(v): sum(r.policy_version == v for r in recs) for v in (0, 1, 2)}
     for proc in (from_topic, from_archive):
         assert proc.returncode == 0, proc.stderr[-2000:]
-        inv = json.loads(proc.stdout.strip().splitlines()[-1])
+        inv = last_json_line(proc.stdout)
         assert inv["records"] == len(recs) and inv["duplicates"] == 2
         assert {v: s["n"] for v, s in inv["by_version"].items()} == want_versions
         assert inv["by_data_source"]["math"]["mean_reward"] == pytest.approx(

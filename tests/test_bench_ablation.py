@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.bench.ablation import MODES, remote_gsm8k_score
-from tests.helpers import gsm8k_path
+from tests.helpers import gsm8k_path, last_json_line
 
 
 def test_remote_score_blocks_and_scores_gsm8k():
@@ -36,7 +36,7 @@ def test_bench_ablation_quick(tmp_path):
                            "--dataset", str(gsm8k_path("train"))],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = last_json_line(proc.stdout)
 
     assert set(res["seconds"]) == set(MODES)
     assert set(res["reduction"]) == {"pipeline_only", "off_policy_only", "both"}

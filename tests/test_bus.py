@@ -5,7 +5,6 @@ end offsets and ranges for a reader without a group, and the checkpoint's order.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import signal
@@ -14,7 +13,6 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-import numpy as np
 import orjson
 import pytest
 

@@ -4,7 +4,6 @@ of the records does not freeze the run (the staleness gate gets those slots back
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
-from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync, wait_for_sync
+from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, last_json_line, read_topic_sync, wait_for_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +95,7 @@ def test_chaos_stages_killed_in_turn_are_restarted_and_nothing_is_lost(tmp_path,
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err[-4000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = last_json_line(out)
     assert summary["ended"] == "done" and summary["versions"] == 20, summary
     assert summary["restarts"] >= 3 and killed == ["reward", "rollout", "learner"]
     assert "restarted" in err
@@ -138,7 +137,7 @@ def test_a_scorer_failing_on_a_third_of_the_records_does_not_freeze_the_run(tmp_
                f"reward.scorers.flaky.path={scorer}:compute_score", "reward.scorers.flaky.data_sources=[gsm8k]")
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-4000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = last_json_line(out)
     assert summary["ended"] == "done" and summary["versions"] == 4, summary
     dead = [DeadLetter.decode(m.value, 2**26) for m in read_topic_sync(Bus(cfg), "deadletter")]
     failed = [d for d in dead if d.reason == "scorer_error"]

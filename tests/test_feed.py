@@ -18,7 +18,7 @@ from streamrl.config import ConfigError
 from streamrl.records import Prompt
 from streamrl.rollout.config import FeedConfig
 from streamrl.rollout.feed import FeedError, build_prompts, gsm8k_ground_truth, publish_feed
-from tests.helpers import gsm8k_path, read_topic
+from tests.helpers import gsm8k_path, last_json_line, read_topic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,7 +190,7 @@ def hub_probe(cwd: Path, hf_home: Path) -> dict:
     proc = subprocess.run([sys.executable, "-c", HUB_PROBE], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json_line(proc.stdout)
 
 
 def test_gsm8k_by_name_goes_through_datasets_with_no_network(tmp_path):

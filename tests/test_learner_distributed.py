@@ -19,6 +19,7 @@ from streamrl.learner.config import LearnerConfig, ParallelConfig
 from streamrl.learner.trainer import Sample, Trainer, follow
 from streamrl.net import free_port
 from streamrl.policy import load_policy
+from tests.helpers import last_json_line
 
 STEPS = 3
 #: the parity runs take every path that talks between ranks: recomputed proximal log-probs
@@ -193,7 +194,7 @@ def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err[-4000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = last_json_line(out)
     assert summary["ended"] in ("done", "data_exhausted") and summary["versions"] == versions and summary["restarts"] >= 1, summary
     log = (out_dir / "logs" / "learner.log").read_text()
     assert log.count("2 ranks through torch.distributed.run") >= 2 and "resumed from" in log

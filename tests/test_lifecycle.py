@@ -6,7 +6,6 @@ named on the status line."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -24,7 +23,7 @@ from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.learner import checkpoint
 from streamrl.records import PolicyVersion, Prompt
-from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, read_topic_sync
+from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, last_json_line, read_topic_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +69,7 @@ class Run:
         out = self.proc.stdout.read()
         self._reader.join(10)
         assert out.strip(), f"no summary (rc {self.proc.returncode}):\n{self.err[-4000:]}"
-        return json.loads(out.strip().splitlines()[-1])
+        return last_json_line(out)
 
     @property
     def err(self) -> str:

@@ -38,7 +38,7 @@ from streamrl.rollout.feed import build_prompts
 from streamrl.rollout.tools.calculator import CalculationError, CalculatorTool, calculate
 from streamrl.rollout.tools.parser import ToolCall, ToolCallError, parse_tool_calls
 from streamrl.testing import score
-from tests.helpers import read_topic_sync
+from tests.helpers import last_json_line, read_topic_sync
 
 try:  # a verl user's imports; streamrl's compatible bases when verl is not installed
     from verl.interactions.base import BaseInteraction
@@ -555,7 +555,7 @@ def test_a_verl_multiturn_gsm8k_setup_runs_through_streamrl_run(bootstrap, tmp_p
          "rollout.multi_turn.max_user_turns=1", "reward.turn_scores.reducer=last"],
         cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = last_json_line(proc.stdout)
     assert summary["ended"] in ("done", "data_exhausted") and 1 <= summary["versions"] <= 2 and summary["deadletters"] == 0
     bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix))
     n = summary["records"]["rewarded"]

@@ -24,7 +24,7 @@ from streamrl.config import BusConfig
 from streamrl.errors import StreamrlError
 from streamrl.records import PolicyVersion
 from streamrl.ray_launcher import RayLauncher
-from tests.helpers import gsm8k_path, read_topic_sync
+from tests.helpers import gsm8k_path, last_json_line, read_topic_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -94,7 +94,7 @@ def test_main_job_runs_across_two_nodes(cluster, bootstrap, tmp_path):
         "run.ray.resources.learner.train=1", "run.ray.resources.rollout.gen=1",
         env={SECRET_NAME: secret}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = last_json_line(proc.stdout)
     assert summary["ended"] == "done" and summary["versions"] == 2 and summary["launcher"] == "ray"
     # every record was scored by a reward process that saw the secret
     assert summary["reward_first"] == 1.0 and summary["reward_last"] == 1.0, summary

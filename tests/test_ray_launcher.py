@@ -7,7 +7,6 @@ is tests/test_ray_cluster.py."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ from streamrl.ray_placement import actor_options, check_placement, stage_counts,
 from streamrl.records import Rewarded
 from streamrl.launching import LagAutoscaler
 from streamrl.observing import Observer, resize_reward_group
-from tests.helpers import make_trajectory, read_topic
+from tests.helpers import last_json_line, make_trajectory, read_topic
 
 SLOW_SCORER = '''
 import asyncio
@@ -110,7 +109,7 @@ def test_run_with_default_resources_goes_to_its_end_on_two_cpus(tmp_path):
     pin = shutil.which("taskset") is not None
     proc = ray_run(tmp_path, "learner.versions=2", "feed.limit=200", pin_two_cpus=pin, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = last_json_line(proc.stdout)
     assert summary["ended"] == "done" and summary["versions"] == 2 and summary["launcher"] == "ray"
     assert summary["restarts"] == 0 and summary["records"]["trained"] > 0
     if pin:

@@ -14,7 +14,6 @@ requests are in flight.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import sys
 import time
@@ -32,7 +31,7 @@ from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig, ServersLaunchConfig
 from streamrl.rollout.worker import RolloutWorker
 from streamrl.scorers.servers import RewardServerConfig, RewardServers, server_argv
-from tests.helpers import AppServer, read_topic
+from tests.helpers import AppServer, last_json_line, read_topic
 
 
 class PolicyServer(AppServer):
@@ -336,7 +335,7 @@ def test_streamrl_run_on_two_servers_that_follow_the_learner(bootstrap, bus_conf
 
     code, out, err, records, policy, letters, servers = asyncio.run(go())
     assert code == 0, err[-3000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = last_json_line(out)
     assert summary["ended"] in ("done", "data_exhausted") and summary["versions"] == 3
     assert [p.version for p in policy][-1] == 3  # the learner's versions advanced
     assert records

@@ -4,14 +4,13 @@ first session of ``test_lifecycle``'s resume test (one pipeline start fewer)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, last_json_line
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +30,7 @@ def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     proc = start_run(tmp_path, "learner.versions=40", "feed.limit=800")
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
-    summary = json.loads(out.strip().splitlines()[-1])  # the last line is one JSON object
+    summary = last_json_line(out)  # the last line is one JSON object
     assert summary["ended"] == "done" and summary["versions"] == 40
     assert "warm start (" in err and (Path(summary["out"]) / "warm_start" / "config.json").exists()
     by_version = [r for _, r in sorted((int(v), r) for v, r in summary["reward_by_version"].items())]
