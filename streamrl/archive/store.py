@@ -270,11 +270,13 @@ def is_archive(uri: str) -> bool:
 
 
 def read_tables(uri: str, topic: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
-    """Each file of ``topic`` as a table (``columns`` only, when given)."""
+    """Each file of ``topic`` as a table (``columns`` only, when given). Read on this thread:
+    pyarrow's reader threads pulling from a Python (fsspec) file made about one replay process
+    in two abort at interpreter exit ("terminate called without an active exception")."""
     fs, _ = filesystem(uri)
     for path in files(uri, topic):
         with fs.open(path, "rb") as f:
-            yield pq.read_table(f, columns=columns)
+            yield pq.read_table(f, columns=columns, use_threads=False)
 
 
 def record_dict(table: pa.Table, i: int, keep_arrays: bool = True) -> dict[str, Any]:
