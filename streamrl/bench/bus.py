@@ -8,16 +8,23 @@ as real trajectories are: an identical payload lets the compressor find the copi
 batch and overstates every client 2-3x. Each round runs, in turn:
 
 - ``bus``: streamrl records through the bus's producer (encode, size check, delivery futures,
-  metrics), read and decoded (schema check) by the bus's ``Reader``;
+  metrics), read and decoded (schema check) by the bus's ``Reader``. The records are built
+  before the clock runs (building them is the rollout worker's work, not the bus's);
+- ``bytes``: the same records' bytes through the bus's producer (``send_bytes``: size check,
+  futures, metrics, no encode) and ``Reader`` (no decode): the transport without the codec;
 - ``bare``: the same records' bytes through the bare client the bus uses (librdkafka, the bus's
   own producer settings: ``streamrl.bus._bare``), read by the ``Reader``;
 - ``aio``: confluent-kafka's own asyncio producer (``confluent_kafka.aio.AIOProducer``), the
-  alternative to the bus's delivery thread (when the installed confluent-kafka has it);
+  alternative to the bus's way of serving delivery reports (when confluent-kafka has it);
 - ``aiokafka``: the other Python client, same settings (when installed: ``streamrl[bench]``).
 
 The producer process measures its event loop's lag (a 1 ms ticker: how late it wakes) and how
-long each send holds the loop: the rollout worker's loop must not stop for a send. Rounds
-alternate the modes so that noise on a shared machine falls on all; figures are medians.
+long each send holds the loop, in wall time and in the loop thread's own CPU time (the two
+differ by the time the OS gave the core to another thread: on a machine with fewer cores than
+busy threads, that is most of a long send). The rollout worker's loop must not stop for a
+send. CPU per record of the producer and consumer processes (librdkafka's threads included)
+and of the embedded broker say where the time goes. Rounds alternate the modes so that noise
+on a shared machine falls on all; figures are medians.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -34,7 +42,7 @@ from dataclasses import asdict
 from typing import Any
 
 HELP = "bus throughput, latency and loop lag against the bare Kafka clients (one run, side by side)"
-MODES = ("bus", "bare", "aio", "aiokafka")
+MODES = ("bus", "bytes", "bare", "aio", "aiokafka")
 #: distinct records in the pool (at least 64): far more than a 1 MB producer batch holds
 POOL_BYTES = 48 * 1024 * 1024
 
@@ -147,8 +155,6 @@ def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int) -> tupl
 
 
 async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out) -> None:
-    import dataclasses
-
     from streamrl.bus import Bus
     from streamrl.bus._bare import aio_producer, aiokafka_producer
     from streamrl.config import BusConfig
@@ -158,7 +164,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
     payloads = [t.encode() for t in pool]
     topic = bus.topic("rollouts")
     client: Any = None
-    if mode == "bus":
+    if mode in ("bus", "bytes"):
         client = await bus.producer("bench").start()
     elif mode == "aio":
         client = aio_producer(bus.config)
@@ -167,8 +173,10 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         await client.start()
     lag = _LoopLag()
     send_ms: list[float] = []
+    send_cpu_ms: list[float] = []  # the loop thread's own CPU in each send (wall minus preemption)
     go.wait()
     started = time.time()
+    cpu0 = time.process_time()
     sent, wire = 0, float("nan")
     if mode == "bare":
         sent, wire = _bare_send(bus_cfg, topic, payloads, n)
@@ -177,23 +185,27 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         futures = []
         for i in range(n):
             key = f"g{i // 16}".encode()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             if mode == "bus":
-                traj = dataclasses.replace(pool[i % len(pool)], id=uuid.uuid4().hex, group_id=f"g{i // 16}")
-                futures.append(await client.send(traj))
+                # the record as built (distinct from its neighbours), keyed as the others are
+                futures.append(await client.send(pool[i % len(pool)], key=key))
+            elif mode == "bytes":
+                futures.append(await client.send_bytes("rollouts", payloads[i % len(pool)], key))
             elif mode == "aio":
                 futures.append(await client.produce(topic, payloads[i % len(pool)], key))
             else:
                 futures.append(await client.send(topic, payloads[i % len(pool)], key=key))
             send_ms.append((time.perf_counter() - t0) * 1000)
+            send_cpu_ms.append((time.thread_time() - c0) * 1000)
             sent += len(payloads[i % len(pool)])
             await asyncio.sleep(0)  # let the ticker see the loop between sends
         if mode == "aio":
             await client.flush()
         await asyncio.gather(*futures)
         lag.stop()
-    out.put(("produced", started, time.time(), sent / n, lag.lags, send_ms, wire))
-    if mode == "bus":
+    cpu_us = (time.process_time() - cpu0) / n * 1e6
+    out.put(("produced", started, time.time(), sent / n, lag.lags, send_ms, send_cpu_ms, wire, cpu_us))
+    if mode in ("bus", "bytes"):
         await client.stop()
     elif mode == "aio":
         await client.close()
@@ -214,12 +226,15 @@ async def _consume(mode: str, bus_cfg: dict, n: int, ready, out) -> None:
     reader = await Reader(bus, ["rollouts"], "bench").start()
     await reader.fetch(timeout_ms=500)  # fetch metadata and positions before the clock runs
     ready.set()
+    cpu0: float | None = None
     got = nbytes = 0
     latencies: list[float] = []
     last = time.time()
     while got < n:
         msgs = await reader.fetch(timeout_ms=1000)
         now = time.time()
+        if cpu0 is None and msgs:
+            cpu0 = time.process_time()  # from the first record: not the wait for the producer
         for m in msgs:
             if mode == "bus":
                 Trajectory.decode(m.value)
@@ -228,8 +243,9 @@ async def _consume(mode: str, bus_cfg: dict, n: int, ready, out) -> None:
         got += len(msgs)
         if msgs:
             last = time.time()
+    cpu_us = (time.process_time() - (cpu0 or 0.0)) / n * 1e6
     await reader.stop()
-    out.put(("consumed", last, nbytes, latencies))
+    out.put(("consumed", last, nbytes, latencies, cpu_us))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -239,7 +255,18 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(len(values) * q))]
 
 
-def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int]) -> dict[str, float]:
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds a process has used (Linux ``/proc``; NaN elsewhere or without a pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, TypeError):
+        return float("nan")
+
+
+def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
+             broker_pid: int | None = None) -> dict[str, float]:
     """One producer/consumer pair over fresh topics; returns throughput, latencies, loop lag."""
     from streamrl.bus import Bus
     from streamrl.config import BusConfig
@@ -255,21 +282,26 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int]) -> dict[s
     producer.start()
     if not ready.wait(120):
         raise RuntimeError("the bench consumer did not start")
+    broker_cpu = _cpu_s(broker_pid)
     go.set()
     msgs = [out.get(timeout=900), out.get(timeout=900)]
+    broker_cpu = _cpu_s(broker_pid) - broker_cpu
     producer.join(60)
     consumer.join(60)
     produced = next(m for m in msgs if m[0] == "produced")
     consumed = next(m for m in msgs if m[0] == "consumed")
-    _, started, _, record_bytes, lags, send_ms, wire = produced
-    _, last, nbytes, latencies = consumed
+    _, started, acked, record_bytes, lags, send_ms, send_cpu_ms, wire, produce_cpu = produced
+    _, last, nbytes, latencies, consume_cpu = consumed
     elapsed = last - started
     return {
         "records_per_s": n / elapsed, "mb_per_s": nbytes / elapsed / 1e6, "record_bytes": record_bytes,
         "p50_latency_ms": _pct(latencies, 0.5), "p99_latency_ms": _pct(latencies, 0.99),
         "loop_lag_p99_ms": _pct(lags, 0.99), "loop_lag_max_ms": max(lags) if lags else float("nan"),
         "send_p99_ms": _pct(send_ms, 0.99), "send_max_ms": max(send_ms) if send_ms else float("nan"),
-        "seconds": elapsed, "wire_ratio": wire,
+        "send_cpu_p99_ms": _pct(send_cpu_ms, 0.99),
+        "send_cpu_max_ms": max(send_cpu_ms) if send_cpu_ms else float("nan"),
+        "seconds": elapsed, "produce_seconds": acked - started, "wire_ratio": wire,
+        "producer_cpu_us": produce_cpu, "consumer_cpu_us": consume_cpu, "broker_cpu_us": broker_cpu / n * 1e6,
     }
 
 
@@ -295,7 +327,7 @@ def _available(modes: list[str]) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from streamrl.runtime import broker_for
+    from streamrl.runtime import open_broker
     from streamrl.pipeline_config import PipelineConfig
 
     shape = (args.prompt_tokens, args.response_tokens)
@@ -308,27 +340,33 @@ def main(args: argparse.Namespace) -> int:
     if args.compression:
         cfg.bus.compression = args.compression
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
-    with broker_for(cfg):
+    with open_broker(cfg) as (_, broker):
         bus_cfg = asdict(cfg.bus)
+        broker_pid = broker.proc.pid if broker is not None else None
         steps = [mode for _ in range(rounds) for mode in modes]
         for mode in tqdm(steps, desc=f"bench bus ({n} records of {record_bytes} B per run)", file=sys.stderr):
-            runs[mode].append(run_once(mode, bus_cfg, n, shape))
+            runs[mode].append(run_once(mode, bus_cfg, n, shape, broker_pid))
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
     print(f"compression {cfg.bus.compression}, {n} distinct-content records of {record_bytes} B, "
           f"median of {rounds} rounds")
     print(f"{'':9s} {'records/s':>10s} {'MB/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'lag p99':>8s} "
-          f"{'lag max':>8s} {'send max':>8s} {'wire':>6s}")
+          f"{'lag max':>8s} {'send p99':>8s} {'max':>6s} {'cpu p99':>7s} {'max':>6s} {'wire':>6s} "
+          f"{'cpu/rec us: prod':>16s} {'cons':>6s} {'broker':>6s}")
     for mode in modes:
         m = med[mode]
         print(f"{mode:9s} {m['records_per_s']:10.0f} {m['mb_per_s']:8.1f} {m['p50_latency_ms']:8.1f} "
               f"{m['p99_latency_ms']:8.1f} {m['loop_lag_p99_ms']:8.2f} {m['loop_lag_max_ms']:8.2f} "
-              f"{m['send_max_ms']:8.2f} {m['wire_ratio']:6.3f}")
+              f"{m['send_p99_ms']:8.2f} {m['send_max_ms']:6.2f} {m['send_cpu_p99_ms']:7.2f} "
+              f"{m['send_cpu_max_ms']:6.2f} {m['wire_ratio']:6.3f} {m['producer_cpu_us']:16.0f} "
+              f"{m['consumer_cpu_us']:6.0f} {m['broker_cpu_us']:6.0f}")
     summary: dict[str, Any] = {"records": n, "rounds": rounds, "record_bytes": record_bytes,
                                "compression": cfg.bus.compression}
     for mode in modes:
         summary[mode] = {k: round(v, 2) for k, v in med[mode].items()}
     if "bus" in med and "bare" in med:
         summary["ratio_bus_to_bare"] = round(med["bus"]["mb_per_s"] / med["bare"]["mb_per_s"], 3)
+    if "bytes" in med and "bare" in med:
+        summary["ratio_bytes_to_bare"] = round(med["bytes"]["mb_per_s"] / med["bare"]["mb_per_s"], 3)
     if "bus" in med and "aiokafka" in med:
         summary["ratio_bus_to_aiokafka"] = round(med["bus"]["mb_per_s"] / med["aiokafka"]["mb_per_s"], 3)
     print(json.dumps(summary), flush=True)

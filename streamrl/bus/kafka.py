@@ -164,7 +164,19 @@ class KafkaProducer:
     """Keyed, batched, compressed producer of bytes. ``send`` returns once librdkafka holds the
     value, with a future of its ``Delivery``; ``on_delivery`` is called once per ``send`` when
     the broker has acknowledged or refused it. ``max_request_bytes``: the largest message.
-    ``overrides``: librdkafka settings (``{"linger.ms": 0}``)."""
+    ``overrides``: librdkafka settings (``{"linger.ms": 0}``).
+
+    Delivery reports are served on the event loop (``poll(0)``, which never waits): after each
+    ``send`` and, while records wait for theirs, every ``POLL_INTERVAL_S``. A thread serving
+    them instead took the GIL once per report (confluent-kafka calls each report's callback
+    with the GIL taken and released), and the event loop waited for the GIL behind it: sends
+    of 521 KB records held the loop up to one switch interval (5 ms) several times a second,
+    and every report cost a thread hand-off (``streamrl bench bus``, BENCHMARKS.md)."""
+
+    #: How often reports are served while records wait for them (and nothing else polls).
+    POLL_INTERVAL_S = 0.001
+    #: How often librdkafka's error and log callbacks are served when nothing waits.
+    IDLE_POLL_S = 0.1
 
     def __init__(self, config: BusConfig, *, max_request_bytes: int,
                  on_delivery: DeliveryCallback | None = None, **overrides: Any):
@@ -172,22 +184,20 @@ class KafkaProducer:
         self._settings = dict(producer_settings(config, max_request_bytes), **_overrides(overrides))
         self._client: ck.Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
         self._pending: set[asyncio.Future] = set()
-        self._settled: list[tuple[asyncio.Future, KafkaError | None, Any, str, int]] = []  # poll thread only
+        self._reports: list[tuple[asyncio.Future, KafkaError | None, Any, str, int]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_busy = False
 
     async def start(self) -> "KafkaProducer":
         self._loop = asyncio.get_running_loop()
         self._client = ck.Producer(dict(self._settings, error_cb=self._on_error))
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._serve, name="streamrl-producer", daemon=True)
-        self._thread.start()
+        self._arm(False)
         return self
 
     async def stop(self) -> None:
-        """Flush what is queued (at most ``STOP_TIMEOUT_S``), then stop the delivery thread."""
-        if self._thread is None:
+        """Flush what is queued (at most ``STOP_TIMEOUT_S``), then stop serving reports."""
+        if self._client is None:
             return
         try:
             await asyncio.wait_for(self.flush(), STOP_TIMEOUT_S)
@@ -195,39 +205,49 @@ class KafkaProducer:
             log.warning("producer: %d records not acknowledged after %.0f s at stop",
                         len(self._pending), STOP_TIMEOUT_S)
         finally:
-            self._stopping.set()
-            await asyncio.to_thread(self._thread.join, STOP_TIMEOUT_S)
-            self._thread = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._client = None
 
-    # -- librdkafka's side: its delivery reports, served on one thread -----------------------
-    def _serve(self) -> None:
-        client = self._client
-        assert client is not None
-        while not self._stopping.is_set():
-            client.poll(0.05)
-            self._post()
-        client.flush(1.0)  # stop flushed first, so normally nothing
-        self._post()
+    # -- librdkafka's delivery reports, served on the event loop ------------------------------
+    def _arm(self, busy: bool) -> None:
+        """Serve reports within ``POLL_INTERVAL_S`` (``busy``) or ``IDLE_POLL_S``."""
+        if self._timer is not None:
+            if self._timer_busy or not busy:
+                return
+            self._timer.cancel()
+        self._timer_busy = busy
+        self._timer = self._loop.call_later(  # type: ignore[union-attr]
+            self.POLL_INTERVAL_S if busy else self.IDLE_POLL_S, self._tick)
 
-    def _post(self) -> None:
-        if self._settled:
-            batch, self._settled = self._settled, []
-            try:
-                self._loop.call_soon_threadsafe(self._settle, batch)  # type: ignore[union-attr]
-            except RuntimeError:  # the loop is closed: nobody waits for these any more
-                pass
+    def _tick(self) -> None:
+        self._timer = None
+        if self._client is None:
+            return
+        self._poll()
+        self._arm(bool(self._pending))
 
-    def _settle(self, batch: list[tuple[asyncio.Future, KafkaError | None, Any, str, int]]) -> None:
+    def _poll(self) -> None:
+        """Serve the reports librdkafka has ready (its callbacks only collect them), then settle
+        them: each future, then ``on_delivery``."""
+        self._client.poll(0)  # type: ignore[union-attr]
+        if not self._reports:
+            return
+        batch, self._reports = self._reports, []
         for fut, err, msg, topic, size in batch:
             exc = None if err is None else KafkaBusError(err, f"delivery to {topic}")
+            self._pending.discard(fut)
             if not fut.done():
                 if exc is None:
                     fut.set_result(_Delivery(msg.topic(), msg.partition(), msg.offset()))
                 else:
                     fut.set_exception(exc)
             if self.on_delivery is not None:
-                self.on_delivery(topic, size, exc)
+                try:
+                    self.on_delivery(topic, size, exc)
+                except Exception:  # noqa: BLE001 - one caller's bug must not strand the other reports
+                    log.exception("producer: on_delivery failed for a record to %s", topic)
 
     def _on_error(self, err: KafkaError) -> None:
         _rdkafka_log.warning("producer: %s", err.str())  # a client logger: rate-limited (logrates)
@@ -236,23 +256,26 @@ class KafkaProducer:
     async def send(self, topic: str, value: bytes, key: bytes | None = None,
                    headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
         """Queue ``value`` on ``topic`` (full name). Returns a future of its ``Delivery``."""
-        if self._client is None:
+        client = self._client
+        if client is None:
             raise RuntimeError("send() before start()")
         fut = self._loop.create_future()  # type: ignore[union-attr]
 
         def delivered(err: KafkaError | None, msg: Any, fut: asyncio.Future = fut, n: int = len(value)) -> None:
-            self._settled.append((fut, err, msg, topic, n))
+            self._reports.append((fut, err, msg, topic, n))
 
         while True:
             try:
-                self._client.produce(topic, value, key, headers=headers, on_delivery=delivered)
+                client.produce(topic, value, key, headers=headers, on_delivery=delivered)
                 break
-            except BufferError:  # librdkafka's queue is full: wait for acknowledgements
+            except BufferError:  # librdkafka's queue is full: serve reports, wait for acknowledgements
+                self._poll()
                 await asyncio.sleep(0.005)
             except KafkaException as exc:
                 raise _error(exc, f"sending {len(value)} bytes to {topic}") from None
         self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
+        self._poll()
+        self._arm(True)
         return fut
 
     async def flush(self) -> None:
