@@ -45,6 +45,8 @@ HELP = "bus throughput, latency and loop lag against the bare Kafka clients (one
 MODES = ("bus", "bytes", "bare", "aio", "aiokafka")
 #: distinct records in the pool (at least 64): far more than a 1 MB producer batch holds
 POOL_BYTES = 48 * 1024 * 1024
+#: a send that holds the loop longer than this misses issue 24's goal
+SLOW_SEND_MS = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +118,16 @@ class _LoopLag:
             self._task.cancel()
 
 
+def _preemptions() -> int:
+    """Involuntary context switches of the calling thread so far (Linux; 0 elsewhere)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw  # type: ignore[attr-defined]
+    except (ImportError, AttributeError, OSError):
+        return 0
+
+
 def _producer(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out) -> None:
     asyncio.run(_produce(mode, bus_cfg, n, shape, go, out))
 
@@ -174,6 +186,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
     lag = _LoopLag()
     send_ms: list[float] = []
     send_cpu_ms: list[float] = []  # the loop thread's own CPU in each send (wall minus preemption)
+    preempted: list[int] = []  # times the OS took the core from the loop thread during each send
     go.wait()
     started = time.time()
     cpu0 = time.process_time()
@@ -185,7 +198,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         futures = []
         for i in range(n):
             key = f"g{i // 16}".encode()
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, p0 = time.perf_counter(), time.thread_time(), _preemptions()
             if mode == "bus":
                 # the record as built (distinct from its neighbours), keyed as the others are
                 futures.append(await client.send(pool[i % len(pool)], key=key))
@@ -197,6 +210,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
                 futures.append(await client.send(topic, payloads[i % len(pool)], key=key))
             send_ms.append((time.perf_counter() - t0) * 1000)
             send_cpu_ms.append((time.thread_time() - c0) * 1000)
+            preempted.append(_preemptions() - p0)
             sent += len(payloads[i % len(pool)])
             await asyncio.sleep(0)  # let the ticker see the loop between sends
         if mode == "aio":
@@ -204,7 +218,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         await asyncio.gather(*futures)
         lag.stop()
     cpu_us = (time.process_time() - cpu0) / n * 1e6
-    out.put(("produced", started, time.time(), sent / n, lag.lags, send_ms, send_cpu_ms, wire, cpu_us))
+    out.put(("produced", started, time.time(), sent / n, lag.lags, send_ms, send_cpu_ms, preempted, wire, cpu_us))
     if mode in ("bus", "bytes"):
         await client.stop()
     elif mode == "aio":
@@ -290,7 +304,8 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
     consumer.join(60)
     produced = next(m for m in msgs if m[0] == "produced")
     consumed = next(m for m in msgs if m[0] == "consumed")
-    _, started, acked, record_bytes, lags, send_ms, send_cpu_ms, wire, produce_cpu = produced
+    _, started, acked, record_bytes, lags, send_ms, send_cpu_ms, preempted, wire, produce_cpu = produced
+    slow = [i for i, ms in enumerate(send_ms) if ms > SLOW_SEND_MS]
     _, last, nbytes, latencies, consume_cpu = consumed
     elapsed = last - started
     return {
@@ -300,6 +315,8 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
         "send_p99_ms": _pct(send_ms, 0.99), "send_max_ms": max(send_ms) if send_ms else float("nan"),
         "send_cpu_p99_ms": _pct(send_cpu_ms, 0.99),
         "send_cpu_max_ms": max(send_cpu_ms) if send_cpu_ms else float("nan"),
+        "slow_sends": len(slow), "slow_sends_preempted": sum(1 for i in slow if preempted[i] > 0),
+        "slow_sends_cpu": sum(1 for ms in send_cpu_ms if ms > SLOW_SEND_MS),
         "seconds": elapsed, "produce_seconds": acked - started, "wire_ratio": wire,
         "producer_cpu_us": produce_cpu, "consumer_cpu_us": consume_cpu, "broker_cpu_us": broker_cpu / n * 1e6,
     }
@@ -359,6 +376,12 @@ def main(args: argparse.Namespace) -> int:
               f"{m['send_p99_ms']:8.2f} {m['send_max_ms']:6.2f} {m['send_cpu_p99_ms']:7.2f} "
               f"{m['send_cpu_max_ms']:6.2f} {m['wire_ratio']:6.3f} {m['producer_cpu_us']:16.0f} "
               f"{m['consumer_cpu_us']:6.0f} {m['broker_cpu_us']:6.0f}")
+    for mode in modes:
+        if mode != "bare":
+            slow = {k: sum(int(r[k]) for r in runs[mode]) for k in ("slow_sends", "slow_sends_preempted", "slow_sends_cpu")}
+            print(f"{mode}: {slow['slow_sends']} of {n * rounds} sends held the loop over {SLOW_SEND_MS:.0f} ms; "
+                  f"the OS took the core away during {slow['slow_sends_preempted']} of them; "
+                  f"{slow['slow_sends_cpu']} sends used over {SLOW_SEND_MS:.0f} ms of CPU")
     summary: dict[str, Any] = {"records": n, "rounds": rounds, "record_bytes": record_bytes,
                                "compression": cfg.bus.compression}
     for mode in modes:
