@@ -61,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--compression", default="", help="bus.compression for this run (default: the config's)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"which of {','.join(MODES)} to run")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="records per second the producer sends (default: as fast as it can); "
+                             "a rollout worker's pace, to measure the loop's lag where the sender "
+                             "does not saturate the cores itself")
 
 
 def sample_trajectory(prompt_tokens: int, response_tokens: int, seed: int = 0):
@@ -128,11 +132,11 @@ def _preemptions() -> int:
         return 0
 
 
-def _producer(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out) -> None:
-    asyncio.run(_produce(mode, bus_cfg, n, shape, go, out))
+def _producer(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out, rate: float) -> None:
+    asyncio.run(_produce(mode, bus_cfg, n, shape, go, out, rate))
 
 
-def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int) -> tuple[int, float]:
+def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int, rate: float = 0.0) -> tuple[int, float]:
     """The bare librdkafka producer as its own examples drive it (no event loop): produce,
     serve delivery reports, wait when the queue is full. Returns (payload bytes, wire ratio:
     bytes sent to the broker over message bytes, from librdkafka's statistics)."""
@@ -147,8 +151,11 @@ def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int) -> tupl
     failed: list[Any] = []
     report = lambda err, _msg: failed.append(err) if err is not None else None  # noqa: E731
     sent = 0
+    start = time.monotonic()
     for i in range(n):
         value = payloads[i % len(payloads)]
+        if rate:
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
         while True:
             try:
                 producer.produce(topic, value, f"g{i // 16}".encode(), on_delivery=report)
@@ -166,7 +173,7 @@ def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int) -> tupl
     return sent, stats.get("tx_bytes", 0) / max(1, stats.get("txmsg_bytes", 0))
 
 
-async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out) -> None:
+async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out, rate: float) -> None:
     from streamrl.bus import Bus
     from streamrl.bus._bare import aio_producer, aiokafka_producer
     from streamrl.config import BusConfig
@@ -192,7 +199,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
     cpu0 = time.process_time()
     sent, wire = 0, float("nan")
     if mode == "bare":
-        sent, wire = _bare_send(bus_cfg, topic, payloads, n)
+        sent, wire = _bare_send(bus_cfg, topic, payloads, n, rate)
     else:
         lag.start()
         futures = []
@@ -212,7 +219,8 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
             send_cpu_ms.append((time.thread_time() - c0) * 1000)
             preempted.append(_preemptions() - p0)
             sent += len(payloads[i % len(pool)])
-            await asyncio.sleep(0)  # let the ticker see the loop between sends
+            # let the ticker see the loop between sends; at a --rate, wait for the next one's time
+            await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.time()) if rate else 0)
         if mode == "aio":
             await client.flush()
         await asyncio.gather(*futures)
@@ -280,7 +288,7 @@ def _cpu_s(pid: int | None) -> float:
 
 
 def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
-             broker_pid: int | None = None) -> dict[str, float]:
+             broker_pid: int | None = None, rate: float = 0.0) -> dict[str, float]:
     """One producer/consumer pair over fresh topics; returns throughput, latencies, loop lag."""
     from streamrl.bus import Bus
     from streamrl.config import BusConfig
@@ -291,7 +299,7 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
     ctx = mp.get_context("spawn")
     ready, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
     consumer = ctx.Process(target=_consumer, args=(mode, bus_cfg, n, ready, out))
-    producer = ctx.Process(target=_producer, args=(mode, bus_cfg, n, shape, go, out))
+    producer = ctx.Process(target=_producer, args=(mode, bus_cfg, n, shape, go, out, rate))
     consumer.start()
     producer.start()
     if not ready.wait(120):
@@ -362,10 +370,10 @@ def main(args: argparse.Namespace) -> int:
         broker_pid = broker.proc.pid if broker is not None else None
         steps = [mode for _ in range(rounds) for mode in modes]
         for mode in tqdm(steps, desc=f"bench bus ({n} records of {record_bytes} B per run)", file=sys.stderr):
-            runs[mode].append(run_once(mode, bus_cfg, n, shape, broker_pid))
+            runs[mode].append(run_once(mode, bus_cfg, n, shape, broker_pid, args.rate))
     med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
     print(f"compression {cfg.bus.compression}, {n} distinct-content records of {record_bytes} B, "
-          f"median of {rounds} rounds")
+          f"median of {rounds} rounds" + (f", sent at {args.rate:g} records/s" if args.rate else ""))
     print(f"{'':9s} {'records/s':>10s} {'MB/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'lag p99':>8s} "
           f"{'lag max':>8s} {'send p99':>8s} {'max':>6s} {'cpu p99':>7s} {'max':>6s} {'wire':>6s} "
           f"{'cpu/rec us: prod':>16s} {'cons':>6s} {'broker':>6s}")
@@ -383,7 +391,7 @@ def main(args: argparse.Namespace) -> int:
                   f"the OS took the core away during {slow['slow_sends_preempted']} of them; "
                   f"{slow['slow_sends_cpu']} sends used over {SLOW_SEND_MS:.0f} ms of CPU")
     summary: dict[str, Any] = {"records": n, "rounds": rounds, "record_bytes": record_bytes,
-                               "compression": cfg.bus.compression}
+                               "compression": cfg.bus.compression, "rate": args.rate}
     for mode in modes:
         summary[mode] = {k: round(v, 2) for k, v in med[mode].items()}
     if "bus" in med and "bare" in med:
