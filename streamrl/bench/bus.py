@@ -21,7 +21,8 @@ batch and overstates every client 2-3x. Each round runs, in turn:
 The producer process measures its event loop's lag (a 1 ms ticker: how late it wakes) and how
 long each send holds the loop, in wall time and in the loop thread's own CPU time (the two
 differ by the time the OS gave the core to another thread: on a machine with fewer cores than
-busy threads, that is most of a long send). The rollout worker's loop must not stop for a
+busy threads, that is most of a long send: the bench counts the sends over 5 ms and how many
+of them the thread spent off its core). The rollout worker's loop must not stop for a
 send. CPU per record of the producer and consumer processes (librdkafka's threads included)
 and of the embedded broker say where the time goes. Rounds alternate the modes so that noise
 on a shared machine falls on all; figures are medians.
@@ -122,12 +123,14 @@ class _LoopLag:
             self._task.cancel()
 
 
-def _preemptions() -> int:
-    """Involuntary context switches of the calling thread so far (Linux; 0 elsewhere)."""
+def _switches() -> int:
+    """Times the calling thread left its core so far: preempted by the OS (involuntary) or
+    waiting (voluntary: a lock inside librdkafka, a page from disk). Linux; 0 elsewhere."""
     try:
         import resource
 
-        return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw  # type: ignore[attr-defined]
+        usage = resource.getrusage(resource.RUSAGE_THREAD)  # type: ignore[attr-defined]
+        return usage.ru_nivcsw + usage.ru_nvcsw
     except (ImportError, AttributeError, OSError):
         return 0
 
@@ -192,8 +195,8 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         await client.start()
     lag = _LoopLag()
     send_ms: list[float] = []
-    send_cpu_ms: list[float] = []  # the loop thread's own CPU in each send (wall minus preemption)
-    preempted: list[int] = []  # times the OS took the core from the loop thread during each send
+    send_cpu_ms: list[float] = []  # the loop thread's own CPU in each send (wall minus time off its core)
+    off_core: list[int] = []  # times the loop thread left its core during each send
     go.wait()
     started = time.time()
     cpu0 = time.process_time()
@@ -205,7 +208,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         futures = []
         for i in range(n):
             key = f"g{i // 16}".encode()
-            t0, c0, p0 = time.perf_counter(), time.thread_time(), _preemptions()
+            t0, c0, p0 = time.perf_counter(), time.thread_time(), _switches()
             if mode == "bus":
                 # the record as built (distinct from its neighbours), keyed as the others are
                 futures.append(await client.send(pool[i % len(pool)], key=key))
@@ -217,7 +220,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
                 futures.append(await client.send(topic, payloads[i % len(pool)], key=key))
             send_ms.append((time.perf_counter() - t0) * 1000)
             send_cpu_ms.append((time.thread_time() - c0) * 1000)
-            preempted.append(_preemptions() - p0)
+            off_core.append(_switches() - p0)
             sent += len(payloads[i % len(pool)])
             # let the ticker see the loop between sends; at a --rate, wait for the next one's time
             await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.time()) if rate else 0)
@@ -226,7 +229,7 @@ async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go,
         await asyncio.gather(*futures)
         lag.stop()
     cpu_us = (time.process_time() - cpu0) / n * 1e6
-    out.put(("produced", started, time.time(), sent / n, lag.lags, send_ms, send_cpu_ms, preempted, wire, cpu_us))
+    out.put(("produced", started, time.time(), sent / n, lag.lags, send_ms, send_cpu_ms, off_core, wire, cpu_us))
     if mode in ("bus", "bytes"):
         await client.stop()
     elif mode == "aio":
@@ -312,7 +315,7 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
     consumer.join(60)
     produced = next(m for m in msgs if m[0] == "produced")
     consumed = next(m for m in msgs if m[0] == "consumed")
-    _, started, acked, record_bytes, lags, send_ms, send_cpu_ms, preempted, wire, produce_cpu = produced
+    _, started, acked, record_bytes, lags, send_ms, send_cpu_ms, off_core, wire, produce_cpu = produced
     slow = [i for i, ms in enumerate(send_ms) if ms > SLOW_SEND_MS]
     _, last, nbytes, latencies, consume_cpu = consumed
     elapsed = last - started
@@ -323,7 +326,7 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
         "send_p99_ms": _pct(send_ms, 0.99), "send_max_ms": max(send_ms) if send_ms else float("nan"),
         "send_cpu_p99_ms": _pct(send_cpu_ms, 0.99),
         "send_cpu_max_ms": max(send_cpu_ms) if send_cpu_ms else float("nan"),
-        "slow_sends": len(slow), "slow_sends_preempted": sum(1 for i in slow if preempted[i] > 0),
+        "slow_sends": len(slow), "slow_sends_off_core": sum(1 for i in slow if off_core[i] > 0),
         "slow_sends_cpu": sum(1 for ms in send_cpu_ms if ms > SLOW_SEND_MS),
         "seconds": elapsed, "produce_seconds": acked - started, "wire_ratio": wire,
         "producer_cpu_us": produce_cpu, "consumer_cpu_us": consume_cpu, "broker_cpu_us": broker_cpu / n * 1e6,
@@ -386,9 +389,9 @@ def main(args: argparse.Namespace) -> int:
               f"{m['consumer_cpu_us']:6.0f} {m['broker_cpu_us']:6.0f}")
     for mode in modes:
         if mode != "bare":
-            slow = {k: sum(int(r[k]) for r in runs[mode]) for k in ("slow_sends", "slow_sends_preempted", "slow_sends_cpu")}
+            slow = {k: sum(int(r[k]) for r in runs[mode]) for k in ("slow_sends", "slow_sends_off_core", "slow_sends_cpu")}
             print(f"{mode}: {slow['slow_sends']} of {n * rounds} sends held the loop over {SLOW_SEND_MS:.0f} ms; "
-                  f"the OS took the core away during {slow['slow_sends_preempted']} of them; "
+                  f"the loop's thread was off its core (preempted or waiting) during {slow['slow_sends_off_core']} of them; "
                   f"{slow['slow_sends_cpu']} sends used over {SLOW_SEND_MS:.0f} ms of CPU")
     summary: dict[str, Any] = {"records": n, "rounds": rounds, "record_bytes": record_bytes,
                                "compression": cfg.bus.compression, "rate": args.rate}
