@@ -8,6 +8,7 @@ repeats nothing."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from streamrl.bus import Checkpoint, Reader, TopicPartition
@@ -127,6 +128,27 @@ def test_a_record_of_the_maximum_size_round_trips_and_one_byte_more_is_dead_lett
     assert [m.value for m in back] == [biggest, b"small"]
     letter = DeadLetter.decode(letters[0].value, DeadLetter.size_limit(limit))
     assert letter.reason == "oversize" and letter.original_value() == too_big
+
+
+def test_delivery_reports_are_served_on_the_loop_and_a_raising_on_delivery_strands_none(bus):
+    """Reports are served on the event loop's thread (no thread of their own); an
+    ``on_delivery`` that raises for one record is logged, and every other record's future and
+    ``on_delivery`` still come."""
+    told: list[tuple[str, object, bool]] = []
+
+    def on_delivery(topic, error):
+        told.append((topic, error, threading.current_thread() is threading.main_thread()))
+        if len(told) == 1:
+            raise RuntimeError("a caller's bug")
+
+    async def main():
+        async with bus.producer("test", on_delivery=on_delivery) as p:
+            futures = [await p.send(make_trajectory(id=f"d{i}", group_id=f"g{i}")) for i in range(5)]
+            return await asyncio.wait_for(asyncio.gather(*futures), 30)
+
+    delivered = asyncio.run(main())
+    assert [d.topic for d in delivered] == [bus.topic("rollouts")] * 5
+    assert [(topic, error, on_loop) for topic, error, on_loop in told] == [("rollouts", None, True)] * 5
 
 
 def test_pause_holds_records_in_the_client_then_pauses_librdkafka_and_resume_loses_nothing(bus):

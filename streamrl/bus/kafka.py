@@ -226,8 +226,10 @@ class KafkaProducer:
         self._timer = None
         if self._client is None:
             return
-        self._poll()
-        self._arm(bool(self._pending))
+        try:
+            self._poll()
+        finally:  # whatever a report did, the next ones are still served
+            self._arm(bool(self._pending))
 
     def _poll(self) -> None:
         """Serve the reports librdkafka has ready (its callbacks only collect them), then settle
