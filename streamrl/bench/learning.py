@@ -1,9 +1,10 @@
 """``streamrl bench learning``: does streaming reach the reward synchronous training reaches, and
 how much sooner? Time to reward with real learner updates.
 
-One task, seed and sample budget (the generated ``digits`` task of the embedded default, its
-warm-started tiny policy, ``--versions`` versions of ``--groups`` x ``--group-size``
-trajectories), trained:
+One task, seed and sample budget: the generated ``digits:rev`` task (reverse two digits: the
+embedded default's generator, scorer and warm-started tiny policy; ``--task digits`` for the
+default's ``inc``, which needs twice the versions), ``--versions`` versions of ``--groups`` x
+``--group-size`` trajectories, trained:
 
 (a) **synchronously**, as verl's default trainer: generate a batch, score all of it, train on
     it, publish the weights, repeat. In this process, with the same components as the stages:
@@ -17,14 +18,17 @@ trajectories), trained:
 Every update is the real ``Trainer.step``. Fixed latencies (documented, the same on both sides)
 stand in for what a GPU cluster has and two shared CPU cores hide: ``--gen-latency`` seconds
 added to each generation call (one prompt's group), ``--judge-latency`` to each score,
-``--step-latency`` to each learner step. With them at 0 the bench measures this machine, where
-all stages compete for two cores.
+``--step-latency`` to each learner step. Both sides pay them with the same concurrency, the
+stages' own limits (a version's prompts in flight at once, ``reward.max_in_flight`` records),
+so by default a version costs 1 s of generation, 0.5 s of judging and 1 s of training on top
+of its real work: a GPU run whose generation and update take about as long, with an LLM judge.
+With them at 0 the bench measures this machine, where all stages compete for two cores.
 
 Per variant and seed: reward by version (the mean over the records that version generated),
-against wall time (from the moment version 0 is published) and against trained samples; the
-wall time and the samples to reach ``--target``; the final reward (mean of the last
-``--final`` versions). Across seeds: mean and spread (min..max). One plot (reward against time
-and against samples) and, as the last line of stdout, one JSON object.
+against wall time (from the run's first score) and against trained samples; the wall time and
+the samples to reach ``--target``; the final reward (mean of the last ``--final`` versions).
+Across seeds: mean and spread (min..max). One plot (reward against time and against samples)
+and, as the last line of stdout, one JSON object.
 """
 
 from __future__ import annotations
@@ -451,11 +455,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"{name:28s} {final:>20s} {to_t:>12s} {n:>8s} {t['reached']:>8s} {t['seconds']:7.1f}")
     ratios: dict[str, Any] = {}
     for name, t in table.items():
-        if name == "sync" or t["seconds_to_target"] is None or sync["seconds_to_target"] is None:
+        if name == "sync":
             continue
         key = name.replace(" + ", "_").replace(" ", "_")
-        ratios[f"time_to_target_vs_sync_{key}"] = round(t["seconds_to_target"] / sync["seconds_to_target"], 3)
-        ratios[f"samples_to_target_vs_sync_{key}"] = round(t["samples_to_target"] / sync["samples_to_target"], 3)
+        for what, field in (("time", "seconds_to_target"), ("samples", "samples_to_target")):
+            mine, theirs = t[field], sync[field]
+            # None where either side never reached the target, or synchronous training started there
+            ratios[f"{what}_to_target_vs_sync_{key}"] = round(mine / theirs, 3) if mine is not None and theirs else None
     result = {"target": s.target, **ratios, "variants": table, "setup": asdict(s),
               "seconds": round(time.monotonic() - started, 1), "plot": str(plot_path)}
     (out / "learning.json").write_text(json.dumps(result, indent=1))
