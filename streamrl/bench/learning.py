@@ -376,6 +376,9 @@ def summarise(runs: list[dict[str, Any]], s: Setup) -> dict[str, Any]:
             "samples_to_target": (round(statistics.fmean([n for n in samples if n is not None]))
                                   if len(reached) == len(runs) else None),
             "reached": f"{len(reached)}/{len(runs)}",
+            # trajectories dead-lettered on the way (streaming: mostly groups the learner found
+            # older than max_staleness): generated, never trained
+            "dead_lettered": round(statistics.fmean(r.get("deadletters", 0) for r in runs)),
             "seconds": round(statistics.fmean(max(r["seen"].values()) for r in runs), 2)}
 
 
@@ -447,12 +450,14 @@ def main(args: argparse.Namespace) -> int:
     sync = table["sync"]
     print(f"setup: {s.versions} versions x {s.batch} trajectories, {s.seeds} seed(s); latencies: generation "
           f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; target {s.target:g}")
-    print(f"{'variant':28s} {'final (min..max)':>20s} {'s to target':>12s} {'samples':>8s} {'reached':>8s} {'run s':>7s}")
+    print(f"{'variant':28s} {'final (min..max)':>20s} {'s to target':>12s} {'samples':>8s} {'reached':>8s} "
+          f"{'run s':>7s} {'dead':>6s}")
     for name, t in table.items():
         final = f"{t['final_reward']:.3f} ({t['final_min']:.2f}..{t['final_max']:.2f})"
         to_t = "-" if t["seconds_to_target"] is None else f"{t['seconds_to_target']:.1f}"
         n = "-" if t["samples_to_target"] is None else str(t["samples_to_target"])
-        print(f"{name:28s} {final:>20s} {to_t:>12s} {n:>8s} {t['reached']:>8s} {t['seconds']:7.1f}")
+        print(f"{name:28s} {final:>20s} {to_t:>12s} {n:>8s} {t['reached']:>8s} {t['seconds']:7.1f} "
+              f"{t['dead_lettered']:6d}")
     ratios: dict[str, Any] = {}
     for name, t in table.items():
         if name == "sync":
