@@ -15,7 +15,8 @@ trajectories_per_version``; at the limit it holds the prompt it took and polls
 at once. The worker's prompts in flight are admitted one at a time (count, then reserve, under
 one lock): checked side by side they all saw the same count and passed together, up to
 ``max_in_flight - 1`` groups past the limit, and those groups reached the learner a version too
-old and were dropped as stale (~0.6 % of the on-policy default run, 2-7 % at staleness 1).
+old and were dropped as stale (~0.6 % of the on-policy default run, 2-7 % at staleness 1). For
+the same reason the count reads this worker's reservations before it asks the end offsets.
 
 Without losses this is the bound ``(v + max_staleness + 1) * trajectories_per_version`` on
 everything produced; with losses (a scorer failing on some records, stale records the learner
@@ -74,6 +75,10 @@ class StalenessGate:
 
     async def outstanding(self) -> int:
         """Trajectories produced or being generated that nobody has finished with yet."""
+        # this worker's reservations *before* the end offsets: one delivered while they are asked
+        # leaves ``reserved`` and may miss the offsets; counted twice, never missed (the count
+        # errs high, a moment's hold)
+        reserved = self.reserved
         ends = await self._reader.end_offsets()
         downstream = {self.bus.topic("rollouts"), self.bus.topic("rewarded")}
         for msg in await self._dead.fetch(timeout_ms=0):
@@ -84,7 +89,7 @@ class StalenessGate:
                 continue
         latest = self.follower.latest
         trained = latest.trained_records if latest is not None else 0
-        return sum(ends.values()) - self.baseline + self.reserved - trained - self.dead_rollouts
+        return sum(ends.values()) - self.baseline + reserved - trained - self.dead_rollouts
 
     async def acquire(self, n: int) -> float:
         """Wait until ``n`` more trajectories may be generated and reserve them; returns the
