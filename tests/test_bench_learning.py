@@ -11,11 +11,14 @@ from argparse import Namespace
 import pytest
 
 from streamrl.bench import learning
+from streamrl.cli import main
+from tests.helpers import last_json_line
 
 
 def setup(**kw):
-    args = Namespace(quick=True, versions=3, seeds=1, staleness="", groups=2, group_size=4, lr=0.0, target=0.5,
-                     final=2, gen_latency=0.0, judge_latency=0.0, step_latency=0.0)
+    args = Namespace(quick=True, task="digits:rev", versions=3, seeds=1, staleness="", correction="", groups=2,
+                     group_size=4, lr=0.0, target=0.5, final=2, gen_latency=0.0, judge_latency=0.0,
+                     step_latency=0.0)
     for k, v in kw.items():
         setattr(args, k.replace("-", "_"), v)
     return learning.setup_from(args)
@@ -41,10 +44,22 @@ def test_time_and_samples_to_target_and_final_spread():
 
 
 def test_quick_defaults_are_small():
-    s = learning.setup_from(Namespace(quick=True, versions=0, seeds=0, staleness="", groups=16, group_size=16,
-                                      lr=0.0, target=0.0, final=5, gen_latency=0.05, judge_latency=0.0,
-                                      step_latency=0.3))
-    assert s.seeds == 1 and s.staleness == [1] and s.versions <= 30 and 0 < s.target < 1
+    s = setup(versions=0, seeds=0, groups=16, group_size=16, target=0.0, final=5)
+    assert s.seeds == 1 and s.staleness == [1] and s.corrections == [True] and s.versions <= 30 and 0 < s.target < 1
+    full = setup(quick=False, versions=0, seeds=0, target=0.0)
+    assert full.staleness == [1, 2, 4] and full.corrections == [False, True] and full.seeds == 3
+    with pytest.raises(SystemExit, match="--correction"):
+        setup(correction="maybe")
+
+
+def test_sync_pays_the_latencies_with_the_stages_concurrency():
+    async def calls(limit, n, latency_s):
+        started = time.monotonic()
+        out = await learning.bounded(limit, [asyncio.sleep(latency_s, result=i) for i in range(n)])
+        return out, time.monotonic() - started
+
+    out, took = asyncio.run(calls(4, 8, 0.1))
+    assert out == list(range(8)) and 0.2 <= took < 0.35  # two waves of four, not one of eight
 
 
 def test_latencies_add_to_the_real_work():
@@ -77,3 +92,20 @@ def test_the_synchronous_side_trains_on_the_real_components(tmp_path):
     seen = [out["seen"][v] for v in range(3)]
     assert seen == sorted(seen) and seen[0] >= 0.0
     assert sorted(p.name for p in (tmp_path / "sync" / "weights").iterdir()) == ["v1", "v2", "v3"]
+
+
+@pytest.mark.e2e
+def test_the_bench_trains_both_sides_and_prints_its_figures(bootstrap, tmp_path, capsys):
+    """The whole command, tiny: the synchronous side and the real stages at staleness 1 with the
+    correction, every version trained, one JSON line and a plot."""
+    rc = main(["bench", "learning", "--bootstrap-servers", bootstrap, "--quick", "--versions", "3",
+               "--groups", "2", "--group-size", "4", "--gen-latency", "0.02", "--judge-latency", "0.01",
+               "--step-latency", "0.02", "--target", "0.01", "--final", "2", "--out", str(tmp_path)])
+    assert rc == 0
+    res = last_json_line(capsys.readouterr().out)
+    assert set(res["variants"]) == {"sync", "staleness 1 + correction"}
+    for name, v in res["variants"].items():
+        assert 0.0 <= v["final_min"] <= v["final_reward"] <= v["final_max"] <= 1.0, name
+        assert v["seconds"] > 0, name
+    assert res["setup"]["task"] == "digits:rev" and res["setup"]["corrections"] == [True]
+    assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -40,6 +40,9 @@ def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     records = summary["records"]
     assert records["prompts"] == 800
     assert 0 < records["trained"] <= records["rewarded"] <= records["rollouts"]
+    # on-policy, and the rollout gate admits one group at a time: no group reaches the learner
+    # too old (before the gate's lock, ~0.6 % of them did and were dropped)
+    assert summary["deadletters"] == 0
     assert 0.0 <= summary["reward_first"] <= 1.0 and 0.0 <= summary["reward_last"] <= 1.0
     plot = Path(summary["plot"])
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

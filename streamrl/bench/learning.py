@@ -1,9 +1,10 @@
 """``streamrl bench learning``: does streaming reach the reward synchronous training reaches, and
 how much sooner? Time to reward with real learner updates.
 
-One task, seed and sample budget (the generated ``digits`` task of the embedded default, its
-warm-started tiny policy, ``--versions`` versions of ``--groups`` x ``--group-size``
-trajectories), trained:
+One task, seed and sample budget: the generated ``digits:rev`` task (reverse two digits: the
+embedded default's generator, scorer and warm-started tiny policy; ``--task digits`` for the
+default's ``inc``, which needs twice the versions), ``--versions`` versions of ``--groups`` x
+``--group-size`` trajectories, trained:
 
 (a) **synchronously**, as verl's default trainer: generate a batch, score all of it, train on
     it, publish the weights, repeat. In this process, with the same components as the stages:
@@ -17,14 +18,17 @@ trajectories), trained:
 Every update is the real ``Trainer.step``. Fixed latencies (documented, the same on both sides)
 stand in for what a GPU cluster has and two shared CPU cores hide: ``--gen-latency`` seconds
 added to each generation call (one prompt's group), ``--judge-latency`` to each score,
-``--step-latency`` to each learner step. With them at 0 the bench measures this machine, where
-all stages compete for two cores.
+``--step-latency`` to each learner step. Both sides pay them with the same concurrency, the
+stages' own limits (a version's prompts in flight at once, ``reward.max_in_flight`` records),
+so by default a version costs 1 s of generation, 0.5 s of judging and 1 s of training on top
+of its real work: a GPU run whose generation and update take about as long, with an LLM judge.
+With them at 0 the bench measures this machine, where all stages compete for two cores.
 
 Per variant and seed: reward by version (the mean over the records that version generated),
-against wall time (from the moment version 0 is published) and against trained samples; the
-wall time and the samples to reach ``--target``; the final reward (mean of the last
-``--final`` versions). Across seeds: mean and spread (min..max). One plot (reward against time
-and against samples) and, as the last line of stdout, one JSON object.
+against wall time (from the run's first score) and against trained samples; the wall time and
+the samples to reach ``--target``; the final reward (mean of the last ``--final`` versions).
+Across seeds: mean and spread (min..max). One plot (reward against time and against samples)
+and, as the last line of stdout, one JSON object.
 """
 
 from __future__ import annotations
@@ -50,26 +54,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_bootstrap_argument(parser)
     parser.add_argument("--quick", action="store_true",
-                        help="one seed, staleness 1, 30 versions, target 0.15 (under 3 minutes)")
-    parser.add_argument("--versions", type=int, default=0, help="versions per run (default 60, --quick 30)")
+                        help="one seed, staleness 1 with the correction, 20 versions, target 0.15 (under 3 minutes)")
+    parser.add_argument("--task", default="digits:rev",
+                        help="the generated task (digits[:OP]); the seed is appended (default: reverse two digits)")
+    parser.add_argument("--versions", type=int, default=0, help="versions per run (default 40, --quick 20)")
     parser.add_argument("--seeds", type=int, default=0, help="seeds per variant (default 3, --quick 1)")
     parser.add_argument("--staleness", default="", help="streaming max_staleness values (default 1,2,4; --quick 1)")
+    parser.add_argument("--correction", default="",
+                        help="the off-policy correction in the streaming runs: off,on (default both; --quick on)")
     parser.add_argument("--groups", type=int, default=16, help="prompts per version")
     parser.add_argument("--group-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.0, help="learning rate (default: local.yaml's)")
-    parser.add_argument("--target", type=float, default=0.0, help="reward to reach (default 0.7, --quick 0.15)")
+    parser.add_argument("--target", type=float, default=0.0, help="reward to reach (default 0.4, --quick 0.15)")
     parser.add_argument("--final", type=int, default=5, help="the final reward: mean of this many last versions")
-    parser.add_argument("--gen-latency", type=float, default=0.05, help="seconds added to each generation call")
-    parser.add_argument("--judge-latency", type=float, default=0.0, help="seconds added to each score")
-    parser.add_argument("--step-latency", type=float, default=0.3, help="seconds added to each learner step")
+    parser.add_argument("--gen-latency", type=float, default=1.0,
+                        help="seconds added to each generation call (one prompt's group; a version's prompts are in flight at once)")
+    parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds added to each score (a judge's round trip)")
+    parser.add_argument("--step-latency", type=float, default=1.0, help="seconds added to each learner step (one per version)")
     parser.add_argument("--out", default="runs/bench", help="where the runs, JSON and plot go")
 
 
 @dataclass
 class Setup:
+    task: str
     versions: int
     seeds: int
     staleness: list[int]
+    corrections: list[bool]
     groups: int
     group_size: int
     lr: float
@@ -86,9 +97,13 @@ class Setup:
 
 def setup_from(args: argparse.Namespace) -> Setup:
     staleness = [int(s) for s in (args.staleness or ("1" if args.quick else "1,2,4")).split(",") if s.strip()]
-    return Setup(versions=args.versions or (30 if args.quick else 60), seeds=args.seeds or (1 if args.quick else 3),
-                 staleness=staleness, groups=args.groups, group_size=args.group_size, lr=args.lr,
-                 target=args.target or (0.15 if args.quick else 0.7), final=args.final,
+    words = [w.strip() for w in (getattr(args, "correction", "") or ("on" if args.quick else "off,on")).split(",")]
+    if not set(words) <= {"off", "on"}:
+        raise SystemExit(f"bench learning: --correction takes off, on or off,on (got {args.correction!r})")
+    return Setup(task=getattr(args, "task", "digits:rev"), versions=args.versions or (20 if args.quick else 40),
+                 seeds=args.seeds or (1 if args.quick else 3),
+                 staleness=staleness, corrections=[w == "on" for w in words], groups=args.groups, group_size=args.group_size, lr=args.lr,
+                 target=args.target or (0.15 if args.quick else 0.4), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
                  step_latency_s=args.step_latency)
 
@@ -151,11 +166,12 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
     cfg.bus.bootstrap_servers = bootstrap
     cfg.bus.topic_prefix = f"learn{uuid.uuid4().hex[:8]}"
     run_id = run_dir.name
-    cfg.feed.dataset, cfg.feed.group_size, cfg.feed.shuffle = f"digits@{seed}", s.group_size, False
+    cfg.feed.dataset, cfg.feed.group_size, cfg.feed.shuffle = f"{s.task}@{seed}", s.group_size, False
     cfg.feed.limit = (s.versions + 8) * s.groups
     r = cfg.rollout
     r.policy, r.seed, r.group = policy, seed, f"{run_id}-rollout"
     r.max_staleness, r.trajectories_per_version, r.gate_poll_s = staleness, s.batch, 0.1
+    r.max_in_flight = s.groups  # a version's prompts in flight at once, as a serving engine takes a batch
     cfg.reward.group = f"{run_id}-reward"
     cfg.reward.scorers["digits"] = ScorerSpec(type="function", path="streamrl.bench.learning:score_after",
                                               kwargs={"latency_s": s.judge_latency_s}, data_sources=["digits"])
@@ -169,6 +185,19 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
 
 
 # -- (a) synchronous ------------------------------------------------------------------------------
+
+async def bounded(limit: int, calls: list) -> list:
+    """``calls`` awaited with at most ``limit`` at once: the stages' own in-flight limits
+    (``rollout.max_in_flight`` prompts, ``reward.max_in_flight`` records), so that each side pays
+    the fixed latencies with the same concurrency."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Any) -> Any:
+        async with gate:
+            return await call
+
+    return await asyncio.gather(*(one(c) for c in calls))
+
 
 async def run_sync(s: Setup, cfg: Any, prompts: list) -> dict[str, Any]:
     """Generate a batch, score all of it, train, publish; ``versions`` times. Returns the
@@ -200,8 +229,9 @@ async def run_sync(s: Setup, cfg: Any, prompts: list) -> dict[str, Any]:
     try:
         for v in range(s.versions):
             batch = prompts[v * s.groups:(v + 1) * s.groups]
-            groups = await asyncio.gather(*(run_group(p, s.group_size, backend, params, renderer) for p in batch))
-            scored = await asyncio.gather(*(score(t) for g in groups for t in g))
+            groups = await bounded(cfg.rollout.max_in_flight,
+                                   [run_group(p, s.group_size, backend, params, renderer) for p in batch])
+            scored = await bounded(cfg.reward.max_in_flight, [score(t) for g in groups for t in g])
             rewards[v], seen[v] = statistics.fmean(float(r.reward) for r in scored), time.time()
             samples = [Sample(id=r.id, group_id=r.group_id, prompt_ids=r.array("prompt_ids"),
                               response_ids=r.array("response_ids"), reward=float(r.reward),
@@ -346,6 +376,9 @@ def summarise(runs: list[dict[str, Any]], s: Setup) -> dict[str, Any]:
             "samples_to_target": (round(statistics.fmean([n for n in samples if n is not None]))
                                   if len(reached) == len(runs) else None),
             "reached": f"{len(reached)}/{len(runs)}",
+            # trajectories dead-lettered on the way (streaming: mostly groups the learner found
+            # older than max_staleness): generated, never trained
+            "dead_lettered": round(statistics.fmean(r.get("deadletters", 0) for r in runs)),
             "seconds": round(statistics.fmean(max(r["seen"].values()) for r in runs), 2)}
 
 
@@ -379,7 +412,7 @@ async def _bench(s: Setup, bootstrap: str, out: Path) -> dict[str, list[dict[str
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     variants = [("sync", 0, False)] + [(f"staleness {k}{' + correction' if c else ''}", k, c)
-                                       for k in s.staleness for c in (False, True)]
+                                       for k in s.staleness for c in s.corrections]
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
     for seed in range(s.seeds):
         # the warm start of the embedded default (its own seed), built once per seed
@@ -417,19 +450,23 @@ def main(args: argparse.Namespace) -> int:
     sync = table["sync"]
     print(f"setup: {s.versions} versions x {s.batch} trajectories, {s.seeds} seed(s); latencies: generation "
           f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; target {s.target:g}")
-    print(f"{'variant':28s} {'final (min..max)':>20s} {'s to target':>12s} {'samples':>8s} {'reached':>8s} {'run s':>7s}")
+    print(f"{'variant':28s} {'final (min..max)':>20s} {'s to target':>12s} {'samples':>8s} {'reached':>8s} "
+          f"{'run s':>7s} {'dead':>6s}")
     for name, t in table.items():
         final = f"{t['final_reward']:.3f} ({t['final_min']:.2f}..{t['final_max']:.2f})"
         to_t = "-" if t["seconds_to_target"] is None else f"{t['seconds_to_target']:.1f}"
         n = "-" if t["samples_to_target"] is None else str(t["samples_to_target"])
-        print(f"{name:28s} {final:>20s} {to_t:>12s} {n:>8s} {t['reached']:>8s} {t['seconds']:7.1f}")
+        print(f"{name:28s} {final:>20s} {to_t:>12s} {n:>8s} {t['reached']:>8s} {t['seconds']:7.1f} "
+              f"{t['dead_lettered']:6d}")
     ratios: dict[str, Any] = {}
     for name, t in table.items():
-        if name == "sync" or t["seconds_to_target"] is None or sync["seconds_to_target"] is None:
+        if name == "sync":
             continue
         key = name.replace(" + ", "_").replace(" ", "_")
-        ratios[f"time_to_target_vs_sync_{key}"] = round(t["seconds_to_target"] / sync["seconds_to_target"], 3)
-        ratios[f"samples_to_target_vs_sync_{key}"] = round(t["samples_to_target"] / sync["samples_to_target"], 3)
+        for what, field in (("time", "seconds_to_target"), ("samples", "samples_to_target")):
+            mine, theirs = t[field], sync[field]
+            # None where either side never reached the target, or synchronous training started there
+            ratios[f"{what}_to_target_vs_sync_{key}"] = round(mine / theirs, 3) if mine is not None and theirs else None
     result = {"target": s.target, **ratios, "variants": table, "setup": asdict(s),
               "seconds": round(time.monotonic() - started, 1), "plot": str(plot_path)}
     (out / "learning.json").write_text(json.dumps(result, indent=1))

@@ -9,9 +9,14 @@ records the learner has trained (``trained_records`` of its latest ``streamrl.po
 and every trajectory dead-lettered on the way: by the reward stage (dead letters whose source
 is the rollouts topic) or by the learner (stale, incomplete groups, bad values: source
 rewarded), counted from ``streamrl.deadletter`` as they happen. The worker
-generates while outstanding work is under ``(max_staleness + 1) * trajectories_per_version``;
-at the limit it holds the prompt it took and polls (``streamrl_rollout_gate_paused_seconds_total``).
-A new version on the policy topic releases it at once.
+generates a group while outstanding work plus the group stays within ``(max_staleness + 1) *
+trajectories_per_version``; at the limit it holds the prompt it took and polls
+(``streamrl_rollout_gate_paused_seconds_total``). A new version on the policy topic releases it
+at once. The worker's prompts in flight are admitted one at a time (count, then reserve, under
+one lock): checked side by side they all saw the same count and passed together, up to
+``max_in_flight - 1`` groups past the limit, and those groups reached the learner a version too
+old and were dropped as stale (~0.6 % of the on-policy default run, 2-7 % at staleness 1). For
+the same reason the count reads this worker's reservations before it asks the end offsets.
 
 Without losses this is the bound ``(v + max_staleness + 1) * trajectories_per_version`` on
 everything produced; with losses (a scorer failing on some records, stale records the learner
@@ -45,6 +50,7 @@ class StalenessGate:
         self.reserved = 0  # trajectories this worker is generating now
         self.held = False
         self.stopping = asyncio.Event()
+        self._admit = asyncio.Lock()  # count-then-reserve is one step (module doc)
         self._reader = Reader(bus, ["rollouts"], "rollout") if self.enabled else None
         self._dead = Reader(bus, ["deadletter"], "rollout") if self.enabled else None
         self.dead_rollouts = 0  # trajectories dead-lettered downstream (reward, learner), seen so far
@@ -69,6 +75,10 @@ class StalenessGate:
 
     async def outstanding(self) -> int:
         """Trajectories produced or being generated that nobody has finished with yet."""
+        # this worker's reservations *before* the end offsets: one delivered while they are asked
+        # leaves ``reserved`` and may miss the offsets; counted twice, never missed (the count
+        # errs high, a moment's hold)
+        reserved = self.reserved
         ends = await self._reader.end_offsets()
         downstream = {self.bus.topic("rollouts"), self.bus.topic("rewarded")}
         for msg in await self._dead.fetch(timeout_ms=0):
@@ -79,7 +89,7 @@ class StalenessGate:
                 continue
         latest = self.follower.latest
         trained = latest.trained_records if latest is not None else 0
-        return sum(ends.values()) - self.baseline + self.reserved - trained - self.dead_rollouts
+        return sum(ends.values()) - self.baseline + reserved - trained - self.dead_rollouts
 
     async def acquire(self, n: int) -> float:
         """Wait until ``n`` more trajectories may be generated and reserve them; returns the
@@ -87,12 +97,19 @@ class StalenessGate:
         then not committed and goes to another worker)."""
         if not self.enabled:
             return 0.0
-        started = last = time.monotonic()
+        started = time.monotonic()
+        async with self._admit:
+            await self._wait_for_room(n)
+            self.reserved += n
+        return time.monotonic() - started
+
+    async def _wait_for_room(self, n: int) -> None:
+        last = time.monotonic()
         while True:
             if self.stopping.is_set():
                 raise asyncio.CancelledError("worker stopping")
             count = await self.outstanding()
-            if count < self.limit():
+            if count + n <= self.limit() or count <= 0:  # a group larger than the limit goes alone
                 break
             if not self.held:
                 log.info("staleness gate: %d trajectories outstanding, limit %d at learner version %d: "
@@ -113,8 +130,6 @@ class StalenessGate:
         self.held = False
         metrics.ROLLOUT_GATE_HELD.set(0)
         metrics.waiting("rollout", None)
-        self.reserved += n
-        return time.monotonic() - started
 
     def release(self, n: int) -> None:
         if self.enabled:
