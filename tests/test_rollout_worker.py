@@ -100,21 +100,33 @@ def test_two_workers_share_one_feed_exactly_once(bus):
         assert t.timings["generation_s"] > 0 and t.timings["generation_started_at"] <= t.created_at
 
 
+def gated(tmp_path, n_prompts: int, **cfg):
+    """Version 0 of the tiny policy saved, an on-policy gate with room for two groups of two,
+    and ``n_prompts`` prompts."""
+    v0, tok = load_policy("tiny", seed=0)
+    save_policy(v0, tok, tmp_path / "v0")
+    config = RolloutConfig(group_size=2, max_staleness=0, trajectories_per_version=4, **cfg)
+    prompts = [Prompt(group_id=f"g{i}", group_size=2, data_source="gsm8k", prompt=f"{i} + 1 =",
+                      ground_truth=str(i + 1)) for i in range(n_prompts)]
+    return v0, tok, config, prompts
+
+
+async def announce_v0(bus, tmp_path):
+    """The learner's producer, version 0 announced."""
+    producer = bus.producer("learner")
+    await producer.start()
+    await producer.send_and_wait(PolicyVersion(version=0, weights_uri=str(tmp_path / "v0")))
+    return producer
+
+
 def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(memory_bus, tmp_path):
     bus = memory_bus
-    v0, tok = load_policy("tiny", seed=0)
+    v0, tok, cfg, prompts = gated(tmp_path, 6, max_new_tokens=8, max_in_flight=1, gate_poll_s=0.2)
     v1, _ = load_policy("tiny", seed=1)
-    save_policy(v0, tok, tmp_path / "v0")
     save_policy(v1, tok, tmp_path / "v1")
-    cfg = RolloutConfig(max_new_tokens=8, group_size=2, max_in_flight=1, max_staleness=0,
-                        trajectories_per_version=4, gate_poll_s=0.2)
-    prompts = [Prompt(group_id=f"g{i}", group_size=2, data_source="gsm8k", prompt=f"{i} + 1 =",
-                      ground_truth=str(i + 1)) for i in range(6)]
 
     async def go():
-        producer = bus.producer("learner")
-        await producer.start()
-        await producer.send_and_wait(PolicyVersion(version=0, weights_uri=str(tmp_path / "v0")))
+        producer = await announce_v0(bus, tmp_path)
         worker = RolloutWorker(bus, cfg)
         paused_before = metrics.ROLLOUT_GATE_PAUSED._value.get()
         loads_before = metrics.ROLLOUT_WEIGHT_LOAD_SECONDS._sum.get()
@@ -165,17 +177,10 @@ def test_prompts_in_flight_together_never_pass_the_gate_together(bus, tmp_path):
     """Four prompts in flight, room for two groups: exactly two are generated. (Checked side by
     side, all four saw room and passed: the extra groups reached the learner a version too old.)
     On the real broker: there the count is a round trip, and the prompts interleave around it."""
-    v0, tok = load_policy("tiny", seed=0)
-    save_policy(v0, tok, tmp_path / "v0")
-    cfg = RolloutConfig(max_new_tokens=4, group_size=2, max_in_flight=4, max_staleness=0,
-                        trajectories_per_version=4, gate_poll_s=0.1)
-    prompts = [Prompt(group_id=f"g{i}", group_size=2, data_source="gsm8k", prompt=f"{i} + 1 =",
-                      ground_truth=str(i + 1)) for i in range(8)]
+    _, _, cfg, prompts = gated(tmp_path, 8, max_new_tokens=4, max_in_flight=4, gate_poll_s=0.1)
 
     async def go():
-        producer = bus.producer("learner")
-        await producer.start()
-        await producer.send_and_wait(PolicyVersion(version=0, weights_uri=str(tmp_path / "v0")))
+        producer = await announce_v0(bus, tmp_path)
         worker = RolloutWorker(bus, cfg)
         task = asyncio.create_task(worker.run())
         try:
