@@ -97,13 +97,13 @@ class Setup:
 
 def setup_from(args: argparse.Namespace) -> Setup:
     staleness = [int(s) for s in (args.staleness or ("1" if args.quick else "1,2,4")).split(",") if s.strip()]
-    words = [w.strip() for w in (getattr(args, "correction", "") or ("on" if args.quick else "off,on")).split(",")]
+    words = [w.strip() for w in (args.correction or ("on" if args.quick else "off,on")).split(",")]
     if not set(words) <= {"off", "on"}:
         raise SystemExit(f"bench learning: --correction takes off, on or off,on (got {args.correction!r})")
-    return Setup(task=getattr(args, "task", "digits:rev"), versions=args.versions or (20 if args.quick else 40),
-                 seeds=args.seeds or (1 if args.quick else 3),
-                 staleness=staleness, corrections=[w == "on" for w in words], groups=args.groups, group_size=args.group_size, lr=args.lr,
-                 target=args.target or (0.15 if args.quick else 0.4), final=args.final,
+    return Setup(task=args.task, versions=args.versions or (20 if args.quick else 40),
+                 seeds=args.seeds or (1 if args.quick else 3), staleness=staleness,
+                 corrections=[w == "on" for w in words], groups=args.groups, group_size=args.group_size,
+                 lr=args.lr, target=args.target or (0.15 if args.quick else 0.4), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
                  step_latency_s=args.step_latency)
 
