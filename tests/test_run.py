@@ -23,11 +23,12 @@ def start_run(tmp_path: Path, *overrides: str) -> subprocess.Popen:
 
 
 def test_run_goes_to_its_end_reports_and_learns(tmp_path):
-    """The embedded default on its generated task: the reward of the records the last versions
-    generated is well above that of the first (the full default run goes from ~0.07 to ~0.9)."""
-    # 40 versions: the climb starts between versions 15 and 25 (seed to seed), so 30 had too
-    # little margin for the last five to be clear of the first three
-    proc = start_run(tmp_path, "learner.versions=40", "feed.limit=800")
+    """The embedded default on its generated task, reversing the digits: the reward of the
+    records the last versions generated is well above that of the first."""
+    # digits:rev, not the default's inc: 40 versions of inc climb from version 15 to 35 (run to
+    # run), and one suite run ended its last five only +0.07 above its first three; rev (the
+    # task `bench learning` trains) climbs from ~10 and ends 40 versions at 0.5-0.8 in process
+    proc = start_run(tmp_path, "learner.versions=40", "feed.limit=800", "feed.dataset=digits:rev")
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, err[-3000:]
     summary = last_json_line(out)  # the last line is one JSON object
@@ -35,7 +36,7 @@ def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     assert "warm start (" in err and (Path(summary["out"]) / "warm_start" / "config.json").exists()
     by_version = [r for _, r in sorted((int(v), r) for v, r in summary["reward_by_version"].items())]
     first, last = sum(by_version[:3]) / 3, sum(by_version[-5:]) / 5
-    assert first <= 0.2 and last >= first + 0.08, by_version
+    assert first <= 0.2 and last >= first + 0.15, by_version
     assert {"reward_first", "reward_last", "records", "deadletters", "plot"} <= summary.keys()
     records = summary["records"]
     assert records["prompts"] == 800
