@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from streamrl.bench.pipeline import bounded
 from streamrl.plotting import pyplot, save
 
 HELP = "time to reward: synchronous vs streaming (max_staleness 1/2/4, correction off/on), real learner updates"
@@ -186,23 +187,11 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
 
 # -- (a) synchronous ------------------------------------------------------------------------------
 
-async def bounded(limit: int, calls: list) -> list:
-    """``calls`` awaited with at most ``limit`` at once: the stages' own in-flight limits
-    (``rollout.max_in_flight`` prompts, ``reward.max_in_flight`` records), so that each side pays
-    the fixed latencies with the same concurrency."""
-    gate = asyncio.Semaphore(limit)
-
-    async def one(call: Any) -> Any:
-        async with gate:
-            return await call
-
-    return await asyncio.gather(*(one(c) for c in calls))
-
-
 async def run_sync(s: Setup, cfg: Any, prompts: list) -> dict[str, Any]:
     """Generate a batch, score all of it, train, publish; ``versions`` times. Returns the
     reward of each version's batch and when each version was published."""
-    from streamrl.learner.trainer import Sample, Trainer
+    from streamrl.learner.samples import to_samples
+    from streamrl.learner.trainer import Trainer
     from streamrl.policy import save_policy
     from streamrl.reward.scoring import Scoring
     from streamrl.rollout.backends import SamplingParams
@@ -233,11 +222,7 @@ async def run_sync(s: Setup, cfg: Any, prompts: list) -> dict[str, Any]:
                                    [run_group(p, s.group_size, backend, params, renderer) for p in batch])
             scored = await bounded(cfg.reward.max_in_flight, [score(t) for g in groups for t in g])
             rewards[v], seen[v] = statistics.fmean(float(r.reward) for r in scored), time.time()
-            samples = [Sample(id=r.id, group_id=r.group_id, prompt_ids=r.array("prompt_ids"),
-                              response_ids=r.array("response_ids"), reward=float(r.reward),
-                              policy_version=r.policy_version, behaviour_logprobs=r.array("response_logprobs"),
-                              response_mask=r.array("response_mask")) for r in scored]
-            await asyncio.to_thread(trainer.step, samples)
+            await asyncio.to_thread(trainer.step, to_samples(scored, cfg.learner, trainer))
             path = await asyncio.to_thread(save_policy, trainer.model, trainer.tokenizer, weights / f"v{v + 1}")
             await backend.load_weights(str(path), v + 1)
     finally:

@@ -198,10 +198,23 @@ def steady_seconds_per_version(ends: dict[int, float], warmup: int, versions: in
 
 # -- (a) synchronous -----------------------------------------------------------------------------
 
+async def bounded(limit: int, calls: list) -> list:
+    """``calls`` awaited with at most ``limit`` at once: the synchronous loops pay the stages'
+    own in-flight limits (prompts per worker, records per reward member), so each side pays the
+    fixed latencies with the same concurrency."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Any) -> Any:
+        async with gate:
+            return await call
+
+    return await asyncio.gather(*(one(c) for c in calls))
+
+
 async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[str, Any]:
     """Generate a batch, score all of it, train, publish the weights; ``versions`` times."""
     from streamrl.bench._sim import FixedStepTrainer, FollowingBackend
-    from streamrl.learner.trainer import Sample as TrainSample
+    from streamrl.learner.samples import to_samples
     from streamrl.learner.trainer import Trainer
     from streamrl.policy import save_policy
     from streamrl.reward.scoring import Scoring
@@ -219,12 +232,6 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
     await reward.start()
     trainer = FixedStepTrainer(Trainer(cfg.learner), w.step_s)
     transformers_logging.disable_progress_bar()
-    gen_slots = asyncio.Semaphore(w.workers * w.prompts_in_flight)
-
-    async def generate(prompt):
-        async with gen_slots:
-            return await run_group(prompt, w.group_size, backend, params, renderer)
-
     async def score(traj):
         return await reward.reward(traj)
 
@@ -235,15 +242,13 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
         for v in range(w.versions):
             t0 = time.time()
             batch = prompts[v * w.groups_per_version:(v + 1) * w.groups_per_version]
-            trajectories = [t for group in await asyncio.gather(*map(generate, batch)) for t in group]
+            groups = await bounded(w.workers * w.prompts_in_flight,
+                                   [run_group(p, w.group_size, backend, params, renderer) for p in batch])
+            trajectories = [t for group in groups for t in group]
             t1 = time.time()
             rewarded = await asyncio.gather(*map(score, trajectories))
             t2 = time.time()
-            samples = [TrainSample(id=r.id, group_id=r.group_id, prompt_ids=r.array("prompt_ids"),
-                                   response_ids=r.array("response_ids"), reward=float(r.reward),
-                                   policy_version=r.policy_version,
-                                   behaviour_logprobs=r.array("response_logprobs"),
-                                   response_mask=r.array("response_mask")) for r in rewarded]
+            samples = to_samples(rewarded, cfg.learner, trainer)
             per = w.groups_per_mini_batch * w.group_size
             for i in range(0, len(samples), per):
                 await asyncio.to_thread(trainer.step, samples[i:i + per])

@@ -61,6 +61,13 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
                   response_mask=mask)
 
 
+def to_samples(records: list[Rewarded], cfg: "LearnerConfig", trainer: Any) -> list["Sample"]:
+    """Records as ``trainer``'s samples, by the learner's own conversion and checks: the
+    synchronous loops of ``streamrl bench`` train exactly what the learner stage would."""
+    vocab = trainer.model.get_input_embeddings().num_embeddings
+    return [to_sample(r, cfg, vocab, trainer.tokenizer) for r in records]
+
+
 def tokenize(record: Rewarded, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
     """Token ids for a text-only record (``missing_logprobs: recompute``): the prompt as the
     chat template renders it (plain lines without one), the response as text."""
