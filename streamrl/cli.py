@@ -76,10 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streamrl {args.verb}: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        # The Kafka client's own errors (named by module, so only the bus imports the client):
-        # one line naming the broker, not a 30-line traceback.
-        if (type(exc).__module__.split(".")[0] not in ("aiokafka", "kafka", "confluent_kafka", "cimpl")
-                and type(exc).__module__ != "streamrl.bus.kafka"):
+        # The transport's errors, and a Kafka client's own that escaped it (named by module, so
+        # only the bus imports the client): one line naming the broker, not a 30-line traceback.
+        from streamrl.bus.base import TransportError
+
+        if not isinstance(exc, TransportError) and \
+                type(exc).__module__.split(".")[0] not in ("aiokafka", "kafka", "confluent_kafka", "cimpl"):
             raise
         servers = getattr(args, "bootstrap_servers", "") or os.environ.get("STREAMRL_BOOTSTRAP_SERVERS", "")
         print(f"streamrl {args.verb}: Kafka error talking to {servers or 'the broker'}: "

@@ -44,6 +44,11 @@ PartitionsCallback = Callable[[set[TopicPartition]], "Awaitable[Any] | Any"]
 DeliveryCallback = Callable[[str, int, "BaseException | None"], None]
 
 
+class TransportError(RuntimeError):
+    """A transport's own error (the broker refused or could not be reached), raised as the
+    transport's subclass; the CLI prints it in one line naming the broker, not a traceback."""
+
+
 class CommitFailed(Exception):
     """The group refused a commit (a rebalance moved the partitions) or the broker did not
     answer (``unreachable``)."""

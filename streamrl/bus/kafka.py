@@ -46,7 +46,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.admin import NewTopic as _KafkaNewTopic
 
 from streamrl.bus.base import (CommitFailed, DeliveryCallback, Message, PartitionsCallback,
-                               TopicPartition, TopicSettings)
+                               TopicPartition, TopicSettings, TransportError)
 from streamrl.config import BusConfig
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ __all__ = ["KafkaAdmin", "KafkaBusError", "KafkaConsumer", "KafkaProducer", "cli
            "is_transient", "is_unreachable"]
 
 
-class KafkaBusError(RuntimeError):
+class KafkaBusError(TransportError):
     """A Kafka error, with librdkafka's code (``code``) and whether waiting helps (``retriable``)."""
 
     def __init__(self, error: KafkaError | str, what: str = ""):
