@@ -17,7 +17,7 @@ from tests.helpers import last_json_line
 
 def setup(**kw):
     args = Namespace(quick=True, task="digits:rev", versions=3, seeds=1, staleness="", correction="", groups=2,
-                     group_size=4, lr=0.0, target=0.5, final=2, gen_latency=0.0, judge_latency=0.0,
+                     group_size=4, lr=0.0, entropy_coeff=0.0, lagged=False, target=0.5, final=2, gen_latency=0.0, judge_latency=0.0,
                      step_latency=0.0)
     for k, v in kw.items():
         setattr(args, k.replace("-", "_"), v)
@@ -92,20 +92,35 @@ def test_the_synchronous_side_trains_on_the_real_components(tmp_path):
     seen = [out["seen"][v] for v in range(3)]
     assert seen == sorted(seen) and seen[0] >= 0.0
     assert sorted(p.name for p in (tmp_path / "sync" / "weights").iterdir()) == ["v1", "v2", "v3"]
+    assert out["generated_by"] == {0: 0, 1: 1, 2: 2}  # on-policy: each batch by the newest weights
+
+
+def test_the_lagged_variant_generates_each_batch_with_weights_k_versions_old(tmp_path):
+    from streamrl.rollout.feed import build_prompts
+    from streamrl.tasks import digits
+
+    s = setup(versions=5, groups=2, group_size=4)
+    policy = str(digits.warm_start(tmp_path / "warm", steps=30))
+    cfg = learning.run_config(s, "unused:9092", tmp_path / "lagged", policy, seed=0, staleness=2, correction=True)
+    out = asyncio.run(learning.run_sync(s, cfg, list(build_prompts(cfg.feed)), lag=2))
+    assert out["generated_by"] == {0: 0, 1: 0, 2: 0, 3: 1, 4: 2}
 
 
 @pytest.mark.e2e
 def test_the_bench_trains_both_sides_and_prints_its_figures(bootstrap, tmp_path, capsys):
-    """The whole command, tiny: the synchronous side and the real stages at staleness 1 with the
-    correction, every version trained, one JSON line and a plot."""
+    """The whole command, tiny: the synchronous side, the real stages at staleness 1 with the
+    correction and its in-process lagged twin, every version trained, one JSON line and a plot."""
     rc = main(["bench", "learning", "--bootstrap-servers", bootstrap, "--quick", "--versions", "3",
                "--groups", "2", "--group-size", "4", "--gen-latency", "0.02", "--judge-latency", "0.01",
-               "--step-latency", "0.02", "--target", "0.01", "--final", "2", "--out", str(tmp_path)])
+               "--step-latency", "0.02", "--target", "0.01", "--final", "2", "--lagged", "--out", str(tmp_path)])
     assert rc == 0
     res = last_json_line(capsys.readouterr().out)
-    assert set(res["variants"]) == {"sync", "staleness 1 + correction"}
+    assert set(res["variants"]) == {"sync", "staleness 1 + correction", "lagged 1 + correction"}
     for name, v in res["variants"].items():
         assert 0.0 <= v["final_min"] <= v["final_reward"] <= v["final_max"] <= 1.0, name
-        assert v["seconds"] > 0, name
+        if name.startswith("lagged"):  # no latencies paid: no clock
+            assert v["seconds"] is None and v["seconds_to_target"] is None
+        else:
+            assert v["seconds"] > 0, name
     assert res["setup"]["task"] == "digits:rev" and res["setup"]["corrections"] == [True]
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
