@@ -50,6 +50,8 @@ def test_quick_defaults_are_small():
     assert full.staleness == [1, 2, 4] and full.corrections == [False, True] and full.seeds == 3
     with pytest.raises(SystemExit, match="--correction"):
         setup(correction="maybe")
+    with pytest.raises(SystemExit, match="--entropy-coeff"):
+        setup(entropy_coeff=-0.1)
 
 
 def test_sync_pays_the_latencies_with_the_stages_concurrency():

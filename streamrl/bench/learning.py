@@ -123,6 +123,8 @@ def setup_from(args: argparse.Namespace) -> Setup:
     words = [w.strip() for w in (args.correction or ("on" if args.quick else "off,on")).split(",")]
     if not set(words) <= {"off", "on"}:
         raise SystemExit(f"bench learning: --correction takes off, on or off,on (got {args.correction!r})")
+    if args.entropy_coeff < 0:
+        raise SystemExit(f"bench learning: --entropy-coeff must be >= 0 (got {args.entropy_coeff})")
     return Setup(task=args.task, versions=args.versions or (20 if args.quick else 40),
                  seeds=args.seeds or (1 if args.quick else 3), staleness=staleness,
                  corrections=[w == "on" for w in words], groups=args.groups, group_size=args.group_size,
