@@ -17,8 +17,8 @@ from tests.helpers import last_json_line
 
 def setup(**kw):
     args = Namespace(quick=True, task="digits:rev", versions=3, seeds=1, staleness="", correction="", groups=2,
-                     group_size=4, lr=0.0, entropy_coeff=0.0, lagged=False, target=0.5, final=2, gen_latency=0.0, judge_latency=0.0,
-                     step_latency=0.0)
+                     group_size=4, lr=0.0, entropy_coeff=0.0, lagged=False, target=0.5, final=2,
+                     gen_latency=0.0, judge_latency=0.0, step_latency=0.0)
     for k, v in kw.items():
         setattr(args, k.replace("-", "_"), v)
     return learning.setup_from(args)
