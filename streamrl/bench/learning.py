@@ -388,7 +388,7 @@ def summarise(runs: list[dict[str, Any]], s: Setup) -> dict[str, Any]:
         times.append(t)
         samples.append(n)
     reached = [t for t in times if t is not None]
-    timed = runs[0].get("timed", True)  # the lagged variants pay no latencies: their clock means nothing
+    timed = runs[0].get("kind") != "lagged"  # the lagged variants pay no latencies: their clock means nothing
     return {"final_reward": round(statistics.fmean(finals), 4), "final_min": round(min(finals), 4),
             "final_max": round(max(finals), 4), "final_by_seed": [round(f, 4) for f in finals],
             "seconds_to_target": (round(statistics.fmean(reached), 2)
@@ -410,14 +410,15 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
     colours = {k: plt.get_cmap("tab10")(i) for i, k in enumerate(sorted(s.staleness))}
     for name, runs in results.items():
         colour = "#333333" if name == "sync" else colours.get(runs[0].get("staleness"), "#999999")
-        if name.startswith("lagged"):
+        lagged = runs[0].get("kind") == "lagged"
+        if lagged:
             style = "-." if "correction" in name else ":"
         else:
             style = "--" if "correction" in name else "-"
         for j, run in enumerate(runs):
             pts = curve(run, s.batch)
             line = dict(color=colour, alpha=0.8, lw=1.2, label=name if j == 0 else None)
-            if run.get("timed", True):
+            if not lagged:
                 ax1.plot([p[1] for p in pts], [p[3] for p in pts], style, **line)
             ax2.plot([p[2] for p in pts], [p[3] for p in pts], style, **line)
     for ax, xlabel in ((ax1, "seconds since version 0"), (ax2, "trained samples")):
@@ -457,10 +458,10 @@ async def _bench(s: Setup, bootstrap: str, out: Path) -> dict[str, list[dict[str
             if kind == "sync":
                 run = await run_sync(s, cfg, prompts)
             elif kind == "lagged":
-                run = {**await run_sync(no_latency, cfg, prompts, lag=k), "timed": False}
+                run = await run_sync(no_latency, cfg, prompts, lag=k)
             else:
                 run = await run_streaming(s, cfg, write_config(cfg, run_dir / "pipeline.yaml"), prompts, run_dir)
-            run.update(seed=seed, staleness=k)
+            run.update(seed=seed, staleness=k, kind=kind)
             results[name].append(run)
             pts = curve(run, s.batch)
             print(f"bench learning:   reward {pts[0][3]:.3f} -> {pts[-1][3]:.3f} in {pts[-1][1]:.1f}s",
