@@ -21,7 +21,7 @@ import pytest
 
 from streamrl.archive import store
 from streamrl.archive.stage import ArchiveStage
-from streamrl.bus import Bus
+from streamrl.bus import Bus, TopicPartition
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory, as_plain
 from streamrl.replay.reader import Range, parse_bound, read_archive
@@ -114,15 +114,23 @@ def test_schema_drift_goes_to_dead_letters_and_the_stage_goes_on(memory_bus, tmp
     assert stage.dead_letters == 2
 
 
-def start_archive(bus_config, uri: str, log: Path) -> subprocess.Popen:
-    """``streamrl archive`` as compose and ``streamrl run`` start it; commits every 5 s but
-    rolls files every 0.3 s, so a kill leaves files whose records are not committed."""
+def start_archive(bus_config, uri: str, log: Path, commit_interval_s: float) -> subprocess.Popen:
+    """``streamrl archive`` as compose and ``streamrl run`` start it, rolling files every 0.3 s."""
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "streamrl", "archive", "--bootstrap-servers", bus_config.bootstrap_servers,
-             f"bus.topic_prefix={bus_config.topic_prefix}", "bus.commit_interval_s=5", f"--uri={uri}",
-             "archive.roll_seconds=0.3", "archive.drain_timeout_s=10"],
+             f"bus.topic_prefix={bus_config.topic_prefix}", f"bus.commit_interval_s={commit_interval_s}",
+             f"--uri={uri}", "archive.roll_seconds=0.3", "archive.drain_timeout_s=10"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+async def committed_offsets(bus: Bus, topic: str) -> dict[int, int]:
+    """The archive group's committed offset per partition of ``topic`` (0 where none is)."""
+    name = bus.topic(topic)
+    async with bus.admin() as admin:
+        count = (await admin.partition_counts([name]))[name]
+        got = await admin.committed(bus.config.group("archive"), [TopicPartition(name, p) for p in range(count)])
+    return {tp.partition: off or 0 for tp, off in got.items()}
 
 
 def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
@@ -137,13 +145,17 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
 
     asyncio.run(publish("rollouts", rollouts))
     asyncio.run(publish("rewarded", first))
-    proc = start_archive(bus_config, uri, log)
+    # The first run never commits on its clock (files roll every 0.3 s), so the kill leaves files
+    # whose records are not committed; the restart commits often.
+    proc = start_archive(bus_config, uri, log, commit_interval_s=3600)
     try:
         wait_for_sync(lambda: store.files(uri, "rewarded"), 60, f"no file written: {log.read_text()[-2000:]}")
-        proc.send_signal(signal.SIGKILL)  # files written, offsets not yet committed
+        proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+        committed = asyncio.run(committed_offsets(bus, "rewarded"))
+        uncommitted = [loc for loc in read_archive(uri, "rewarded").records if loc.offset >= committed[loc.partition]]
         asyncio.run(publish("rewarded", second))
-        proc = start_archive(bus_config, uri, log)
+        proc = start_archive(bus_config, uri, log, commit_interval_s=0.5)
 
         def complete() -> bool:
             ids = {loc.record.id for loc in read_archive(uri, "rewarded").records}
@@ -156,7 +168,8 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
             proc.kill()
     read = read_archive(uri, "rewarded")
     assert sorted(loc.record.id for loc in read.records) == sorted(r.id for r in first + second)
-    assert read.duplicates > 0  # the restart re-read what the killed stage had not committed
+    assert uncommitted, f"the kill left nothing uncommitted: {committed}"
+    assert read.duplicates == len(uncommitted)  # the restart re-read exactly what was not committed
     assert read.messages == len(first) + len(second) + read.duplicates
     assert {loc.record.id for loc in read_archive(uri, "rollouts").records} == {r.id for r in rollouts}
     assert "archive: group" in log.read_text()  # the start-up banner, as every stage prints it
