@@ -24,7 +24,7 @@ import yaml
 from aiohttp import web
 
 from streamrl.broker import free_port
-from streamrl.bus import Bus, Message, Reader
+from streamrl.bus import Bus, Message, Reader, TopicPartition
 from streamrl.records import DeadLetter, Rewarded, Trajectory
 
 #: the checkout (the tests run ``python -m streamrl`` from here)
@@ -107,6 +107,15 @@ async def read_topic(bus: Bus, topic: str, n: int | None = None, timeout_s: floa
     finally:
         await consumer.stop()
     return out
+
+
+async def committed(bus: Bus, group: str, topic: str = "rewarded") -> dict[int, int | None]:
+    """``group``'s committed offset per partition of ``topic`` (None where it has none)."""
+    name = bus.topic(topic)
+    async with bus.admin() as admin:
+        count = (await admin.partition_counts([name]))[name]
+        got = await admin.committed(group, [TopicPartition(name, p) for p in range(count)])
+    return {tp.partition: off for tp, off in got.items()}
 
 
 def read_topic_sync(bus: Bus, topic: str, n: int | None = None, timeout_s: float = 30.0) -> list[Message]:

@@ -20,13 +20,13 @@ import pyarrow as pa
 import pytest
 
 from streamrl.archive import store
-from streamrl.archive.stage import ArchiveStage
-from streamrl.bus import Bus, TopicPartition
+from streamrl.archive.stage import STAGE, ArchiveStage
+from streamrl.bus import Bus
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory, as_plain
 from streamrl.replay.reader import Range, parse_bound, read_archive
 from streamrl.testing import run_stage
-from tests.helpers import ROOT, last_json_line, wait_for_sync
+from tests.helpers import ROOT, committed, last_json_line, wait_for_sync
 
 
 
@@ -124,15 +124,6 @@ def start_archive(bus_config, uri: str, log: Path, commit_interval_s: float) -> 
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-async def committed_offsets(bus: Bus, topic: str) -> dict[int, int]:
-    """The archive group's committed offset per partition of ``topic`` (0 where none is)."""
-    name = bus.topic(topic)
-    async with bus.admin() as admin:
-        count = (await admin.partition_counts([name]))[name]
-        got = await admin.committed(bus.config.group("archive"), [TopicPartition(name, p) for p in range(count)])
-    return {tp.partition: off or 0 for tp, off in got.items()}
-
-
 def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
     bus, uri, log = Bus(bus_config), str(tmp_path / "archive"), tmp_path / "archive.log"
     rollouts = [Trajectory(**{k: v for k, v in as_plain(r).items() if k in Trajectory.__dataclass_fields__
@@ -152,8 +143,8 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
         wait_for_sync(lambda: store.files(uri, "rewarded"), 60, f"no file written: {log.read_text()[-2000:]}")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        committed = asyncio.run(committed_offsets(bus, "rewarded"))
-        uncommitted = [loc for loc in read_archive(uri, "rewarded").records if loc.offset >= committed[loc.partition]]
+        at_kill = asyncio.run(committed(bus, bus.config.group(STAGE)))
+        uncommitted = [loc for loc in read_archive(uri, "rewarded").records if loc.offset >= (at_kill[loc.partition] or 0)]
         asyncio.run(publish("rewarded", second))
         proc = start_archive(bus_config, uri, log, commit_interval_s=0.5)
 
@@ -168,7 +159,7 @@ def test_archive_stage_killed_mid_run_loses_nothing(bus_config, tmp_path):
             proc.kill()
     read = read_archive(uri, "rewarded")
     assert sorted(loc.record.id for loc in read.records) == sorted(r.id for r in first + second)
-    assert uncommitted, f"the kill left nothing uncommitted: {committed}"
+    assert uncommitted, f"the kill left nothing uncommitted: {at_kill}"
     assert read.duplicates == len(uncommitted)  # the restart re-read exactly what was not committed
     assert read.messages == len(first) + len(second) + read.duplicates
     assert {loc.record.id for loc in read_archive(uri, "rollouts").records} == {r.id for r in rollouts}

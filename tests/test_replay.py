@@ -24,7 +24,7 @@ from streamrl.records import Rewarded, Trajectory
 from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic, resolve_scorer
 from streamrl.reward.config import RewardConfig, ScorerSpec
 from streamrl.rollout.feed import gsm8k_ground_truth
-from tests.helpers import JudgeServer, gsm8k_path, read_topic
+from tests.helpers import JudgeServer, committed, gsm8k_path, read_topic
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z: record times far from the brokers' own timestamps
 OLD = [0.0, 1.0, 0.25, 0.75]
@@ -222,13 +222,6 @@ def config(bus: Bus, *overrides: str) -> PipelineConfig:
     cfg = load_config(None, overrides)
     cfg.bus = bus.config
     return cfg
-
-
-async def committed(bus: Bus, group: str) -> dict[int, int | None]:
-    name = bus.topic("rewarded")
-    async with bus.admin() as admin:
-        got = await admin.committed(group, [TopicPartition(name, p) for p in range(8)])
-    return {tp.partition: off for tp, off in got.items()}
 
 
 async def commit(bus: Bus, group: str, offsets: dict[int, int]) -> None:

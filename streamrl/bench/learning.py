@@ -402,6 +402,10 @@ def summarise(runs: list[dict[str, Any]], s: Setup) -> dict[str, Any]:
             "seconds": round(statistics.fmean(max(r["seen"].values()) for r in runs), 2) if timed else None}
 
 
+#: (lagged, corrected) -> line style
+LINE_STYLES = {(False, False): "-", (False, True): "--", (True, False): ":", (True, True): "-."}
+
+
 def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path:
     """Reward against wall time (not the lagged variants: they pay no latencies) and against
     trained samples. One colour per staleness; the correction dashed, lagged dotted."""
@@ -411,10 +415,7 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
     for name, runs in results.items():
         colour = "#333333" if name == "sync" else colours.get(runs[0].get("staleness"), "#999999")
         lagged = runs[0].get("kind") == "lagged"
-        if lagged:
-            style = "-." if "correction" in name else ":"
-        else:
-            style = "--" if "correction" in name else "-"
+        style = LINE_STYLES[lagged, "correction" in name]
         for j, run in enumerate(runs):
             pts = curve(run, s.batch)
             line = dict(color=colour, alpha=0.8, lw=1.2, label=name if j == 0 else None)

@@ -232,8 +232,6 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
     await reward.start()
     trainer = FixedStepTrainer(Trainer(cfg.learner), w.step_s)
     transformers_logging.disable_progress_bar()
-    async def score(traj):
-        return await reward.reward(traj)
 
     phases = {"generate": 0.0, "score": 0.0, "train": 0.0}
     trained = 0
@@ -246,7 +244,7 @@ async def run_sync(w: Workload, cfg, prompts: list, weights_dir: Path) -> dict[s
                                    [run_group(p, w.group_size, backend, params, renderer) for p in batch])
             trajectories = [t for group in groups for t in group]
             t1 = time.time()
-            rewarded = await asyncio.gather(*map(score, trajectories))
+            rewarded = await asyncio.gather(*map(reward.reward, trajectories))
             t2 = time.time()
             samples = to_samples(rewarded, cfg.learner, trainer)
             per = w.groups_per_mini_batch * w.group_size
