@@ -12,8 +12,8 @@ def make(max_staleness=1, timeout=10.0, partial=False, window=1000) -> Assembler
                      allow_partial_groups=partial, dedup_window=window)
 
 
-def item(rid: str, gid: str, size: int = 2, version: int = 0) -> Item:
-    return Item(id=rid, group_id=gid, group_size=size, policy_version=version)
+def item(rid: str, gid: str, size: int = 2, version: int = 0, copy: float | None = 0.0) -> Item:
+    return Item(id=rid, group_id=gid, group_size=size, policy_version=version, copy=copy)
 
 
 def test_groups_complete_and_duplicates_are_skipped():
@@ -28,6 +28,30 @@ def test_groups_complete_and_duplicates_are_skipped():
     assert a.add(item("a2", "a"), 0, 0.3) == ("duplicate", [])  # finished
     status, drops = a.add(item("a3", "a"), 0, 0.3)  # a third distinct member of a group of 2
     assert status == "dropped" and drops[0].reason == GROUP_OVERFLOW
+
+
+def test_another_copy_of_an_id_is_regenerated_the_same_copy_a_duplicate():
+    """A copy is told apart by the trajectory's created_at: a second one (a rollout worker that
+    generated the group again) is ``regenerated``, the same one again (a redelivery) a
+    ``duplicate``, whether the id waits in its group, was trained, or was dropped."""
+    a = make(max_staleness=0)
+    assert a.add(item("a1", "a", copy=1.0), 0, 0.0)[0] == "accepted"
+    assert a.add(item("a1", "a", copy=2.0), 0, 0.0) == ("regenerated", [])  # waiting
+    assert a.add(item("a1", "a", copy=2.0), 0, 0.0) == ("duplicate", [])
+    assert a.add(item("a1", "a", copy=1.0), 0, 0.0) == ("duplicate", [])
+    a.add(item("a2", "a", copy=1.0), 0, 0.0)
+    assert a.take(1, 0)[0] is not None
+    assert a.add(item("a2", "a", copy=3.0), 0, 0.0) == ("regenerated", [])  # trained
+    assert a.add(item("a1", "a", copy=2.0), 0, 0.0) == ("duplicate", [])  # the copy seen while waiting
+    assert a.add(item("s1", "s", version=0, copy=1.0), 1, 0.0)[0] == "dropped"  # stale
+    assert a.add(item("s1", "s", version=0, copy=4.0), 1, 0.0) == ("regenerated", [])
+    b = make(max_staleness=0)
+    b.load_state_dict(a.state_dict())  # the copies survive a restart
+    assert b.add(item("a2", "a", copy=3.0), 0, 0.0) == ("duplicate", [])
+    assert b.add(item("a2", "a", copy=5.0), 0, 0.0) == ("regenerated", [])
+    c = make()
+    c.load_state_dict({"finished": ["a1"], "closed": []})  # a checkpoint from before copies were kept
+    assert c.add(item("a1", "a", copy=9.0), 0, 0.0) == ("duplicate", [])  # unknown: never counted twice
 
 
 def test_take_waits_for_a_full_mini_batch_oldest_first():

@@ -135,18 +135,46 @@ def test_trains_versions_drops_stale_and_duplicates(memory_bus, tmp_path):
     assert by_reason["group_timeout"] == {"i-0"}
 
 
+def test_a_second_copy_of_a_trajectory_is_dead_lettered_a_redelivery_skipped(memory_bus, tmp_path):
+    """A rollout worker killed before committing its prompt generates the group again: same ids,
+    another ``created_at``. The second copy is not trained but dead-lettered (``regenerated``),
+    which is how the staleness gate counts it finished (left as a plain duplicate, 36 such
+    copies froze the chaos test's run); a redelivery of either copy stays a skipped duplicate."""
+    bus = memory_bus
+    cfg = learner_cfg(tmp_path, max_staleness=0, versions=1)
+    first = group("a") + group("b")
+    again = replace(first[0], created_at=first[0].created_at + 5.0, response=first[0].response + "x")
+    dups = metrics.LEARNER_RECORDS.labels("duplicate")
+    dup_before = dups._value.get()
+
+    async def go():
+        learner = Learner(bus, cfg)
+        task = asyncio.create_task(learner.run())
+        await publish(bus, [first[0], again, again, first[0], *first[1:]])
+        return await asyncio.wait_for(task, 60)
+
+    state = asyncio.run(go())
+    assert state.trained_records == 4
+    dls = letters(asyncio.run(read_topic(bus, "deadletter", 1)))
+    assert [(d.reason, d.record_id) for d in dls] == [("regenerated", first[0].id)]
+    assert Rewarded.decode(dls[0].original_value()).created_at == again.created_at  # the copy, not the first
+    assert dups._value.get() - dup_before == 2
+
+
 def test_restart_resumes_from_checkpoint(memory_bus, tmp_path):
     """Killed between checkpoints: what was trained after the checkpoint is trained again, what
     was before is not, and the de-dup window from the checkpoint still skips duplicates."""
     bus = memory_bus
     cfg = learner_cfg(tmp_path, groups_per_mini_batch=1, mini_batches_per_version=2, versions=2)
 
+    g1 = group("g1")
+
     async def first_life():
         learner = Learner(bus, cfg)
         task = asyncio.create_task(learner.run())
-        await publish(bus, group("g1") + group("g2"))
+        await publish(bus, g1 + group("g2"))
         await wait_for(lambda: learner.version == 1 and learner.last_checkpoint, what="v1 + checkpoint")
-        await publish(bus, group("g3") + [group("g1")[0]])  # g1-0 again, after the checkpoint
+        await publish(bus, group("g3") + [g1[0]])  # g1-0 redelivered, after the checkpoint
         await wait_for(lambda: learner.state.mini_batches == 1, what="g3 trained")
         task.cancel()  # a crash: no checkpoint after v1
         with pytest.raises(asyncio.CancelledError):

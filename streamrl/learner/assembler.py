@@ -6,7 +6,12 @@ The rules:
 
 - A record whose ``id`` was already taken (finished or waiting in a group) is a duplicate:
   skipped, never trained twice. Delivery is at-least-once and the embedded broker can hand a
-  partition to two members for a moment, so duplicates are normal.
+  partition to two members for a moment, so duplicates are normal. A duplicate that is another
+  *copy* of the trajectory (its ``copy``, the trajectory's ``created_at``, differs from every one
+  seen for the id: a rollout worker restarted before committing its prompt and generated the
+  group again) is not trained either but reported as ``regenerated``: it was produced, and the
+  staleness gate, which counts what was produced, must see it finished (the learner
+  dead-letters it), or each such copy holds a slot for good and enough of them freeze the run.
 - A group is trained only whole (``group_size`` distinct ids), except that a group incomplete
   for ``group_timeout_s`` is either trained as it is (``allow_partial_groups``) or dropped with
   reason ``group_timeout``.
@@ -41,6 +46,7 @@ class Item:
     group_size: int
     policy_version: int
     payload: Any = None
+    copy: float | None = None  # which copy of the id this is (the trajectory's created_at)
 
 
 @dataclass
@@ -97,11 +103,11 @@ class Assembler:
         self.max_staleness = max_staleness
         self.group_timeout_s = group_timeout_s
         self.allow_partial_groups = allow_partial_groups
-        self.finished = _LRU(dedup_window)  # ids trained or dropped
+        self.finished = _LRU(dedup_window)  # id trained or dropped -> the copies of it seen
         self.closed = _LRU(dedup_window)  # group_id -> reason for its late members
         self.open: dict[str, Group] = {}  # incomplete, or complete and waiting to be taken
         self.ready: deque[str] = deque()  # group ids ready to train, oldest first
-        self._pending_ids: set[str] = set()
+        self._pending: dict[str, list[float | None]] = {}  # id waiting in a group -> its copies seen
 
     # -- taking records -----------------------------------------------------------------------
     def is_fresh(self, policy_version: int, version: int) -> bool:
@@ -109,18 +115,23 @@ class Assembler:
 
     def add(self, item: Item, version: int, now: float) -> tuple[str, list[Drop]]:
         """Take one record at learner version ``version``. Returns ``(status, drops)`` with
-        status ``accepted``, ``duplicate`` or ``dropped``; ``drops`` may also hold earlier
-        members of the same group (a stale newcomer makes the whole group stale)."""
-        if item.id in self.finished or item.id in self._pending_ids:
-            return "duplicate", []
+        status ``accepted``, ``duplicate``, ``regenerated`` (a duplicate that is another copy)
+        or ``dropped``; ``drops`` may also hold earlier members of the same group (a stale
+        newcomer makes the whole group stale)."""
+        copies = self._pending.get(item.id, self.finished.get(item.id))
+        if copies is not None:
+            if item.copy in copies or None in copies:  # the same copy again, or copies unknown
+                return "duplicate", []
+            copies.append(item.copy)
+            return "regenerated", []
         reason = self.closed.get(item.group_id)
         if reason is not None:
-            self.finished.put(item.id)
+            self._finish(item)
             return "dropped", [Drop(item, reason, f"group {item.group_id} is closed ({reason})")]
         if not self.is_fresh(item.policy_version, version):
             detail = (f"policy_version {item.policy_version} at learner version {version}, "
                       f"max_staleness {self.max_staleness}")
-            self.finished.put(item.id)
+            self._finish(item)
             if item.group_id in self.open:
                 drops = [Drop(item, STALE, detail)]
                 drops += self._close(item.group_id, STALE, f"a member is stale: {detail}")
@@ -132,11 +143,11 @@ class Assembler:
         if group is None:
             group = self.open[item.group_id] = Group(item.group_id, item.group_size, now)
         elif group.complete:
-            self.finished.put(item.id)
+            self._finish(item)
             return "dropped", [Drop(item, GROUP_OVERFLOW,
                                     f"group {item.group_id} already has {group.group_size} members")]
         group.items.append(item)
-        self._pending_ids.add(item.id)
+        self._pending[item.id] = [item.copy]
         if group.complete:
             self.ready.append(group.group_id)
         return "accepted", []
@@ -192,8 +203,7 @@ class Assembler:
             self.closed.put(gid, GROUP_TIMEOUT if group.group_size < group.items[0].group_size
                             else GROUP_OVERFLOW)
             for item in group.items:
-                self._pending_ids.discard(item.id)
-                self.finished.put(item.id)
+                self._finish(item)
             groups.append(group)
         return groups, drops
 
@@ -206,23 +216,29 @@ class Assembler:
             self.ready.remove(gid)
         drops = []
         for n, item in enumerate(group.items):
-            self._pending_ids.discard(item.id)
-            self.finished.put(item.id)
+            self._finish(item)
             drops.append(Drop(item, reason, detail, closes_group=n == 0))
         return drops
+
+    def _finish(self, item: Item) -> None:
+        """``item`` trained or dropped: its id (and the copies of it seen) into the window."""
+        self.finished.put(item.id, self._pending.pop(item.id, [item.copy]))
 
     # -- state --------------------------------------------------------------------------------
     @property
     def waiting_records(self) -> int:
-        return len(self._pending_ids)
+        return len(self._pending)
 
     def state_dict(self) -> dict[str, Any]:
-        """What survives a restart: finished ids and closed groups. Records waiting in open
-        groups are *not* finished: they come back from Kafka after a restart."""
-        return {"finished": list(self.finished.data), "closed": list(self.closed.data.items())}
+        """What survives a restart: finished ids (with their copies) and closed groups. Records
+        waiting in open groups are *not* finished: they come back from Kafka after a restart."""
+        return {"finished": [[rid, copies] for rid, copies in self.finished.data.items()],
+                "closed": list(self.closed.data.items())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for rid in state.get("finished", []):
-            self.finished.put(rid)
+        for entry in state.get("finished", []):
+            # a bare id: a checkpoint from before copies were kept (its copies unknown)
+            rid, copies = (entry, [None]) if isinstance(entry, str) else entry
+            self.finished.put(rid, list(copies))
         for gid, reason in state.get("closed", []):
             self.closed.put(gid, reason)

@@ -303,11 +303,16 @@ class Learner:
             await self._lose(record.group_id, record.id, record.group_size)
             return
         item = Item(record.id, record.group_id, record.group_size, record.policy_version,
-                    _Taken(sample, msg, record))
+                    _Taken(sample, msg, record), copy=record.created_at)
         status, drops = self.assembler.add(item, self.version, time.monotonic())
         if status == "duplicate":
             metrics.LEARNER_RECORDS.labels("duplicate").inc()
             self.checkpointer.done(tp, msg.offset)
+        elif status == "regenerated":  # a trajectory produced twice: the gate counts it finished
+            await self._dead_letter(msg, "regenerated", f"another copy of {record.id} (created at "
+                                    f"{record.created_at:.3f}) was taken first: its rollout worker generated "
+                                    f"group {record.group_id} again (a restart before its prompt was committed)",
+                                    record.id)
         await self._drop(drops)
         if record.group_id in self._lost:
             await self._settle(record.group_id)

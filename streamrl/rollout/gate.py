@@ -7,8 +7,9 @@ summed over partitions, every worker's output, minus ``gate_baseline`` for a top
 held records; plus what this worker is generating right now) minus what is finished with: the
 records the learner has trained (``trained_records`` of its latest ``streamrl.policy`` record)
 and every trajectory dead-lettered on the way: by the reward stage (dead letters whose source
-is the rollouts topic) or by the learner (stale, incomplete groups, bad values: source
-rewarded), counted from ``streamrl.deadletter`` as they happen. The worker
+is the rollouts topic) or by the learner (stale, incomplete groups, bad values, and second
+copies of a trajectory a restarted worker generated again, ``regenerated``: source rewarded),
+counted from ``streamrl.deadletter`` as they happen. The worker
 generates a group while outstanding work plus the group stays within ``(max_staleness + 1) *
 trajectories_per_version``; at the limit it holds the prompt it took and polls
 (``streamrl_rollout_gate_paused_seconds_total``). A new version on the policy topic releases it
