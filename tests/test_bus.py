@@ -1,5 +1,6 @@
 """The bus on a real broker: dead letters for every kind of malformed message, records of real
-sizes, redelivery after a member dies before committing, a clean shutdown that commits, exact
+sizes, redelivery after a member dies before committing, a clean shutdown that commits, a group
+joined again after its members stopped together, exact
 end offsets and ranges for a reader without a group, and the checkpoint's order."""
 
 from __future__ import annotations
@@ -180,6 +181,44 @@ def test_a_clean_stop_commits_so_nothing_is_redelivered(bus):
 
     asyncio.run(main())
     assert sorted(seen) == sorted(t.id for t in trajs)
+
+
+def test_a_group_whose_members_stop_together_is_joined_again(bus):
+    """Issue 43: the group's leader stopping while the group rebalances (two members stopped
+    together, the leader last) left the embedded broker naming that gone member as the leader of
+    every later join, so no member ever got a partition again and the records behind the
+    committed offsets were never read. A later member must take them."""
+    first = [make_trajectory(id=f"a{i}", group_id=f"g{i}") for i in range(16)]
+    later = [make_trajectory(id=f"b{i}", group_id=f"h{i}") for i in range(16)]
+    seen: list[str] = []
+
+    async def handle(traj, msg):
+        seen.append(traj.id)
+        return [rewarded_from(traj)]
+
+    def member() -> StageLoop:
+        return StageLoop(bus, stage="s", source="rollouts", group="together", decode=Trajectory.decode,
+                         handle=handle)
+
+    async def main():
+        async with bus.producer("test") as p:
+            await asyncio.gather(*[await p.send(t) for t in first])
+        leader, other = member(), member()  # the first to join leads the group
+        tasks = [asyncio.create_task(leader.run())]
+        await wait_for(lambda: leader.consumer.assignment(), 30, "the leader to join")
+        tasks.append(asyncio.create_task(other.run()))
+        await wait_for(lambda: other.consumer.assignment() and len(leader.consumer.assignment()) < 8
+                       and len(seen) >= len(first), 45, "both members to share the partitions")
+        for loop in (other, leader):  # the leader stops while the group rebalances after the other
+            loop.stop()
+            await asyncio.sleep(0.2)
+        await asyncio.gather(*tasks)
+        async with bus.producer("test") as p:
+            await asyncio.gather(*[await p.send(t) for t in later])
+        await run_loop_until(member(), len(later), timeout_s=60)
+
+    asyncio.run(main())
+    assert sorted(set(seen)) == sorted(t.id for t in first + later)
 
 
 async def produce_batches(bus: Bus, sizes: list[int]) -> None:

@@ -68,6 +68,9 @@ STOP_TIMEOUT_S = 15.0
 #: aiokafka-style names the layers above may pass as overrides, in librdkafka's terms.
 _ALIASES = {"fetch_max_wait_ms": "fetch.wait.max.ms", "linger_ms": "linger.ms",
             "fetch_min_bytes": "fetch.min.bytes"}
+#: Cluster ids of brokers whose members stop without leaving their group (``KafkaConsumer.stop``):
+#: the embedded broker's (Tansu 0.6, whatever started it).
+NO_LEAVE_CLUSTERS = frozenset({"tansu_cluster"})
 
 __all__ = ["KafkaAdmin", "KafkaBusError", "KafkaConsumer", "KafkaProducer", "client_settings",
            "is_transient", "is_unreachable"]
@@ -335,6 +338,7 @@ class KafkaConsumer:
         self._pos: dict[TopicPartition, int] = {}  # next offset, once known here
         self._hw: dict[TopicPartition, int] = {}  # high watermark of the last fetch
         self._meta: dict[str, set[int]] = {}
+        self._cluster_id: str | None = None  # from the first metadata answer
         self._leftover: list[Message] = []  # consumed from librdkafka, not yet handed out
         self._assigning: dict[TopicPartition, int] | None = None  # seeks asked during on_assign
         self._unfetched: set[TopicPartition] = set()  # assigned, no fetch answered yet
@@ -517,14 +521,22 @@ class KafkaConsumer:
 
     async def stop(self) -> None:
         """Leave the group (the revoke callback runs) and close, waiting at most
-        ``STOP_TIMEOUT_S`` (a broker gone: librdkafka's close would wait for it)."""
+        ``STOP_TIMEOUT_S`` (a broker gone: librdkafka's close would wait for it).
+
+        On the embedded broker a member stops without leaving (``leaves_group``): the stage
+        committed what it finished before this, and the broker drops the member once its session
+        times out (``bus.session_timeout_ms``), so its partitions move a few seconds later."""
         if self._client is None or self._closed:
             return
         thread = self._thread
+        leave = self.leaves_group()
 
         def close() -> None:
             try:
-                self._client.close()  # type: ignore[union-attr]
+                if leave:
+                    self._client.close()  # type: ignore[union-attr]
+                else:  # the last reference: confluent-kafka destroys it without consumer close
+                    self._client = None
             finally:
                 self._closed = True
 
@@ -536,6 +548,14 @@ class KafkaConsumer:
             return
         if thread is not None:
             await asyncio.to_thread(thread.join, STOP_TIMEOUT_S)
+
+    def leaves_group(self) -> bool:
+        """Whether ``stop`` sends LeaveGroup: yes, except to the embedded broker. Its coordinator
+        (Tansu 0.6) keeps a leader that leaves while its group rebalances as the leader for good:
+        every later JoinGroup names that gone member, no member ever gets partitions, and the
+        group's committed offsets are never read again (two members stopping together is enough:
+        issue 43). A member that goes silent is dropped at its session timeout, leader included."""
+        return self.group is not None and self._cluster_id not in NO_LEAVE_CLUSTERS
 
     # -- records -------------------------------------------------------------------------------
     def _take(self, want: set[TopicPartition], max_records: int | None) -> list[Message]:
@@ -705,6 +725,7 @@ class KafkaConsumer:
     # -- metadata and offsets -----------------------------------------------------------------
     def _fetch_meta(self, topic: str | None) -> dict[str, set[int]]:
         md = self._client.list_topics(topic, timeout=REQUEST_TIMEOUT_S)  # type: ignore[union-attr]
+        self._cluster_id = md.cluster_id
         got = {name: set(t.partitions) for name, t in md.topics.items() if t.error is None and t.partitions}
         self._meta.update(got)
         return got
