@@ -244,10 +244,16 @@ class Observer:
 
     async def reward_lag(self) -> int:
         """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""
+        return sum(end - committed for committed, end in (await self.reward_backlog()).values())
+
+    async def reward_backlog(self) -> dict[int, tuple[int, int]]:
+        """Per partition of ``rollouts`` holding records past the reward group's committed
+        offset: (committed, end), as of the last poll's end offsets."""
         ends = self._rollout_ends
         async with self.bus.admin() as admin:
             committed = await admin.committed(self.reward_group, ends)
-        return sum(end - (committed.get(tp) or 0) for tp, end in ends.items())
+        return {tp.partition: (committed.get(tp) or 0, end) for tp, end in sorted(ends.items())
+                if end > (committed.get(tp) or 0)}
 
 
 def status_line(obs: Observation, target_versions: int, restarts: int = 0, note: str = "") -> str:
@@ -347,9 +353,11 @@ def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
             for smp in fam.samples if smp.name.startswith(("streamrl_stage_waiting", "streamrl_rollout_weights"))]
 
 
-async def diagnose(launcher: Launcher, obs: Observation) -> tuple[list[str], list[str]]:
+async def diagnose(launcher: Launcher, obs: Observation,
+                   observer: Observer | None = None) -> tuple[list[str], list[str]]:
     """Errors (a rollout worker refusing weights) and what each stage waits on, read from the
-    stages' own metrics and from the topics."""
+    stages' own metrics and from the topics (with ``observer``: which partitions of ``rollouts``
+    hold the records the reward group has not committed past)."""
     errors, waits = [], []
     for name in launcher.names():
         if launcher.returncode(name) is not None:
@@ -371,8 +379,22 @@ async def diagnose(launcher: Launcher, obs: Observation) -> tuple[list[str], lis
             elif metric == "streamrl_stage_waiting" and value == 1:
                 waits.append(f"{name} waits on {WAITING_WORDS.get(labels.get('on', ''), labels.get('on'))}")
     if obs.unscored > 0:
-        waits.append(f"reward: {obs.unscored} rollouts not scored yet")
+        waits.append(f"reward: {obs.unscored} rollouts not scored yet"
+                     + (await _backlog_words(observer) if observer is not None else ""))
     return errors, waits
+
+
+async def _backlog_words(observer: Observer) -> str:
+    """Where the records the reward group has not consumed are (it says nothing if the group's
+    offsets cannot be read: the rest of the diagnosis still stands)."""
+    try:
+        backlog = await asyncio.wait_for(observer.reward_backlog(), 5)
+    except (Exception, asyncio.TimeoutError):
+        return ""
+    if not backlog:
+        return ""
+    spans = ", ".join(f"{p} ({end - committed} from offset {committed})" for p, (committed, end) in backlog.items())
+    return f"; group {observer.reward_group} has not consumed partition(s) {spans}"
 
 
 async def observe_until(observer: Observer, launcher: Launcher, target_versions: int,
@@ -416,6 +438,8 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
                 watch.failure = (f"the broker at {watch.bootstrap} did not answer for "
                                  f"{now - unreachable_since:.0f} s (bus.unavailable_timeout_s)")
                 return "failed:broker"
+        if stop.is_set():  # before supervising: a terminal's Ctrl-C reaches the stages too, and
+            return "interrupted"  # one that already exited 0 is stopping, not to be restarted
         now = time.monotonic()
         for event in await asyncio.to_thread(launcher.supervise, now):
             show(event)
@@ -428,7 +452,7 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
         stalled = now - moved_at
         if now - last_diagnosed >= watch.diagnose_every_s:
             last_diagnosed = now
-            errors, waits = await diagnose(launcher, obs)
+            errors, waits = await diagnose(launcher, obs, observer)
         notes = list(errors)
         if unreachable_since is not None:
             notes.append(f"broker {watch.bootstrap} unreachable for {now - unreachable_since:.0f} s")
@@ -438,8 +462,6 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
             warned = warned or stalled >= watch.stall_warn_s
             show(status_line(obs, target_versions, launcher.restart_count(), " | ".join(notes)))
             last_shown = now
-        if stop.is_set():
-            return "interrupted"
         if watch.stall_timeout_s and stalled >= watch.stall_timeout_s:
             watch.failure = (f"nothing moved for {stalled:.0f} s (run.stall_timeout_s): "
                              + ("; ".join(errors + waits) or "no stage says why"))

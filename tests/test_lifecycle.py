@@ -1,6 +1,6 @@
 """A run's life on the real broker, with real processes (issue 31): it ends when its data ends,
 with every record accounted for; Ctrl-C or a SIGKILL of everything, then ``--resume``, continues
-it without feeding a finished prompt again; a fresh run refuses another run's topics; the
+it without feeding a finished prompt again, also on a broker that outlives both sessions; a fresh run refuses another run's topics; the
 embedded broker dying ends the run quickly and quietly; a rollout worker refusing weights is
 named on the status line."""
 
@@ -22,7 +22,7 @@ import pytest
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.learner import checkpoint
-from streamrl.records import PolicyVersion, Prompt
+from streamrl.records import DeadLetter, PolicyVersion, Prompt, Rewarded, Trajectory
 from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, last_json_line, read_topic_sync
 
 pytestmark = pytest.mark.e2e
@@ -238,6 +238,63 @@ def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_to
     assert versions == sorted(set(versions)) and versions[-1] == summary["versions"] > stopped_at
     accounted(summary, redelivered=True)
     assert len(set(state_of(out).done_groups)) == 32
+
+
+#: a run to stop at version 3 and resume to its last, version 8: the default's two reward
+#: members (two members stopping together once left the embedded broker's group leaderless)
+OUTLIVED = ["run.reward_members=2", "feed.limit=64", "learner.versions=8"]
+
+
+@pytest.mark.parametrize("stop, staleness", [("ctrl-c", 0), ("sigkill", 0), ("ctrl-c", 1)])
+def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives_it(tmp_path, stop, staleness):
+    """Issue 43: the broker is a process of its own that outlives both sessions, as a Kafka
+    cluster does. The first session stops at version 3 (Ctrl-C, or SIGKILL of all its
+    processes); ``--resume`` reaches the last version: the policy's versions never go back,
+    no prompt group is finished twice, every rollout of both sessions is rewarded or
+    dead-lettered (once, after Ctrl-C: a SIGKILL redelivers what was not committed), and the
+    rollout worker generates with the resumed version's weights, not its startup ones."""
+    from streamrl.broker import EmbeddedBroker
+
+    with EmbeddedBroker() as broker:
+        cfg = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="outlived")
+        args = ["--bootstrap-servers", broker.bootstrap, "bus.topic_prefix=outlived", *OUTLIVED,
+                f"rollout.max_staleness={staleness}", f"learner.max_staleness={staleness}"]
+        run = Run(tmp_path, *args)
+        try:
+            run.wait_for_version(3)
+            if stop == "ctrl-c":
+                run.proc.send_signal(signal.SIGINT)
+                assert run.finish(120)["ended"] == "interrupted", run.err[-3000:]
+            else:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+                run.proc.wait(30)
+        finally:
+            run.kill()
+        out = next(tmp_path.glob("*/checkpoints")).parent
+        resumed = state_of(out).version
+        resumed_at = time.time()
+        run = Run(tmp_path, *args, "--resume", str(out))
+        try:
+            summary = run.finish()
+        finally:
+            run.kill()
+        assert run.proc.returncode == 0 and summary["ended"] == "done", run.err[-3000:]
+        bus = Bus(cfg)
+        rollouts = [Trajectory.decode(m.value) for m in read_topic_sync(bus, "rollouts")]
+        rewarded = Counter(Rewarded.decode(m.value).id for m in read_topic_sync(bus, "rewarded"))
+        dead = {d.record_id for d in (DeadLetter.decode(m.value) for m in read_topic_sync(bus, "deadletter"))
+                if d.source_topic == bus.topic("rollouts")}
+        versions = [PolicyVersion.decode(m.value).version for m in read_topic_sync(bus, "policy")]
+    assert 3 <= resumed < 8 and summary["versions"] == 8, (resumed, summary["versions"])
+    assert versions == sorted(set(versions)) and versions[-1] == 8, versions
+    done = state_of(out).done_groups
+    assert len(done) == len(set(done)), "a prompt group finished twice"
+    assert {t.id for t in rollouts} == set(rewarded) | dead, "a rollout neither rewarded nor dead-lettered"
+    if stop == "ctrl-c":
+        assert max(rewarded.values()) == 1, [i for i, n in rewarded.items() if n > 1][:5]
+    later = [t.policy_version for t in rollouts if t.created_at > resumed_at]
+    assert later and min(later) >= resumed - staleness, (resumed, sorted(set(later)))
+    accounted(summary, redelivered=True)
 
 
 def test_the_embedded_broker_killed_mid_run_ends_it_quickly_and_quietly(tmp_path):

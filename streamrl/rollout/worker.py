@@ -119,6 +119,9 @@ class RolloutWorker:
                 stack.push_async_callback(part.stop)
                 await part.start()
             await self.sync_weights()  # start on the learner's current version
+            # the banner named the startup weights (cfg.policy); on a resumed run these are not
+            # the ones that generate (the stage log's level hides the load's INFO line)
+            print(f"{STAGE}: generating with policy version {self.backend.version}", flush=True)
             loop_task = asyncio.create_task(self.loop.run())
             waiters = [asyncio.create_task(self._stopping.wait())]
             if stop is not None:
