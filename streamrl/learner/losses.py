@@ -1,17 +1,21 @@
-"""The objective, as pure tensor functions: advantages, the PPO-clip policy loss (plain or
-decoupled), KL to a reference, entropy, and verl's loss aggregation.
+"""The objective, as pure tensor functions, behind verl's names: advantage estimators
+(``ADV_ESTIMATORS``, verl's ``algorithm.adv_estimator``), policy losses (``POLICY_LOSSES``,
+verl's ``policy_loss.loss_mode``), the loss aggregation modes, KL estimators, entropy, and
+AReaL's decoupled objective.
 
 Shapes: per-token tensors are ``[batch, response_len]`` with a 0/1 ``mask`` of the same shape
-(padding and tokens the policy did not produce, e.g. tool output in multi-turn, are 0).
-Formulas follow verl's ``core_algos`` (``compute_grpo_outcome_advantage``,
-``compute_policy_loss`` with dual-clip, ``kl_penalty``, ``agg_loss``) and AReaL's decoupled PPO
-loss, so results compare with theirs.
+(padding and tokens the policy did not produce, e.g. tool output in multi-turn, are 0). An
+estimator takes token-level rewards (the score on each response's last token, minus a KL
+penalty on every token with ``use_kl_in_reward``) as verl's do, and returns per-token
+advantages. Each function is written from the maths of verl's ``core_algos`` (verl 0.9.1);
+``tests/test_learner_parity.py`` holds the numbers verl's own functions give on the same
+tensors, and these must match them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 
@@ -19,20 +23,148 @@ import torch
 _LOG_RATIO_CLAMP = 20.0
 
 
+# -- advantage estimators --------------------------------------------------------------------
+
+#: An estimator: ``(token_rewards [B, T], mask [B, T], group ids, options) -> advantages [B, T]``.
+Estimator = Callable[[torch.Tensor, torch.Tensor, Sequence[str], "AdvantageOptions"], torch.Tensor]
+ADV_ESTIMATORS: dict[str, Estimator] = {}
+
+
+@dataclass
+class AdvantageOptions:
+    norm_adv_by_std_in_grpo: bool = True
+    gamma: float = 1.0  # REINFORCE++'s discount
+    eps: float = 1e-6
+
+
+def _estimator(name: str) -> Callable[[Estimator], Estimator]:
+    def register(fn: Estimator) -> Estimator:
+        ADV_ESTIMATORS[name] = fn
+        return fn
+    return register
+
+
+def _groups(group_ids: Sequence[str]) -> list[list[int]]:
+    index: dict[str, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        index.setdefault(g, []).append(i)
+    return list(index.values())
+
+
+def _per_token(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return per_seq.unsqueeze(-1) * mask
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / (mask.sum() + 1e-8)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Whiten over the masked entries: mean 0, the unbiased variance 1 (verl's)."""
+    mean = _masked_mean(values, mask)
+    n = mask.sum()
+    if n < 2:
+        raise ValueError("whitening needs at least two unmasked tokens in the mini-batch")
+    var = _masked_mean((values - mean) ** 2, mask) * n / (n - 1)
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+@_estimator("grpo")
+def grpo_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                   opt: AdvantageOptions) -> torch.Tensor:
+    """``(r - mean_group) / (std_group + eps)`` (Dr. GRPO without the std)."""
+    return _per_token(grpo_advantages(rewards.sum(-1), group_ids, norm_by_std=opt.norm_adv_by_std_in_grpo,
+                                      eps=opt.eps), mask)
+
+
+@_estimator("rloo")
+def rloo_estimator(rewards, mask, group_ids, opt):
+    """Leave-one-out baseline: ``r_i - mean_{j != i} r_j`` (a group of one keeps its reward)."""
+    scores = rewards.sum(-1)
+    out = scores.clone()
+    for members in _groups(group_ids):
+        n = len(members)
+        if n > 1:
+            r = scores[members]
+            out[members] = (r * n - r.sum()) / (n - 1)
+    return _per_token(out, mask)
+
+
+@_estimator("opo")
+def opo_estimator(rewards, mask, group_ids, opt):
+    """The length-weighted group baseline of OPO: ``r_i - sum_j(|y_j| r_j) / sum_j |y_j|``."""
+    scores, lengths = rewards.sum(-1), mask.sum(-1)
+    out = scores.clone()
+    for members in _groups(group_ids):
+        if len(members) > 1:
+            out[members] = scores[members] - (lengths[members] * scores[members]).sum() / lengths[members].sum()
+    return _per_token(out, mask)
+
+
+@_estimator("grpo_passk")
+def grpo_passk_estimator(rewards, mask, group_ids, opt):
+    """Pass@k: only the group's best response learns, by ``r_max - r_second`` (over the group's
+    std with ``norm_adv_by_std_in_grpo``); the rest get 0. Ties go to the first best."""
+    scores = rewards.sum(-1)
+    out = torch.zeros_like(scores)
+    for members in _groups(group_ids):
+        if len(members) < 2:
+            raise ValueError(f"grpo_passk needs at least 2 samples a group (group {group_ids[members[0]]!r} has 1)")
+        r = scores[members]
+        top, where = torch.topk(r, 2)
+        adv = top[0] - top[1]
+        if opt.norm_adv_by_std_in_grpo:
+            adv = adv / (r.std() + opt.eps)
+        out[members[int(where[0])]] = adv
+    return _per_token(out, mask)
+
+
+@_estimator("gpg")
+def gpg_estimator(rewards, mask, group_ids, opt):
+    """GPG: ``alpha (r - mean_group)`` with ``alpha = B / #(r != 0)``, no std."""
+    scores = rewards.sum(-1)
+    alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+    out = torch.empty_like(scores)
+    for members in _groups(group_ids):
+        r = scores[members]
+        out[members] = alpha * (r - (r.mean() if len(members) > 1 else 0.0))
+    return _per_token(out, mask)
+
+
+@_estimator("reinforce_plus_plus")
+def reinforce_pp_estimator(rewards, mask, group_ids, opt):
+    """REINFORCE++: discounted returns per token (a masked token passes the return through),
+    whitened over every token of the mini-batch."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        new = rewards[:, t] + opt.gamma * running
+        returns[:, t] = new * mask[:, t]
+        running = new * mask[:, t] + running * (1 - mask[:, t])
+    return masked_whiten(returns, mask) * mask
+
+
+@_estimator("reinforce_plus_plus_baseline")
+def reinforce_pp_baseline_estimator(rewards, mask, group_ids, opt):
+    """REINFORCE++ with the group mean as baseline, then whitened over the mini-batch's tokens."""
+    scores = rewards.sum(-1)
+    out = scores.clone()
+    for members in _groups(group_ids):
+        if len(members) > 1:
+            out[members] = scores[members] - scores[members].mean()
+    return masked_whiten(_per_token(out, mask), mask) * mask
+
+
 def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[str], *, norm_by_std: bool = True,
                     eps: float = 1e-6) -> torch.Tensor:
     """One advantage per sequence: ``(r - mean_group) / (std_group + eps)``. The std is the
     unbiased one (``torch.std``) as in verl; a group of one has mean 0 and std 1 there, so its
     advantage is its reward (kept for parity)."""
-    rewards = rewards.float()
     out = torch.empty_like(rewards)
-    index: dict[str, list[int]] = {}
-    for i, g in enumerate(group_ids):
-        index.setdefault(g, []).append(i)
-    for members in index.values():
+    for members in _groups(group_ids):
         r = rewards[members]
         if len(members) == 1:
-            mean, std = torch.tensor(0.0), torch.tensor(1.0)
+            mean, std = torch.zeros((), dtype=r.dtype), torch.ones((), dtype=r.dtype)
         else:
             mean, std = r.mean(), r.std()
         out[members] = (r - mean) / (std + eps) if norm_by_std else r - mean
@@ -40,32 +172,63 @@ def grpo_advantages(rewards: torch.Tensor, group_ids: Sequence[str], *, norm_by_
 
 
 def whitened_advantages(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Critic-free PPO advantages: rewards whitened over the mini-batch (verl's
-    REINFORCE++ baseline); what ``algorithm: ppo`` trains on."""
+    """Critic-free PPO advantages: rewards whitened over the mini-batch, one per sequence
+    (``adv_estimator: ppo``, streamrl's own: verl's REINFORCE++ whitens per token)."""
     rewards = rewards.float()
     if rewards.numel() < 2:
         return rewards - rewards.mean()
     return (rewards - rewards.mean()) / (rewards.std() + eps)
 
 
+@_estimator("ppo")
+def ppo_estimator(rewards, mask, group_ids, opt):
+    return _per_token(whitened_advantages(rewards.sum(-1)).to(rewards.dtype), mask)
+
+
+def token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each score on its response's last token (verl's ``token_level_scores``)."""
+    out = torch.zeros_like(mask, dtype=scores.dtype)
+    lengths = (mask.shape[1] - 1 - torch.flip(mask, [1]).argmax(1)).clamp(min=0)
+    out[torch.arange(len(scores)), lengths] = scores
+    return out
+
+
+# -- aggregation -----------------------------------------------------------------------------
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
+                  "seq-mean-token-sum-norm")
+
+
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *,
-              total_tokens: float | None = None, total_seqs: float | None = None) -> torch.Tensor:
+              total_tokens: float | None = None, total_seqs: float | None = None,
+              scale: float | None = None) -> torch.Tensor:
     """verl's ``agg_loss``. ``token-mean``: every token of the mini-batch weighs the same (long
     responses weigh more). ``seq-mean-token-mean``: each sequence's token mean, then the mean
-    over sequences (every sequence weighs the same). ``total_tokens`` / ``total_seqs`` are the
-    mini-batch's totals when ``values`` is one micro-batch of it, so accumulated gradients equal
-    the whole mini-batch's."""
+    over sequences. ``token-sum``: the sum over tokens. ``seq-mean-token-sum``: each sequence's
+    token sum, then the mean over sequences; ``-norm`` divides that by a constant (``scale``:
+    Dr. GRPO's, the longest response a mini-batch may hold). ``total_tokens`` / ``total_seqs``
+    are the mini-batch's totals when ``values`` is one micro-batch of it, so accumulated
+    gradients equal the whole mini-batch's on any number of micro-batches and ranks."""
     mask = mask.to(values.dtype)
+    masked = values * mask
     if mode == "token-mean":
         denom = total_tokens if total_tokens is not None else mask.sum().clamp(min=1.0)
-        return (values * mask).sum() / denom
+        return masked.sum() / denom
+    if mode == "token-sum":
+        return masked.sum()
+    per_seq_tokens = mask.sum(-1)
+    seqs = total_seqs if total_seqs is not None else (per_seq_tokens > 0).sum().clamp(min=1)
     if mode == "seq-mean-token-mean":
-        per_seq_tokens = mask.sum(-1)
-        seq_mean = (values * mask).sum(-1) / per_seq_tokens.clamp(min=1.0)
-        denom = total_seqs if total_seqs is not None else (per_seq_tokens > 0).sum().clamp(min=1)
-        return seq_mean.sum() / denom
-    raise ValueError(f"loss_agg_mode {mode!r}: token-mean or seq-mean-token-mean")
+        return (masked.sum(-1) / (per_seq_tokens + 1e-8)).sum() / seqs
+    if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        loss = masked.sum(-1).sum() / seqs
+        if mode == "seq-mean-token-sum-norm":
+            loss = loss / (scale if scale else mask.shape[-1])
+        return loss
+    raise ValueError(f"loss_agg_mode {mode!r}: one of {', '.join(LOSS_AGG_MODES)}")
 
+
+# -- policy losses ---------------------------------------------------------------------------
 
 @dataclass
 class PolicyLoss:
@@ -75,14 +238,180 @@ class PolicyLoss:
     clipped: torch.Tensor  # 1 where the clip (or dual clip) decided the token's loss
     approx_kl: torch.Tensor  # log pi_old - log pi (verl's ppo_kl per token)
     is_weight: torch.Tensor  # the importance weight applied (1 without the decoupled objective)
+    agg_mode: str | None = None  # a loss that fixes its aggregation (sapo, geo_mean), else the config's
+
+
+@dataclass
+class LossOptions:
+    """The knobs of the losses, verl's names (``actor.*`` and ``actor.policy_loss.*``)."""
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # vanilla's dual clip (0: off); dppo's ratio truncation
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+
+
+#: A loss: ``(logp, old_logp, advantages, mask, options) -> PolicyLoss`` (all ``[B, T]``).
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossOptions], PolicyLoss]
+POLICY_LOSSES: dict[str, Loss] = {}
+
+
+def _loss(name: str) -> Callable[[Loss], Loss]:
+    def register(fn: Loss) -> Loss:
+        POLICY_LOSSES[name] = fn
+        return fn
+    return register
+
+
+def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    return (logp - old_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+
+
+def _result(loss: torch.Tensor, clipped: torch.Tensor | None, log_ratio: torch.Tensor,
+            agg_mode: str | None = None) -> PolicyLoss:
+    return PolicyLoss(loss=loss, clipped=torch.zeros_like(loss) if clipped is None else clipped.float(),
+                      approx_kl=-log_ratio.detach(), is_weight=torch.ones_like(loss), agg_mode=agg_mode)
+
+
+@_loss("vanilla")
+def vanilla_loss(logp, old_logp, adv, mask, opt):
+    return ppo_clip_loss(logp, old_logp, adv, clip_low=opt.clip_ratio_low, clip_high=opt.clip_ratio_high,
+                         clip_c=opt.clip_ratio_c)
+
+
+@_loss("gspo")
+def gspo_loss(logp, old_logp, adv, mask, opt):
+    """GSPO: one importance ratio per sequence, the geometric mean of its tokens' ratios, with the
+    gradient of each token's own log-prob; clipped as PPO (no dual clip)."""
+    log_ratio = logp - old_logp
+    seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    ratio = torch.exp((logp - logp.detach() + seq.detach().unsqueeze(-1)).clamp(max=10.0))
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1 - opt.clip_ratio_low, 1 + opt.clip_ratio_high)
+    return _result(torch.maximum(loss1, loss2), loss2 > loss1, log_ratio)
+
+
+@_loss("cispo")
+def cispo_loss(logp, old_logp, adv, mask, opt):
+    """CISPO: REINFORCE weighted by the clipped ratio, which carries no gradient: a clipped token
+    still learns."""
+    log_ratio = _log_ratio(logp, old_logp)
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1 - opt.clip_ratio_low, 1 + opt.clip_ratio_high)
+    return _result(-clipped.detach() * adv * logp, ratio != clipped, log_ratio)
+
+
+@_loss("gpg")
+def gpg_loss(logp, old_logp, adv, mask, opt):
+    """GPG: plain policy gradient, ``-A log pi``."""
+    return _result(-logp * adv, None, logp - old_logp)
+
+
+@_loss("sapo")
+def sapo_loss(logp, old_logp, adv, mask, opt):
+    """SAPO: a smooth gate ``sigmoid(tau (r - 1)) 4 / tau`` instead of the clip, ``tau_pos`` for
+    positive advantages and ``tau_neg`` otherwise; always aggregated seq-mean-token-mean."""
+    log_ratio = _log_ratio(logp, old_logp)
+    tau = torch.where(adv > 0, torch.as_tensor(opt.tau_pos, dtype=adv.dtype),
+                      torch.as_tensor(opt.tau_neg, dtype=adv.dtype))
+    gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
+    return _result(-gate * adv, None, log_ratio, agg_mode="seq-mean-token-mean")
+
+
+@_loss("geo_mean")
+def geo_mean_loss(logp, old_logp, adv, mask, opt):
+    """GMPO: per sequence, the geometric mean of the token ratios clipped in log space by the
+    advantage's sign, times the sequence's mean advantage; the mean over sequences (each
+    sequence's loss stands on its tokens, aggregated seq-mean-token-mean)."""
+    log_ratio = logp - old_logp
+    sign = torch.sign(adv)
+    clamped = log_ratio.clamp(-opt.clip_ratio_low, opt.clip_ratio_high)
+    kept = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    n = mask.sum(-1)
+    ratio = torch.exp((kept * mask).sum(-1) / (n + 1e-8))
+    seq_adv = (adv * mask).sum(-1) / (n + 1e-8)
+    per_seq = -seq_adv * ratio
+    return _result(per_seq.unsqueeze(-1).expand_as(logp), log_ratio != clamped, log_ratio,
+                   agg_mode="seq-mean-token-mean")
+
+
+@_loss("clip_cov")
+def clip_cov_loss(logp, old_logp, adv, mask, opt):
+    """Clip-Cov: PPO-clip, plus the gradient cut on a random ``clip_cov_ratio`` of the unclipped
+    tokens whose covariance of advantage and log-prob lies in ``(clip_cov_lb, clip_cov_ub)``
+    (the tokens that collapse entropy)."""
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1 - opt.clip_ratio_low, 1 + opt.clip_ratio_high)
+    valid = mask > 0
+    cov = (adv - _masked_mean(adv, mask)) * (logp - _masked_mean(logp.detach(), mask))
+    cov = cov.masked_fill(~valid | ((loss2 > loss1) & valid), -torch.inf)
+    n_clip = max(int(opt.clip_cov_ratio * mask.sum().item()), 1)
+    candidates = torch.nonzero((cov < opt.clip_cov_ub) & (cov > opt.clip_cov_lb) & valid)
+    keep = torch.ones_like(adv)
+    if len(candidates):
+        chosen = candidates[torch.randperm(len(candidates))[:min(n_clip, len(candidates))]]
+        keep[chosen[:, 0], chosen[:, 1]] = 0
+    return _result(torch.maximum(loss1, loss2) * keep, keep == 0, log_ratio)
+
+
+@_loss("kl_cov")
+def kl_cov_loss(logp, old_logp, adv, mask, opt):
+    """KL-Cov: the unclipped policy gradient, plus ``ppo_kl_coef |log ratio|`` on the
+    ``kl_cov_ratio`` of tokens with the largest covariance of advantage and log-prob."""
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    loss = -adv * ratio
+    valid = mask > 0
+    flat = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+    a, lp = adv[valid].detach(), logp[valid].detach()
+    penalised = torch.zeros_like(loss)
+    if len(a) and opt.kl_cov_ratio:
+        cov = (a - a.mean()) * (lp - lp.mean())
+        top = flat[torch.topk(cov, max(1, int(len(cov) * opt.kl_cov_ratio))).indices]
+        rows, cols = top // adv.shape[1], top % adv.shape[1]
+        penalised[rows, cols] = 1.0
+        loss = torch.where(penalised > 0, loss + opt.ppo_kl_coef * log_ratio.abs(), loss)
+    return _result(loss, penalised, log_ratio)
+
+
+def _dppo(logp, old_logp, adv, opt, valid_pos, valid_neg) -> PolicyLoss:
+    log_ratio = _log_ratio(logp, old_logp)
+    truncated = torch.exp(log_ratio).clamp(max=opt.clip_ratio_c or 20.0).detach()
+    valid = torch.where(adv > 0, valid_pos, valid_neg).detach().float()
+    return _result(-adv * truncated * logp * valid, 1.0 - valid, log_ratio)
+
+
+@_loss("dppo_tv")
+def dppo_tv_loss(logp, old_logp, adv, mask, opt):
+    """DPPO with a total-variation trust region: a token learns (``-A r_trunc log pi``) while
+    its probability moved less than ``clip_ratio_high`` up (A > 0) or ``clip_ratio_low`` down."""
+    p, p_old = torch.exp(logp), torch.exp(old_logp)
+    return _dppo(logp, old_logp, adv, opt, (p - p_old) <= opt.clip_ratio_high, (p - p_old) >= -opt.clip_ratio_low)
+
+
+@_loss("dppo_kl")
+def dppo_kl_loss(logp, old_logp, adv, mask, opt):
+    """DPPO with a binary-KL trust region between the old and new token probabilities."""
+    p, p_old = torch.exp(logp), torch.exp(old_logp)
+    kl = p_old * (old_logp - logp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    return _dppo(logp, old_logp, adv, opt, (kl <= opt.clip_ratio_high) | (p <= p_old),
+                 (kl <= opt.clip_ratio_low) | (p >= p_old))
 
 
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.2, clip_c: float = 3.0,
                   is_weight: torch.Tensor | None = None) -> PolicyLoss:
-    """PPO-clip with verl's dual clip. ``ratio = pi/pi_old``; the loss per token is
-    ``max(-A r, -A clip(r, 1-low, 1+high))``, and for ``A < 0`` at most ``-A c`` (dual clip,
-    ``clip_c > 1``; 0 turns it off), which truncates the ratio of stale data whose
+    """PPO-clip with verl's dual clip (``loss_mode: vanilla``). ``ratio = pi/pi_old``; the loss
+    per token is ``max(-A r, -A clip(r, 1-low, 1+high))``, and for ``A < 0`` at most ``-A c``
+    (dual clip, ``clip_c > 1``; 0 turns it off), which truncates the ratio of stale data whose
     probability grew far past the old one. ``is_weight`` multiplies the per-token loss (the
     decoupled objective's behaviour correction); it carries no gradient."""
     advantages = advantages if advantages.dim() == logp.dim() else advantages.unsqueeze(-1)
@@ -100,6 +429,20 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     weight = torch.ones_like(logp) if is_weight is None else is_weight.detach()
     return PolicyLoss(loss=clipped_loss * weight, clipped=clipped, approx_kl=-log_ratio.detach(),
                       is_weight=weight)
+
+
+def policy_loss(mode: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, opt: LossOptions, is_weight: torch.Tensor | None = None) -> PolicyLoss:
+    """The loss ``mode`` names, times the (decoupled objective's) importance weight per token;
+    for ``geo_mean``, a sequence's weight is the geometric mean of its tokens'."""
+    out = POLICY_LOSSES[mode](logp, old_logp, advantages, mask, opt)
+    if is_weight is not None:
+        w = is_weight.detach()
+        if mode == "geo_mean":
+            n = mask.sum(-1, keepdim=True)
+            w = torch.exp((torch.log(w + 1e-10) * mask).sum(-1, keepdim=True) / (n + 1e-8)).expand_as(w)
+        out.loss, out.is_weight = out.loss * w, w
+    return out
 
 
 def importance_weight(prox_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, *,
@@ -130,16 +473,33 @@ def decoupled_ppo_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: 
     return loss, mask
 
 
+# -- KL --------------------------------------------------------------------------------------
+
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
-    """Per-token KL estimate of the policy from the reference (verl's ``kl_penalty``):
-    ``kl`` is k1 (``log pi - log ref``); ``low_var_kl`` is k3 (``exp(ref-pi) - (ref-pi) - 1``,
-    non-negative, clamped to [-10, 10] as verl does)."""
-    if kind == "kl":
-        return logp - ref_logp
-    if kind == "low_var_kl":
+    """Per-token KL estimate of the policy from the reference (Schulman's estimators, verl's
+    names): ``kl``/``k1`` ``log pi - log ref``; ``abs``; ``mse``/``k2`` half the squared log
+    ratio; ``low_var_kl``/``k3`` ``exp(ref-pi) - (ref-pi) - 1`` (non-negative, clamped to
+    [-10, 10] as verl does). A ``+`` suffix (``k3+``) keeps the value and takes k2's gradient,
+    the unbiased one (straight-through)."""
+    base = kind[:-1] if kind.endswith("+") else kind
+    if base in ("kl", "k1"):
+        value = logp - ref_logp
+    elif base == "abs":
+        value = (logp - ref_logp).abs()
+    elif base in ("mse", "k2"):
+        value = 0.5 * (logp - ref_logp).square()
+    elif base in ("low_var_kl", "k3"):
         kl = (ref_logp - logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        return (torch.exp(kl) - kl - 1).clamp(-10.0, 10.0)
-    raise ValueError(f"kl_loss_type {kind!r}: low_var_kl or kl")
+        value = (torch.exp(kl) - kl - 1).clamp(-10.0, 10.0)
+    else:
+        raise ValueError(f"kl_loss_type {kind!r}: one of {', '.join(KL_TYPES)}, each with an optional '+'")
+    if not kind.endswith("+") or base in ("mse", "k2"):
+        return value
+    k2 = 0.5 * (logp - ref_logp).square()
+    return k2 - k2.detach() + value.detach()
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
