@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from streamrl.archive.config import ArchiveConfig
 from streamrl.config import BusConfig, MetricsConfig, RunConfig, apply_override, config_errors
-from streamrl.learner.config import LearnerConfig
+from streamrl.learner.config import VERL_PREFIXES, LearnerConfig, verl_overrides
 from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
                                     apply_verl_keys)
 from streamrl.rollout.config import FeedConfig, RolloutConfig
@@ -52,7 +52,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
         path = resolve_config(str(path))
         with config_errors(f" in {path}"):
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+            raw = OmegaConf.load(path)
+            for top in ("algorithm", "actor_rollout_ref"):  # verl's objective keys: _apply_verl_objective
+                raw.pop(top, None)
+            merged = OmegaConf.merge(merged, raw)
+    merged, overrides = _apply_verl_objective(merged, overrides, path)
     before = _scorer_identities(merged)
     for override in overrides:
         with config_errors(f" on the command line ({override})"):
@@ -62,6 +66,38 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         cfg = OmegaConf.to_object(merged)
     apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model)  # type: ignore[attr-defined]
     return cfg  # type: ignore[return-value]
+
+
+def _apply_verl_objective(merged: DictConfig, overrides: Sequence[str], path: Any) -> tuple[DictConfig, list[str]]:
+    """A verl config's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``; in the
+    file, then on the command line) onto ``learner`` (``streamrl.learner.config.VERL_KEYS``);
+    returns the config and the overrides that are not verl's."""
+    given: list[tuple[str, Any]] = []
+    if path:
+        raw = OmegaConf.load(path)
+        for top in ("algorithm", "actor_rollout_ref"):
+            if top in raw:
+                given += _flatten(OmegaConf.to_container(raw[top]), top)
+    rest = []
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key.startswith(VERL_PREFIXES):
+            given += _flatten(OmegaConf.to_container(OmegaConf.from_dotlist([override])), "")
+        else:
+            rest.append(override)
+    for verl_key, key, value in verl_overrides(given):
+        with config_errors(f" (from verl's {verl_key})"):
+            OmegaConf.update(merged, f"learner.{key}", value, merge=True)
+    return merged, rest
+
+
+def _flatten(tree: Any, prefix: str) -> list[tuple[str, Any]]:
+    if not isinstance(tree, dict):
+        return [(prefix, tree)]
+    out = []
+    for k, v in tree.items():
+        out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
 
 
 def _scorer_identities(merged: DictConfig) -> dict[str, tuple[Any, ...]]:

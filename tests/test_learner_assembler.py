@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from streamrl.learner.assembler import GROUP_OVERFLOW, GROUP_TIMEOUT, STALE, Assembler, Item
+from streamrl.learner.assembler import FILTERED, GROUP_OVERFLOW, GROUP_TIMEOUT, STALE, Assembler, Item
 
 
 def make(max_staleness=1, timeout=10.0, partial=False, window=1000) -> Assembler:
@@ -141,3 +141,29 @@ def test_state_survives_and_window_is_bounded():
     assert b.add(item("c2", "c"), 0, 0.0)[0] == "duplicate"
     assert b.add(item("a1", "a2-new"), 0, 0.0)[0] == "accepted"  # fell out of the window of 3
     assert b.add(item("w1", "w"), 0, 0.0)[0] == "accepted"
+
+
+def test_flat_groups_are_filtered_before_they_count_and_the_bound_lets_them_train():
+    """DAPO's dynamic sampling: a whole group whose metric does not vary is dropped
+    ``filtered`` (the gate counts it finished) and never becomes ready; past ``filter_bound``
+    groups a version, flat groups train; a new version counts afresh."""
+    a = Assembler(max_staleness=0, group_timeout_s=60, allow_partial_groups=False, dedup_window=100,
+                  filter_flat=True, filter_bound=2)
+
+    def add(gid: str, metrics: list[float]) -> list:
+        drops = []
+        for i, m in enumerate(metrics):
+            it = item(f"{gid}{i}", gid, size=len(metrics))
+            it.metric = m
+            drops += a.add(it, 0, 0.0)[1]
+        return drops
+
+    assert add("mixed", [1.0, 0.0]) == [] and list(a.ready) == ["mixed"]
+    flat = add("flat", [1.0, 1.0])
+    assert [d.reason for d in flat] == [FILTERED, FILTERED] and flat[0].closes_group and "flat" not in a.ready
+    assert [d.reason for d in add("late", [1.0])] == []  # a group of one is kept (it has no variance to lack)
+    assert add("zero", [0.0, 0.0]) and a.filtered == 2
+    assert add("third", [0.5, 0.5]) == [] and "third" in a.ready  # past the bound: it trains
+    a.new_version()
+    assert add("again", [0.0, 0.0]) and a.filtered == 1
+    assert a.add(item("flat0", "flat"), 0, 0.0)[0] == "duplicate"  # a filtered id is finished

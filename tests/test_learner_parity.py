@@ -35,8 +35,12 @@ def close(ours: torch.Tensor, theirs, dtype: str, what: str) -> None:
     torch.testing.assert_close(ours.detach(), torch.tensor(theirs, dtype=ours.dtype), **TOL[dtype], msg=lambda m: f"{what}: {m}")
 
 
-def test_the_numbers_came_from_verl():
+def test_the_numbers_came_from_verl_and_the_config_names_every_function():
+    from streamrl.learner import config
+
     assert DATA["verl"] == "0.9.1" and len(DATA["core_algos_sha256"]) == 64
+    assert set(config.ADV_ESTIMATORS) == set(losses.ADV_ESTIMATORS)
+    assert set(config.LOSS_MODES) == set(losses.POLICY_LOSSES)
 
 
 @pytest.mark.parametrize("case, dtype", CASES)

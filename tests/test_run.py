@@ -51,3 +51,32 @@ def test_run_goes_to_its_end_reports_and_learns(tmp_path):
     # the rewarded records per data source, as the last line says them
     assert summary["by_data_source"]["digits"]["records"] == records["rewarded"]
     assert f"(digits: reward {summary['by_data_source']['digits']['reward']}" in err.strip().splitlines()[-1]
+
+
+#: DAPO's recipe keys as verl writes them (verl's recipe/dapo: clip-higher, token-mean, no KL,
+#: dynamic sampling on acc), given unchanged
+DAPO = ["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False", "algorithm.kl_ctrl.kl_coef=0.0",
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=10", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.kl_loss_coef=0.0", "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean"]
+
+
+def test_a_verl_dapo_config_runs_with_dynamic_sampling_and_the_gate_holds(tmp_path):
+    """Issue 37: the embedded default with DAPO's keys. Early on most groups of the digits task
+    score 0 everywhere: the learner filters them (dead letters ``filtered``), still trains its
+    configured groups each version, and the rollout gate, which counts filtered groups finished,
+    neither stalls the run nor lets the rollouts run past its bound."""
+    proc = start_run(tmp_path, "learner.versions=8", "feed.limit=800", "feed.dataset=digits:rev", *DAPO)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    summary = last_json_line(out)
+    assert summary["ended"] == "done" and summary["versions"] == 8, summary
+    r, per_version = summary["records"], 256
+    filtered = summary["deadletter_reasons"].get("filtered", 0)
+    assert filtered >= 16 * 4 and set(summary["deadletter_reasons"]) == {"filtered"}, summary["deadletter_reasons"]
+    assert r["trained"] == 8 * per_version  # every version its configured groups, flat ones aside
+    assert r["dead_at_learner"] == filtered
+    # the gate: what was produced and not yet finished never exceeds (max_staleness + 1) versions' worth
+    assert r["rollouts"] - r["trained"] - r["dead_at_learner"] - r["dead_at_reward"] <= per_version, r

@@ -20,6 +20,12 @@ The rules:
   member makes the whole group stale: dropped with reason ``stale``. It is checked when a
   record arrives and again when a group is taken for an update, so the bound holds for the
   version the update starts from, however long the record waited for a judge or for its group.
+- Dynamic sampling (DAPO's ``filter_groups``, with ``filter_flat``): a whole group whose
+  members' ``metric`` is all the same carries no gradient (every advantage 0), so it is dropped
+  with reason ``filtered`` before it can count towards a mini-batch; the staleness gate counts
+  it finished, as every dead letter. At most ``filter_bound`` groups a version are filtered
+  (verl's ``max_num_gen_batches``): past it a flat group trains, so a run whose groups are all
+  flat for a while still makes versions.
 - A group once dropped or trained is *closed*: a late member is dropped with the group's
   reason (``stale``, ``group_timeout``) or ``group_overflow`` (more distinct ids than
   ``group_size``).
@@ -35,6 +41,7 @@ STALE = "stale"
 GROUP_TIMEOUT = "group_timeout"
 GROUP_OVERFLOW = "group_overflow"
 MEMBERS_LOST = "members_lost"
+FILTERED = "filtered"
 
 
 @dataclass
@@ -47,6 +54,7 @@ class Item:
     policy_version: int
     payload: Any = None
     copy: float | None = None  # which copy of the id this is (the trajectory's created_at)
+    metric: float | None = None  # what dynamic sampling compares within the group
 
 
 @dataclass
@@ -99,7 +107,10 @@ class _LRU:
 
 class Assembler:
     def __init__(self, *, max_staleness: int, group_timeout_s: float,
-                 allow_partial_groups: bool, dedup_window: int):
+                 allow_partial_groups: bool, dedup_window: int, filter_flat: bool = False,
+                 filter_bound: int = 0):
+        self.filter_flat, self.filter_bound = filter_flat, filter_bound
+        self.filtered = 0  # groups filtered since the last ``new_version``
         self.max_staleness = max_staleness
         self.group_timeout_s = group_timeout_s
         self.allow_partial_groups = allow_partial_groups
@@ -149,8 +160,23 @@ class Assembler:
         group.items.append(item)
         self._pending[item.id] = [item.copy]
         if group.complete:
-            self.ready.append(group.group_id)
+            return "accepted", self._ready(group)
         return "accepted", []
+
+    def _ready(self, group: Group) -> list[Drop]:
+        """A whole (or settled partial) group: ready to train, or filtered (module doc)."""
+        metrics = {i.metric for i in group.items}
+        flat = len(group.items) > 1 and len(metrics) == 1 and None not in metrics
+        if self.filter_flat and flat and (not self.filter_bound or self.filtered < self.filter_bound):
+            self.filtered += 1
+            return self._close(group.group_id, FILTERED,
+                               f"every member's metric is {next(iter(metrics))!r}: no variance, no gradient")
+        self.ready.append(group.group_id)
+        return []
+
+    def new_version(self) -> None:
+        """A version was published: the filter's bound counts afresh."""
+        self.filtered = 0
 
     # -- time and versions --------------------------------------------------------------------
     def expire(self, now: float) -> list[Drop]:
@@ -161,7 +187,7 @@ class Assembler:
                 continue
             if self.allow_partial_groups:
                 group.group_size = len(group.items)  # it trains as it is
-                self.ready.append(gid)
+                drops += self._ready(group)
             else:
                 drops += self._close(gid, GROUP_TIMEOUT,
                                      f"{len(group.items)} of {group.group_size} members after "
@@ -177,8 +203,7 @@ class Assembler:
             return []
         if self.allow_partial_groups:
             group.group_size = len(group.items)
-            self.ready.append(gid)
-            return []
+            return self._ready(group)
         return self._close(gid, MEMBERS_LOST, detail)
 
     def purge_stale(self, version: int) -> list[Drop]:

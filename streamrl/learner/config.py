@@ -1,8 +1,10 @@
 """The learner's config section (``learner:`` in a pipeline YAML).
 
-Names follow verl where verl has one (``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``,
-``loss_agg_mode``, ``kl_loss_type``, ``entropy_coeff``, ``grad_clip``, ``ppo_epochs``,
-``norm_adv_by_std_in_grpo``), so a verl user can read it; the streaming parts (staleness,
+Names follow verl where verl has one (``adv_estimator``, ``policy_loss.loss_mode``,
+``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
+``use_kl_in_reward``, ``kl_ctrl``, ``filter_groups``, ``entropy_coeff``, ``grad_clip``,
+``ppo_epochs``, ``norm_adv_by_std_in_grpo``), and ``VERL_KEYS`` maps a verl config's own keys
+(``algorithm.*``, ``actor_rollout_ref.actor.*``) onto them, so a verl user can read it; the streaming parts (staleness,
 groups, mini-batches per version, checkpoints) are streamrl's own. ``validate`` runs at start and
 names the field that is wrong.
 """
@@ -10,12 +12,20 @@ names the field that is wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 from streamrl.errors import ConfigError
 
-ALGORITHMS = ("grpo", "ppo")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
-KL_LOSS_TYPES = ("low_var_kl", "kl")
+#: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
+#: where torch is not installed); tests/test_learner_parity.py checks the two agree
+ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
+                  "reinforce_plus_plus_baseline", "ppo")
+LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
+                  "seq-mean-token-sum-norm")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
+KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
 INCOMPLETE_GROUPS = ("drop", "train")
@@ -34,6 +44,43 @@ class ParallelConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    """verl's ``actor.policy_loss``: which loss (``streamrl.learner.losses.POLICY_LOSSES``) and
+    the knobs of Clip-Cov and KL-Cov."""
+
+    loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | geo_mean | cispo | gpg | sapo | dppo_tv | dppo_kl
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass
+class KLControlConfig:
+    """verl's ``algorithm.kl_ctrl``: the coefficient of the KL penalty in the reward, fixed or
+    adapted towards ``target_kl`` over ``horizon`` samples (Ziegler et al.)."""
+
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): a group whose ``metric``
+    has no variance carries no gradient, so the learner drops it (dead letter ``filtered``,
+    which the staleness gate counts as finished) before it counts towards a mini-batch."""
+
+    enable: bool = False
+    metric: str = "acc"  # acc | score | seq_final_reward | seq_reward (a reward_info field, or the reward)
+    # verl's bound on generation batches: here, at most this many mini-batches' worth of groups
+    # filtered per version; past it a flat group is trained (its advantages are 0). 0: no bound
+    max_num_gen_batches: int = 0
+
+
+@dataclass
 class LearnerConfig:
     # -- the model ----------------------------------------------------------------------------
     policy: str = "tiny"  # "tiny" or a local directory in Hugging Face layout
@@ -42,11 +89,14 @@ class LearnerConfig:
     seed: int = 0
     temperature: float = 1.0  # the rollout's sampling temperature: log-probs are of logits / T
 
-    # -- the objective ------------------------------------------------------------------------
-    # grpo: advantages normalised within each group (verl's adv_estimator=grpo).
-    # ppo:  PPO-clip on rewards whitened over the mini-batch (no critic; see the README).
-    algorithm: str = "grpo"
-    norm_adv_by_std_in_grpo: bool = True
+    # -- the objective (verl's names; streamrl.learner.losses) ---------------------------------
+    # verl's algorithm.adv_estimator: grpo (normalised within each group), rloo, opo, grpo_passk,
+    # gpg, reinforce_plus_plus, reinforce_plus_plus_baseline; or ppo: PPO-clip on rewards
+    # whitened over the mini-batch (streamrl's, no critic; see the README)
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO
+    gamma: float = 1.0  # REINFORCE++'s discount (verl's algorithm.gamma)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     lr: float = 1e-6
     weight_decay: float = 0.01
     clip_ratio_low: float = 0.2
@@ -59,11 +109,26 @@ class LearnerConfig:
     decoupled: bool = False
     is_cap: float = 2.0  # truncation of the importance weight pi_prox / pi_behaviour
     is_mode: str = "truncate"  # truncate: min(w, cap) (verl TIS) | mask: drop tokens w > cap (AReaL)
-    kl_coef: float = 0.0  # KL to the initial weights (the reference); 0 = no reference kept
-    kl_loss_type: str = "low_var_kl"  # low_var_kl (k3) | kl (k1)
+    # KL to the initial weights (the reference) in the loss (verl's kl_loss_coef with
+    # use_kl_loss); 0 = none (no reference kept unless use_kl_in_reward)
+    kl_coef: float = 0.0
+    # kl|k1, abs, mse|k2, low_var_kl|k3, each with "+" for k2's gradient (straight-through)
+    kl_loss_type: str = "low_var_kl"
+    # KL in the reward (verl's algorithm.use_kl_in_reward, kl_penalty, kl_ctrl): each token's
+    # reward less coef * KL(current policy before the update || reference)
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    tau_pos: float = 1.0  # sapo's gate for positive advantages
+    tau_neg: float = 1.05  # ... and for the others
     entropy_coeff: float = 0.0
     grad_clip: float = 1.0  # max gradient norm; 0 = off
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean
+    # token-mean | seq-mean-token-mean | token-sum | seq-mean-token-sum | seq-mean-token-sum-norm
+    loss_agg_mode: str = "token-mean"
+    # seq-mean-token-sum-norm's constant (Dr. GRPO: the longest response allowed); 0: the
+    # mini-batch's longest response
+    loss_scale_factor: int = 0
     ppo_epochs: int = 1  # passes over each mini-batch
     micro_batch_size: int = 8  # sequences per forward pass (gradient accumulation)
     # Token budget of one forward pass (verl's ppo_max_token_len_per_gpu, use_dynamic_bsz):
@@ -124,12 +189,20 @@ class LearnerConfig:
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")
 
-        choices = {"algorithm": ALGORITHMS, "loss_agg_mode": LOSS_AGG_MODES,
-                   "kl_loss_type": KL_LOSS_TYPES, "is_mode": IS_MODES,
-                   "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS}
+        if self.adv_estimator == "gae":
+            raise ConfigError("config field 'learner.adv_estimator': gae needs a critic, which streamrl does not "
+                              "train yet (one of " + ", ".join(ADV_ESTIMATORS) + ")")
+        kl_types = [k + plus for k in KL_TYPES for plus in ("", "+")]
+        choices = {"adv_estimator": ADV_ESTIMATORS, "loss_agg_mode": LOSS_AGG_MODES,
+                   "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
+                   "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS,
+                   "policy_loss.loss_mode": LOSS_MODES, "kl_ctrl.type": KL_CTRL_TYPES,
+                   "filter_groups.metric": FILTER_METRICS}
         for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                bad(name, f"one of {', '.join(allowed)}")
+            section, _, key = name.rpartition(".")
+            value = getattr(getattr(self, section) if section else self, key)
+            if value not in allowed:
+                raise ConfigError(f"config field 'learner.{name}': one of {', '.join(allowed)} (got {value!r})")
         positive = ("lr", "temperature", "is_cap", "max_abs_reward")
         for name in positive:
             if not getattr(self, name) > 0:
@@ -142,10 +215,14 @@ class LearnerConfig:
                 bad(name, "must be >= 1")
         non_negative = ("max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
-                        "max_response_tokens")
+                        "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
         for name in non_negative:
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
+        if self.use_kl_in_reward and self.parallel.nproc * self.parallel.nnodes > 1:
+            bad("use_kl_in_reward", "is built for one learner rank (learner.parallel.nproc 1) for now")
+        if self.kl_ctrl.type == "adaptive" and self.kl_ctrl.horizon < 1:
+            raise ConfigError(f"config field 'learner.kl_ctrl.horizon': must be >= 1 (got {self.kl_ctrl.horizon!r})")
         if self.clip_ratio_c and self.clip_ratio_c <= 1:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (or 0 for off)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -170,3 +247,56 @@ class LearnerConfig:
 
             check_uri(self.weights_uri, "learner.weights_uri")
         return self
+
+
+# -- a verl config's keys ----------------------------------------------------------------------
+
+#: verl's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) -> this section's,
+#: same meaning; ``use_kl_loss``, ``kl_loss_coef`` and ``clip_ratio`` are read together in
+#: ``verl_overrides``. Any other key under those two prefixes is refused, naming it.
+_ACTOR = "actor_rollout_ref.actor."
+VERL_KEYS = {
+    "algorithm.adv_estimator": "adv_estimator",
+    "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std_in_grpo",
+    "algorithm.gamma": "gamma",
+    "algorithm.use_kl_in_reward": "use_kl_in_reward",
+    "algorithm.kl_penalty": "kl_penalty",
+    **{f"algorithm.kl_ctrl.{k}": f"kl_ctrl.{k}" for k in ("type", "kl_coef", "horizon", "target_kl")},
+    **{f"algorithm.filter_groups.{k}": f"filter_groups.{k}" for k in ("enable", "metric", "max_num_gen_batches")},
+    **{f"{_ACTOR}policy_loss.{k}": f"policy_loss.{k}" for k in ("loss_mode", "clip_cov_ratio", "clip_cov_lb",
+                                                                "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")},
+    **{_ACTOR + k: k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode",
+                              "loss_scale_factor", "entropy_coeff", "ppo_epochs", "tau_pos", "tau_neg",
+                              "kl_loss_type", "grad_clip")},
+    f"{_ACTOR}optim.lr": "lr",
+    f"{_ACTOR}optim.weight_decay": "weight_decay",
+}
+_READ_TOGETHER = (f"{_ACTOR}use_kl_loss", f"{_ACTOR}kl_loss_coef", f"{_ACTOR}clip_ratio")
+VERL_PREFIXES = ("algorithm.", _ACTOR)
+
+
+def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any]]:
+    """``(verl key, learner key, value)`` for a verl config's objective keys, in the order given
+    (a later one wins). verl's KL loss is on when ``use_kl_loss`` is (its coefficient
+    ``kl_loss_coef``, 0.001 by default), off when it is false; ``clip_ratio`` sets the low and
+    high clips that are not given. ``ConfigError`` names a key it does not know."""
+    out, together = [], {}
+    given = list(given)
+    for key, value in given:
+        if key in VERL_KEYS:
+            out.append((key, VERL_KEYS[key], value))
+        elif key in _READ_TOGETHER:
+            together[key] = value
+        else:
+            raise ConfigError(f"config field {key!r}: not one of the verl keys streamrl maps (README, "
+                              f"'Coming from verl', lists them)")
+    use_kl = together.get(f"{_ACTOR}use_kl_loss")
+    if use_kl is not None:
+        coef = together.get(f"{_ACTOR}kl_loss_coef", 0.001) if use_kl else 0.0
+        out.append((f"{_ACTOR}use_kl_loss", "kl_coef", coef))
+    clip = together.get(f"{_ACTOR}clip_ratio")
+    if clip is not None:
+        named = {k for k, _ in given}
+        out += [(f"{_ACTOR}clip_ratio", side, clip) for side in ("clip_ratio_low", "clip_ratio_high")
+                if _ACTOR + side not in named]
+    return out

@@ -19,6 +19,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from streamrl.learner.config import KL_TYPES, LOSS_AGG_MODES
+
 #: log-ratio clamp before exp(), as verl does, so one wild token cannot overflow.
 _LOG_RATIO_CLAMP = 20.0
 
@@ -195,8 +197,6 @@ def token_rewards(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 # -- aggregation -----------------------------------------------------------------------------
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
-                  "seq-mean-token-sum-norm")
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *,
@@ -475,7 +475,6 @@ def decoupled_ppo_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: 
 
 # -- KL --------------------------------------------------------------------------------------
 
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
@@ -500,6 +499,23 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_
         return value
     k2 = 0.5 * (logp - ref_logp).square()
     return k2 - k2.detach() + value.detach()
+
+
+@dataclass
+class KLController:
+    """The coefficient of the KL penalty in the reward (verl's ``kl_ctrl``): ``fixed``, or
+    ``adaptive`` (Ziegler et al.): moved towards ``target_kl`` by at most 20 % of ``n / horizon``
+    after each batch of ``n`` samples."""
+
+    value: float
+    type: str = "fixed"
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if self.type == "adaptive":
+            error = min(max(current_kl / self.target_kl - 1, -0.2), 0.2)
+            self.value *= 1 + error * n_steps / self.horizon
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

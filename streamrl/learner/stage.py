@@ -71,7 +71,9 @@ class Learner:
         self.resumed_from = last
         self.assembler = Assembler(max_staleness=cfg.max_staleness, group_timeout_s=cfg.group_timeout_s,
                                    allow_partial_groups=cfg.allow_partial_groups,
-                                   dedup_window=cfg.dedup_window)
+                                   dedup_window=cfg.dedup_window, filter_flat=cfg.filter_groups.enable,
+                                   filter_bound=cfg.filter_groups.max_num_gen_batches
+                                   * cfg.groups_per_mini_batch * cfg.mini_batches_per_version)
         self.assembler.load_state_dict(self.state.assembler)
         self.producer = bus.producer(STAGE)
         self.group = bus.config.group(STAGE, cfg.consumer_group)
@@ -303,7 +305,7 @@ class Learner:
             await self._lose(record.group_id, record.id, record.group_size)
             return
         item = Item(record.id, record.group_id, record.group_size, record.policy_version,
-                    _Taken(sample, msg, record), copy=record.created_at)
+                    _Taken(sample, msg, record), copy=record.created_at, metric=filter_metric(record, self.cfg))
         status, drops = self.assembler.add(item, self.version, time.monotonic())
         if status == "duplicate":
             metrics.LEARNER_RECORDS.labels("duplicate").inc()
@@ -376,6 +378,9 @@ class Learner:
         self.state.version += 1
         self.state.mini_batches = 0
         summary = mean_metrics(self._version_metrics)
+        if self.cfg.filter_groups.enable:
+            summary["filtered_groups"] = float(self.assembler.filtered)
+            self.assembler.new_version()
         self._version_metrics = []
         metrics.LEARNER_VERSION.set(self.version)
         if self.version % self.cfg.checkpoint_every == 0:
@@ -434,3 +439,14 @@ class Learner:
         metrics.LEARNER_CHECKPOINT_SECONDS.observe(time.monotonic() - started)
         return saved[0]
 
+
+def filter_metric(record: Rewarded, cfg) -> float | None:
+    """What dynamic sampling compares within a group (``learner.filter_groups.metric``): that
+    field of ``reward_info`` (``acc``: a scorer's own), else the reward (verl's ``seq_reward``
+    and ``seq_final_reward``, the KL in the reward aside). None when the filter is off."""
+    if not cfg.filter_groups.enable:
+        return None
+    value = (record.reward_info or {}).get(cfg.filter_groups.metric)
+    if isinstance(value, (bool, int, float)):
+        return float(value)
+    return float(record.reward)

@@ -89,9 +89,11 @@ class Trainer:
         self.device = torch.device(dev)
         self.model, self.tokenizer = load_policy(spec, device=dev, dtype=cfg.dtype, seed=cfg.seed)
         self.model.to(dtype=getattr(torch, cfg.dtype))
+        self.kl_ctrl = losses.KLController(cfg.kl_ctrl.kl_coef, cfg.kl_ctrl.type, cfg.kl_ctrl.target_kl,
+                                           cfg.kl_ctrl.horizon)
         # The KL reference is the weights the run started from (verl: the initial actor).
         self.reference = None
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 or cfg.use_kl_in_reward:
             self.reference = (load_policy(cfg.policy, device=dev, dtype=cfg.dtype, seed=cfg.seed)[0]
                               if spec != cfg.policy else copy.deepcopy(self.model)).eval()
             self.reference.requires_grad_(False)
@@ -256,12 +258,37 @@ class Trainer:
         return [found[s.id][:len(s.response_ids)].astype(np.float32) if s.id in found else
                 np.zeros(0, np.float32) for s in samples]
 
-    def advantages(self, samples: Sequence[Sample]) -> torch.Tensor:
-        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        if self.cfg.algorithm == "grpo":
-            return losses.grpo_advantages(rewards, [s.group_id for s in samples],
-                                          norm_by_std=self.cfg.norm_adv_by_std_in_grpo)
-        return losses.whitened_advantages(rewards)
+    def advantages(self, samples: Sequence[Sample], masks: Sequence[np.ndarray],
+                   kl: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token advantages ``[B, longest response]`` of the mini-batch by
+        ``cfg.adv_estimator``, from each reward on its response's last token, less
+        ``kl_ctrl``'s coefficient times ``kl`` per token (``use_kl_in_reward``)."""
+        mask = torch.zeros((len(samples), max(max(len(m) for m in masks), 1)), dtype=torch.float32)
+        for i, m in enumerate(masks):
+            mask[i, :len(m)] = torch.from_numpy(m)
+        rewards = losses.token_rewards(torch.tensor([s.reward for s in samples], dtype=torch.float32), mask)
+        if kl is not None:
+            rewards = rewards - self.kl_ctrl.value * kl * mask
+        opt = losses.AdvantageOptions(norm_adv_by_std_in_grpo=self.cfg.norm_adv_by_std_in_grpo, gamma=self.cfg.gamma)
+        return losses.ADV_ESTIMATORS[self.cfg.adv_estimator](rewards, mask, [s.group_id for s in samples], opt)
+
+    def _reward_kl(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
+                   units: list[_Batch], chunks: list[int],
+                   current: list[torch.Tensor] | None) -> tuple[torch.Tensor, float]:
+        """verl's KL in the reward: per token, KL(the policy before this update || the
+        reference) by ``kl_penalty``, and its mean over sequences (what ``kl_ctrl`` adapts to).
+        One rank holds every sample (``validate`` refuses it on several)."""
+        current = current or self._unit_logprobs(self.model, units, chunks)
+        refs = self._unit_logprobs(self.reference, units, chunks)
+        row = {s.id: (u, i) for u, g in enumerate(groups) for i, s in enumerate(g)}
+        kl = torch.zeros((len(samples), max(max(len(m) for m in masks), 1)))
+        for k, (s, m) in enumerate(zip(samples, masks)):
+            u, i = row[s.id]
+            n = len(m)
+            kl[k, :n] = losses.kl_penalty(current[u][i, :n].float().cpu(), refs[u][i, :n].float().cpu(),
+                                          self.cfg.kl_penalty) * torch.from_numpy(m)
+        per_seq = kl.sum(-1) / (torch.tensor([float(m.sum()) for m in masks]) + 1e-8)
+        return kl, float(per_seq.mean())
 
     def _set_accumulation(self, local: bool, last: bool) -> None:
         """FSDP2 between micro-batches. Every pass syncs (ZeRO-3: gather for each forward,
@@ -284,8 +311,6 @@ class Trainer:
         self._full_state = None
         self.forward_tokens = []
         samples = sorted(samples, key=lambda s: s.id)  # arrival order must not change the math
-        adv_all = self.advantages(samples)
-        adv_of = {s.id: float(a) for s, a in zip(samples, adv_all)}
         masks = [np.ones(len(s.response_ids), np.float32) if s.response_mask is None else
                  np.asarray(s.response_mask, np.float32) for s in samples]
         total_tokens = torch.tensor(max(1.0, float(sum(m.sum() for m in masks))), device=self.device)
@@ -294,7 +319,6 @@ class Trainer:
         if local:
             groups, chunks = groups + [[self._dummy()]], chunks + [0]
         units = [self._collate(g) for g in groups]
-        advs = [torch.tensor([adv_of.get(s.id, 0.0) for s in g], device=self.device) for g in groups]
         current = None
         if cfg.decoupled or any(s.behaviour_logprobs is None for s in samples):
             current = self._unit_logprobs(self.model, units, chunks)  # the proximal policy (AReaL)
@@ -307,13 +331,31 @@ class Trainer:
                 else:
                     behav[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
             behavs.append(behav)
-        refs = self._unit_logprobs(self.reference, units, chunks) if self.reference is not None else None
+        reward_kl = None
+        if cfg.use_kl_in_reward:
+            kl_tokens, reward_kl = self._reward_kl(samples, masks, groups, units, chunks, current)
+            beta = self.kl_ctrl.value
+            adv_all = self.advantages(samples, masks, kl_tokens)
+            self.kl_ctrl.update(reward_kl, len(samples))
+        else:
+            adv_all = self.advantages(samples, masks)
+        adv_of = {s.id: adv_all[i] for i, s in enumerate(samples)}
+        advs = [torch.stack([adv_of[s.id][:units[u].mask.shape[1]] if s.id in adv_of else
+                             torch.zeros(units[u].mask.shape[1]) for s in g]).to(self.device)
+                for u, g in enumerate(groups)]
+        refs = self._unit_logprobs(self.reference, units, chunks) if self.reference is not None and cfg.kl_coef > 0 else None
         sums: dict[str, torch.Tensor] = {}
 
         def add(name: str, value: torch.Tensor) -> None:
             sums[name] = sums.get(name, 0.0) + value.detach().float()
 
-        agg = dict(mode=cfg.loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs)
+        scale = float(cfg.loss_scale_factor or max(len(m) for m in masks))
+        agg = dict(total_tokens=total_tokens, total_seqs=total_seqs, scale=scale)
+        opt = losses.LossOptions(
+            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+            clip_cov_ratio=cfg.policy_loss.clip_cov_ratio, clip_cov_lb=cfg.policy_loss.clip_cov_lb,
+            clip_cov_ub=cfg.policy_loss.clip_cov_ub, kl_cov_ratio=cfg.policy_loss.kl_cov_ratio,
+            ppo_kl_coef=cfg.policy_loss.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
         tok = dict(total_tokens=total_tokens)
         grad_norm, skipped = 0.0, 0
         for _ in range(cfg.ppo_epochs):
@@ -322,20 +364,19 @@ class Trainer:
                 self._set_accumulation(local, last=u == len(units) - 1)
                 logp, ent = self._forward(self.model, mb, entropy=True, chunk=chunks[u])
                 adv = advs[u]
-                if cfg.decoupled:
-                    pl, mask = losses.decoupled_ppo_loss(
-                        logp, current[u], behavs[u], adv, mb.mask, cap=cfg.is_cap,
-                        mode=cfg.is_mode, clip_low=cfg.clip_ratio_low,
-                        clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c)
+                if cfg.decoupled:  # the trust region around the proximal policy, weighted back to the behaviour one
+                    weight, mask = losses.importance_weight(current[u], behavs[u], mb.mask, cap=cfg.is_cap,
+                                                            mode=cfg.is_mode)
+                    pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, current[u], adv, mask, opt, weight)
                 else:
-                    pl = losses.ppo_clip_loss(logp, behavs[u], adv, clip_low=cfg.clip_ratio_low,
-                                              clip_high=cfg.clip_ratio_high, clip_c=cfg.clip_ratio_c)
                     mask = mb.mask
-                pg = losses.aggregate(pl.loss, mask, **agg)
-                entropy = losses.aggregate(ent, mb.mask, **agg)
+                    pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, behavs[u], adv, mask, opt)
+                pg = losses.aggregate(pl.loss, mask, pl.agg_mode or cfg.loss_agg_mode, **agg)
+                entropy = losses.aggregate(ent, mb.mask, cfg.loss_agg_mode, **agg)
                 loss = pg - cfg.entropy_coeff * entropy if cfg.entropy_coeff else pg
-                if refs is not None:
-                    kl = losses.aggregate(losses.kl_penalty(logp, refs[u], cfg.kl_loss_type), mask, **agg)
+                if refs is not None and cfg.kl_coef > 0:
+                    kl = losses.aggregate(losses.kl_penalty(logp, refs[u], cfg.kl_loss_type), mask,
+                                          cfg.loss_agg_mode, **agg)
                     loss = loss + cfg.kl_coef * kl
                     add("kl", kl)
                 # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
@@ -364,6 +405,8 @@ class Trainer:
             dist.all_reduce(totals)
         rewards = np.array([s.reward for s in samples], dtype=np.float64)
         out = {k: float(v) / cfg.ppo_epochs for k, v in zip(names, totals.cpu())}
+        if reward_kl is not None:
+            out.update(reward_kl_penalty=reward_kl, reward_kl_penalty_coeff=beta)
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
                    sequences=float(len(samples)), reward_mean=float(rewards.mean()),
                    reward_std=float(rewards.std()), step_seconds=time.perf_counter() - started)
