@@ -18,7 +18,7 @@ from tests.helpers import last_json_line
 def setup(**kw):
     args = Namespace(quick=True, task="digits:rev", versions=3, seeds=1, staleness="", correction="", groups=2,
                      group_size=4, lr=0.0, entropy_coeff=0.0, lagged=False, target=0.5, final=2,
-                     gen_latency=0.0, judge_latency=0.0, step_latency=0.0)
+                     gen_latency=0.0, judge_latency=0.0, step_latency=0.0, recipes="")
     for k, v in kw.items():
         setattr(args, k.replace("-", "_"), v)
     return learning.setup_from(args)
@@ -52,6 +52,24 @@ def test_quick_defaults_are_small():
         setup(correction="maybe")
     with pytest.raises(SystemExit, match="--entropy-coeff"):
         setup(entropy_coeff=-0.1)
+
+
+def test_recipes_set_the_learner_keys_their_verl_configs_set(tmp_path):
+    """Issue 37: ``--recipes`` streams each recipe once; each sets its keys on the learner and
+    nothing else (Dr. GRPO's constant is the longest response)."""
+    s = setup(recipes="dapo,drgrpo,gspo,rloo")
+    assert s.recipes == ["dapo", "drgrpo", "gspo", "rloo"]
+    with pytest.raises(SystemExit, match="--recipes"):
+        setup(recipes="dapo,ppo2")
+    base = learning.run_config(s, "127.0.0.1:1", tmp_path / "r", "tiny", 0, 1, False).learner
+    got = {r: learning.run_config(s, "127.0.0.1:1", tmp_path / r, "tiny", 0, 1, False, r).learner for r in s.recipes}
+    assert got["dapo"].filter_groups.enable and got["dapo"].clip_ratio_high == 0.28 and not base.filter_groups.enable
+    assert not got["drgrpo"].norm_adv_by_std_in_grpo and got["drgrpo"].loss_agg_mode == "seq-mean-token-sum-norm"
+    assert got["drgrpo"].loss_scale_factor > 0
+    assert got["gspo"].policy_loss.loss_mode == "gspo" and base.policy_loss.loss_mode == "vanilla"
+    assert got["rloo"].adv_estimator == "rloo" and got["rloo"].lr == base.lr
+    for learner in got.values():
+        learner.validate()
 
 
 def test_sync_pays_the_latencies_with_the_stages_concurrency():

@@ -56,7 +56,7 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -92,7 +92,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds added to each generation call (one prompt's group; a version's prompts are in flight at once)")
     parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds added to each score (a judge's round trip)")
     parser.add_argument("--step-latency", type=float, default=1.0, help="seconds added to each learner step (one per version)")
+    parser.add_argument("--recipes", default="",
+                        help=f"instead of the staleness grid, verl recipes streamed at the first --staleness and "
+                             f"--correction: any of {','.join(RECIPES)} (issue 37)")
     parser.add_argument("--out", default="runs/bench", help="where the runs, JSON and plot go")
+
+
+#: verl recipes as the learner keys their verl configs set (``learner.*``; a dotted key is a
+#: subsection's). Dr. GRPO's constant is the longest response (``rollout.max_new_tokens``).
+RECIPES: dict[str, dict[str, Any]] = {
+    "grpo": {},
+    "dapo": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0, "loss_agg_mode": "token-mean",
+             "filter_groups.enable": True, "filter_groups.metric": "acc", "filter_groups.max_num_gen_batches": 10},
+    "drgrpo": {"norm_adv_by_std_in_grpo": False, "loss_agg_mode": "seq-mean-token-sum-norm"},
+    "gspo": {"policy_loss.loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-mean", "clip_ratio_low": 3e-4,
+             "clip_ratio_high": 4e-4},
+    "rloo": {"adv_estimator": "rloo"},
+}
+
+
+def apply_recipe(learner: Any, name: str, max_new_tokens: int) -> None:
+    """Set recipe ``name``'s keys on a ``LearnerConfig``."""
+    for key, value in RECIPES[name].items():
+        section, _, field_name = key.rpartition(".")
+        setattr(getattr(learner, section) if section else learner, field_name, value)
+    if learner.loss_agg_mode == "seq-mean-token-sum-norm":
+        learner.loss_scale_factor = max_new_tokens
 
 
 @dataclass
@@ -112,6 +137,7 @@ class Setup:
     gen_latency_s: float
     judge_latency_s: float
     step_latency_s: float
+    recipes: list[str] = field(default_factory=list)
 
     @property
     def batch(self) -> int:
@@ -125,13 +151,16 @@ def setup_from(args: argparse.Namespace) -> Setup:
         raise SystemExit(f"bench learning: --correction takes off, on or off,on (got {args.correction!r})")
     if args.entropy_coeff < 0:
         raise SystemExit(f"bench learning: --entropy-coeff must be >= 0 (got {args.entropy_coeff})")
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    if set(recipes) - set(RECIPES):
+        raise SystemExit(f"bench learning: --recipes takes {', '.join(RECIPES)} (got {args.recipes!r})")
     return Setup(task=args.task, versions=args.versions or (20 if args.quick else 40),
                  seeds=args.seeds or (1 if args.quick else 3), staleness=staleness,
                  corrections=[w == "on" for w in words], groups=args.groups, group_size=args.group_size,
                  lr=args.lr, entropy_coeff=args.entropy_coeff, lagged=args.lagged,
                  target=args.target or (0.15 if args.quick else 0.4), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
-                 step_latency_s=args.step_latency)
+                 step_latency_s=args.step_latency, recipes=recipes)
 
 
 # -- the fixed latencies --------------------------------------------------------------------------
@@ -182,7 +211,7 @@ class LatencyTrainer:
 # -- one run's config -----------------------------------------------------------------------------
 
 def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, staleness: int,
-               correction: bool) -> Any:
+               correction: bool, recipe: str = "") -> Any:
     import uuid
 
     from streamrl.pipeline_config import load_config
@@ -208,6 +237,8 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
     lc.versions, lc.consumer_group = s.versions, f"{run_id}-learner"
     lc.checkpoint_every = s.versions + 1  # one checkpoint, as it stops
     lc.checkpoint_dir, lc.weights_dir = str(run_dir / "checkpoints"), str(run_dir / "weights")
+    if recipe:
+        apply_recipe(lc, recipe, r.max_new_tokens)
     return cfg
 
 
@@ -357,7 +388,8 @@ async def run_streaming(s: Setup, cfg: Any, cfg_path: Path, prompts: list, run_d
     t0 = min(st.first_scored for st in done.values())
     return {"rewards": {v: st.mean for v, st in done.items()},
             "seen": {v: st.last_scored - t0 for v, st in done.items()},
-            "deadletters": sum(obs.deadletters.values())}
+            "deadletters": sum(obs.deadletters.values()),
+            "filtered_groups": obs.deadletters.get("filtered", 0) // cfg.feed.group_size}
 
 
 # -- figures --------------------------------------------------------------------------------------
@@ -399,6 +431,9 @@ def summarise(runs: list[dict[str, Any]], s: Setup) -> dict[str, Any]:
             # trajectories dead-lettered on the way (streaming: mostly groups the learner found
             # older than max_staleness): generated, never trained
             "dead_lettered": round(statistics.fmean(r.get("deadletters", 0) for r in runs)),
+            # dynamic sampling (the dapo recipe): groups filtered, per version
+            "filtered_groups_per_version": round(statistics.fmean(r.get("filtered_groups", 0) for r in runs)
+                                                 / s.versions, 2),
             "seconds": round(statistics.fmean(max(r["seen"].values()) for r in runs), 2) if timed else None}
 
 
@@ -408,12 +443,16 @@ LINE_STYLES = {(False, False): "-", (False, True): "--", (True, False): ":", (Tr
 
 def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path:
     """Reward against wall time (not the lagged variants: they pay no latencies) and against
-    trained samples. One colour per staleness; the correction dashed, lagged dotted."""
+    trained samples. One colour per staleness (per recipe with ``--recipes``); the correction
+    dashed, lagged dotted."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    colours = {k: plt.get_cmap("tab10")(i) for i, k in enumerate(sorted(s.staleness))}
+    # one colour per staleness, or per recipe when the bench compares recipes
+    keys = [f"recipe {r}" for r in s.recipes] if s.recipes else sorted(s.staleness)
+    colours = {k: plt.get_cmap("tab10")(i) for i, k in enumerate(keys)}
     for name, runs in results.items():
-        colour = "#333333" if name == "sync" else colours.get(runs[0].get("staleness"), "#999999")
+        key = name if s.recipes and name.startswith("recipe") else runs[0].get("staleness")
+        colour = "#333333" if name == "sync" else colours.get(key, "#999999")
         lagged = runs[0].get("kind") == "lagged"
         style = LINE_STYLES[lagged, "correction" in name]
         for j, run in enumerate(runs):
@@ -440,21 +479,24 @@ async def _bench(s: Setup, bootstrap: str, out: Path) -> dict[str, list[dict[str
     from streamrl.tasks import digits
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    variants = [("sync", "sync", 0, False)]
-    variants += [(f"staleness {k}{' + correction' if c else ''}", "streaming", k, c)
-                 for k in s.staleness for c in s.corrections]
+    variants = [("sync", "sync", 0, False, "")]
+    if s.recipes:  # verl's recipes, each streamed at one staleness
+        variants += [(f"recipe {r}", "streaming", s.staleness[0], s.corrections[0], r) for r in s.recipes]
+    else:
+        variants += [(f"staleness {k}{' + correction' if c else ''}", "streaming", k, c, "")
+                     for k in s.staleness for c in s.corrections]
     if s.lagged:
-        variants += [(f"lagged {k}{' + correction' if c else ''}", "lagged", k, c)
+        variants += [(f"lagged {k}{' + correction' if c else ''}", "lagged", k, c, "")
                      for k in s.staleness for c in s.corrections]
     no_latency = replace(s, gen_latency_s=0.0, judge_latency_s=0.0, step_latency_s=0.0)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in variants}
     for seed in range(s.seeds):
         # the warm start of the embedded default (its own seed), built once per seed
         policy = str(digits.warm_start(out / "learning" / f"warm_start-seed{seed}", seed=seed))
-        for name, kind, k, correction in variants:
+        for name, kind, k, correction, recipe in variants:
             print(f"bench learning: seed {seed}, {name} ...", file=sys.stderr, flush=True)
             run_dir = out / "learning" / f"{stamp}-seed{seed}-{name.replace(' + ', '-').replace(' ', '')}"
-            cfg = run_config(s, bootstrap, run_dir, policy, seed, max(k, 1), correction)
+            cfg = run_config(s, bootstrap, run_dir, policy, seed, max(k, 1), correction, recipe)
             prompts = list(build_prompts(cfg.feed))
             if kind == "sync":
                 run = await run_sync(s, cfg, prompts)
@@ -487,14 +529,14 @@ def main(args: argparse.Namespace) -> int:
     print(f"setup: {s.versions} versions x {s.batch} trajectories, {s.seeds} seed(s); latencies: generation "
           f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; target {s.target:g}")
     print(f"{'variant':28s} {'final (min..max)':>20s} {'s to target':>12s} {'samples':>8s} {'reached':>8s} "
-          f"{'run s':>7s} {'dead':>6s}")
+          f"{'run s':>7s} {'dead':>6s} {'filtered/v':>10s}")
     for name, t in table.items():
         final = f"{t['final_reward']:.3f} ({t['final_min']:.2f}..{t['final_max']:.2f})"
         to_t = "-" if t["seconds_to_target"] is None else f"{t['seconds_to_target']:.1f}"
         n = "-" if t["samples_to_target"] is None else str(t["samples_to_target"])
         run_s = "-" if t["seconds"] is None else f"{t['seconds']:.1f}"
         print(f"{name:28s} {final:>20s} {to_t:>12s} {n:>8s} {t['reached']:>8s} {run_s:>7s} "
-              f"{t['dead_lettered']:6d}")
+              f"{t['dead_lettered']:6d} {t['filtered_groups_per_version']:10.2f}")
     ratios: dict[str, Any] = {}
     for name, t in table.items():
         if name == "sync":
