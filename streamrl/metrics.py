@@ -258,5 +258,7 @@ ROLLOUT_SERVER_UPDATE_FAILURES = Counter("streamrl_rollout_server_update_failure
                                          ["server"])
 ROLLOUT_SERVERS_OUT = Gauge("streamrl_rollout_servers_out",
                             "Rollout servers out of rotation (update failed or ejected by health checks)")
+ROLLOUT_SERVERS = Gauge("streamrl_rollout_servers",
+                        "Rollout servers by state: on the learner's latest version, loading one, or out", ["state"])
 ROLLOUT_REQUESTS_ABORTED = Counter("streamrl_rollout_requests_aborted_total",
                                    "Requests aborted for a weight update and resubmitted (rollout.on_update abort)")

@@ -350,15 +350,18 @@ def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     with urllib.request.urlopen(url, timeout=1.0) as reply:
         text = reply.read().decode()
     return [(smp.name, smp.labels, smp.value) for fam in text_string_to_metric_families(text)
-            for smp in fam.samples if smp.name.startswith(("streamrl_stage_waiting", "streamrl_rollout_weights"))]
+            for smp in fam.samples if smp.name.startswith(("streamrl_stage_waiting", "streamrl_rollout_weights",
+                                                            "streamrl_rollout_servers"))]
 
 
 async def diagnose(launcher: Launcher, obs: Observation,
                    observer: Observer | None = None) -> tuple[list[str], list[str]]:
-    """Errors (a rollout worker refusing weights) and what each stage waits on, read from the
-    stages' own metrics and from the topics (with ``observer``: which partitions of ``rollouts``
+    """Errors (a rollout worker refusing weights) and the rollout servers' state, both always on
+    the status line, and what each stage waits on, read from the stages' own metrics and from the
+    topics (with ``observer``: which partitions of ``rollouts``
     hold the records the reward group has not committed past)."""
     errors, waits = [], []
+    servers: dict[str, int] = {}  # rollout servers by state, over every worker's fleet
     for name in launcher.names():
         if launcher.returncode(name) is not None:
             if name == "feed" and launcher.returncode(name) == 0:
@@ -373,6 +376,8 @@ async def diagnose(launcher: Launcher, obs: Observation,
         except Exception:  # starting, restarting, or busy: next time
             continue
         for metric, labels, value in samples:
+            if metric == "streamrl_rollout_servers":
+                servers[labels.get("state", "")] = servers.get(labels.get("state", ""), 0) + int(value)
             if metric == "streamrl_rollout_weights_refused_version" and value >= 0:
                 errors.append(f"ERROR {name} refuses policy version {value:.0f}: "
                               f"{REFUSAL_WORDS.get(labels.get('reason', ''), labels.get('reason'))}")
@@ -381,6 +386,9 @@ async def diagnose(launcher: Launcher, obs: Observation,
     if obs.unscored > 0:
         waits.append(f"reward: {obs.unscored} rollouts not scored yet"
                      + (await _backlog_words(observer) if observer is not None else ""))
+    if sum(servers.values()):  # always on the line, as errors are: a fleet loading or out explains much
+        errors.append(f"rollout servers: {servers.get('latest', 0)} on the latest version, "
+                      f"{servers.get('loading', 0)} loading, {servers.get('out', 0)} out")
     return errors, waits
 
 

@@ -351,6 +351,12 @@ def test_streamrl_run_on_two_servers_that_follow_the_learner(bootstrap, bus_conf
     for r in records:
         assert r.policy_version >= announced_before(announced, r.timings["generation_started_at"] - 2.0)
     assert all(d.reason != "backend_error" for d in letters)
+    # version 0 (the warm start) was loaded too, not taken from the servers' start (issue 39)
+    for s in servers:
+        loaded = [re.search(r"v(\d+)$", body["model_path"]).group(1) for route, body in s.updates]
+        assert loaded[0] == "0", loaded
+    # the fleet's state is on the run's own status line (the worker's log line is not at INFO)
+    assert re.search(r"rollout servers: \d on the latest version, \d loading, \d out", err), err[-2000:]
 
 
 def test_a_server_back_from_an_outage_reloads_the_version_before_it_serves(tmp_path):
@@ -381,3 +387,32 @@ def test_a_server_back_from_an_outage_reloads_the_version_before_it_serves(tmp_p
 
     reloads, served_after = asyncio.run(go())
     assert reloads == 1 and served_after > 0
+
+
+@pytest.mark.parametrize("started_on_v0", [False, True])
+def test_servers_load_the_announced_version_0_unless_started_on_it(tmp_path, started_on_v0):
+    """Issue 39: ``streamrl run`` announces its warm start as version 0; servers started on
+    other weights (here: -1) load it before they serve a request stamped 0; servers started on
+    exactly the announced path serve it as they are."""
+    async def go():
+        servers = [await PolicyServer(latency=0.02, load_s=0.2).start() for _ in range(2)]
+        for s in servers:
+            s.version = -1  # the weights they were started with
+        v0 = str(tmp_path / "v0")
+        backend = OpenAIBackend("", "policy", servers=[s.url for s in servers], update_api="sglang",
+                                started_on=v0 if started_on_v0 else None)
+        try:
+            await backend.load_weights(v0, 0)
+            groups = await asyncio.gather(*(backend.generate(["x"], 1, SamplingParams()) for _ in range(6)))
+            return [g[0][0] for g in groups], [len(s.updates) for s in servers]
+        finally:
+            await backend.close()
+            for s in servers:
+                await s.stop()
+
+    answers, loads = asyncio.run(go())
+    assert all(c.policy_version == 0 for c in answers)
+    if started_on_v0:
+        assert loads == [0, 0] and {c.text for c in answers} == {"v-1-v-1"}
+    else:
+        assert loads == [1, 1] and {c.text for c in answers} == {"v0-v0"}, ([c.text for c in answers], loads)

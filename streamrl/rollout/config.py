@@ -81,6 +81,9 @@ class OpenAIBackendConfig:
     update_retry_max_s: float = 60.0
     health_interval_s: float = 5.0  # GET /health on every server (the shared router's checks)
     eject_after: int = 3  # consecutive failed requests / health checks that take a server out
+    # The weights' path the servers were started on: an announced version 0 of exactly that path
+    # is served as it is; any other (streamrl run's warm start) is loaded first. Empty: loaded.
+    started_on: str = ""
 
 
 @dataclass

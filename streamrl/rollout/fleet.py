@@ -47,6 +47,7 @@ import socket
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import orjson
@@ -72,6 +73,7 @@ class Member:
     url: str
     completions_url: str = ""  # where its /completions is (an OpenAI base URL keeps its path)
     version: int | None = 0  # the policy version loaded; None: unknown (restarted), not served
+    started: bool = True  # still on the weights it was started with (served as version 0)
     updating: bool = False  # no new requests: draining / aborting / loading
     out: bool = False  # its last update failed: out of rotation until one succeeds
     failures: int = 0  # consecutive failed updates
@@ -103,12 +105,19 @@ def expand_servers(urls: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _same_path(a: str | None, b: str) -> bool:
+    if not a:
+        return False
+    return Path(a.removeprefix("file://")).resolve() == Path(b.removeprefix("file://")).resolve()
+
+
 class ServerFleet:
     def __init__(self, urls: list[str], *, update_api: str = "none", on_update: str = "drain",
                  max_requests_per_server: int = 0, headers: dict[str, str] | None = None,
                  update_timeout_s: float = 600.0, update_retry_s: float = 1.0, update_retry_max_s: float = 60.0,
-                 health_interval_s: float = 5.0, eject_after: int = 3):
+                 health_interval_s: float = 5.0, eject_after: int = 3, started_on: str | None = None):
         self.urls = expand_servers(urls)
+        self.started_on = started_on  # the weights' path the servers were started on, if known
         self.router = Router(self.urls, name="rollout", health_interval_s=health_interval_s,
                              eject_after=eject_after, headers=dict(headers or {}))
         given = {server_root(u): u for u in urls}
@@ -187,8 +196,16 @@ class ServerFleet:
 
     # -- following the learner ----------------------------------------------------------------------
     def follow(self, uri: str, version: int) -> None:
-        """Have every server load ``version`` from ``uri`` (in the background)."""
+        """Have every server load ``version`` from ``uri`` (in the background). A server still
+        on the weights it was started with serves them as version 0 only if it was started on
+        exactly ``uri``: ``streamrl run`` announces its warm start as version 0, and a server
+        started on the base model would otherwise answer the first versions' requests, stamped
+        0, with other weights."""
         self.target, self.target_uri = version, uri
+        if not _same_path(self.started_on, uri):
+            for m in self.members.values():
+                if m.started and m.version == 0:
+                    m.version = None  # not served until it has loaded
         log.info("rollout servers: loading policy version %d on %d servers (%s)", version,
                  len(self.members), self.on_update)
         for m in self.members.values():
@@ -205,7 +222,7 @@ class ServerFleet:
         """A server back from failing health checks may have restarted on its initial weights."""
         m = self.members[url]
         if self.target_uri is not None and self.update_api != "none":
-            m.version = None
+            m.version, m.started = None, True
             self._schedule(m)
         self._notify()
 
@@ -227,7 +244,7 @@ class ServerFleet:
             if m.out:
                 log.warning("rollout server %s: loaded policy version %d after %d failed attempts; back "
                             "in rotation", public_url(m.url), version, m.failures)
-            m.version, m.updating, m.out, m.failures = version, False, False, 0
+            m.version, m.updating, m.out, m.failures, m.started = version, False, False, 0, False
             metrics.ROLLOUT_SERVER_UPDATE_SECONDS.observe(took)
             metrics.ROLLOUT_SERVER_VERSION.labels(public_url(m.url)).set(version)
             log.info("rollout server %s: policy version %d loaded in %.2f s", public_url(m.url), version, took)
@@ -283,8 +300,18 @@ class ServerFleet:
 
     # -- reporting ----------------------------------------------------------------------------------
     def _export(self) -> None:
-        metrics.ROLLOUT_SERVERS_OUT.set(sum(1 for m in self.members.values()
-                                            if m.out or m.url in self.router.ejected))
+        counts = dict.fromkeys(("latest", "loading", "out"), 0)
+        for m in self.members.values():
+            counts[self._state(m)] += 1
+        metrics.ROLLOUT_SERVERS_OUT.set(counts["out"])
+        for state, n in counts.items():
+            metrics.ROLLOUT_SERVERS.labels(state).set(n)
+
+    def _state(self, m: Member) -> str:
+        """latest, loading (updating, or not yet on the target) or out."""
+        if m.out or m.url in self.router.ejected:
+            return "out"
+        return "loading" if m.updating or m.version != self.target else "latest"
 
     def status(self) -> str:
         """One line for the worker's log: each server's version, and which are out and why."""

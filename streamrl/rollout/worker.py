@@ -263,13 +263,15 @@ _STATUS_S = 30.0
 
 
 async def _log_fleet_status(fleet: Any) -> None:
-    """The fleet's status line in the worker's log: at once when it changes (a server out, back,
-    on a new version), else every ``_STATUS_S`` seconds."""
+    """The fleet's status line in the worker's log, as its banner is (the default log level
+    would hide an INFO line): at once when it changes (a server out, back, on a new version),
+    else every ``_STATUS_S`` seconds. ``streamrl run``'s status line sums it up from the
+    ``streamrl_rollout_servers`` gauge."""
     last, logged = "", 0.0
     while True:
         line = fleet.status()
         if line != last or time.monotonic() - logged >= _STATUS_S:
-            (log.warning if fleet.out else log.info)("%s", line)
+            print(line, flush=True)
             last, logged = line, time.monotonic()
         await asyncio.sleep(1.0)
 

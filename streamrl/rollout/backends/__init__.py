@@ -58,5 +58,5 @@ def make_backend(cfg) -> Backend:
                              max_requests_per_server=o.max_requests_per_server,
                              update_timeout_s=o.update_timeout_s, update_retry_s=o.update_retry_s,
                              update_retry_max_s=o.update_retry_max_s, health_interval_s=o.health_interval_s,
-                             eject_after=o.eject_after)
+                             eject_after=o.eject_after, started_on=o.started_on or None)
     raise ValueError(f"unknown backend {cfg.backend!r}")

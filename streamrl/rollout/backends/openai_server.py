@@ -30,7 +30,7 @@ class OpenAIBackend(Backend):
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout_s: float = 300.0,
                  max_retries: int = 4, token_ids: bool = True, *, servers: Sequence[str] = (),
-                 update_api: str = "none", on_update: str = "drain",
+                 update_api: str = "none", on_update: str = "drain", started_on: str | None = None,
                  **fleet: Any):
         super().__init__()
         from streamrl.rollout.fleet import ServerFleet
@@ -43,7 +43,7 @@ class OpenAIBackend(Backend):
         if update_api == "none":  # a hosted API has no /health: never eject, as before fleets
             fleet = {**fleet, "health_interval_s": 0.0, "eject_after": 1 << 30}
         self.fleet = ServerFleet(list(servers) or [base_url], update_api=update_api, on_update=on_update,
-                                 headers=self._headers, **fleet)
+                                 headers=self._headers, started_on=started_on, **fleet)
         self._session = None
 
     @property
