@@ -478,3 +478,28 @@ def test_kl_in_the_reward_with_an_adaptive_coefficient(tmp_path):
     assert first["reward_kl_penalty_coeff"] == 0.1
     second = trainer.step(samples)
     assert second["reward_kl_penalty"] > 0 and trainer.kl_ctrl.value != 0.1, (second, trainer.kl_ctrl)
+
+
+def test_a_stream_of_flat_groups_waits_with_a_named_reason_and_resumes(memory_bus, tmp_path):
+    """Dynamic sampling without a bound: while every group is flat the learner filters them
+    all (dead letters ``filtered``) and says it waits on groups with variance; the first groups
+    with variance make the version."""
+    cfg = learner_cfg(tmp_path, versions=1, groups_per_mini_batch=2)
+    cfg.filter_groups.enable, cfg.filter_groups.metric = True, "acc"
+    waiting = metrics.STAGE_WAITING.labels("learner", "filtered_groups")
+
+    async def go():
+        learner = Learner(memory_bus, cfg)
+        task = asyncio.create_task(learner.run())
+        await publish(memory_bus, group("f1", rewards=[1.0, 1.0]) + group("f2", rewards=[0.0, 0.0]))
+        await wait_for(lambda: waiting._value.get() == 1, what="the learner to wait on filtered groups")
+        assert learner.version == 0 and learner.assembler.filtered == 2
+        await publish(memory_bus, group("m1", rewards=[1.0, 0.0]) + group("m2", rewards=[0.0, 1.0]))
+        return await asyncio.wait_for(task, 60)
+
+    state = asyncio.run(go())
+    assert state.version == 1 and state.trained_records == 4
+    pols = policies(asyncio.run(read_topic(memory_bus, "policy", 2)))
+    assert pols[-1].metrics["filtered_groups"] == 2.0
+    dls = letters(asyncio.run(read_topic(memory_bus, "deadletter", 4)))
+    assert sorted(d.record_id for d in dls if d.reason == "filtered") == ["f1-0", "f1-1", "f2-0", "f2-1"]

@@ -78,5 +78,7 @@ def test_a_verl_dapo_config_runs_with_dynamic_sampling_and_the_gate_holds(tmp_pa
     assert filtered >= 16 * 4 and set(summary["deadletter_reasons"]) == {"filtered"}, summary["deadletter_reasons"]
     assert r["trained"] == 8 * per_version  # every version its configured groups, flat ones aside
     assert r["dead_at_learner"] == filtered
+    by_version = summary["filtered_groups_by_version"]  # the learner's count, each version
+    assert 0 < sum(by_version.values()) <= filtered // 16, by_version
     # the gate: what was produced and not yet finished never exceeds (max_staleness + 1) versions' worth
     assert r["rollouts"] - r["trained"] - r["dead_at_learner"] - r["dead_at_reward"] <= per_version, r

@@ -199,9 +199,12 @@ class Learner:
         return (bool(self.cfg.versions) and self.version >= self.cfg.versions) or self.state.ended == "data_exhausted"
 
     def _waiting_on(self) -> str:
-        """What the learner waits for when it did not train: groups to fill, or records."""
+        """What the learner waits for when it did not train: groups to fill, groups with variance
+        (dynamic sampling filtered all it got since the last version), or records."""
         if any(not g.complete for g in self.assembler.open.values()):
             return "incomplete_groups"
+        if self.assembler.filtered and not self.assembler.ready:
+            return "filtered_groups"
         return "records"
 
     # -- the end of the data --------------------------------------------------------------------
