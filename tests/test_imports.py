@@ -5,9 +5,9 @@
 - nothing outside the bus reaches into a client (``.client``);
 - streamrl's modules import each other without circles, counting imports inside functions
   (a circle hidden in a function still breaks whichever module is imported first);
-- at module level (imports inside functions, lazy by design, and under ``if TYPE_CHECKING``
-  left out) every module sits in a layer (``LAYERS``) and imports only from its own or lower
-  ones: no arrow runs back up.
+- at module level (imports inside functions, lazy by design, left out; those under ``if
+  TYPE_CHECKING`` counted: a reader follows them) every module sits in a layer (``LAYERS``) and
+  imports only from its own or lower ones: no arrow runs back up.
 """
 
 from __future__ import annotations
@@ -43,16 +43,17 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports(tree: ast.Module, *, in_functions: bool = True) -> list[ast.Import | ast.ImportFrom]:
+def imports(tree: ast.Module, *, in_functions: bool = True, type_checking: bool = True) -> list[ast.Import | ast.ImportFrom]:
     """Every import statement, at any depth (``in_functions=False``: not inside a function),
-    except under ``if TYPE_CHECKING`` (those never run)."""
+    those under ``if TYPE_CHECKING`` included unless ``type_checking=False``: they never run,
+    but they are what a reader follows to know what a module works on (issue 41)."""
     out: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             if not in_functions and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 continue
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
                 for other in child.orelse:
                     visit(other)
                 continue
@@ -176,8 +177,8 @@ def test_nothing_outside_the_bus_reaches_into_a_client():
 
 
 def test_the_circle_check_sees_every_form_of_import():
-    """The checker itself, on a made-up package: function-level, relative and ``from pkg import
-    module`` imports are edges; ``if TYPE_CHECKING`` imports are not."""
+    """The checker itself, on a made-up package: function-level, relative, ``from pkg import
+    module`` and ``if TYPE_CHECKING`` imports are edges."""
     code = {
         "pkg/__init__.py": "from pkg.a import A\n",
         "pkg/a.py": "A = 1\ndef f():\n    from .sub import b\n",
@@ -190,8 +191,10 @@ def test_the_circle_check_sees_every_form_of_import():
             for name in [path[:-3].replace("/__init__", "").replace("/", ".")]}
     graph = import_graph(mods)
     assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.sub.b"}, "pkg.sub": set(), "pkg.sub.b": {"pkg.c"},
-                     "pkg.c": {"pkg.a"}, "pkg.d": {"pkg.c"}}
+                     "pkg.c": {"pkg.a", "pkg.d"}, "pkg.d": {"pkg.c"}}
     assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
+    running = import_graph(mods, lambda tree: imports(tree, type_checking=False))
+    assert running["pkg.c"] == {"pkg.a"}  # what runs, for the checks that ask that
 
 
 def test_no_import_circles():
@@ -211,9 +214,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("scoring functions and data", ("streamrl.scorers", "streamrl.scorers.*", "streamrl.tasks", "streamrl.tasks.*",
                                     "streamrl.datasets")),
     ("stage configs", ("streamrl.*.config",)),
-    ("pipeline config", ("streamrl.pipeline_config",)),
     ("stages", ("streamrl.reward", "streamrl.reward.*", "streamrl.rollout", "streamrl.rollout.*",
                 "streamrl.learner", "streamrl.learner.*", "streamrl.archive", "streamrl.archive.*")),
+    # it composes every stage's section: a stage receives its own and the shared ones, and never
+    # reaches up for the whole pipeline's (issue 41)
+    ("pipeline config", ("streamrl.pipeline_config",)),
     ("runtime and tools over the stages", ("streamrl.runtime", "streamrl.runtime.*", "streamrl.launching", "streamrl.ray_placement",
                                            "streamrl.ray_launcher", "streamrl.observing", "streamrl.replay",
                                            "streamrl.replay.*", "streamrl.testing", "streamrl.testing.*")),
@@ -227,8 +232,9 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """The imports that run when the module is imported: not those inside a function (lazy, by
-    design: heavy extras, the CLI's fast ``--help``) nor under ``if TYPE_CHECKING`` (never run)."""
+    """The imports a reader of the module follows: at module level, those under ``if
+    TYPE_CHECKING`` included, not those inside a function (lazy, by design: heavy extras, the
+    CLI's fast ``--help``)."""
     return imports(tree, in_functions=False)
 
 
@@ -243,17 +249,19 @@ def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 
 
 def test_the_layer_check_sees_an_import_that_runs_up():
-    """On a made-up graph: a stage config importing the pipeline config is caught, the pipeline
-    config importing a stage config is not."""
-    assert layer_of("streamrl.reward.config") < layer_of("streamrl.pipeline_config") < layer_of("streamrl.reward.stage")
+    """On a made-up graph: a stage (or a stage config) importing the pipeline config is caught,
+    the pipeline config importing a stage's config is not."""
+    assert layer_of("streamrl.reward.config") < layer_of("streamrl.reward.stage") < layer_of("streamrl.pipeline_config")
     graph = {"streamrl.pipeline_config": {"streamrl.reward.config", "streamrl.config"},
-             "streamrl.reward.config": {"streamrl.pipeline_config"}, "streamrl.config": set()}
-    assert upward_imports(graph) == {("streamrl.reward.config", "streamrl.pipeline_config")}
+             "streamrl.reward.config": {"streamrl.pipeline_config"}, "streamrl.config": set(),
+             "streamrl.reward.stage": {"streamrl.pipeline_config", "streamrl.reward.config"}}
+    assert upward_imports(graph) == {("streamrl.reward.config", "streamrl.pipeline_config"),
+                                     ("streamrl.reward.stage", "streamrl.pipeline_config")}
 
 
 def test_every_module_has_a_layer_and_imports_only_down():
-    """The package's module-level import graph (``ast``; imports inside functions and under
-    ``if TYPE_CHECKING`` left out, see ``module_level_imports``) has no circle, and no module
+    """The package's module-level import graph (``ast``; ``if TYPE_CHECKING`` imports counted,
+    imports inside functions left out, see ``module_level_imports``) has no circle, and no module
     imports from a layer above its own (``LAYERS``): the shared config machinery sits below the
     stages, each stage's config below the pipeline config that composes them, the stages below
     the runtime and the CLI that run them."""

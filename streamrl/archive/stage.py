@@ -21,12 +21,14 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from streamrl import metrics
+from streamrl.archive.config import ArchiveConfig
 from streamrl.archive.store import REWARD_CONFIG, ArchiveError, Batch, Writer, to_row
 from streamrl.bus import Bus, Checkpoint, Message, TopicPartition
-from streamrl.pipeline_config import PipelineConfig
+from streamrl.config import BusConfig
+from streamrl.reward.config import RewardConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,16 @@ STAGE = "archive"
 WRITE_ATTEMPTS = 6
 
 
-def _reward_yaml(cfg: PipelineConfig) -> str:
+class ArchiveSections(Protocol):
+    """What the archive reads of the pipeline's config (a ``PipelineConfig`` is one): its own
+    section, the bus's, and the reward table it records beside the records."""
+
+    bus: BusConfig
+    archive: ArchiveConfig
+    reward: RewardConfig
+
+
+def _reward_yaml(cfg: ArchiveSections) -> str:
     """The config's ``reward:`` section as YAML (names of environment variables, never secrets)."""
     from omegaconf import OmegaConf
 
@@ -49,7 +60,7 @@ class ArchiveStage:
 
     name: ClassVar[str] = STAGE
 
-    def __init__(self, cfg: PipelineConfig, bus: Bus | None = None):
+    def __init__(self, cfg: ArchiveSections, bus: Bus | None = None):
         self.cfg, self.ac = cfg, cfg.archive
         self.group = cfg.bus.group(STAGE, cfg.archive.group)
         self.bus = bus or Bus(cfg.bus)
@@ -60,7 +71,7 @@ class ArchiveStage:
         self.writer: Writer | None = None
 
     @classmethod
-    def from_config(cls, cfg: PipelineConfig, bus: Bus) -> "ArchiveStage":
+    def from_config(cls, cfg: ArchiveSections, bus: Bus) -> "ArchiveStage":
         return cls(cfg, bus)
 
     def validate(self) -> None:

@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 
 from streamrl import metrics
@@ -37,11 +37,20 @@ from streamrl.learner.versions import prune_weights, read_latest_policy, start_l
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.pipeline_config import PipelineConfig
+    from streamrl.rollout.config import FeedConfig, RolloutConfig
 
 log = logging.getLogger(__name__)
 
 STAGE = "learner"
+
+
+class LearnerSections(Protocol):
+    """What the learner reads of the pipeline's config (a ``PipelineConfig`` is one): its own
+    section, and the feed's and the rollout's to know the feed's groups (the end of the data)."""
+
+    learner: LearnerConfig
+    feed: "FeedConfig"
+    rollout: "RolloutConfig"
 
 
 @dataclass
@@ -97,7 +106,7 @@ class Learner:
     name: ClassVar[str] = STAGE
 
     @classmethod
-    def from_config(cls, cfg: "PipelineConfig", bus: Bus) -> "Learner":
+    def from_config(cls, cfg: "LearnerSections", bus: Bus) -> "Learner":
         learner = cls(bus, cfg.learner)
         if cfg.learner.end_with_data:
             from streamrl.rollout.feed import feed_group_ids

@@ -13,15 +13,24 @@ de-duplicates by ``id``).
 from __future__ import annotations
 
 import asyncio
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop, TopicPartition
-from streamrl.pipeline_config import PipelineConfig
+from streamrl.config import BusConfig
+from streamrl.reward.config import RewardConfig
 from streamrl.records import ROLLOUTS, Rewarded, Trajectory
 from streamrl.reward.scoring import Scoring
 
 STAGE = "reward"
+
+
+class RewardSections(Protocol):
+    """What the reward stage reads of the pipeline's config (a ``PipelineConfig`` is one): its
+    own section and the bus's, never the whole pipeline's."""
+
+    bus: BusConfig
+    reward: RewardConfig
 
 
 class RewardStage:
@@ -30,7 +39,7 @@ class RewardStage:
 
     name: ClassVar[str] = STAGE
 
-    def __init__(self, cfg: PipelineConfig, bus: Bus | None = None):
+    def __init__(self, cfg: RewardSections, bus: Bus | None = None):
         self.cfg, self.rc = cfg, cfg.reward
         self.group = cfg.bus.group(STAGE, cfg.reward.group)
         self.scoring = Scoring(cfg.reward)
@@ -39,7 +48,7 @@ class RewardStage:
         self.loop: StageLoop | None = None
 
     @classmethod
-    def from_config(cls, cfg: PipelineConfig, bus: Bus) -> "RewardStage":
+    def from_config(cls, cfg: RewardSections, bus: Bus) -> "RewardStage":
         return cls(cfg, bus)
 
     def validate(self) -> None:

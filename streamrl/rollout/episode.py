@@ -28,16 +28,13 @@ import asyncio
 import inspect
 import logging
 import time
-import uuid
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
-
-import numpy as np
 
 from streamrl.errors import Failure, Unavailable
 from streamrl.records import Prompt, Trajectory
-from streamrl.rollout.backends import Backend, BackendUnavailable, Completion, SamplingParams
+from streamrl.rollout.backends import Backend, BackendUnavailable, SamplingParams
 from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode_state import EpisodeState
 from streamrl.rollout.interactions.registry import call_compat
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.tool_calls import finish_tools, run_tools
@@ -45,74 +42,6 @@ from streamrl.rollout.tools import ToolCall, parse_tool_calls
 from streamrl.rollout.trajectory import build_trajectory, jsonable, turn_score
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Episode:
-    index: int
-    messages: list[dict[str, Any]]
-    context: list[int] | str
-    prompt_ids: list[int] | None
-    token_level: bool
-    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    response_ids: list[int] = field(default_factory=list)
-    logprobs: list[np.ndarray] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    arrays_ok: bool = True
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    turn_scores: list[float] = field(default_factory=list)
-    turn_info: list[dict[str, Any]] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    answer: str = ""
-    answer_ids: list[int] | None = None
-    finish_reason: str = ""
-    user_turns: int = 0
-    done: bool = False
-    instance_id: str | None = None
-    interaction_name: str | None = None
-    tools_kwargs: dict[str, Any] = field(default_factory=dict)
-    tool_instances: dict[str, str] = field(default_factory=dict)
-    tool_create_errors: dict[str, str] = field(default_factory=dict)
-    tool_rewards: dict[str, float] = field(default_factory=dict)
-    tool_calls: int = 0
-    generation_s: float = 0.0
-    interaction_s: float = 0.0
-    tool_s: float = 0.0
-
-    def add_sample(self, s: Completion) -> None:
-        self.versions.append(s.policy_version)
-        self.answer, self.finish_reason, self.answer_ids = s.text, s.finish_reason, s.response_ids
-        self.turns.append({"role": "assistant", "content": s.text, "policy_version": s.policy_version})
-        self.messages.append({"role": "assistant", "content": s.text})
-        if s.response_ids is None or s.response_logprobs is None:
-            self.arrays_ok = False
-        else:
-            self.response_ids += s.response_ids
-            self.logprobs.append(np.asarray(s.response_logprobs, dtype=np.float32))
-            self.mask += [1] * len(s.response_ids)
-            if self.prompt_ids is None and s.prompt_ids is not None:
-                self.prompt_ids = list(s.prompt_ids)
-        if self.token_level:
-            self.context = list(self.context) + list(s.response_ids or [])
-        else:
-            self.context = str(self.context) + s.text
-
-    def add_turn(self, new: list[tuple[dict[str, Any], dict[str, Any]]], rendered: str, tokenizer: Any) -> None:
-        """The messages that answer the last model turn (``(message, turn record)`` pairs),
-        rendered as ``rendered``: given to the policy, not trained on (mask 0, log-prob 0)."""
-        for message, record in new:
-            self.messages.append(message)
-            self.turns.append(record)
-        self.user_turns += 1
-        if self.token_level:
-            ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-            self.context = list(self.context) + ids
-            self.response_ids += ids
-            self.logprobs.append(np.zeros(len(ids), dtype=np.float32))
-            self.mask += [0] * len(ids)
-        else:
-            self.context = str(self.context) + rendered
-            self.arrays_ok = False  # the new turn cannot be tokenised without a tokenizer
 
 
 async def run_group(prompt: Prompt, n: int, backend: Backend, params: SamplingParams, renderer: ChatRenderer,
@@ -135,7 +64,7 @@ async def run_group(prompt: Prompt, n: int, backend: Backend, params: SamplingPa
     base_messages = ([{"role": "user", "content": prompt.prompt}] if isinstance(prompt.prompt, str)
                      else [dict(m) for m in prompt.prompt])
     tools_kwargs = prompt.extra_info.get("tools_kwargs") if multi is not None and multi.tools else None
-    episodes = [_Episode(index=i, messages=list(base_messages), context=context,
+    episodes = [EpisodeState(index=i, messages=list(base_messages), context=context,
                          prompt_ids=None if prompt_ids is None else list(prompt_ids),
                          token_level=tokenizer is not None,
                          tools_kwargs=tools_kwargs if isinstance(tools_kwargs, dict) else {}) for i in range(n)]
@@ -187,7 +116,7 @@ async def _guarded(name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: A
         raise Failure("interaction_error", f"interaction {name!r}: {type(exc).__name__}: {exc}") from None
 
 
-async def _answer_turn(active: list[_Episode], multi: MultiTurn, chosen: tuple[str, Any, dict[str, Any]] | None,
+async def _answer_turn(active: list[EpisodeState], multi: MultiTurn, chosen: tuple[str, Any, dict[str, Any]] | None,
                        renderer: ChatRenderer, tokenizer: Any, tools: list[dict[str, Any]] | None) -> None:
     """Answer each episode's latest model turn (all episodes at once: a simulated user or a tool
     may be remote) and extend the unfinished ones with the answer."""
@@ -201,7 +130,7 @@ async def _answer_turn(active: list[_Episode], multi: MultiTurn, chosen: tuple[s
         e.add_turn(new, rendered, tokenizer)
 
 
-async def _next_turn(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict[str, Any]] | None,
+async def _next_turn(e: EpisodeState, multi: MultiTurn, chosen: tuple[str, Any, dict[str, Any]] | None,
                      tokenizer: Any) -> list[tuple[dict[str, Any], dict[str, Any]]] | None:
     """The messages that answer ``e``'s latest model turn, or None: the episode ends."""
     last = e.turns[-1]
@@ -250,7 +179,7 @@ async def _next_turn(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict
     return [({"role": "user", "content": content}, {"role": "user", "content": content})]
 
 
-async def _finish(e: _Episode, multi: MultiTurn, chosen: tuple[str, Any, dict[str, Any]] | None) -> None:
+async def _finish(e: EpisodeState, multi: MultiTurn, chosen: tuple[str, Any, dict[str, Any]] | None) -> None:
     """End the episode's tool instances (``calc_reward`` into ``tool_rewards``, then ``release``)
     and its interaction. Runs however the episode ended; failures here are logged, never raised
     over the episode's own outcome."""

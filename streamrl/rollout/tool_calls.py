@@ -18,7 +18,7 @@ from streamrl.rollout.tools import LoadedTool, ToolCall, ToolCallError
 from streamrl.rollout.trajectory import jsonable, turn_score
 
 if TYPE_CHECKING:
-    from streamrl.rollout.episode import _Episode
+    from streamrl.rollout.episode_state import EpisodeState
     from streamrl.rollout.multiturn import MultiTurn
 
 log = logging.getLogger(__name__)
@@ -34,13 +34,13 @@ async def _invoke(fn: Callable[..., Any], timeout: float, /, *args: Any, **kwarg
     return result
 
 
-def _tool_kwargs(e: _Episode, name: str, which: str) -> dict[str, Any]:
+def _tool_kwargs(e: EpisodeState, name: str, which: str) -> dict[str, Any]:
     per_tool = e.tools_kwargs.get(name)
     value = per_tool.get(which) if isinstance(per_tool, dict) else None
     return dict(value) if isinstance(value, dict) else {}
 
 
-async def _create(e: _Episode, tool: LoadedTool, timeout: float) -> None:
+async def _create(e: EpisodeState, tool: LoadedTool, timeout: float) -> None:
     """The episode's instance of ``tool``, created before its first call with the sample's
     ``create_kwargs`` (as keywords, and as ``create_kwargs=`` the way verl's agent loop passes
     them: a tool takes whichever its signature names)."""
@@ -63,7 +63,7 @@ async def _create(e: _Episode, tool: LoadedTool, timeout: float) -> None:
     e.tool_instances[tool.name] = instance if isinstance(instance, str) else e.uid
 
 
-async def run_tools(e: _Episode, calls: list[ToolCall | ToolCallError],
+async def run_tools(e: EpisodeState, calls: list[ToolCall | ToolCallError],
                      multi: MultiTurn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Execute ``calls`` concurrently; each answers with one ``tool`` message. Nothing a tool
     does ends the episode: an unknown tool, bad arguments, an exception or a timeout come back
@@ -74,7 +74,7 @@ async def run_tools(e: _Episode, calls: list[ToolCall | ToolCallError],
     return list(await asyncio.gather(*(_call(e, c, multi) for c in calls)))
 
 
-async def _call(e: _Episode, call: ToolCall | ToolCallError, multi: MultiTurn) -> tuple[dict[str, Any], dict[str, Any]]:
+async def _call(e: EpisodeState, call: ToolCall | ToolCallError, multi: MultiTurn) -> tuple[dict[str, Any], dict[str, Any]]:
     record: dict[str, Any] = {"role": "tool"}
     error = None
     reward = None
@@ -148,7 +148,7 @@ def truncate(text: str, limit: int, side: str) -> str:
     return text[:half] + "...(truncated)..." + text[len(text) - half:]
 
 
-async def finish_tools(e: _Episode, multi: MultiTurn) -> None:
+async def finish_tools(e: EpisodeState, multi: MultiTurn) -> None:
     """End the episode's tool instances: ``calc_reward`` into ``tool_rewards``, then ``release``.
     Failures here are logged, never raised over the episode's own outcome."""
     for name, instance in e.tool_instances.items():

@@ -13,7 +13,7 @@ import orjson
 from streamrl.records import Prompt, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.rollout.episode import _Episode
+    from streamrl.rollout.episode_state import EpisodeState
     from streamrl.rollout.multiturn import MultiTurn
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def jsonable(data: dict[str, Any]) -> dict[str, Any]:
                 for k, v in data.items()}
 
 
-def build_trajectory(prompt: Prompt, n: int, e: _Episode, started_at: float, multi: MultiTurn | None) -> Trajectory:
+def build_trajectory(prompt: Prompt, n: int, e: EpisodeState, started_at: float, multi: MultiTurn | None) -> Trajectory:
     """The trajectory record of episode ``e`` (sample ``e.index`` of ``prompt``'s group of ``n``),
     stamped with the oldest policy version it used; token arrays only where every turn has them."""
     extra = dict(prompt.extra_info)

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
@@ -38,11 +38,19 @@ from streamrl.rollout.gate import StalenessGate
 from streamrl.rollout.weights import PolicyFollower
 
 if TYPE_CHECKING:
-    from streamrl.pipeline_config import PipelineConfig
+    from streamrl.learner.config import LearnerConfig
 
 log = logging.getLogger(__name__)
 
 STAGE = "rollout"
+
+
+class RolloutSections(Protocol):
+    """What a rollout worker reads of the pipeline's config (a ``PipelineConfig`` is one): its own
+    section, and where the learner writes weights (the only paths it loads from)."""
+
+    rollout: RolloutConfig
+    learner: "LearnerConfig"
 _RETRY_MAX_S = 30.0
 
 
@@ -85,7 +93,7 @@ class RolloutWorker:
         _refused(-1, None)
 
     @classmethod
-    def from_config(cls, cfg: "PipelineConfig", bus: Bus) -> "RolloutWorker":
+    def from_config(cls, cfg: "RolloutSections", bus: Bus) -> "RolloutWorker":
         """Loads the policy into the backend: before the first prompt is taken."""
         rollout = cfg.rollout
         if not rollout.weights_prefixes:  # where this config's learner writes (and uploads) weights
