@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from streamrl.archive.config import ArchiveConfig
-from streamrl.config import BusConfig, MetricsConfig, RunConfig, apply_override, config_errors
+from streamrl.config import BusConfig, MetricsConfig, RunConfig, TopicsConfig, apply_override, config_errors
 from streamrl.learner.config import LearnerConfig
 from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
                                     apply_verl_keys)
@@ -29,6 +29,7 @@ __all__ = ["PipelineConfig", "load_config"]
 @dataclass
 class PipelineConfig:
     bus: BusConfig = field(default_factory=BusConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     run: RunConfig = field(default_factory=RunConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)

@@ -120,6 +120,10 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+import os as _os  # MEASUREMENT ONLY (issue 36)
+_INTERLEAVE = _os.environ.get("STREAMRL_MEASURE_INTERLEAVE") == "1"
+
+
 def _overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return {_ALIASES.get(k, k): v for k, v in overrides.items()}
 
@@ -178,6 +182,8 @@ class KafkaProducer:
     POLL_INTERVAL_S = 0.001
     #: How often librdkafka's error and log callbacks are served when nothing waits.
     IDLE_POLL_S = 0.1
+    #: How long a topic's partition count is trusted (``partition_count``).
+    PARTITIONS_TTL_S = 60.0
 
     def __init__(self, config: BusConfig, *, max_request_bytes: int,
                  on_delivery: DeliveryCallback | None = None, **overrides: Any):
@@ -189,6 +195,7 @@ class KafkaProducer:
         self._reports: list[tuple[asyncio.Future, KafkaError | None, Any, str, int]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_busy = False
+        self._partitions: dict[str, tuple[int, float]] = {}  # topic -> (partitions, asked at)
 
     async def start(self) -> "KafkaProducer":
         self._loop = asyncio.get_running_loop()
@@ -257,8 +264,9 @@ class KafkaProducer:
 
     # -- the event loop's side ---------------------------------------------------------------
     async def send(self, topic: str, value: bytes, key: bytes | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        """Queue ``value`` on ``topic`` (full name). Returns a future of its ``Delivery``."""
+                   headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> asyncio.Future:
+        """Queue ``value`` on ``topic`` (full name), on ``partition`` if given (else where the
+        partitioner puts its key). Returns a future of its ``Delivery``."""
         client = self._client
         if client is None:
             raise RuntimeError("send() before start()")
@@ -269,7 +277,10 @@ class KafkaProducer:
 
         while True:
             try:
-                client.produce(topic, value, key, headers=headers, on_delivery=delivered)
+                if partition is None:
+                    client.produce(topic, value, key, headers=headers, on_delivery=delivered)
+                else:
+                    client.produce(topic, value, key, partition, headers=headers, on_delivery=delivered)
                 break
             except BufferError:  # librdkafka's queue is full: serve reports, wait for acknowledgements
                 self._poll()
@@ -280,6 +291,28 @@ class KafkaProducer:
         self._poll()
         self._arm(True)
         return fut
+
+    async def partition_count(self, topic: str) -> int | None:
+        """How many partitions ``topic`` (full name) has, from metadata asked at most every
+        ``PARTITIONS_TTL_S`` (a topic grown on Kafka is used in full after that); None if the
+        broker does not say (no such topic yet: the partitioner places the record)."""
+        known = self._partitions.get(topic)
+        now = time.monotonic()
+        if known is not None and now - known[1] < self.PARTITIONS_TTL_S:
+            return known[0]
+        client = self._client
+        if client is None:
+            return None
+        try:
+            md = await asyncio.to_thread(client.list_topics, topic, REQUEST_TIMEOUT_S)
+            meta = md.topics.get(topic)
+            count = len(meta.partitions) if meta is not None and meta.error is None else 0
+        except KafkaException:
+            count = 0
+        if not count:
+            return known[0] if known is not None else None
+        self._partitions[topic] = (count, now)
+        return count
 
     async def flush(self) -> None:
         """Return once every value queued so far is acknowledged (or has failed). Awaits the
@@ -541,6 +574,8 @@ class KafkaConsumer:
     def _take(self, want: set[TopicPartition], max_records: int | None) -> list[Message]:
         if not self._leftover:
             return []
+        if _INTERLEAVE:
+            return self._take_in_turn(want, max_records)
         out: list[Message] = []
         keep: list[Message] = []
         for m in self._leftover:
@@ -553,6 +588,33 @@ class KafkaConsumer:
         self._leftover = keep
         return out
 
+    def _take_in_turn(self, want: set[TopicPartition], max_records: int | None) -> list[Message]:
+        """MEASUREMENT ONLY (issue 36): hand out records one partition after another in turn."""
+        queues: dict[TopicPartition, list[Message]] = {}
+        for m in self._leftover:
+            queues.setdefault(TopicPartition(m.topic, m.partition), []).append(m)
+        order = [tp for tp in queues if tp not in self._paused and (not want or tp in want)]
+        if not order:
+            return []
+        self._turn = (getattr(self, "_turn", 0) + 1) % len(order)
+        order = order[self._turn:] + order[:self._turn]
+        limit = max_records if max_records is not None else len(self._leftover)
+        out: list[Message] = []
+        heads = {tp: 0 for tp in order}
+        while len(out) < limit and order:
+            for tp in list(order):
+                if len(out) >= limit:
+                    break
+                i = heads[tp]
+                if i >= len(queues[tp]):
+                    order.remove(tp)
+                    continue
+                out.append(queues[tp][i])
+                heads[tp] = i + 1
+        taken = set(map(id, out))
+        self._leftover = [m for m in self._leftover if id(m) not in taken]
+        return out
+
     async def getmany(self, timeout_ms: int = 200, max_records: int | None = None,
                       partitions: Iterable[TopicPartition] = ()) -> list[Message]:
         """The records fetched so far (waiting up to ``timeout_ms`` for some), from
@@ -561,6 +623,8 @@ class KafkaConsumer:
         out = self._take(want, max_records)
         if not out:
             n = min(max_records or 100_000, 1_000_000)
+            if _INTERLEAVE:
+                n = max(n, 4096)
             got = await self._call(lambda: self._consume(n, timeout_ms / 1000), keep=True)
             self._leftover.extend(got)  # after the await: a rebalance callback may replace the list meanwhile
             out = self._take(want, max_records)

@@ -15,6 +15,7 @@ Topic arguments are ``Topic`` handles or short names (``"rollouts"``); the bus a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import time
@@ -33,6 +34,31 @@ log = logging.getLogger(__name__)
 #: How often an idle consumer asks the broker whether it is there (``Consumer.check_broker``).
 BROKER_PROBE_INTERVAL_S = 5.0
 _MEMORY_NAME = re.compile(r"[A-Za-z0-9_.-]*")
+
+import os as _os  # MEASUREMENT ONLY
+
+#: Keys whose partition ``Producer`` remembers per topic (a group's records come in a row).
+_PLACED_KEYS = 4096
+
+
+def partition_for(topic: str, key: bytes, partitions: int) -> int:
+    """The partition of a keyed record on ``topic`` (short name): a hash of the key salted with
+    the topic's name, modulo the topic's partitions.
+
+    Why salted: Kafka's default partitioner hashes the key alone, so a trajectory keyed by its
+    prompt's ``group_id`` landed on the partition number its prompt came from, and a rollout
+    worker draining one prompts partition at a time (librdkafka hands out a partition's backlog
+    at a time) filled one rollouts partition while the other seven waited, and the reward
+    members that owned them idled (issue 36). Salted per topic, the partition on ``rollouts``
+    (and on ``rewarded``) is independent of the one upstream, whatever order a stage reads in;
+    every record of a group still shares one partition (the same key, the same topic), so
+    group-level reward hooks and compaction hold. The Kafka key stays ``group_id``.
+
+    blake2b, not CRC-32: a CRC of (salt, key) is the key's CRC XOR a constant for keys of one
+    length, which would only permute the partitions."""
+    digest = hashlib.blake2b(key, digest_size=8, person=topic.encode()[:16]).digest()
+    return int.from_bytes(digest, "big") % partitions
+
 
 #: Told each record's fate, once per ``send``: the topic (short name) and the error (None: the
 #: broker has it).
@@ -116,6 +142,7 @@ class Producer:
         #: (a prometheus ``labels`` lookup per record was a tenth of the producer's Python time)
         self._counted: dict[str, tuple[str, Any, Any]] = {}
         self._reachable = metrics.BUS_BROKER_REACHABLE.labels(stage, "producer")
+        self._placed: dict[tuple[str, int], dict[bytes, int]] = {}  # (topic, partitions) -> key -> partition
 
     async def start(self) -> "Producer":
         await self._transport.start()
@@ -140,7 +167,24 @@ class Producer:
         except Exception as exc:
             self._delivered(name, 0, exc)
             raise
-        return await self._send(name, value, record.key if key is None else key)
+        key = record.key if key is None else key
+        return await self._send(name, value, key, partition=await self._partition(name, key))
+
+    async def _partition(self, name: str, key: bytes | None) -> int | None:
+        """Where a record keyed ``key`` goes on topic ``name`` (``partition_for``); None (the
+        client's partitioner) for a record without a key or a topic whose size is unknown."""
+        if key is None or _os.environ.get("STREAMRL_MEASURE_PLACEMENT") == "0":  # MEASUREMENT ONLY
+            return None
+        count = await self._transport.partition_count(name)
+        if not count:
+            return None
+        placed = self._placed.get((name, count))
+        if placed is None or len(placed) >= _PLACED_KEYS:
+            placed = self._placed[(name, count)] = {}
+        partition = placed.get(key)
+        if partition is None:
+            partition = placed[key] = partition_for(self.bus.config.short_topic(name), key, count)
+        return partition
 
     async def send_bytes(self, topic: Topic | str, value: bytes, key: bytes | None = None,
                          headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
@@ -154,9 +198,9 @@ class Producer:
         return await self._send(name, value, key, headers)
 
     async def _send(self, name: str, value: bytes, key: bytes | None,
-                    headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
+                    headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> asyncio.Future:
         try:
-            return await self._transport.send(name, value, key, headers)
+            return await self._transport.send(name, value, key, headers, partition)
         except Exception as exc:
             self._delivered(name, len(value), exc)
             raise
@@ -229,8 +273,12 @@ class Consumer:
                  from_beginning: bool = True, **overrides: Any):
         self.bus, self.stage, self.group = bus, stage, group
         self.topics = [bus.topic(t) for t in topics]
+        self._on_revoked = on_revoked
         self.transport = bus._byte_consumer(self.topics, group, on_assigned=on_assigned,
-                                            on_revoked=on_revoked, from_beginning=from_beginning, **overrides)
+                                            on_revoked=self._revoked, from_beginning=from_beginning, **overrides)
+        #: per partition held: where this member's last commit (or, before one, its first record)
+        #: was, so each commit counts the records it moved the group past (``_count_committed``)
+        self._counted_from: dict[TopicPartition, int] = {}
         self._probe: asyncio.Task | None = None
         self._last_probe = 0.0
 
@@ -238,6 +286,9 @@ class Consumer:
         """Connect; subscribe to ``topics`` (join the group) unless ``subscribe`` is False (then
         partitions are read only once ``assign``-ed)."""
         await self.transport.start(subscribe)
+        if self.group is not None and self.stage:
+            for topic in self.topics:  # exported at 0 from the start: a member that gets no work shows
+                metrics.BUS_COMMITTED_RECORDS.labels(self.stage, topic)
         return self
 
     async def stop(self) -> None:
@@ -257,7 +308,33 @@ class Consumer:
             for topic, n in by_topic.items():
                 metrics.BUS_CONSUMED.labels(self.stage, topic).inc(n)
             self.check_broker()
+            if self.group is not None:
+                counted_from = self._counted_from
+                for m in msgs:
+                    if (m.topic, m.partition) not in counted_from:
+                        counted_from[TopicPartition(m.topic, m.partition)] = m.offset
         return msgs
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        """The stage's own callback (it commits what is finished), then forget the partitions:
+        if they come back, their count starts from where the group is then."""
+        try:
+            if self._on_revoked is not None:
+                result = self._on_revoked(revoked)
+                if asyncio.iscoroutine(result):
+                    await result
+        finally:
+            for tp in revoked:
+                self._counted_from.pop(tp, None)
+
+    def _count_committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """``streamrl_bus_committed_records_total``: how far a commit moved this member's
+        partitions, so ``streamrl run`` shows each member's share of its group's work."""
+        for tp, offset in offsets.items():
+            start = self._counted_from.get(tp)
+            if start is not None and offset > start:
+                metrics.BUS_COMMITTED_RECORDS.labels(self.stage, tp.topic).inc(offset - start)
+            self._counted_from[tp] = offset
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
         """Commit ``offsets`` (the next offset to read, per partition). False if the group has
@@ -275,6 +352,8 @@ class Consumer:
             return False
         metrics.BUS_COMMITS.labels(self.stage).inc()
         metrics.BUS_BROKER_REACHABLE.labels(self.stage, "consumer").set(1)
+        if self.stage:
+            self._count_committed(offsets)
         return True
 
     # -- positions and metadata: the transport's ------------------------------------------------
