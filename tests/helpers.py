@@ -138,7 +138,7 @@ class Collector:
     def __init__(self, bus: Bus):
         self.bus = bus
         self.rewarded: list[Rewarded] = []
-        self.partitions: dict[str, int] = {}  # id -> its partition on rewarded
+        self.partitions: dict[str, int] = {}  # id -> partition (same key, same count as rollouts)
         self.dead: list[DeadLetter] = []
 
     async def start(self) -> "Collector":

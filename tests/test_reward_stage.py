@@ -20,7 +20,6 @@ import orjson
 import pytest
 
 from streamrl import metrics
-from streamrl.bus import partition_for
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
@@ -171,9 +170,9 @@ def test_two_members_share_partitions_and_a_killed_one_loses_nothing(bus, user_f
                 ok = await out.wait(lambda: {r.id for r in out.rewarded} >= {t.id for t in records}, 45)
                 port = ports[1 - members.index(victim)]
                 text = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
-                return ok, at_kill, out.rewarded, out.dead, text
+                return ok, at_kill, out.rewarded, out.dead, out.partitions, text
 
-        ok, at_kill, rewarded, dead, survivor_metrics = asyncio.run(main())
+        ok, at_kill, rewarded, dead, partitions, survivor_metrics = asyncio.run(main())
     finally:
         outputs = []
         for m in members:
@@ -196,11 +195,10 @@ def test_two_members_share_partitions_and_a_killed_one_loses_nothing(bus, user_f
     for r in rewarded:  # duplicates are allowed; they agree
         by_id.setdefault(r.id, set()).add(r.reward)
     assert all(len(v) == 1 for v in by_id.values())
-    # the survivor took over the victim's partitions and finished them (each record's rollouts
-    # partition: the bus places it by its group id, salted per topic)
+    # the survivor took over the victim's partitions and finished them
     owners: dict[int, set[int]] = {}
     for r in rewarded:
-        owners.setdefault(partition_for("rollouts", r.key, 8), set()).add(r.reward_info["pid"])
+        owners.setdefault(partitions[r.id], set()).add(r.reward_info["pid"])
     assert any(len(pids) == 2 for pids in owners.values()), owners
     # the survivor's Prometheus port: what it scored, and that it now owns every partition
     assert 'streamrl_reward_scored_records_total{scorer="slow",status="ok"}' in survivor_metrics

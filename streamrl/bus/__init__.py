@@ -33,7 +33,7 @@ from streamrl.bus.base import Admin, Delivery, Message, TopicPartition
 from streamrl.bus.checkpoint import Checkpoint
 from streamrl.bus.loop import StageLoop
 from streamrl.bus.reader import Reader
-from streamrl.bus.records import Bus, Consumer, Producer, partition_for
+from streamrl.bus.records import Bus, Consumer, Producer
 
 __all__ = ["Admin", "Bus", "Checkpoint", "Consumer", "Delivery", "Message",
-           "Producer", "Reader", "StageLoop", "TopicPartition", "partition_for"]
+           "Producer", "Reader", "StageLoop", "TopicPartition"]

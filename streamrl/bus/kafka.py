@@ -120,10 +120,6 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-import os as _os  # MEASUREMENT ONLY (issue 36)
-_INTERLEAVE = _os.environ.get("STREAMRL_MEASURE_INTERLEAVE") == "1"
-
-
 def _overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return {_ALIASES.get(k, k): v for k, v in overrides.items()}
 
@@ -574,8 +570,6 @@ class KafkaConsumer:
     def _take(self, want: set[TopicPartition], max_records: int | None) -> list[Message]:
         if not self._leftover:
             return []
-        if _INTERLEAVE:
-            return self._take_in_turn(want, max_records)
         out: list[Message] = []
         keep: list[Message] = []
         for m in self._leftover:
@@ -588,33 +582,6 @@ class KafkaConsumer:
         self._leftover = keep
         return out
 
-    def _take_in_turn(self, want: set[TopicPartition], max_records: int | None) -> list[Message]:
-        """MEASUREMENT ONLY (issue 36): hand out records one partition after another in turn."""
-        queues: dict[TopicPartition, list[Message]] = {}
-        for m in self._leftover:
-            queues.setdefault(TopicPartition(m.topic, m.partition), []).append(m)
-        order = [tp for tp in queues if tp not in self._paused and (not want or tp in want)]
-        if not order:
-            return []
-        self._turn = (getattr(self, "_turn", 0) + 1) % len(order)
-        order = order[self._turn:] + order[:self._turn]
-        limit = max_records if max_records is not None else len(self._leftover)
-        out: list[Message] = []
-        heads = {tp: 0 for tp in order}
-        while len(out) < limit and order:
-            for tp in list(order):
-                if len(out) >= limit:
-                    break
-                i = heads[tp]
-                if i >= len(queues[tp]):
-                    order.remove(tp)
-                    continue
-                out.append(queues[tp][i])
-                heads[tp] = i + 1
-        taken = set(map(id, out))
-        self._leftover = [m for m in self._leftover if id(m) not in taken]
-        return out
-
     async def getmany(self, timeout_ms: int = 200, max_records: int | None = None,
                       partitions: Iterable[TopicPartition] = ()) -> list[Message]:
         """The records fetched so far (waiting up to ``timeout_ms`` for some), from
@@ -623,8 +590,6 @@ class KafkaConsumer:
         out = self._take(want, max_records)
         if not out:
             n = min(max_records or 100_000, 1_000_000)
-            if _INTERLEAVE:
-                n = max(n, 4096)
             got = await self._call(lambda: self._consume(n, timeout_ms / 1000), keep=True)
             self._leftover.extend(got)  # after the await: a rebalance callback may replace the list meanwhile
             out = self._take(want, max_records)

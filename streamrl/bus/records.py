@@ -15,7 +15,6 @@ Topic arguments are ``Topic`` handles or short names (``"rollouts"``); the bus a
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 import time
@@ -34,31 +33,6 @@ log = logging.getLogger(__name__)
 #: How often an idle consumer asks the broker whether it is there (``Consumer.check_broker``).
 BROKER_PROBE_INTERVAL_S = 5.0
 _MEMORY_NAME = re.compile(r"[A-Za-z0-9_.-]*")
-
-import os as _os  # MEASUREMENT ONLY
-
-#: Keys whose partition ``Producer`` remembers per topic (a group's records come in a row).
-_PLACED_KEYS = 4096
-
-
-def partition_for(topic: str, key: bytes, partitions: int) -> int:
-    """The partition of a keyed record on ``topic`` (short name): a hash of the key salted with
-    the topic's name, modulo the topic's partitions.
-
-    Why salted: Kafka's default partitioner hashes the key alone, so a trajectory keyed by its
-    prompt's ``group_id`` landed on the partition number its prompt came from, and a rollout
-    worker draining one prompts partition at a time (librdkafka hands out a partition's backlog
-    at a time) filled one rollouts partition while the other seven waited, and the reward
-    members that owned them idled (issue 36). Salted per topic, the partition on ``rollouts``
-    (and on ``rewarded``) is independent of the one upstream, whatever order a stage reads in;
-    every record of a group still shares one partition (the same key, the same topic), so
-    group-level reward hooks and compaction hold. The Kafka key stays ``group_id``.
-
-    blake2b, not CRC-32: a CRC of (salt, key) is the key's CRC XOR a constant for keys of one
-    length, which would only permute the partitions."""
-    digest = hashlib.blake2b(key, digest_size=8, person=topic.encode()[:16]).digest()
-    return int.from_bytes(digest, "big") % partitions
-
 
 #: Told each record's fate, once per ``send``: the topic (short name) and the error (None: the
 #: broker has it).
@@ -142,7 +116,6 @@ class Producer:
         #: (a prometheus ``labels`` lookup per record was a tenth of the producer's Python time)
         self._counted: dict[str, tuple[str, Any, Any]] = {}
         self._reachable = metrics.BUS_BROKER_REACHABLE.labels(stage, "producer")
-        self._placed: dict[tuple[str, int], dict[bytes, int]] = {}  # (topic, partitions) -> key -> partition
 
     async def start(self) -> "Producer":
         await self._transport.start()
@@ -158,33 +131,24 @@ class Producer:
         await self.stop()
 
     async def send(self, record: _Record, *, topic: Topic | str | None = None,
-                   key: bytes | None = None) -> asyncio.Future:
+                   key: bytes | None = None, spread: int | None = None) -> asyncio.Future:
         """Queue ``record`` on its type's topic (``topic``: another one, as replay publishes
-        rewarded records to a topic of the user's). Returns a future of its ``Delivery``."""
+        rewarded records to a topic of the user's). Returns a future of its ``Delivery``.
+
+        ``spread``: records given the same number land on one partition, ``spread`` modulo the
+        topic's partitions (a stage spreads its outputs by where their input was read:
+        ``StageLoop``'s ``spread``); None: where the key's hash puts them."""
         name = self.bus.topic(topic if topic is not None else topic_of(record))
         try:
             value = record.encode(record.size_limit(self.bus.config.max_record_bytes))
         except Exception as exc:
             self._delivered(name, 0, exc)
             raise
-        key = record.key if key is None else key
-        return await self._send(name, value, key, partition=await self._partition(name, key))
-
-    async def _partition(self, name: str, key: bytes | None) -> int | None:
-        """Where a record keyed ``key`` goes on topic ``name`` (``partition_for``); None (the
-        client's partitioner) for a record without a key or a topic whose size is unknown."""
-        if key is None or _os.environ.get("STREAMRL_MEASURE_PLACEMENT") == "0":  # MEASUREMENT ONLY
-            return None
-        count = await self._transport.partition_count(name)
-        if not count:
-            return None
-        placed = self._placed.get((name, count))
-        if placed is None or len(placed) >= _PLACED_KEYS:
-            placed = self._placed[(name, count)] = {}
-        partition = placed.get(key)
-        if partition is None:
-            partition = placed[key] = partition_for(self.bus.config.short_topic(name), key, count)
-        return partition
+        partition = None
+        if spread is not None:
+            count = await self._transport.partition_count(name)
+            partition = spread % count if count else None
+        return await self._send(name, value, record.key if key is None else key, partition=partition)
 
     async def send_bytes(self, topic: Topic | str, value: bytes, key: bytes | None = None,
                          headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
@@ -222,8 +186,8 @@ class Producer:
             self.on_delivery(short, error)
 
     async def send_and_wait(self, record: _Record, *, topic: Topic | str | None = None,
-                            key: bytes | None = None) -> Delivery:
-        return await (await self.send(record, topic=topic, key=key))
+                            key: bytes | None = None, spread: int | None = None) -> Delivery:
+        return await (await self.send(record, topic=topic, key=key, spread=spread))
 
     async def send_all(self, records: Iterable[_Record], *, topic: Topic | str | None = None,
                        window: int = 1000) -> int:
