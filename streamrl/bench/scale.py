@@ -194,10 +194,10 @@ async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_
             "settle_s": settle_s}
 
 
-async def rollouts_spread(bus) -> dict[str, Any]:
-    """``rollouts`` read back by partition: records per partition, the partitions each policy
-    version's trajectories span, and the groups found on more than one partition (0: every
-    group whole, as group-level reward hooks need)."""
+async def topic_spread(bus, topic: str = "rollouts") -> dict[str, Any]:
+    """``topic`` (rollouts or rewarded) read back by partition: records per partition, the
+    partitions each policy version's records span, and the groups found on more than one
+    partition (0: every group whole, as group-level reward hooks need)."""
     import orjson
 
     from streamrl.bus import Reader
@@ -205,7 +205,7 @@ async def rollouts_spread(bus) -> dict[str, Any]:
     per_partition: dict[int, int] = {}
     by_version: dict[int, set[int]] = {}
     homes: dict[str, set[int]] = {}
-    async with Reader(bus, ["rollouts"], "bench") as reader:
+    async with Reader(bus, [topic], "bench") as reader:
         per_partition = {tp.partition: 0 for tp in reader.partitions}
         ends = await reader.end_offsets()
         async for batch in reader.read(stop=ends):
@@ -271,7 +271,8 @@ async def measure_pipeline(members: int, args: argparse.Namespace, bootstrap: st
     scored = sum(per_member.values())
     row = {"members": members, "versions": summary["versions"], "per_member": per_member,
            "member_share": [round(n / scored, 3) for n in per_member.values()] if scored else [],
-           "seconds_per_version": await seconds_per_version(bus), **await rollouts_spread(bus)}
+           "seconds_per_version": await seconds_per_version(bus), **await topic_spread(bus, "rollouts"),
+           "rewarded_per_partition": (await topic_spread(bus, "rewarded"))["per_partition"]}
     spv = row["seconds_per_version"]
     print(f"  {members} member(s): records per member {list(per_member.values())}, "
           f"{spv:.2f} s/version" if spv else "", f"rollouts per partition {row['per_partition']}",

@@ -1,0 +1,115 @@
+"""Consumer groups that share the work (issue 36): the main job spreads its trajectories over
+every partition of ``rollouts`` (a version's groups go round them, each group whole), so every
+reward member scores its share; and ``topics.<name>.partitions`` sizes the topics for a group
+larger than the specs' 8 partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from streamrl.bench.scale import topic_spread
+from streamrl.bus import Bus
+from streamrl.config import BusConfig, ConfigError
+from streamrl.pipeline_config import PipelineConfig
+from streamrl.reward.stage import RewardStage
+from streamrl.runtime import Runtime
+from tests.helpers import ROOT, last_json_line, traj
+
+
+@pytest.mark.e2e
+def test_the_main_job_spreads_rollouts_over_every_partition_and_the_reward_members_share_them(bootstrap, tmp_path):
+    prefix = f"spread{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", "--bootstrap-servers", bootstrap,
+         f"bus.topic_prefix={prefix}", f"run.out_dir={tmp_path}", "run.reward_members=2", "learner.versions=12"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = last_json_line(proc.stdout)
+    assert summary["ended"] == "done" and summary["versions"] == 12
+    bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix))
+    rollouts = asyncio.run(topic_spread(bus, "rollouts"))
+    rewarded = asyncio.run(topic_spread(bus, "rewarded"))
+    partitions = len(rollouts["per_partition"])
+    # every partition holds about an even share (main put every trajectory on one of 8)
+    assert rollouts["records"] >= 12 * 256
+    assert all(0.5 <= share <= 1.5 for share in rollouts["vs_even"]), rollouts["per_partition"]
+    # every version's trajectories span at least half of the partitions
+    assert all(span >= partitions / 2 for span in rollouts["version_span"].values()), rollouts["version_span"]
+    # a group stays whole on both topics (group-level reward hooks need it)
+    assert rollouts["split_groups"] == 0 and rewarded["split_groups"] == 0
+    assert all(n > 0 for n in rewarded["per_partition"]), rewarded["per_partition"]
+    # each reward member scored 35-65 % of the records, as its commits counted them
+    members = summary["records_per_member"]["reward"]
+    assert set(members) == {"reward-0", "reward-1"}
+    scored = sum(members.values())
+    assert scored >= 0.9 * rollouts["records"]  # the counts the run read last, when the group had committed all
+    assert all(0.35 <= n / scored <= 0.65 for n in members.values()), members
+    assert summary["records_per_member"]["rollout"]["rollout-0"] > 0
+    assert "per member: " in proc.stderr and "reward " in proc.stderr.split("per member: ")[-1]
+
+
+def _config(bootstrap: str) -> PipelineConfig:
+    cfg = PipelineConfig()
+    cfg.bus = BusConfig(bootstrap_servers=bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+                        commit_interval_s=0.2, session_timeout_ms=4000)
+    cfg.reward.group = f"{cfg.bus.topic_prefix}-reward"
+    cfg.reward.max_in_flight = 4
+    return cfg
+
+
+def test_a_negative_partition_count_fails_naming_its_field(bootstrap):
+    cfg = _config(bootstrap)
+    cfg.topics.rollouts.partitions = -1
+    with pytest.raises(ConfigError, match=r"topics\.rollouts\.partitions"):
+        asyncio.run(Runtime(cfg).topics())
+
+
+def test_sixteen_rollouts_partitions_give_each_of_ten_reward_members_records(bootstrap):
+    """``topics.rollouts.partitions=16``: created with 16, and a group of 10 reward members
+    (in one process, on the real broker, scoring with the gsm8k rule) all get records."""
+    cfg = _config(bootstrap)
+    cfg.topics.rollouts.partitions = 16
+    states = {s.topic: s for s in asyncio.run(Runtime(cfg).topics())}
+    assert states[cfg.bus.topic("rollouts")].partitions == 16 and not states[cfg.bus.topic("rollouts")].drift
+    assert states[cfg.bus.topic("prompts")].partitions == 8  # the spec's, unless configured
+    n = 160
+
+    async def main() -> list[int]:
+        bus = Bus(cfg.bus)
+        stop = asyncio.Event()
+        members = [RewardStage(cfg, bus) for _ in range(10)]
+        tasks = [asyncio.create_task(m.run(stop)) for m in members]
+        try:
+            # the group settled: every member holds partitions, 16 in all, for a second
+            settled_since = None
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                held = [len(m.loop.consumer.assignment()) if m.loop else 0 for m in members]
+                if all(held) and sum(held) == 16:
+                    settled_since = settled_since or time.monotonic()
+                    if time.monotonic() - settled_since >= 1.0:
+                        break
+                else:
+                    settled_since = None
+                assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
+                await asyncio.sleep(0.2)
+            assert settled_since is not None, f"the group did not settle: {held}"
+            async with bus.producer("test") as producer:  # group i on partition i % 16, as the worker spreads
+                await asyncio.gather(*[await producer.send(traj(i), spread=i) for i in range(n)])
+            deadline = time.monotonic() + 60
+            while sum(m.loop.finished for m in members) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            return [m.loop.finished for m in members]
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    finished = asyncio.run(main())
+    assert sum(finished) >= n, finished
+    assert all(count > 0 for count in finished), finished
