@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", action="store_true",
                         help="the reward group fed by the real pipeline (streamrl run: feed, rollout worker, "
                              "learner), not a synthetic producer: records per member, seconds per version")
-    parser.add_argument("--versions", type=int, default=12, help="--pipeline: versions per run")
+    parser.add_argument("--versions", type=int, default=0, help="--pipeline: versions per run (default 12, --quick 6)")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value",
                         help="--pipeline: more overrides for each run (topics.rollouts.partitions=16)")
 
@@ -338,6 +338,7 @@ def main(args: argparse.Namespace) -> int:
     if not sizes or min(sizes) < 1:
         raise SystemExit("streamrl bench scale: --members wants sizes >= 1, e.g. 1,2,4")
     if args.pipeline:
+        args.versions = args.versions or (6 if args.quick else 12)
         return main_pipeline(args, sizes)
     if args.overrides:
         raise SystemExit("streamrl bench scale: key=value overrides are for --pipeline runs")
