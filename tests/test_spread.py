@@ -13,13 +13,59 @@ import uuid
 
 import pytest
 
+from streamrl import metrics
 from streamrl.bench.scale import topic_spread
-from streamrl.bus import Bus
+from streamrl.bus import Bus, Message, StageLoop, TopicPartition
 from streamrl.config import BusConfig, ConfigError
 from streamrl.pipeline_config import PipelineConfig
-from streamrl.reward.stage import RewardStage
+from streamrl.records import ROLLOUTS, Trajectory
+from streamrl.reward.stage import RewardStage, same_partition
+from streamrl.rollout.worker import prompt_position
 from streamrl.runtime import Runtime
-from tests.helpers import ROOT, last_json_line, traj
+from streamrl.testing import memory_bus
+from tests.helpers import ROOT, last_json_line, rewarded_from, traj
+
+
+def _position(partition: int, offset: int) -> Message:
+    return Message("streamrl.prompts", partition, offset, 0, b"g", b"{}")
+
+
+def test_a_prompts_partition_read_in_order_goes_round_every_rollouts_partition():
+    """Consecutive prompts of one partition (a worker draining it) cover every partition of
+    rollouts in turn, and a prompt read again goes where it went."""
+    for partition in range(8):
+        placed = [prompt_position(_position(partition, offset)) % 8 for offset in range(16)]
+        assert sorted(placed) == sorted(list(range(8)) * 2)
+    assert prompt_position(_position(3, 41)) == prompt_position(_position(3, 41))
+    assert same_partition(_position(5, 999)) % 8 == 5
+
+
+def test_a_stage_places_its_outputs_by_spread_and_counts_the_records_it_committed():
+    bus = memory_bus(commit_interval_s=0.05)
+    n = 32
+    stage = f"spread{uuid.uuid4().hex[:6]}"
+
+    async def handle(record: Trajectory, msg: Message):
+        return [rewarded_from(record)]
+
+    async def main() -> list:
+        async with bus.producer("test") as producer:  # group i on rollouts partition i % 8
+            await asyncio.gather(*[await producer.send(traj(i), spread=i) for i in range(n)])
+        loop = StageLoop(bus, stage=stage, source=ROLLOUTS, group=f"{stage}-group", handle=handle,
+                         spread=same_partition)
+        task = asyncio.create_task(loop.run())
+        while loop.finished < n:
+            await asyncio.sleep(0.02)
+        loop.stop()
+        await task
+        return [m for p in range(8) for m in bus.broker.log(TopicPartition(bus.topic("rewarded"), p))]
+
+    out = asyncio.run(main())
+    # each output on its input's partition: trajectory g-i was on i % 8
+    assert sorted((m.partition, m.key) for m in out) == sorted((i % 8, f"g-{i}".encode()) for i in range(n))
+    committed = metrics.BUS_COMMITTED_RECORDS.labels(stage, bus.topic("rollouts"))._value.get()
+    assert committed == n
+
 
 
 @pytest.mark.e2e
