@@ -192,6 +192,7 @@ class KafkaProducer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_busy = False
         self._partitions: dict[str, tuple[int, float]] = {}  # topic -> (partitions, asked at)
+        self._asking: dict[str, asyncio.Future] = {}  # topic -> the metadata request in flight
 
     async def start(self) -> "KafkaProducer":
         self._loop = asyncio.get_running_loop()
@@ -289,26 +290,35 @@ class KafkaProducer:
         return fut
 
     async def partition_count(self, topic: str) -> int | None:
-        """How many partitions ``topic`` (full name) has, from metadata asked at most every
-        ``PARTITIONS_TTL_S`` (a topic grown on Kafka is used in full after that); None if the
-        broker does not say (no such topic yet: the partitioner places the record)."""
+        """How many partitions ``topic`` (full name) has; None if the broker does not say (no
+        such topic yet: the partitioner places the record). Asked once, then again in the
+        background every ``PARTITIONS_TTL_S`` (a topic grown on Kafka is used in full after
+        that) while sends go on with the count known; concurrent first sends share one request."""
         known = self._partitions.get(topic)
-        now = time.monotonic()
-        if known is not None and now - known[1] < self.PARTITIONS_TTL_S:
+        if known is not None and time.monotonic() - known[1] < self.PARTITIONS_TTL_S:
             return known[0]
-        client = self._client
-        if client is None:
-            return None
+        asking = self._asking.get(topic)
+        if asking is None:
+            asking = self._asking[topic] = asyncio.ensure_future(self._ask_partitions(topic))
+        return known[0] if known is not None else await asyncio.shield(asking)
+
+    async def _ask_partitions(self, topic: str) -> int | None:
         try:
-            md = await asyncio.to_thread(client.list_topics, topic, REQUEST_TIMEOUT_S)
-            meta = md.topics.get(topic)
-            count = len(meta.partitions) if meta is not None and meta.error is None else 0
-        except KafkaException:
+            client = self._client
             count = 0
-        if not count:
+            if client is not None:
+                try:
+                    md = await asyncio.to_thread(client.list_topics, topic, REQUEST_TIMEOUT_S)
+                    meta = md.topics.get(topic)
+                    count = len(meta.partitions) if meta is not None and meta.error is None else 0
+                except KafkaException:
+                    pass
+            if count:
+                self._partitions[topic] = (count, time.monotonic())
+            known = self._partitions.get(topic)
             return known[0] if known is not None else None
-        self._partitions[topic] = (count, now)
-        return count
+        finally:
+            self._asking.pop(topic, None)
 
     async def flush(self) -> None:
         """Return once every value queued so far is acknowledged (or has failed). Awaits the
