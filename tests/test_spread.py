@@ -6,16 +6,14 @@ larger than the specs' 8 partitions."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 import uuid
 
 import pytest
 
 from streamrl import metrics
-from streamrl.bench.scale import topic_spread
 from streamrl.bus import Bus, Message, StageLoop, TopicPartition
+from streamrl.cli import main as cli
 from streamrl.config import BusConfig, ConfigError
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import ROLLOUTS, Trajectory
@@ -23,7 +21,7 @@ from streamrl.reward.stage import RewardStage, same_partition
 from streamrl.rollout.worker import prompt_position
 from streamrl.runtime import Runtime
 from streamrl.testing import memory_bus
-from tests.helpers import ROOT, last_json_line, rewarded_from, traj
+from tests.helpers import last_json_line, rewarded_from, traj
 
 
 def _position(partition: int, offset: int) -> Message:
@@ -69,36 +67,38 @@ def test_a_stage_places_its_outputs_by_spread_and_counts_the_records_it_committe
 
 
 @pytest.mark.e2e
-def test_the_main_job_spreads_rollouts_over_every_partition_and_the_reward_members_share_them(bootstrap, tmp_path):
-    prefix = f"spread{uuid.uuid4().hex[:8]}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", "--bootstrap-servers", bootstrap,
-         f"bus.topic_prefix={prefix}", f"run.out_dir={tmp_path}", "run.reward_members=2", "learner.versions=12",
-         "run.warm_start_steps=0"],  # what the policy learns does not matter here
-        cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = last_json_line(proc.stdout)
-    assert summary["ended"] == "done" and summary["versions"] == 12
-    bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix))
-    rollouts = asyncio.run(topic_spread(bus, "rollouts"))
-    rewarded = asyncio.run(topic_spread(bus, "rewarded"))
-    partitions = len(rollouts["per_partition"])
-    # every partition holds about an even share (main put every trajectory on one of 8)
-    assert rollouts["records"] >= 12 * 256
-    assert all(0.5 <= share <= 1.5 for share in rollouts["vs_even"]), rollouts["per_partition"]
+def test_the_main_job_spreads_rollouts_over_every_partition_and_the_reward_members_share_them(bootstrap, tmp_path,
+                                                                                              capsys):
+    """The main job (``streamrl run``, the embedded default's config) for 12 versions with two
+    reward members, as ``bench scale --pipeline`` runs it, then its topics read by partition."""
+    rc = cli(["bench", "scale", "--pipeline", "--bootstrap-servers", bootstrap, "--members", "2",
+              "--versions", "12", "--out", str(tmp_path),
+              "run.warm_start_steps=0"])  # what the policy learns does not matter here
+    assert rc == 0
+    (row,) = last_json_line(capsys.readouterr().out)["pipeline"]
+    assert row["versions"] == 12 and row["records"] >= 12 * 256
+    partitions = len(row["per_partition"])
+    # every partition of rollouts holds about an even share (main put every trajectory on one of 8)
+    assert all(0.5 <= share <= 1.5 for share in row["vs_even"]), row["per_partition"]
     # every version's trajectories span at least half of the partitions
-    assert all(span >= partitions / 2 for span in rollouts["version_span"].values()), rollouts["version_span"]
+    assert all(span >= partitions / 2 for span in row["version_span"].values()), row["version_span"]
     # a group stays whole on both topics (group-level reward hooks need it)
-    assert rollouts["split_groups"] == 0 and rewarded["split_groups"] == 0
-    assert all(n > 0 for n in rewarded["per_partition"]), rewarded["per_partition"]
+    assert row["split_groups"] == 0 and row["rewarded_split_groups"] == 0
+    assert all(n > 0 for n in row["rewarded_per_partition"]), row["rewarded_per_partition"]
     # each reward member scored 35-65 % of the records, as its commits counted them
-    members = summary["records_per_member"]["reward"]
+    members = row["per_member"]
     assert set(members) == {"reward-0", "reward-1"}
     scored = sum(members.values())
-    assert scored >= 0.9 * rollouts["records"]  # the counts the run read last, when the group had committed all
+    assert scored >= 0.9 * row["records"]  # the counts the run read last, when the group had committed all
     assert all(0.35 <= n / scored <= 0.65 for n in members.values()), members
-    assert summary["records_per_member"]["rollout"]["rollout-0"] > 0
-    assert "per member: " in proc.stderr and "reward " in proc.stderr.split("per member: ")[-1]
+    assert _positive(row["seconds_per_version"])
+    # the run's status line showed them too
+    (log,) = tmp_path.glob("scale-pipeline/*/run.log")
+    assert "per member: " in log.read_text() and "reward " in log.read_text().split("per member: ")[-1]
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
 
 
 def _config(bootstrap: str) -> PipelineConfig:

@@ -272,7 +272,8 @@ async def measure_pipeline(members: int, args: argparse.Namespace, bootstrap: st
     row = {"members": members, "versions": summary["versions"], "per_member": per_member,
            "member_share": [round(n / scored, 3) for n in per_member.values()] if scored else [],
            "seconds_per_version": await seconds_per_version(bus), **await topic_spread(bus, "rollouts"),
-           "rewarded_per_partition": (await topic_spread(bus, "rewarded"))["per_partition"]}
+           **{f"rewarded_{k}": v for k, v in (await topic_spread(bus, "rewarded")).items()
+              if k in ("per_partition", "split_groups")}}
     spv = row["seconds_per_version"]
     print(f"  {members} member(s): records per member {list(per_member.values())}, "
           f"{spv:.2f} s/version" if spv else "", f"rollouts per partition {row['per_partition']}",
