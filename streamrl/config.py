@@ -97,14 +97,20 @@ class TopicsConfig:
     policy: TopicConfig = field(default_factory=TopicConfig)
     deadletter: TopicConfig = field(default_factory=TopicConfig)
 
+    def validate(self) -> "TopicsConfig":
+        """A ``ConfigError`` naming the field of a negative count (``load_config`` calls it, so
+        a bad value fails at start)."""
+        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter"):
+            configured = getattr(self, name).partitions
+            if configured < 0:
+                raise ConfigError(f"config field 'topics.{name}.partitions': {configured}; a topic needs "
+                                  f"at least 1 partition (0: its spec's, in topics/{name}.json)")
+        return self
+
     def partitions(self, name: str, spec_partitions: int) -> int:
-        """Topic ``name``'s partitions: configured, else ``spec_partitions``; a ``ConfigError``
-        naming the field if the configured count is negative."""
-        configured = getattr(self, name).partitions
-        if configured < 0:
-            raise ConfigError(f"config field 'topics.{name}.partitions': {configured}; "
-                              f"a topic needs at least 1 partition (0: the spec's {spec_partitions})")
-        return configured or spec_partitions
+        """Topic ``name``'s partitions: configured, else ``spec_partitions``."""
+        self.validate()
+        return getattr(self, name).partitions or spec_partitions
 
 
 @dataclass

@@ -62,6 +62,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     with config_errors(f" in {path}" if path else ""):
         cfg = OmegaConf.to_object(merged)
     apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model)  # type: ignore[attr-defined]
+    cfg.topics.validate()  # type: ignore[attr-defined]
     return cfg  # type: ignore[return-value]
 
 

@@ -15,7 +15,7 @@ from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop, TopicPartition
 from streamrl.cli import main as cli
 from streamrl.config import BusConfig, ConfigError
-from streamrl.pipeline_config import PipelineConfig
+from streamrl.pipeline_config import PipelineConfig, load_config
 from streamrl.records import ROLLOUTS, Trajectory
 from streamrl.reward.stage import RewardStage, same_partition
 from streamrl.rollout.worker import prompt_position
@@ -111,7 +111,9 @@ def _config(bootstrap: str) -> PipelineConfig:
 
 
 def test_a_negative_partition_count_fails_naming_its_field(bootstrap):
-    cfg = _config(bootstrap)
+    with pytest.raises(ConfigError, match=r"topics\.rollouts\.partitions"):
+        load_config("local.yaml", ["topics.rollouts.partitions=-1"])
+    cfg = _config(bootstrap)  # set in code, not loaded: the topics are not created either
     cfg.topics.rollouts.partitions = -1
     with pytest.raises(ConfigError, match=r"topics\.rollouts\.partitions"):
         asyncio.run(Runtime(cfg).topics())
