@@ -24,8 +24,8 @@ from streamrl.errors import ConfigError
 
 T = TypeVar("T")
 
-__all__ = ["ConfigError", "BusConfig", "MetricsConfig", "RunConfig", "apply_override", "config_errors",
-           "load_section", "to_yaml"]
+__all__ = ["ConfigError", "BusConfig", "MetricsConfig", "RunConfig", "TopicsConfig", "apply_override",
+           "config_errors", "load_section", "to_yaml"]
 
 
 @dataclass
@@ -73,6 +73,44 @@ class BusConfig:
 
     def sasl_password(self) -> str | None:
         return os.environ.get(self.sasl_password_env) if self.sasl_mechanism else None
+
+
+@dataclass
+class TopicConfig:
+    """One topic as streamrl creates it, over its spec in ``topics/<name>.json``."""
+
+    # 0: the spec's (8 for prompts, rollouts and rewarded). A consumer group is as parallel as
+    # its topic's partitions: size it to the largest group you will run (README, "Sizing").
+    partitions: int = 0
+
+
+@dataclass
+class TopicsConfig:
+    """``topics.<name>.partitions``: the partitions streamrl creates each topic with (``streamrl
+    run``, every stage's start, ``streamrl topics create``, the Kubernetes topics job). A topic
+    that exists keeps its partitions: a count that differs is reported as drift, never applied
+    (Kafka cannot shrink a topic, and the embedded broker cannot grow one)."""
+
+    prompts: TopicConfig = field(default_factory=TopicConfig)
+    rollouts: TopicConfig = field(default_factory=TopicConfig)
+    rewarded: TopicConfig = field(default_factory=TopicConfig)
+    policy: TopicConfig = field(default_factory=TopicConfig)
+    deadletter: TopicConfig = field(default_factory=TopicConfig)
+
+    def validate(self) -> "TopicsConfig":
+        """A ``ConfigError`` naming the field of a negative count (``load_config`` calls it, so
+        a bad value fails at start)."""
+        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter"):
+            configured = getattr(self, name).partitions
+            if configured < 0:
+                raise ConfigError(f"config field 'topics.{name}.partitions': {configured}; a topic needs "
+                                  f"at least 1 partition (0: its spec's, in topics/{name}.json)")
+        return self
+
+    def partitions(self, name: str, spec_partitions: int) -> int:
+        """Topic ``name``'s partitions: configured, else ``spec_partitions``."""
+        self.validate()
+        return getattr(self, name).partitions or spec_partitions
 
 
 @dataclass

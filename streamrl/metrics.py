@@ -35,6 +35,9 @@ BUS_IN_FLIGHT = Gauge("streamrl_bus_in_flight_records", "Records taken but not y
                       ["stage"])
 BUS_COMMITS = Counter("streamrl_bus_commits_total", "Offset commits", ["stage"])
 BUS_COMMIT_ERRORS = Counter("streamrl_bus_commit_errors_total", "Failed offset commits", ["stage"])
+BUS_COMMITTED_RECORDS = Counter("streamrl_bus_committed_records_total",
+                                "Records this group member's commits moved its group past: its share of "
+                                "the group's work (an idle member stays at 0)", ["stage", "topic"])
 BUS_HANDLER_SECONDS = Histogram("streamrl_bus_handle_seconds", "Time from taking a record to its "
                                 "outputs being acknowledged", ["stage"],
                                 buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120))

@@ -117,6 +117,7 @@ class Observation:
     earlier: list[dict[str, int]] = field(default_factory=list)
     trained_base: int = 0
     started: float = field(default_factory=time.time)
+    members: "MemberRecords" = field(default_factory=lambda: MemberRecords())
 
     @property
     def latest_version(self) -> int:
@@ -180,12 +181,12 @@ class Observer:
         self.reward_group = reward_group
         self.obs = carried or Observation()
         self._reader = Reader(bus, [REWARDED, POLICY, DEADLETTER], "run")
-        self._counted = {t.name: [TopicPartition(bus.topic(t), p) for p in range(t.spec.partitions)]
-                         for t in (PROMPTS, ROLLOUTS)}
+        self._counted: dict[str, list[TopicPartition]] = {}  # prompts, rollouts: as the broker has them
         self._rollout_ends: dict[TopicPartition, int] = {}  # from the last poll
 
     async def start(self) -> None:
         await self._reader.start()
+        self._counted = {t.name: await self._reader.partitions_of(t) for t in (PROMPTS, ROLLOUTS)}
 
     async def stop(self) -> None:
         await self._reader.stop()
@@ -259,6 +260,75 @@ class Observer:
                 if end > (committed.get(tp) or 0)}
 
 
+class MemberRecords:
+    """Records per member of each consumer group: what each member's commits moved its group
+    past (``streamrl_bus_committed_records_total``, scraped from its metrics), so a member that
+    gets no work shows as 0. A member's count outlives it (the summary is made after the stages
+    stopped) and adds up across its restarts (a new process counts from 0 at a new address)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str, float]] = {}  # member -> (metrics URL, its count there)
+        self._before: dict[str, float] = {}  # member -> counts of its earlier processes
+        self._scraped_at = 0.0
+
+    def count(self, name: str) -> int:
+        return int(self._before.get(name, 0.0) + self._seen.get(name, ("", 0.0))[1])
+
+    def by_group(self) -> dict[str, dict[str, int]]:
+        """``{"reward": {"reward-0": 1702, "reward-1": 1626}, ...}``: member ``<group>-<n>`` or
+        ``<group>``, in the order of ``n``."""
+        groups: dict[str, dict[str, int]] = {}
+        for name in sorted(self._seen, key=_member_order):
+            groups.setdefault(_member_order(name)[0], {})[name] = self.count(name)
+        return groups
+
+    def text(self) -> str:
+        """``reward 1702/1626, rollout 208``: the status line's part."""
+        return ", ".join(f"{group} " + "/".join(str(n) for n in members.values())
+                         for group, members in self.by_group().items())
+
+    async def scrape(self, launcher: Launcher, force: bool = False) -> None:
+        """Every running stage's count (at most every ``EVERY_S`` unless ``force``)."""
+        now = time.monotonic()
+        if not force and now - self._scraped_at < self.EVERY_S:
+            return
+        self._scraped_at = now
+        for name in launcher.names():
+            url = launcher.returncode(name) is None and launcher.metrics_url(name)
+            if not url:
+                continue
+            try:
+                value = await asyncio.to_thread(_committed_records, url)
+            except Exception:  # starting, restarting, or busy: next time
+                continue
+            if value is None:
+                continue  # no group member (the feed)
+            last_url, last = self._seen.get(name, (url, 0.0))
+            if last_url != url:
+                self._before[name] = self._before.get(name, 0.0) + last
+            self._seen[name] = (url, value)
+
+
+def _committed_records(url: str) -> float | None:
+    """A stage's ``streamrl_bus_committed_records_total``, summed; None if it exports none."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=1.0) as reply:
+        text = reply.read().decode()
+    values = [smp.value for fam in text_string_to_metric_families(text) if fam.name == "streamrl_bus_committed_records"
+              for smp in fam.samples if smp.name.endswith("_total")]
+    return sum(values) if values else None
+
+
+def _member_order(name: str) -> tuple[str, int]:
+    group, _, n = name.rpartition("-")
+    return (group, int(n)) if group and n.isdigit() else (name, 0)
+
+
 def status_line(obs: Observation, target_versions: int, restarts: int = 0, note: str = "") -> str:
     last = obs.by_version.get(max(obs.by_version, default=-1))
     reward = f"{last.mean:.3f}" if last and last.records else "-"
@@ -269,6 +339,7 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
             f"rollouts {obs.rollouts} | rewarded {obs.rewarded} (lag {lag}) | trained {obs.trained} | "
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
             f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
+            + (f" | per member: {obs.members.text()}" if obs.members.text() else "")
             + (f" | {note}" if note else ""))
 
 
@@ -290,6 +361,7 @@ def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
         "deadletter_reasons": dict(obs.deadletters),
         **({"filtered_groups_by_version": {str(v): n for v, n in sorted(obs.filtered.items())}}
            if obs.filtered else {}),
+        "records_per_member": obs.members.by_group(),
         "seconds": round(time.time() - obs.started, 1),
         "plot": str(plot_path),
     }
@@ -463,6 +535,7 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
         now = time.monotonic()
         for event in await asyncio.to_thread(launcher.supervise, now):
             show(event)
+        await obs.members.scrape(launcher)
         if scaler is not None and unreachable_since is None:
             await resize_reward_group(observer, launcher, scaler, start_reward, now, show)
         current = (obs.prompts, obs.rollouts, obs.rewarded, obs.trained, sum(obs.deadletters.values()),

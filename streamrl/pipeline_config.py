@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from streamrl.archive.config import ArchiveConfig
-from streamrl.config import BusConfig, MetricsConfig, RunConfig, apply_override, config_errors
+from streamrl.config import BusConfig, MetricsConfig, RunConfig, TopicsConfig, apply_override, config_errors
 from streamrl.learner.config import VERL_PREFIXES, LearnerConfig, verl_overrides
 from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
                                     apply_verl_keys)
@@ -29,6 +29,7 @@ __all__ = ["PipelineConfig", "load_config"]
 @dataclass
 class PipelineConfig:
     bus: BusConfig = field(default_factory=BusConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     run: RunConfig = field(default_factory=RunConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
@@ -65,6 +66,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     with config_errors(f" in {path}" if path else ""):
         cfg = OmegaConf.to_object(merged)
     apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model)  # type: ignore[attr-defined]
+    cfg.topics.validate()  # type: ignore[attr-defined]
     return cfg  # type: ignore[return-value]
 
 

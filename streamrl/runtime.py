@@ -118,10 +118,10 @@ class Runtime:
 
     async def topics(self, create: bool = True) -> list["TopicState"]:
         """The pipeline's topics on the broker: created where missing (``create``), each
-        described with its drift from ``topics/*.json``."""
-        from streamrl.topics import ensure_topics
+        described with its drift from ``topics/*.json`` sized by ``topics.<name>.partitions``."""
+        from streamrl.topics import ensure_topics, sized_specs
 
-        return await ensure_topics(self.bus, create=create)
+        return await ensure_topics(self.bus, create=create, specs=sized_specs(self.cfg.topics))
 
     def serve_metrics(self) -> int:
         """Serve Prometheus metrics on ``metrics.port`` (0: a free one) and print where."""

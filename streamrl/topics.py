@@ -10,6 +10,7 @@ beside the record types (``streamrl.records``: ``PROMPTS``, ``ROLLOUTS``, ``REWA
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
@@ -90,6 +91,13 @@ def validator_for(name: str) -> Callable[[Any], Any]:
     return fastjsonschema.compile(load_specs()[name].schema)
 
 
+def sized_specs(topics: Any) -> dict[str, TopicSpec]:
+    """Every spec with the partitions of ``topics`` (a ``config.TopicsConfig``:
+    ``topics.<name>.partitions``, 0 keeping the spec's); a ``ConfigError`` names a bad count."""
+    return {name: dataclasses.replace(spec, partitions=topics.partitions(name, spec.partitions))
+            for name, spec in load_specs().items()}
+
+
 @dataclass
 class TopicState:
     """What the broker has for one spec, and how it differs."""
@@ -104,8 +112,9 @@ class TopicState:
 
 async def ensure_topics(bus, create: bool = True, specs: dict[str, TopicSpec] | None = None) -> list[TopicState]:
     """Create missing topics (when ``create``) and report drift on existing ones. Never deletes or
-    alters: a topic with fewer partitions than its spec is reported, not recreated. ``specs``:
-    short topic name -> spec (default: every spec in ``topics/``)."""
+    alters: a topic with fewer partitions than its spec is reported, not recreated, and one with
+    more is not shrunk. ``specs``: short topic name -> spec (default: every spec in ``topics/``;
+    ``sized_specs`` gives them the config's partitions)."""
     by_topic = {bus.topic(name): spec for name, spec in (load_specs() if specs is None else specs).items()}
     async with bus.admin() as admin:
         existing = await admin.list_topics()

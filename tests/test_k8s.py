@@ -351,10 +351,11 @@ def _pipeline_config(docs: list[dict], tmp_path: Path) -> Any:
     return load_config(path)
 
 
-def _partitions(name: str) -> int:
+def _partitions(cfg: Any, name: str) -> int:
+    """Topic ``name``'s partitions as the topics job creates it: the config's, else the spec's."""
     from streamrl.topics import load_specs
 
-    return load_specs()[name].partitions
+    return cfg.topics.partitions(name, load_specs()[name].partitions)
 
 
 def test_each_variant_has_at_most_one_autoscaler_and_it_owns_the_replicas():
@@ -380,7 +381,8 @@ def test_keda_scales_the_reward_group_on_its_lag(tmp_path):
     assert meta["consumerGroup"] == cfg.bus.group("reward", cfg.reward.group) == "streamrl-reward"
     assert meta["topic"] == cfg.bus.topic("rollouts")
     assert int(meta["lagThreshold"]) > 0
-    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= _partitions("rollouts")
+    # KEDA's maximum follows the config: every member it adds has a partition of its own
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] == _partitions(cfg, "rollouts")
     # the address comes from the target container's environment, as the stage's own does
     assert "bootstrapServers" not in meta
     assert _target_env(docs, spec["scaleTargetRef"]["name"])[meta["bootstrapServersFromEnv"]] \
@@ -417,12 +419,13 @@ def test_one_kafka_address_reaches_the_pods_and_the_scaledobject(tmp_path):
         assert env["metadata"]["name"] in refs, where
 
 
-def test_the_hpa_scales_the_reward_group_on_a_streamrl_metric():
+def test_the_hpa_scales_the_reward_group_on_a_streamrl_metric(tmp_path):
     docs = render("overlays/hpa")
     hpa = one(docs, "HorizontalPodAutoscaler", "streamrl-reward")
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "streamrl-reward"}
-    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= _partitions("rollouts")
+    cfg = _pipeline_config(docs, tmp_path)
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] == _partitions(cfg, "rollouts")
     metrics_src = (ROOT / "streamrl" / "metrics.py").read_text()
     for metric in hpa["spec"]["metrics"]:
         name = metric[metric["type"][0].lower() + metric["type"][1:]]["metric"]["name"]

@@ -115,3 +115,16 @@ def test_config_errors_name_the_field(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_topics_cli_sizes_the_topics_from_the_config_and_never_shrinks_them(bootstrap):
+    prefix = f"cli{os.getpid()}sized"
+    created = run_cli("topics", "create", "--bootstrap-servers", bootstrap, f"bus.topic_prefix={prefix}",
+                      "topics.rollouts.partitions=16")
+    assert created.returncode == 0, created.stderr
+    lines = {line.split()[0]: line for line in created.stdout.splitlines() if line.strip()}
+    assert "16/16 partitions" in lines[f"{prefix}.rollouts"] and "8/8 partitions" in lines[f"{prefix}.prompts"]
+    # the config back at the spec's 8: the 16 stay, reported as drift (exit 1), not shrunk
+    described = run_cli("topics", "describe", "--bootstrap-servers", bootstrap, f"bus.topic_prefix={prefix}")
+    assert described.returncode == 1
+    assert "DRIFT: partitions 16 > spec 8" in described.stdout

@@ -542,8 +542,8 @@ def main(args: argparse.Namespace) -> int:
         if name == "sync":
             continue
         key = name.replace(" + ", "_").replace(" ", "_")
-        for what, field in (("time", "seconds_to_target"), ("samples", "samples_to_target")):
-            mine, theirs = t[field], sync[field]
+        for what, figure in (("time", "seconds_to_target"), ("samples", "samples_to_target")):
+            mine, theirs = t[figure], sync[figure]
             # None where either side never reached the target, or synchronous training started there
             ratios[f"{what}_to_target_vs_sync_{key}"] = round(mine / theirs, 3) if mine is not None and theirs else None
     result = {"target": s.target, **ratios, "variants": table, "setup": asdict(s),

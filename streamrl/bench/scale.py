@@ -17,6 +17,16 @@ the ramp) take ``t[k1 + K] - t[k1]`` seconds; both ends sit at the same point of
 
 Last line of stdout: one JSON object with ``scale_2`` and ``scale_4`` (throughput with 2 and 4
 members over 1), the throughputs and their ratio to the bound.
+
+``--pipeline``: the reward group fed by the pipeline itself, not by a synthetic producer whose
+keys are spread evenly (issue 36: the real pipeline put every trajectory of a version on one
+partition, and one reward member scored everything). For each size, ``streamrl run`` (the main
+job, the embedded default's task) for ``--versions`` versions with that many reward members, on
+fresh topics of the bench's broker; then ``streamrl.rollouts`` is read back by partition. It
+reports the records each reward member committed (the run's summary, ``records_per_member``),
+the seconds per version (the learner's announcements, version 1 to the last), and the spread:
+records per partition against an even share, and the partitions each version's trajectories
+span. The last line is one JSON object, ``pipeline`` a row per size.
 """
 
 from __future__ import annotations
@@ -49,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-concurrency", type=int, default=8, help="requests in flight per member")
     parser.add_argument("--window-s", type=float, default=0.0, help="measured window (default 8 s, --quick 4 s)")
     parser.add_argument("--out", default="runs/bench", help="where the JSON, plot and logs go")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="the reward group fed by the real pipeline (streamrl run: feed, rollout worker, "
+                             "learner), not a synthetic producer: records per member, seconds per version")
+    parser.add_argument("--versions", type=int, default=0, help="--pipeline: versions per run (default 12, --quick 6)")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value",
+                        help="--pipeline: more overrides for each run (topics.rollouts.partitions=16)")
 
 
 def bound_per_s(members: int, concurrency: int, latency_s: float) -> float:
@@ -178,6 +194,124 @@ async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_
             "settle_s": settle_s}
 
 
+async def topic_spread(bus, topic: str = "rollouts") -> dict[str, Any]:
+    """``topic`` (rollouts or rewarded) read back by partition: records per partition, the
+    partitions each policy version's records span, and the groups found on more than one
+    partition (0: every group whole, as group-level reward hooks need)."""
+    import orjson
+
+    from streamrl.bus import Reader
+
+    per_partition: dict[int, int] = {}
+    by_version: dict[int, set[int]] = {}
+    homes: dict[str, set[int]] = {}
+    async with Reader(bus, [topic], "bench") as reader:
+        per_partition = {tp.partition: 0 for tp in reader.partitions}
+        ends = await reader.end_offsets()
+        async for batch in reader.read(stop=ends):
+            for msg in batch:
+                rec = orjson.loads(msg.value)
+                per_partition[msg.partition] += 1
+                by_version.setdefault(int(rec["policy_version"]), set()).add(msg.partition)
+                homes.setdefault(str(rec["group_id"]), set()).add(msg.partition)
+    total = sum(per_partition.values())
+    even = total / max(1, len(per_partition))
+    return {"records": total, "per_partition": [per_partition[p] for p in sorted(per_partition)],
+            "vs_even": [round(per_partition[p] / even, 2) for p in sorted(per_partition)] if total else [],
+            "version_span": {str(v): len(ps) for v, ps in sorted(by_version.items())},
+            "split_groups": sum(1 for ps in homes.values() if len(ps) > 1)}
+
+
+async def seconds_per_version(bus) -> float | None:
+    """Seconds between the learner's announcements of version 1 and of its last, per version
+    (the warm start and the first version's start-up left out)."""
+    from streamrl.bus import Reader
+    from streamrl.records import POLICY
+
+    announced: dict[int, float] = {}
+    async with Reader(bus, [POLICY], "bench") as reader:
+        async for batch in reader.read(stop=await reader.end_offsets()):
+            for msg in batch:
+                pv = POLICY.decode(msg.value)
+                announced.setdefault(pv.version, pv.created_at)
+    last = max(announced, default=0)
+    if last < 2 or 1 not in announced:
+        return None
+    return (announced[last] - announced[1]) / (last - 1)
+
+
+def run_pipeline(bootstrap: str, prefix: str, out: Path, overrides: list[str], timeout_s: float) -> dict[str, Any]:
+    """``streamrl run`` (the embedded default's config) on ``bootstrap`` with topics ``prefix``;
+    its summary (the last line of its stdout). Its stderr goes to ``out/run.log``."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "run.log", "w") as log:
+        proc = subprocess.run([sys.executable, "-m", "streamrl", "run", "local.yaml", "--bootstrap-servers", bootstrap,
+                               f"bus.topic_prefix={prefix}", f"run.out_dir={out}", "run.resume=never", *overrides],
+                              stdout=subprocess.PIPE, stderr=log, text=True, timeout=timeout_s)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"bench scale --pipeline: streamrl run exited {proc.returncode}; see {out / 'run.log'}")
+    return json.loads(lines[-1])
+
+
+async def measure_pipeline(members: int, args: argparse.Namespace, bootstrap: str, out: Path) -> dict[str, Any]:
+    """One reward group size through the whole pipeline: records per member, seconds per
+    version, and how the trajectories spread over ``rollouts``."""
+    from streamrl.bus import Bus
+    from streamrl.config import BusConfig
+
+    prefix = f"bench{uuid.uuid4().hex[:8]}"
+    overrides = [f"run.reward_members={members}", f"learner.versions={args.versions}", *args.overrides]
+    summary = await asyncio.to_thread(run_pipeline, bootstrap, prefix, out / "scale-pipeline" / prefix,
+                                      overrides, 900.0)
+    bus = Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix))
+    per_member = summary.get("records_per_member", {}).get("reward", {})
+    scored = sum(per_member.values())
+    row = {"members": members, "versions": summary["versions"], "per_member": per_member,
+           "member_share": [round(n / scored, 3) for n in per_member.values()] if scored else [],
+           "seconds_per_version": await seconds_per_version(bus), **await topic_spread(bus, "rollouts"),
+           **{f"rewarded_{k}": v for k, v in (await topic_spread(bus, "rewarded")).items()
+              if k in ("per_partition", "split_groups")}}
+    spv = row["seconds_per_version"]
+    print(f"  {members} member(s): records per member {list(per_member.values())}, "
+          f"{spv:.2f} s/version" if spv else "", f"rollouts per partition {row['per_partition']}",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def pipeline_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as BENCHMARKS.md shows them."""
+    lines = [f"{'members':>7s} {'s/version':>9s} {'records per member':28s} {'rollouts per partition (x even)':s}"]
+    for r in rows:
+        spv = f"{r['seconds_per_version']:.2f}" if r["seconds_per_version"] else "-"
+        lines.append(f"{r['members']:7d} {spv:>9s} {' / '.join(map(str, r['per_member'].values())):28s} "
+                     f"{min(r['vs_even'], default=0):.2f}-{max(r['vs_even'], default=0):.2f}, "
+                     f"versions span {min(r['version_span'].values(), default=0)}-"
+                     f"{max(r['version_span'].values(), default=0)} of {len(r['per_partition'])}")
+    return "\n".join(lines)
+
+
+def main_pipeline(args: argparse.Namespace, sizes: list[int]) -> int:
+    from streamrl.pipeline_config import PipelineConfig
+    from streamrl.runtime import broker_for
+
+    cfg = PipelineConfig()
+    cfg.bus.bootstrap_servers = args.bootstrap_servers
+    out = Path(args.out)
+    started = time.monotonic()
+    print(f"bench scale --pipeline: reward members {sizes}, {args.versions} versions each", file=sys.stderr, flush=True)
+    with broker_for(cfg) as bootstrap:
+        rows = [asyncio.run(measure_pipeline(m, args, bootstrap, out)) for m in sizes]
+    print(pipeline_table(rows))
+    result = {"pipeline": rows, "versions": args.versions, "overrides": args.overrides,
+              "seconds": round(time.monotonic() - started, 1)}
+    (out / "scale-pipeline.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
 
@@ -204,6 +338,11 @@ def main(args: argparse.Namespace) -> int:
     sizes = [int(m) for m in args.members.split(",") if m.strip()]
     if not sizes or min(sizes) < 1:
         raise SystemExit("streamrl bench scale: --members wants sizes >= 1, e.g. 1,2,4")
+    if args.pipeline:
+        args.versions = args.versions or (6 if args.quick else 12)
+        return main_pipeline(args, sizes)
+    if args.overrides:
+        raise SystemExit("streamrl bench scale: key=value overrides are for --pipeline runs")
     window_s = args.window_s or (4.0 if args.quick else 8.0)
     out = Path(args.out)
     cfg = PipelineConfig()

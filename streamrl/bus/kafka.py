@@ -181,6 +181,8 @@ class KafkaProducer:
     POLL_INTERVAL_S = 0.001
     #: How often librdkafka's error and log callbacks are served when nothing waits.
     IDLE_POLL_S = 0.1
+    #: How long a topic's partition count is trusted (``partition_count``).
+    PARTITIONS_TTL_S = 60.0
 
     def __init__(self, config: BusConfig, *, max_request_bytes: int,
                  on_delivery: DeliveryCallback | None = None, **overrides: Any):
@@ -192,6 +194,8 @@ class KafkaProducer:
         self._reports: list[tuple[asyncio.Future, KafkaError | None, Any, str, int]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_busy = False
+        self._partitions: dict[str, tuple[int, float]] = {}  # topic -> (partitions, asked at)
+        self._asking: dict[str, asyncio.Future] = {}  # topic -> the metadata request in flight
 
     async def start(self) -> "KafkaProducer":
         self._loop = asyncio.get_running_loop()
@@ -260,8 +264,9 @@ class KafkaProducer:
 
     # -- the event loop's side ---------------------------------------------------------------
     async def send(self, topic: str, value: bytes, key: bytes | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        """Queue ``value`` on ``topic`` (full name). Returns a future of its ``Delivery``."""
+                   headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> asyncio.Future:
+        """Queue ``value`` on ``topic`` (full name), on ``partition`` if given (else where the
+        partitioner puts its key). Returns a future of its ``Delivery``."""
         client = self._client
         if client is None:
             raise RuntimeError("send() before start()")
@@ -272,7 +277,10 @@ class KafkaProducer:
 
         while True:
             try:
-                client.produce(topic, value, key, headers=headers, on_delivery=delivered)
+                if partition is None:
+                    client.produce(topic, value, key, headers=headers, on_delivery=delivered)
+                else:
+                    client.produce(topic, value, key, partition, headers=headers, on_delivery=delivered)
                 break
             except BufferError:  # librdkafka's queue is full: serve reports, wait for acknowledgements
                 self._poll()
@@ -283,6 +291,37 @@ class KafkaProducer:
         self._poll()
         self._arm(True)
         return fut
+
+    async def partition_count(self, topic: str) -> int | None:
+        """How many partitions ``topic`` (full name) has; None if the broker does not say (no
+        such topic yet: the partitioner places the record). Asked once, then again in the
+        background every ``PARTITIONS_TTL_S`` (a topic grown on Kafka is used in full after
+        that) while sends go on with the count known; concurrent first sends share one request."""
+        known = self._partitions.get(topic)
+        if known is not None and time.monotonic() - known[1] < self.PARTITIONS_TTL_S:
+            return known[0]
+        asking = self._asking.get(topic)
+        if asking is None:
+            asking = self._asking[topic] = asyncio.ensure_future(self._ask_partitions(topic))
+        return known[0] if known is not None else await asyncio.shield(asking)
+
+    async def _ask_partitions(self, topic: str) -> int | None:
+        try:
+            client = self._client
+            count = 0
+            if client is not None:
+                try:
+                    md = await asyncio.to_thread(client.list_topics, topic, REQUEST_TIMEOUT_S)
+                    meta = md.topics.get(topic)
+                    count = len(meta.partitions) if meta is not None and meta.error is None else 0
+                except KafkaException:
+                    pass
+            if count:
+                self._partitions[topic] = (count, time.monotonic())
+            known = self._partitions.get(topic)
+            return known[0] if known is not None else None
+        finally:
+            self._asking.pop(topic, None)
 
     async def flush(self) -> None:
         """Return once every value queued so far is acknowledged (or has failed). Awaits the

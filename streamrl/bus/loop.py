@@ -24,6 +24,8 @@ R = TypeVar("R")
 
 #: A stage's work on one record: its outputs, each sent to its type's topic.
 Handler = Callable[[R, Message], Awaitable[Iterable[_Record]]]
+#: Where a record's outputs go: outputs given the same number share a partition (``Producer.send``).
+Spread = Callable[[Message], int]
 
 
 class StageLoop(Generic[R]):
@@ -36,7 +38,9 @@ class StageLoop(Generic[R]):
     to its type's topic) or raises ``Failure``. A record is finished when its
     outputs (or its dead letter) are acknowledged; every ``commit_interval_s`` a ``Checkpoint``
     commits up to the lowest unfinished one. While ``max_in_flight`` records are unfinished the
-    loop stops fetching (back-pressure) but keeps the group membership alive. On ``stop()``:
+    loop stops fetching (back-pressure) but keeps the group membership alive. ``spread(message)``
+    (if given) picks the partition of a record's outputs (``Producer.send``); else their key's
+    hash does. On ``stop()``:
     stop fetching, let in-flight records finish for up to ``drain_timeout_s``, then checkpoint
     and leave the group. Unfinished records are redelivered to whoever takes over.
     Build it inside a running event loop (the Kafka clients bind to it).
@@ -46,8 +50,10 @@ class StageLoop(Generic[R]):
                  handle: Handler, decode: Callable[[bytes], R] | None = None, max_in_flight: int = 64,
                  drain_timeout_s: float = 30.0, producer: Producer | None = None,
                  on_assign: PartitionsCallback | None = None,
-                 on_revoke: PartitionsCallback | None = None, on_commit: OnCommit | None = None):
+                 on_revoke: PartitionsCallback | None = None, on_commit: OnCommit | None = None,
+                 spread: Spread | None = None):
         self.bus, self.stage, self.group = bus, stage, group
+        self.spread = spread
         if decode is None:
             if not isinstance(source, Topic):
                 raise TypeError("StageLoop: give decode, or a source Topic whose records it decodes")
@@ -133,7 +139,8 @@ class StageLoop(Generic[R]):
                         reason=failure.reason, detail=failure.detail, message=msg,
                         record_id=getattr(record, "id", None))])
                 else:
-                    await self._send_until_acked(lambda: [self.producer.send(out) for out in outputs])
+                    spread = self.spread(msg) if self.spread is not None else None
+                    await self._send_until_acked(lambda: [self.producer.send(out, spread=spread) for out in outputs])
         except asyncio.CancelledError:
             return  # shutting down: not finished, so not committed; it will be redelivered
         except Exception as exc:  # noqa: BLE001 - a bug in a handler must not lose the record

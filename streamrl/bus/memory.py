@@ -72,12 +72,15 @@ class MemoryBroker:
         return topic.logs[tp.partition]
 
     def append(self, topic: str, value: bytes, key: bytes | None,
-               headers: Sequence[tuple[str, bytes]] | None) -> MemoryDelivery:
+               headers: Sequence[tuple[str, bytes]] | None, partition: int | None = None) -> MemoryDelivery:
         t = self.topics.get(topic)
         if t is None:
             raise LookupError(f"topic {topic!r} does not exist on {SCHEME}{self.name}")
         n = len(t.logs)
-        partition = zlib.crc32(key) % n if key is not None else next(t.next_partition) % n
+        if partition is not None and not 0 <= partition < n:
+            raise LookupError(f"no partition {topic}[{partition}] on {SCHEME}{self.name}")
+        if partition is None:
+            partition = zlib.crc32(key) % n if key is not None else next(t.next_partition) % n
         log = t.logs[partition]
         log.append(Message(topic, partition, len(log), int(time.time() * 1000), key, value,
                                  tuple(headers or ())))
@@ -135,13 +138,17 @@ class MemoryProducer:
         await self.flush()
 
     async def send(self, topic: str, value: bytes, key: bytes | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
-        delivery = self.broker.append(topic, value, key, headers)
+                   headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> asyncio.Future:
+        delivery = self.broker.append(topic, value, key, headers, partition)
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(delivery)
         if self.on_delivery is not None:
             fut.add_done_callback(lambda f, n=len(value): self.on_delivery(topic, n, None))  # type: ignore[misc]
         return fut
+
+    async def partition_count(self, topic: str) -> int | None:
+        t = self.broker.topics.get(topic)
+        return len(t.logs) if t is not None else None
 
     async def flush(self) -> None:
         await asyncio.sleep(0)  # the delivery callbacks run

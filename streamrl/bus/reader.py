@@ -53,6 +53,10 @@ class Reader:
             self.partitions = [tp for topic in self.topics for tp in await self._consumer.partitions(topic)]
         return self
 
+    async def partitions_of(self, topic: Topic | str) -> list[TopicPartition]:
+        """Every partition of ``topic`` (any topic, not only those read), as the broker has them."""
+        return sorted(await self._consumer.partitions(self.bus.topic(topic)))
+
     async def stop(self) -> None:
         if self._side is not None:
             await self._side.stop()

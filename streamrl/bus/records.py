@@ -131,16 +131,24 @@ class Producer:
         await self.stop()
 
     async def send(self, record: _Record, *, topic: Topic | str | None = None,
-                   key: bytes | None = None) -> asyncio.Future:
+                   key: bytes | None = None, spread: int | None = None) -> asyncio.Future:
         """Queue ``record`` on its type's topic (``topic``: another one, as replay publishes
-        rewarded records to a topic of the user's). Returns a future of its ``Delivery``."""
+        rewarded records to a topic of the user's). Returns a future of its ``Delivery``.
+
+        ``spread``: records given the same number land on one partition, ``spread`` modulo the
+        topic's partitions (a stage spreads its outputs by where their input was read:
+        ``StageLoop``'s ``spread``); None: where the key's hash puts them."""
         name = self.bus.topic(topic if topic is not None else topic_of(record))
         try:
             value = record.encode(record.size_limit(self.bus.config.max_record_bytes))
         except Exception as exc:
             self._delivered(name, 0, exc)
             raise
-        return await self._send(name, value, record.key if key is None else key)
+        partition = None
+        if spread is not None:
+            count = await self._transport.partition_count(name)
+            partition = spread % count if count else None
+        return await self._send(name, value, record.key if key is None else key, partition=partition)
 
     async def send_bytes(self, topic: Topic | str, value: bytes, key: bytes | None = None,
                          headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
@@ -154,9 +162,9 @@ class Producer:
         return await self._send(name, value, key, headers)
 
     async def _send(self, name: str, value: bytes, key: bytes | None,
-                    headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future:
+                    headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> asyncio.Future:
         try:
-            return await self._transport.send(name, value, key, headers)
+            return await self._transport.send(name, value, key, headers, partition)
         except Exception as exc:
             self._delivered(name, len(value), exc)
             raise
@@ -178,8 +186,8 @@ class Producer:
             self.on_delivery(short, error)
 
     async def send_and_wait(self, record: _Record, *, topic: Topic | str | None = None,
-                            key: bytes | None = None) -> Delivery:
-        return await (await self.send(record, topic=topic, key=key))
+                            key: bytes | None = None, spread: int | None = None) -> Delivery:
+        return await (await self.send(record, topic=topic, key=key, spread=spread))
 
     async def send_all(self, records: Iterable[_Record], *, topic: Topic | str | None = None,
                        window: int = 1000) -> int:
@@ -229,8 +237,12 @@ class Consumer:
                  from_beginning: bool = True, **overrides: Any):
         self.bus, self.stage, self.group = bus, stage, group
         self.topics = [bus.topic(t) for t in topics]
+        self._on_revoked = on_revoked
         self.transport = bus._byte_consumer(self.topics, group, on_assigned=on_assigned,
-                                            on_revoked=on_revoked, from_beginning=from_beginning, **overrides)
+                                            on_revoked=self._revoked, from_beginning=from_beginning, **overrides)
+        #: per partition held: where this member's last commit (or, before one, its first record)
+        #: was, so each commit counts the records it moved the group past (``_count_committed``)
+        self._counted_from: dict[TopicPartition, int] = {}
         self._probe: asyncio.Task | None = None
         self._last_probe = 0.0
 
@@ -238,6 +250,9 @@ class Consumer:
         """Connect; subscribe to ``topics`` (join the group) unless ``subscribe`` is False (then
         partitions are read only once ``assign``-ed)."""
         await self.transport.start(subscribe)
+        if self.group is not None and self.stage:
+            for topic in self.topics:  # exported at 0 from the start: a member that gets no work shows
+                metrics.BUS_COMMITTED_RECORDS.labels(self.stage, topic)
         return self
 
     async def stop(self) -> None:
@@ -257,7 +272,33 @@ class Consumer:
             for topic, n in by_topic.items():
                 metrics.BUS_CONSUMED.labels(self.stage, topic).inc(n)
             self.check_broker()
+            if self.group is not None:
+                counted_from = self._counted_from
+                for m in msgs:
+                    if (m.topic, m.partition) not in counted_from:
+                        counted_from[TopicPartition(m.topic, m.partition)] = m.offset
         return msgs
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        """The stage's own callback (it commits what is finished), then forget the partitions:
+        if they come back, their count starts from where the group is then."""
+        try:
+            if self._on_revoked is not None:
+                result = self._on_revoked(revoked)
+                if asyncio.iscoroutine(result):
+                    await result
+        finally:
+            for tp in revoked:
+                self._counted_from.pop(tp, None)
+
+    def _count_committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """``streamrl_bus_committed_records_total``: how far a commit moved this member's
+        partitions, so ``streamrl run`` shows each member's share of its group's work."""
+        for tp, offset in offsets.items():
+            start = self._counted_from.get(tp)
+            if start is not None and offset > start:
+                metrics.BUS_COMMITTED_RECORDS.labels(self.stage, tp.topic).inc(offset - start)
+            self._counted_from[tp] = offset
 
     async def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
         """Commit ``offsets`` (the next offset to read, per partition). False if the group has
@@ -275,6 +316,8 @@ class Consumer:
             return False
         metrics.BUS_COMMITS.labels(self.stage).inc()
         metrics.BUS_BROKER_REACHABLE.labels(self.stage, "consumer").set(1)
+        if self.stage:
+            self._count_committed(offsets)
         return True
 
     # -- positions and metadata: the transport's ------------------------------------------------

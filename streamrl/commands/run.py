@@ -383,6 +383,8 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
         await asyncio.to_thread(launcher.stop_all)
         return
     names = launcher.names()
+    members = observer.obs.members  # each member's last count, before it stops: the summary's
+    await bounded(members.scrape(launcher, force=True), 10)
     await asyncio.to_thread(launcher.stop_all, None, [n for n in names if n == "feed" or n.startswith("rollout-")])
     rewards = [n for n in names if n.startswith("reward-")]
     deadline = time.monotonic() + cfg.run.drain_timeout_s
@@ -394,6 +396,8 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
         if lag is None or lag <= 0:
             break
         await asyncio.to_thread(launcher.supervise)  # a reward member that crashes now is restarted
+    await asyncio.sleep(0.5)  # the members count a commit just after the broker has it
+    await bounded(members.scrape(launcher, force=True), 10)
     await asyncio.to_thread(launcher.stop_all, None, rewards)
     await asyncio.to_thread(launcher.stop_all)
 

@@ -33,6 +33,13 @@ class RewardSections(Protocol):
     reward: RewardConfig
 
 
+def same_partition(msg: Message) -> int:
+    """A rewarded record goes to its trajectory's partition number (modulo ``rewarded``'s): a
+    group stays whole (its trajectories share a rollouts partition), and ``rewarded`` is spread
+    as ``rollouts`` is (``rollout.worker.prompt_position`` says why not the key's hash)."""
+    return msg.partition
+
+
 class RewardStage:
     """Build with a config (the scorer table is checked here: a bad config raises
     ``ConfigError`` before anything connects), then ``await run(stop_event)``."""
@@ -63,7 +70,7 @@ class RewardStage:
             self.loop = StageLoop(
                 self.bus, stage=STAGE, source=ROLLOUTS, group=self.group, handle=self.handle, max_in_flight=self.rc.max_in_flight,
                 drain_timeout_s=self.rc.drain_timeout_s,
-                on_assign=self._assigned, on_revoke=self._revoked)
+                on_assign=self._assigned, on_revoke=self._revoked, spread=same_partition)
             task = asyncio.create_task(self.loop.run())
             if stop is not None:
                 stopper = asyncio.create_task(stop.wait())

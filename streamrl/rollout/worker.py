@@ -54,6 +54,21 @@ class RolloutSections(Protocol):
 _RETRY_MAX_S = 30.0
 
 
+def prompt_position(msg: Message) -> int:
+    """Where a prompt's group goes on ``rollouts``: its partition plus its offset on ``prompts``,
+    modulo the partitions of ``rollouts`` (``Producer.send``'s ``spread``).
+
+    Why not the key's hash, as Kafka's default partitioner would: every trajectory of a prompt
+    then landed on the partition number its prompt came from, and librdkafka hands a worker one
+    prompts partition's backlog at a time, so a version's trajectories all sat on one rollouts
+    partition and one reward member scored everything (issue 36). Consecutive prompts of a
+    partition go round the rollouts partitions instead, whatever order a worker reads in: even
+    to a group, and every version spans them all. A group stays whole (one prompt, one
+    partition), and a prompt read again (a worker restarted before committing it) sends its
+    group where it went the first time. The Kafka key stays the ``group_id``."""
+    return msg.partition + msg.offset
+
+
 class RolloutWorker:
     name: ClassVar[str] = STAGE
 
@@ -80,7 +95,7 @@ class RolloutWorker:
         self.producer = bus.producer(STAGE, on_delivery=self._delivered)
         self.group = cfg.group or bus.topic(STAGE)
         self.loop = StageLoop(bus, stage=STAGE, source=PROMPTS, group=self.group, handle=self.handle,
-                              max_in_flight=cfg.max_in_flight, producer=self.producer)
+                              max_in_flight=cfg.max_in_flight, producer=self.producer, spread=prompt_position)
         self._loaded_offset = -1  # policy-topic offset of the version in use (-1: the startup weights)
         self.lineage: str | None = None  # the training line of the weights in use
         self._load_lock = asyncio.Lock()
