@@ -51,6 +51,13 @@ def batch(seed: int, n: int = 8, long: int = 0) -> list[Sample]:
     return out
 
 
+def safetensors_names(directory: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
 def local_state_bytes(trainer: Trainer) -> int:
     from streamrl.learner.distributed import local_bytes
 
@@ -91,6 +98,10 @@ def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
     mp.spawn(_rank, args=(2, free_port(), str(tmp_path), str(ckpt1)), nprocs=2, join=True)
     out = json.loads((tmp_path / "out.json").read_text())
 
+    # the published file is the same whatever the rank count (issue 40: 2 ranks wrote a second
+    # copy of the tied embedding as lm_head.weight)
+    assert safetensors_names(tmp_path / "resumed") == safetensors_names(ckpt1 / "policy")
+    assert "lm_head.weight" not in safetensors_names(tmp_path / "resumed")
     resumed = load_policy(str(tmp_path / "resumed"))[0].state_dict()
     for name, value in one.model.state_dict().items():  # 1 -> 2 ranks: the same weights
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)

@@ -510,12 +510,14 @@ def decode_samples(data: bytes) -> list[Sample]:
 
 def follow(cfg: LearnerConfig) -> int:
     """A rank other than 0: build the trainer when rank 0 says from which checkpoint, then run
-    what it sends until it says stop. SIGTERM is ignored (the launcher sends it to every rank
-    at a stop; rank 0 drains and checkpoints, which needs this rank, then says stop); a dead
-    rank 0 fails the next collective and ends this process."""
+    what it sends until it says stop. SIGTERM and SIGINT are ignored (the launcher passes
+    SIGTERM to every rank at a stop, a terminal's Ctrl-C reaches every process of its group;
+    rank 0 drains and checkpoints, which needs this rank, then says stop); a dead rank 0 fails
+    the next collective and ends this process."""
     from streamrl.learner import distributed
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     group = distributed.init(cfg)
     assert group is not None and not group.leader
     channel = distributed.Channel()
