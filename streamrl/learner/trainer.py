@@ -49,15 +49,16 @@ class Sample:
 
 @dataclass
 class _Batch:
-    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded
-    attention_mask: torch.Tensor  # [B, L]
+    """One forward pass's tensors. Padded: ``input_ids`` ``[B, L]`` right-padded, ``positions``
+    index each row. Packed (``packed`` set): ``input_ids`` ``[1, T]``, the B sequences end to end,
+    ``positions`` index that one row. Log-probs come out ``[B, R]`` either way."""
+
+    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded; packed: [1, T]
+    attention_mask: torch.Tensor | None  # [B, L]; packed: None
     positions: torch.Tensor  # [B, R] index of the logits that predict response token j
     response_ids: torch.Tensor  # [B, R]
     mask: torch.Tensor  # [B, R] float: 1 for tokens to train on
-
-    def rows(self, sl: slice) -> "_Batch":
-        return _Batch(*(t[sl] for t in (self.input_ids, self.attention_mask, self.positions,
-                                         self.response_ids, self.mask)))
+    packed: dict[str, Any] | None = None  # packed: the forward's keywords (packing.forward_kwargs)
 
 
 class Trainer:
@@ -100,6 +101,7 @@ class Trainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.packed = cfg.use_remove_padding and self._enable_packing()
         self.sharded = self.group is not None
         if self.sharded:
             distributed.shard(self.model, cfg)
@@ -113,6 +115,19 @@ class Trainer:
         if resume:
             self.load_checkpoint(resume)
 
+    def _enable_packing(self) -> bool:
+        """Padding-free micro-batches where the model (and the KL reference) can pack (checked
+        before sharding, so every rank decides alike on its own copy)."""
+        from streamrl.learner import packing
+
+        models = [self.model] + ([self.reference] if self.reference is not None else [])
+        if not all(packing.enable(m) for m in models):
+            for m in models:  # both or neither: one plan serves the two
+                if m.config._attn_implementation == packing.ATTENTION:
+                    m.set_attn_implementation("sdpa")
+            return False
+        return True
+
     def _lead(self, op: str, payload: Any) -> None:
         """Rank 0 of a group: have the other ranks join the collective call that follows
         (``payload``: bytes, or a function making them, called on rank 0 only)."""
@@ -122,7 +137,35 @@ class Trainer:
             Channel().send(op, payload() if callable(payload) else payload)
 
     # -- tensors ------------------------------------------------------------------------------
-    def _collate(self, samples: Sequence[Sample]) -> _Batch:
+    def _collate(self, samples: Sequence[Sample], packed: bool = False) -> _Batch:
+        """The tensors of one forward pass (``packed``: one row without padding)."""
+        return self._collate_packed(samples) if packed else self._collate_padded(samples)
+
+    def _collate_packed(self, samples: Sequence[Sample]) -> _Batch:
+        from streamrl.learner import packing
+
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        max_resp = max(max(len(s.response_ids) for s in samples), 1)
+        B = len(samples)
+        positions = torch.zeros((B, max_resp), dtype=torch.long)
+        response = torch.zeros((B, max_resp), dtype=torch.long)
+        mask = torch.zeros((B, max_resp), dtype=torch.float32)
+        pieces, start = [], 0
+        for i, s in enumerate(samples):
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            _check_prompt(s)
+            resp_ids = _tensor(s.response_ids, np.int64)
+            pieces += [_tensor(s.prompt_ids, np.int64), resp_ids]
+            positions[i, :r] = torch.arange(start + p - 1, start + p - 1 + r)
+            response[i, :r] = resp_ids
+            mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
+            start += p + r
+        dev = self.device
+        pos_ids, cu, longest = packing.layout(lengths, dev)
+        return _Batch(torch.cat(pieces).unsqueeze(0).to(dev), None, positions.to(dev), response.to(dev),
+                      mask.to(dev), packed=packing.forward_kwargs(self.model, pos_ids, cu, longest))
+
+    def _collate_padded(self, samples: Sequence[Sample]) -> _Batch:
         pad = self.tokenizer.pad_token_id or 0
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         max_len, max_resp = max(lengths), max(max(len(s.response_ids) for s in samples), 1)
@@ -134,9 +177,7 @@ class Trainer:
         mask = torch.zeros((B, max_resp), dtype=torch.float32)
         for i, s in enumerate(samples):
             p, r = len(s.prompt_ids), len(s.response_ids)
-            if p == 0:
-                raise ValueError(f"record {s.id}: empty prompt_ids (the first response token "
-                                 "needs a prompt token to be predicted from)")
+            _check_prompt(s)
             resp_ids = _tensor(s.response_ids, np.int64)
             input_ids[i, :p] = _tensor(s.prompt_ids, np.int64)
             input_ids[i, p:p + r] = resp_ids
@@ -156,6 +197,9 @@ class Trainer:
         if chunk:
             return self._forward_chunked(model, batch, entropy, chunk)
         self.forward_tokens.append(int(batch.input_ids.numel()))
+        if batch.packed is not None:
+            logits = model(input_ids=batch.input_ids, **batch.packed).logits[0][batch.positions].float()
+            return self._token_stats(logits, batch.response_ids, entropy)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         V = logits.shape[-1]
         logits = logits.gather(1, batch.positions.unsqueeze(-1).expand(-1, -1, V)).float()
@@ -203,7 +247,7 @@ class Trainer:
         budget = cfg.max_tokens_per_micro_batch
         plans = []
         for share in shares:
-            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size)
+            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size, packed=self.packed)
             plans.append([(tuple(share[j] for j in mb.indices), mb.chunks) for mb in mbs])
         if cfg.gradient_checkpointing:  # HF turns the KV cache off under checkpointing: one pass
             plans = [[(idx, 1) for idx, _ in plan] for plan in plans]
@@ -214,6 +258,11 @@ class Trainer:
         out = [[samples[i] for i in idx] for idx, _ in mine] + [[dummy]] * (units - len(mine))
         chunks = [budget if c > 1 else 0 for _, c in mine] + [0] * (units - len(mine))
         return out, chunks, chunked
+
+    def _collate_units(self, groups: list[list[Sample]], chunks: list[int]) -> list[_Batch]:
+        """Each unit's tensors: packed when the trainer packs, except a chunked sequence (one
+        sequence, no padding either way; its passes keep a KV cache, which packing has not)."""
+        return [self._collate(g, packed=self.packed and not c) for g, c in zip(groups, chunks)]
 
     def _dummy(self) -> Sample:
         """A sequence that trains nothing (mask 0): runs the collectives of a pass on a rank
@@ -249,7 +298,7 @@ class Trainer:
         self.model.eval()
         try:
             units, chunks, _ = self._plan(samples)
-            lps = self._unit_logprobs(self.model, [self._collate(u) for u in units], chunks)
+            lps = self._unit_logprobs(self.model, self._collate_units(units, chunks), chunks)
         finally:
             self.model.train(was_training)
         found = {s.id: lp[i].cpu().numpy() for u, lp in zip(units, lps) for i, s in enumerate(u)}
@@ -293,7 +342,7 @@ class Trainer:
         groups, chunks, local = self._plan(samples)
         if local:
             groups, chunks = groups + [[self._dummy()]], chunks + [0]
-        units = [self._collate(g) for g in groups]
+        units = self._collate_units(groups, chunks)
         advs = [torch.tensor([adv_of.get(s.id, 0.0) for s in g], device=self.device) for g in groups]
         current = None
         if cfg.decoupled or any(s.behaviour_logprobs is None for s in samples):
@@ -542,6 +591,12 @@ def follow(cfg: LearnerConfig) -> int:
 
     dist.destroy_process_group()
     return 0
+
+
+def _check_prompt(s: Sample) -> None:
+    if len(s.prompt_ids) == 0:
+        raise ValueError(f"record {s.id}: empty prompt_ids (the first response token "
+                         "needs a prompt token to be predicted from)")
 
 
 def _tensor(values: np.ndarray, dtype) -> torch.Tensor:
