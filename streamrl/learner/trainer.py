@@ -59,6 +59,7 @@ class _Batch:
     response_ids: torch.Tensor  # [B, R]
     mask: torch.Tensor  # [B, R] float: 1 for tokens to train on
     packed: dict[str, Any] | None = None  # packed: the forward's keywords (packing.forward_kwargs)
+    valid: torch.Tensor | None = None  # packed: [B, R] bool, True for j < len(response)
 
 
 class Trainer:
@@ -150,6 +151,7 @@ class Trainer:
         positions = torch.zeros((B, max_resp), dtype=torch.long)
         response = torch.zeros((B, max_resp), dtype=torch.long)
         mask = torch.zeros((B, max_resp), dtype=torch.float32)
+        valid = torch.zeros((B, max_resp), dtype=torch.bool)
         pieces, start = [], 0
         for i, s in enumerate(samples):
             p, r = len(s.prompt_ids), len(s.response_ids)
@@ -157,13 +159,15 @@ class Trainer:
             resp_ids = _tensor(s.response_ids, np.int64)
             pieces += [_tensor(s.prompt_ids, np.int64), resp_ids]
             positions[i, :r] = torch.arange(start + p - 1, start + p - 1 + r)
+            valid[i, :r] = True
             response[i, :r] = resp_ids
             mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
             start += p + r
         dev = self.device
         pos_ids, cu, longest = packing.layout(lengths, dev)
         return _Batch(torch.cat(pieces).unsqueeze(0).to(dev), None, positions.to(dev), response.to(dev),
-                      mask.to(dev), packed=packing.forward_kwargs(self.model, pos_ids, cu, longest))
+                      mask.to(dev), packed=packing.forward_kwargs(self.model, pos_ids, cu, longest),
+                      valid=valid.to(dev))
 
     def _collate_padded(self, samples: Sequence[Sample]) -> _Batch:
         pad = self.tokenizer.pad_token_id or 0
@@ -197,9 +201,13 @@ class Trainer:
         if chunk:
             return self._forward_chunked(model, batch, entropy, chunk)
         self.forward_tokens.append(int(batch.input_ids.numel()))
-        if batch.packed is not None:
-            logits = model(input_ids=batch.input_ids, **batch.packed).logits[0][batch.positions].float()
-            return self._token_stats(logits, batch.response_ids, entropy)
+        if batch.packed is not None:  # the stats of real response tokens only, then placed in [B, R]
+            valid = batch.valid
+            logits = model(input_ids=batch.input_ids, **batch.packed).logits[0]
+            logp, ent = self._token_stats(logits[batch.positions[valid]].float(), batch.response_ids[valid], entropy)
+            where = tuple(valid.nonzero().T)
+            zeros = torch.zeros(valid.shape, device=logp.device, dtype=logp.dtype)
+            return zeros.index_put(where, logp), None if ent is None else zeros.index_put(where, ent)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         V = logits.shape[-1]
         logits = logits.gather(1, batch.positions.unsqueeze(-1).expand(-1, -1, V)).float()
@@ -207,11 +215,15 @@ class Trainer:
 
     def _token_stats(self, logits: torch.Tensor, targets: torch.Tensor,
                      entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of ``targets`` and the entropies (a metric only, without a graph, unless
+        ``entropy_coeff`` puts them in the loss)."""
         if self.cfg.temperature != 1.0:
             logits = logits / self.cfg.temperature
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-        ent = losses.entropy_from_logits(logits) if entropy else None
-        return logp, ent
+        if not entropy:
+            return logp, None
+        with contextlib.nullcontext() if self.cfg.entropy_coeff else torch.no_grad():
+            return logp, losses.entropy_from_logits(logits)
 
     def _forward_chunked(self, model: Any, batch: _Batch, entropy: bool,
                          chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
