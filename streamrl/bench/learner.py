@@ -21,7 +21,9 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 HELP = "the learner's step against a bare PyTorch loop, padded and packed (ratios, one run)"
 
@@ -48,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="learner.dtype (bfloat16 on GPUs)")
     parser.add_argument("--steps", type=int, default=0, help="measured steps (0: 3, --quick 2), after one warm-up")
     parser.add_argument("--json", default="", help="also write the summary to this file")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="cpu: this process's CPU time (with --threads 1, what a machine shared with "
+                             "other work still measures fairly); wall: elapsed time")
 
 
 def measure(name: str, args: argparse.Namespace, steps: int, workdir: Path) -> dict[str, float]:
@@ -222,8 +227,6 @@ def _bare_cfg(args: argparse.Namespace, packed: bool):
 def _path_run(args: argparse.Namespace, policy: str, packed: bool, batches: list) -> dict:
     """The learner and bare on one path (padded or packed), alternating on each mini-batch so
     that load on the machine hits both alike; the first mini-batch warms up."""
-    import statistics
-
     from streamrl.bench.bare import BareGRPO
     from streamrl.learner.trainer import Trainer
 
@@ -235,16 +238,23 @@ def _path_run(args: argparse.Namespace, policy: str, packed: bool, batches: list
     bare = BareGRPO(model, args.device, lr=cfg.lr, weight_decay=cfg.weight_decay, packed=packed,
                     max_tokens=cfg.max_tokens_per_micro_batch, micro_batch_size=cfg.micro_batch_size,
                     clip=cfg.clip_ratio_low, clip_c=cfg.clip_ratio_c, grad_clip=cfg.grad_clip)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
+    def timed(fn: Any, samples: list) -> tuple[float, Any]:
+        started = clock()
+        result = fn(samples)
+        _sync(args.device)
+        return clock() - started, result
+
     learner_s, bare_s, errors, forward = [], [], [], 0
     for k, samples in enumerate(batches):
         if k % 2:  # which goes first alternates: a burst of load does not always hit the same one
-            seconds, loss = bare.step(samples)
-        out = trainer.step(samples)
-        _sync(args.device)
+            b, (_, loss) = timed(bare.step, samples)
+        t, out = timed(trainer.step, samples)
         if not k % 2:
-            seconds, loss = bare.step(samples)
-        learner_s.append(out["step_seconds"])
-        bare_s.append(seconds)
+            b, (_, loss) = timed(bare.step, samples)
+        learner_s.append(t)
+        bare_s.append(b)
         errors.append(abs(loss - out["loss"]) / max(abs(out["loss"]), 1e-8))
         forward = sum(trainer.forward_tokens)
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[-1])
@@ -283,7 +293,8 @@ def versus_bare(args: argparse.Namespace) -> int:
             print(f"{path:6s} learner {r['learner_step_s']:.3f} s/step ({r['learner_tokens_per_s']:.0f} tok/s), "
                   f"bare {r['bare_step_s']:.3f} s/step ({r['bare_tokens_per_s']:.0f} tok/s): learner/bare "
                   f"{r['learner_over_bare']:.3f}x, loss rel. error {r['loss_rel_error']:.1e}", file=sys.stderr, flush=True)
-    summary: dict = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "model": name,
+    summary: dict = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "clock": args.clock,
+                     "model": name,
                      "sequences": args.sequences, "prompt_tokens": args.prompt_tokens,
                      "responses": [args.response_min, args.response_max], "max_tokens": args.max_tokens,
                      "micro_batch_size": args.micro_batch_size, "steps": steps, "paths": results}
