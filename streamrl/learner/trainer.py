@@ -58,8 +58,8 @@ class _Batch:
     positions: torch.Tensor  # [B, R] index of the logits that predict response token j
     response_ids: torch.Tensor  # [B, R]
     mask: torch.Tensor  # [B, R] float: 1 for tokens to train on
+    valid: torch.Tensor  # [B, R] bool: True for j < len(response)
     packed: dict[str, Any] | None = None  # packed: the forward's keywords (packing.forward_kwargs)
-    valid: torch.Tensor | None = None  # packed: [B, R] bool, True for j < len(response)
 
 
 class Trainer:
@@ -166,8 +166,7 @@ class Trainer:
         dev = self.device
         pos_ids, cu, longest = packing.layout(lengths, dev)
         return _Batch(torch.cat(pieces).unsqueeze(0).to(dev), None, positions.to(dev), response.to(dev),
-                      mask.to(dev), packed=packing.forward_kwargs(self.model, pos_ids, cu, longest),
-                      valid=valid.to(dev))
+                      mask.to(dev), valid.to(dev), packed=packing.forward_kwargs(self.model, pos_ids, cu, longest))
 
     def _collate_padded(self, samples: Sequence[Sample]) -> _Batch:
         pad = self.tokenizer.pad_token_id or 0
@@ -179,6 +178,7 @@ class Trainer:
         positions = torch.zeros((B, max_resp), dtype=torch.long)
         response = torch.full((B, max_resp), pad, dtype=torch.long)
         mask = torch.zeros((B, max_resp), dtype=torch.float32)
+        valid = torch.zeros((B, max_resp), dtype=torch.bool)
         for i, s in enumerate(samples):
             p, r = len(s.prompt_ids), len(s.response_ids)
             _check_prompt(s)
@@ -187,10 +187,12 @@ class Trainer:
             input_ids[i, p:p + r] = resp_ids
             attention[i, :p + r] = 1
             positions[i, :r] = torch.arange(p - 1, p - 1 + r)
+            valid[i, :r] = True
             response[i, :r] = resp_ids
             mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
         dev = self.device
-        return _Batch(input_ids.to(dev), attention.to(dev), positions.to(dev), response.to(dev), mask.to(dev))
+        return _Batch(input_ids.to(dev), attention.to(dev), positions.to(dev), response.to(dev), mask.to(dev),
+                      valid.to(dev))
 
     def _forward(self, model: Any, batch: _Batch, entropy: bool,
                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -201,17 +203,16 @@ class Trainer:
         if chunk:
             return self._forward_chunked(model, batch, entropy, chunk)
         self.forward_tokens.append(int(batch.input_ids.numel()))
-        if batch.packed is not None:  # the stats of real response tokens only, then placed in [B, R]
-            valid = batch.valid
-            logits = model(input_ids=batch.input_ids, **batch.packed).logits[0]
-            logp, ent = self._token_stats(logits[batch.positions[valid]].float(), batch.response_ids[valid], entropy)
-            where = tuple(valid.nonzero().T)
-            zeros = torch.zeros(valid.shape, device=logp.device, dtype=logp.dtype)
-            return zeros.index_put(where, logp), None if ent is None else zeros.index_put(where, ent)
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        V = logits.shape[-1]
-        logits = logits.gather(1, batch.positions.unsqueeze(-1).expand(-1, -1, V)).float()
-        return self._token_stats(logits, batch.response_ids, entropy)
+        if batch.packed is not None:
+            logits = model(input_ids=batch.input_ids, **batch.packed).logits
+        else:
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        # the stats of the real response tokens only (not of [B, R]'s padding), placed in [B, R]
+        where = batch.valid.nonzero(as_tuple=True)
+        rows = torch.zeros_like(where[0]) if batch.packed is not None else where[0]
+        logp, ent = self._token_stats(logits[rows, batch.positions[where]].float(), batch.response_ids[where], entropy)
+        zeros = torch.zeros(batch.valid.shape, device=logp.device, dtype=logp.dtype)
+        return zeros.index_put(where, logp), None if ent is None else zeros.index_put(where, ent)
 
     def _token_stats(self, logits: torch.Tensor, targets: torch.Tensor,
                      entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
