@@ -28,6 +28,29 @@ from typing import Any
 HELP = "the learner's step against a bare PyTorch loop, padded and packed (ratios, one run)"
 
 MODELS = {"tiny": (64, 2), "mini": (128, 4), "small": (512, 8)}  # hidden size, layers
+#: Qwen2.5-0.5B's shape (494M parameters, its 151,936-token vocabulary), random weights from the
+#: config: what ``make gpu-check`` trains, no download
+QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                rope_theta=1e6, tie_word_embeddings=True)
+
+
+def build_policy(name: str, directory: Path, device: str = "cpu") -> str:
+    """A random-weight Qwen2-shaped policy saved in Hugging Face layout (byte tokenizer: the
+    bench's token ids stay below 256, inside any of these vocabularies)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from streamrl.policy import byte_tokenizer, save_policy, tiny_model
+
+    tok = byte_tokenizer()
+    if name != "qwen0.5b":
+        hidden, layers = MODELS[name]
+        return str(save_policy(tiny_model(len(tok), hidden_size=hidden, layers=layers), tok, directory))
+    torch.manual_seed(0)
+    with torch.device(device):  # initialising 0.5B parameters is minutes on a CPU, seconds on a GPU
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN_05B))
+    return str(save_policy(model.to(torch.bfloat16), tok, directory))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--nproc", default="", help="rank counts to compare, e.g. 1,2 (FSDP2); empty: tiny vs small")
-    parser.add_argument("--model", default="", choices=["", *sorted(MODELS)],
+    parser.add_argument("--model", default="", choices=["", *sorted(MODELS), "qwen0.5b"],
                         help="the model (default: small for --nproc, mini against bare)")
     parser.add_argument("--models", action="store_true", help="tiny vs small: cost per 1k response tokens")
     parser.add_argument("--response-min", type=int, default=32, help="shortest response (against bare)")
@@ -50,6 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="learner.dtype (bfloat16 on GPUs)")
     parser.add_argument("--steps", type=int, default=0, help="measured steps (0: 3, --quick 2), after one warm-up")
     parser.add_argument("--json", default="", help="also write the summary to this file")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="against bare: the learner as FSDP2 on one rank (a torch.distributed group of 1)")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="cpu: this process's CPU time (with --threads 1, what a machine shared with "
                              "other work still measures fairly); wall: elapsed time")
@@ -227,15 +252,23 @@ def _bare_cfg(args: argparse.Namespace, packed: bool):
 def _path_run(args: argparse.Namespace, policy: str, packed: bool, batches: list) -> dict:
     """The learner and bare on one path (padded or packed), alternating on each mini-batch so
     that load on the machine hits both alike; the first mini-batch warms up."""
+    import torch
+
     from streamrl.bench.bare import BareGRPO
     from streamrl.learner.trainer import Trainer
+
+    from streamrl.learner import packing
+    from streamrl.policy import load_policy
 
     cfg = _bare_cfg(args, packed)
     trainer = Trainer(cfg, policy=policy)
     if packed and not trainer.packed:
         raise SystemExit("bench learner: this model cannot pack (see the warning above)")
-    model = Trainer(cfg, policy=policy).model  # the same weights, its own copy (packing enabled alike)
-    bare = BareGRPO(model, args.device, lr=cfg.lr, weight_decay=cfg.weight_decay, packed=packed,
+    model = load_policy(policy, device=str(trainer.device), dtype=cfg.dtype)[0]  # the same weights, plain
+    model.to(dtype=getattr(torch, cfg.dtype))
+    if packed:
+        packing.enable(model)
+    bare = BareGRPO(model, str(trainer.device), lr=cfg.lr, weight_decay=cfg.weight_decay, packed=packed,
                     max_tokens=cfg.max_tokens_per_micro_batch, micro_batch_size=cfg.micro_batch_size,
                     clip=cfg.clip_ratio_low, clip_c=cfg.clip_ratio_c, grad_clip=cfg.grad_clip)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -265,6 +298,17 @@ def _path_run(args: argparse.Namespace, policy: str, packed: bool, batches: list
             "forward_tokens_last_step": forward, "tokens_last_step": tokens}
 
 
+def _one_rank_group() -> None:
+    """Make this process rank 0 of 1 (what torch's launcher would set), so that the learner's
+    ``Trainer`` joins a group and shards its model with FSDP2."""
+    import os
+
+    from streamrl.net import free_port
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -276,25 +320,27 @@ def versus_bare(args: argparse.Namespace) -> int:
     """Learner vs bare, padded and packed, on the same RL-shaped mini-batches, in one run."""
     import torch
 
-    from streamrl.policy import byte_tokenizer, save_policy, tiny_model
-
     torch.set_num_threads(args.threads)
     name = args.model or "mini"
-    hidden, layers = MODELS[name]
     steps = args.steps or (2 if args.quick else 3)
     batches = [rl_samples(args, seed) for seed in range(steps + 1)]
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     results: dict[str, dict] = {}
+    if args.fsdp:
+        _one_rank_group()
     with tempfile.TemporaryDirectory() as tmp:
-        tok = byte_tokenizer()
-        policy = str(save_policy(tiny_model(len(tok), hidden_size=hidden, layers=layers), tok, Path(tmp) / name))
+        policy = build_policy(name, Path(tmp) / name, args.device)
         for path in paths:
             r = results[path] = _path_run(args, policy, path == "packed", batches)
             print(f"{path:6s} learner {r['learner_step_s']:.3f} s/step ({r['learner_tokens_per_s']:.0f} tok/s), "
                   f"bare {r['bare_step_s']:.3f} s/step ({r['bare_tokens_per_s']:.0f} tok/s): learner/bare "
                   f"{r['learner_over_bare']:.3f}x, loss rel. error {r['loss_rel_error']:.1e}", file=sys.stderr, flush=True)
+    if args.fsdp:
+        from streamrl.learner import distributed
+
+        distributed.finish()
     summary: dict = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "clock": args.clock,
-                     "model": name,
+                     "model": name, "fsdp_ranks": 1 if args.fsdp else 0,
                      "sequences": args.sequences, "prompt_tokens": args.prompt_tokens,
                      "responses": [args.response_min, args.response_max], "max_tokens": args.max_tokens,
                      "micro_batch_size": args.micro_batch_size, "steps": steps, "paths": results}
