@@ -166,6 +166,24 @@ def test_packed_micro_batches_match_padded(tmp_path, budget):
     assert sum(packed.forward_tokens) < sum(padded.forward_tokens)
 
 
+def test_a_model_that_cannot_pack_trains_padded(tmp_path, monkeypatch):
+    """Packing is checked, not assumed: a model outside transformers' attention interface, or one
+    whose packed forward differs from its padded one, trains padded with its own attention."""
+    from transformers import Qwen2ForCausalLM
+
+    from streamrl.learner import packing
+
+    with monkeypatch.context() as m:
+        m.setattr(Qwen2ForCausalLM, "_supports_attention_backend", False)
+        trainer = Trainer(cfg(tmp_path))
+    assert not trainer.packed and trainer.model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(packing, "_compare", lambda model: (False, "differs"))
+    trainer = Trainer(cfg(tmp_path, kl_coef=0.1))
+    assert not trainer.packed
+    assert {trainer.model.config._attn_implementation, trainer.reference.config._attn_implementation} == {"sdpa"}
+    assert trainer.step(batch(4))["tokens"] > 0
+
+
 def test_micro_batch_plans_balance_tokens():
     lengths = [4096, 30, 900, 500, 500, 100, 100, 20]
     parts = microbatch.balance(lengths, 2)

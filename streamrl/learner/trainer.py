@@ -122,10 +122,10 @@ class Trainer:
         from streamrl.learner import packing
 
         models = [self.model] + ([self.reference] if self.reference is not None else [])
+        before = [m.config._attn_implementation for m in models]
         if not all(packing.enable(m) for m in models):
-            for m in models:  # both or neither: one plan serves the two
-                if m.config._attn_implementation == packing.ATTENTION:
-                    m.set_attn_implementation("sdpa")
+            for m, impl in zip(models, before):  # both or neither: one plan serves the two
+                m.set_attn_implementation(impl)
             return False
         return True
 
