@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # constraints.txt pins torch to the CPU build where the machine has it (see the file).
 PIP_INSTALL := $(BIN)/pip install -q -c constraints.txt
 
-.PHONY: run test bench-bus clean
+.PHONY: run test bench-bus gpu-check clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,14 @@ test: $(BIN)/.installed
 
 bench-bus: $(BIN)/.installed
 	$(BIN)/streamrl bench bus
+
+# The learner (FSDP2, bf16, ~0.5B Qwen2 shape, padded and packed, against a bare loop) and the
+# reward model's batching on one GPU, offline, in under 8 minutes: tools/gpu_check.py (its header
+# says how to download WHEELS). `make gpu-check DEVICE=cpu` tests the script without a GPU.
+DEVICE ?= cuda
+WHEELS ?=
+gpu-check:
+	$(PYTHON) tools/gpu_check.py --device $(DEVICE) $(if $(WHEELS),--wheels $(WHEELS))
 
 clean:
 	rm -rf $(VENV)

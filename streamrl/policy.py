@@ -70,6 +70,16 @@ def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: in
     return model.to(device).eval(), tokenizer
 
 
+def without_tied_copies(model: Any, state_dict: dict) -> dict:
+    """``state_dict`` without the names under which ``model`` holds a parameter a second time
+    (``lm_head.weight`` of a tied embedding). A state dict gathered from FSDP2 shards has a
+    separate tensor per name, so ``save_pretrained`` cannot see the tie and would write the
+    weight twice: the file would depend on the rank count that wrote it."""
+    first = {name for name, _ in model.named_parameters()}  # one name per parameter
+    aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - first
+    return {k: v for k, v in state_dict.items() if k not in aliases}
+
+
 def save_policy(model: Any, tokenizer: Any, directory: str | Path, state_dict: dict | None = None) -> Path:
     """Write weights (safetensors), config and tokenizer to ``directory``, atomically: into a
     sibling temporary directory, then renamed, so a reader never sees half a version.
@@ -80,6 +90,8 @@ def save_policy(model: Any, tokenizer: Any, directory: str | Path, state_dict: d
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    if state_dict is not None:
+        state_dict = without_tied_copies(model, state_dict)
     model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     if directory.exists():

@@ -51,6 +51,13 @@ def batch(seed: int, n: int = 8, long: int = 0) -> list[Sample]:
     return out
 
 
+def safetensors_names(directory: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
 def local_state_bytes(trainer: Trainer) -> int:
     from streamrl.learner.distributed import local_bytes
 
@@ -73,17 +80,21 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
         return
     trainer = Trainer(c, resume=resume)
     trainer.save_weights(Path(tmp) / "resumed")  # gathered from the two ranks' shards
-    losses = [trainer.step(parity_batch(seed))["loss"] for seed in range(1, STEPS + 1)]
+    assert trainer.packed  # the two ranks pack; the one-rank run they are compared with pads
+    outs = [trainer.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
     memory = local_state_bytes(trainer)
     (Path(tmp) / "ckpt2").mkdir()
     trainer.write_checkpoint(Path(tmp) / "ckpt2")
-    (Path(tmp) / "out.json").write_text(json.dumps({"losses": losses, "memory": memory}))
+    (Path(tmp) / "out.json").write_text(json.dumps({"losses": [o["loss"] for o in outs], "memory": memory,
+                                                    "grad_norms": [o["grad_norm"] for o in outs]}))
     distributed.finish()
 
 
 def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
+    """Two FSDP2 ranks, packed (the default), against one process, padded: the same losses,
+    gradient norms and weights, and checkpoints that cross rank counts."""
     torch.manual_seed(0)
-    one = Trainer(cfg(tmp_path, **PARITY))
+    one = Trainer(cfg(tmp_path, use_remove_padding=False, **PARITY))
     one.step(batch(0))
     ckpt1 = tmp_path / "ckpt1"
     ckpt1.mkdir()
@@ -91,15 +102,21 @@ def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
     mp.spawn(_rank, args=(2, free_port(), str(tmp_path), str(ckpt1)), nprocs=2, join=True)
     out = json.loads((tmp_path / "out.json").read_text())
 
+    # the published file is the same whatever the rank count (issue 40: 2 ranks wrote a second
+    # copy of the tied embedding as lm_head.weight)
+    assert safetensors_names(tmp_path / "resumed") == safetensors_names(ckpt1 / "policy")
+    assert "lm_head.weight" not in safetensors_names(tmp_path / "resumed")
     resumed = load_policy(str(tmp_path / "resumed"))[0].state_dict()
     for name, value in one.model.state_dict().items():  # 1 -> 2 ranks: the same weights
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
     memory_one = local_state_bytes(one)
-    expected = [one.step(parity_batch(seed))["loss"] for seed in range(1, STEPS + 1)]
-    for got, want in zip(out["losses"], expected):
+    expected = [one.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
+    for got, want in zip(out["losses"], [e["loss"] for e in expected]):
         assert abs(got - want) <= 1e-5 * max(abs(want), 1e-3), (out["losses"], expected)
+    for got, want in zip(out["grad_norms"], [e["grad_norm"] for e in expected]):
+        assert abs(got - want) <= 1e-5 * want, (out["grad_norms"], expected)
     # 2 ranks -> 1: the sharded checkpoint's weights and AdamW moments are the 1-rank run's
-    back = Trainer(cfg(tmp_path, **PARITY), resume=str(tmp_path / "ckpt2"))
+    back = Trainer(cfg(tmp_path, use_remove_padding=False, **PARITY), resume=str(tmp_path / "ckpt2"))
     for (name, value), p in zip(one.model.state_dict().items(), back.model.state_dict().values()):
         torch.testing.assert_close(p, value, rtol=1e-5, atol=1e-5, msg=name)
     for p_one, p_back in zip(one.model.parameters(), back.model.parameters()):
@@ -122,6 +139,51 @@ def test_token_budget_never_exceeded_and_exact(tmp_path):
             torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-6, msg=f"{mode} {name}")
 
 
+@pytest.mark.parametrize("budget", [0, 96])
+def test_packed_micro_batches_match_padded(tmp_path, budget):
+    """Padding-free micro-batches (issue 40) on mixed lengths (2 to 190 tokens, one longer than
+    the budget, run in chunks): log-probs, loss and gradients are the padded path's to 1e-5
+    relative in fp32, with the proximal (decoupled) and KL-reference passes packed too, and
+    every pass holds real tokens only, within the budget."""
+    samples = batch(5, n=10, long=190)
+    kw = dict(decoupled=True, kl_coef=0.1, max_tokens_per_micro_batch=budget)
+    padded = Trainer(cfg(tmp_path, use_remove_padding=False, **kw))
+    packed = Trainer(cfg(tmp_path, **kw))
+    assert packed.packed and not padded.packed
+    for a, b in zip(padded.logprobs(samples), packed.logprobs(samples)):
+        torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-5)
+    a, b = padded.step(samples), packed.step(samples)
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
+    for (name, pa), pb in zip(padded.model.named_parameters(), packed.model.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-5 * float(pa.grad.abs().max()), msg=name)
+    lengths = sorted(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    passes = len(packed.forward_tokens) // 3  # proximal, reference, then the update
+    if budget:
+        assert max(packed.forward_tokens) <= budget
+        assert sum(packed.forward_tokens[:passes]) == sum(lengths) + 2  # real tokens, + the 2-token unit closing chunks
+    else:
+        assert sum(packed.forward_tokens[:passes]) == sum(lengths)
+    assert sum(packed.forward_tokens) < sum(padded.forward_tokens)
+
+
+def test_a_model_that_cannot_pack_trains_padded(tmp_path, monkeypatch):
+    """Packing is checked, not assumed: a model outside transformers' attention interface, or one
+    whose packed forward differs from its padded one, trains padded with its own attention."""
+    from transformers import Qwen2ForCausalLM
+
+    from streamrl.learner import packing
+
+    with monkeypatch.context() as m:
+        m.setattr(Qwen2ForCausalLM, "_supports_attention_backend", False)
+        trainer = Trainer(cfg(tmp_path))
+    assert not trainer.packed and trainer.model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(packing, "_compare", lambda model: (False, "differs"))
+    trainer = Trainer(cfg(tmp_path, kl_coef=0.1))
+    assert not trainer.packed
+    assert {trainer.model.config._attn_implementation, trainer.reference.config._attn_implementation} == {"sdpa"}
+    assert trainer.step(batch(4))["tokens"] > 0
+
+
 def test_micro_batch_plans_balance_tokens():
     lengths = [4096, 30, 900, 500, 500, 100, 100, 20]
     parts = microbatch.balance(lengths, 2)
@@ -133,6 +195,12 @@ def test_micro_batch_plans_balance_tokens():
     assert all(microbatch.forward_tokens(lengths, mb, 1000) <= 1000 for mb in mbs)
     assert sorted(i for mb in mbs for i in mb.indices) == list(range(len(lengths)))
     assert [mb.chunks for mb in mbs if 0 in mb.indices] == [5]
+    packed = microbatch.split(lengths, 1000, packed=True)  # real tokens, balanced, longest first
+    assert sorted(i for mb in packed for i in mb.indices) == list(range(len(lengths)))
+    sizes = [microbatch.forward_tokens(lengths, mb, 1000, packed=True) for mb in packed if mb.chunks == 1]
+    assert max(sizes) <= 1000 and len(sizes) == 3 and sum(sizes) == sum(lengths) - 4096, sizes
+    padded = [microbatch.forward_tokens(lengths, mb, 1000) for mb in mbs if mb.chunks == 1]
+    assert sum(sizes) < sum(padded)  # padding is gone
 
 
 def test_memory_limit_refuses_at_start(tmp_path):

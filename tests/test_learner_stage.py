@@ -329,14 +329,21 @@ def test_staleness_bound_holds_over_random_version_mixes(memory_bus, tmp_path, m
         assert dropped > 0  # the random mix did contain stale groups
 
 
-def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path):
+@pytest.mark.parametrize("nproc,sig", [(1, signal.SIGTERM), (2, signal.SIGTERM), (2, signal.SIGINT)],
+                         ids=["1-rank-sigterm", "2-ranks-sigterm", "2-ranks-ctrl-c"])
+def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path, nproc, sig):
+    """SIGTERM (to the learner) or Ctrl-C (SIGINT to its whole process group, as a terminal sends
+    it) is a clean stop on any rank count: exit 0, no traceback, a checkpoint whose weights file
+    is the same whatever the rank count (no second copy of the tied embedding), and no warning
+    about a second learner when the learner itself leaves the group (issue 40)."""
     asyncio.run(publish(bus, group("c", size=2, rewards=[1.0, 0.0])))
     cmd = [sys.executable, "-m", "streamrl", "learner", "--bootstrap-servers", bus_config.bootstrap_servers,
            f"bus.topic_prefix={bus_config.topic_prefix}", "learner.lr=0.001",
            "learner.groups_per_mini_batch=1", "learner.mini_batches_per_version=2",
            f"learner.checkpoint_dir={tmp_path / 'ckpt'}", f"learner.weights_dir={tmp_path / 'w'}",
-           "metrics.host=127.0.0.1", "learner.end_with_data=false"]  # its records are the test's, not a feed's
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+           "metrics.host=127.0.0.1", "learner.end_with_data=false",  # its records are the test's, not a feed's
+           f"learner.parallel.nproc={nproc}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         port = int(next(m for m in (re.search(r"metrics: http://[\d.]+:(\d+)/", line) for line in proc.stdout)
@@ -353,16 +360,27 @@ def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path
             trained = float(m.group(1)) if m else 0.0
         assert trained == 2, "the learner did not train the group"
         assert "streamrl_learner_staleness_seconds_bucket" in text
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # a terminal's Ctrl-C reaches every process of the group
+        else:
+            proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, out
     assert "learner: stopped, version 0" in out
-    state = checkpoint.load_state(checkpoint.latest(tmp_path / "ckpt"))
+    assert "Traceback" not in out and "SignalException" not in out, out
+    assert "partitions revoked" not in out and "second learner" not in out, out
+    latest = checkpoint.latest(tmp_path / "ckpt")
+    state = checkpoint.load_state(latest)
     assert state.version == 0 and state.mini_batches == 1 and state.trained_records == 2
+    from safetensors import safe_open
+
+    with safe_open(str(latest / "policy" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied: one copy
 
 
 def test_restart_from_an_older_checkpoint_starts_a_new_line_and_drops_the_abandoned_one(memory_bus, tmp_path):
@@ -503,3 +521,21 @@ def test_a_stream_of_flat_groups_waits_with_a_named_reason_and_resumes(memory_bu
     assert pols[-1].metrics["filtered_groups"] == 2.0
     dls = letters(asyncio.run(read_topic(memory_bus, "deadletter", 4)))
     assert sorted(d.record_id for d in dls if d.reason == "filtered") == ["f1-0", "f1-1", "f2-0", "f2-1"]
+
+
+def test_partitions_revoked_warns_of_a_second_learner_only_while_running(memory_bus, tmp_path, caplog):
+    """A rebalance while the learner runs is worth a warning (another member in its group); the
+    revocation of its own leaving is not (issue 40: every clean exit cried wolf)."""
+    from streamrl.bus import TopicPartition
+
+    learner = Learner(memory_bus, learner_cfg(tmp_path))
+    revoked = {TopicPartition("rewarded", 0)}
+    with caplog.at_level("WARNING", logger="streamrl.learner.stage"):
+        learner._revoked(revoked)
+        assert "is a second learner in group" in caplog.text
+        caplog.clear()
+        stop = asyncio.Event()
+        stop.set()
+        asyncio.run(learner.run(stop=stop))  # starts, stops at once, leaves its group
+        learner._revoked(revoked)  # what the consumer's leaving calls
+    assert "second learner" not in caplog.text

@@ -1,7 +1,14 @@
-"""``streamrl bench learner``: what one learner update costs per 1k response tokens, for the tiny
-policy of the local default and a small one (hidden 512, 8 layers, ~19M parameters), measured
-side by side in one run on the same synthetic mini-batch shape (real GRPO steps of
-``streamrl.learner.trainer.Trainer``: forward, loss, backward, AdamW).
+"""``streamrl bench learner``: the learner's GRPO step (``streamrl.learner.trainer.Trainer``:
+forward, loss, backward, AdamW) against ``bare``, the same update as the shortest plain
+PyTorch/transformers loop over the same mini-batches (``streamrl.bench.bare``), padded and packed
+(``learner.use_remove_padding``), on an RL-shaped mix: responses drawn log-uniformly from
+``--response-min`` to ``--response-max`` tokens (many short, a long tail). Reported, from one
+run with the four measured in turn on each mini-batch: the learner's tokens/s as a ratio to
+bare's on the same path, and packed tokens/s as a ratio to padded.
+
+``--models``: what one update costs per 1k response tokens, for the tiny policy of the local
+default and a small one (hidden 512, 8 layers, ~19M parameters), side by side on one
+mini-batch shape.
 
 ``--nproc 1,2``: the learner on 1 and on N FSDP2 ranks (``torch.distributed``, gloo on CPU,
 NCCL on CUDA) on the same mini-batches, in one run: step time, each rank's parameter +
@@ -14,11 +21,36 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
-HELP = "learner update cost per 1k response tokens (tiny vs a small model, one run)"
+HELP = "the learner's step against a bare PyTorch loop, padded and packed (ratios, one run)"
 
-MODELS = {"tiny": (64, 2), "small": (512, 8)}  # hidden size, layers
+MODELS = {"tiny": (64, 2), "mini": (128, 4), "small": (512, 8)}  # hidden size, layers
+#: Qwen2.5-0.5B's shape (494M parameters, its 151,936-token vocabulary), random weights from the
+#: config: what ``make gpu-check`` trains, no download
+QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                rope_theta=1e6, tie_word_embeddings=True)
+
+
+def build_policy(name: str, directory: Path, device: str = "cpu") -> str:
+    """A random-weight Qwen2-shaped policy saved in Hugging Face layout (byte tokenizer: the
+    bench's token ids stay below 256, inside any of these vocabularies)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from streamrl.policy import byte_tokenizer, save_policy, tiny_model
+
+    tok = byte_tokenizer()
+    if name != "qwen0.5b":
+        hidden, layers = MODELS[name]
+        return str(save_policy(tiny_model(len(tok), hidden_size=hidden, layers=layers), tok, directory))
+    torch.manual_seed(0)
+    with torch.device(device):  # initialising 0.5B parameters is minutes on a CPU, seconds on a GPU
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN_05B))
+    return str(save_policy(model.to(torch.bfloat16), tok, directory))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +61,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--nproc", default="", help="rank counts to compare, e.g. 1,2 (FSDP2); empty: tiny vs small")
-    parser.add_argument("--model", default="small", choices=sorted(MODELS), help="the model of --nproc")
+    parser.add_argument("--model", default="", choices=["", *sorted(MODELS), "qwen0.5b"],
+                        help="the model (default: small for --nproc, mini against bare)")
+    parser.add_argument("--models", action="store_true", help="tiny vs small: cost per 1k response tokens")
+    parser.add_argument("--response-min", type=int, default=32, help="shortest response (against bare)")
+    parser.add_argument("--response-max", type=int, default=2048, help="longest response (against bare)")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="learner.max_tokens_per_micro_batch (0: --micro-batch-size sequences per pass)")
+    parser.add_argument("--micro-batch-size", type=int, default=8, help="learner.micro_batch_size")
+    parser.add_argument("--paths", default="padded,packed", help="padded, packed or both")
+    parser.add_argument("--dtype", default="float32", help="learner.dtype (bfloat16 on GPUs)")
+    parser.add_argument("--steps", type=int, default=0, help="measured steps (0: 3, --quick 2), after one warm-up")
+    parser.add_argument("--json", default="", help="also write the summary to this file")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="against bare: the learner as FSDP2 on one rank (a torch.distributed group of 1)")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="cpu: this process's CPU time (with --threads 1, what a machine shared with "
+                             "other work still measures fairly); wall: elapsed time")
 
 
 def measure(name: str, args: argparse.Namespace, steps: int, workdir: Path) -> dict[str, float]:
@@ -135,6 +183,7 @@ def parallel(args: argparse.Namespace) -> int:
     from streamrl.policy import byte_tokenizer, load_policy, save_policy, tiny_model
 
     counts = sorted({int(n) for n in args.nproc.split(",") if n.strip()})
+    args.model = args.model or "small"
     hidden, layers = MODELS[args.model]
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,16 +223,151 @@ def parallel(args: argparse.Namespace) -> int:
     return 0
 
 
+def rl_samples(args: argparse.Namespace, seed: int) -> list:
+    """One mini-batch shaped as RL data: groups of 8 responses whose lengths are drawn
+    log-uniformly in [response_min, response_max], random rewards and behaviour log-probs."""
+    import numpy as np
+
+    from streamrl.learner.trainer import Sample
+
+    rng = np.random.default_rng(seed)
+    lo, hi = np.log(args.response_min), np.log(args.response_max + 1)
+    out = []
+    for i in range(args.sequences):
+        r = int(np.exp(rng.uniform(lo, hi)))
+        out.append(Sample(id=f"{seed}-{i:03d}", group_id=f"{seed}-{i // 8}", reward=float(rng.random()),
+                          policy_version=0, prompt_ids=rng.integers(0, 256, args.prompt_tokens),
+                          response_ids=rng.integers(0, 256, r),
+                          behaviour_logprobs=rng.normal(-5.5, 0.3, r).astype(np.float32)))
+    return out
+
+
+def _bare_cfg(args: argparse.Namespace, packed: bool):
+    from streamrl.learner.config import LearnerConfig
+
+    return LearnerConfig(device=args.device, dtype=args.dtype, lr=1e-5, micro_batch_size=args.micro_batch_size,
+                         max_tokens_per_micro_batch=args.max_tokens, use_remove_padding=packed).validate()
+
+
+def _path_run(args: argparse.Namespace, policy: str, packed: bool, batches: list) -> dict:
+    """The learner and bare on one path (padded or packed), alternating on each mini-batch so
+    that load on the machine hits both alike; the first mini-batch warms up."""
+    import torch
+
+    from streamrl.bench.bare import BareGRPO
+    from streamrl.learner.trainer import Trainer
+
+    from streamrl.learner import packing
+    from streamrl.policy import load_policy
+
+    cfg = _bare_cfg(args, packed)
+    trainer = Trainer(cfg, policy=policy)
+    if packed and not trainer.packed:
+        raise SystemExit("bench learner: this model cannot pack (see the warning above)")
+    model = load_policy(policy, device=str(trainer.device), dtype=cfg.dtype)[0]  # the same weights, plain
+    model.to(dtype=getattr(torch, cfg.dtype))
+    if packed:
+        packing.enable(model)
+    bare = BareGRPO(model, str(trainer.device), lr=cfg.lr, weight_decay=cfg.weight_decay, packed=packed,
+                    max_tokens=cfg.max_tokens_per_micro_batch, micro_batch_size=cfg.micro_batch_size,
+                    clip=cfg.clip_ratio_low, clip_c=cfg.clip_ratio_c, grad_clip=cfg.grad_clip)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
+    def timed(fn: Any, samples: list) -> tuple[float, Any]:
+        started = clock()
+        result = fn(samples)
+        _sync(args.device)
+        return clock() - started, result
+
+    learner_s, bare_s, errors, forward = [], [], [], 0
+    for k, samples in enumerate(batches):
+        if k % 2:  # which goes first alternates: a burst of load does not always hit the same one
+            b, (_, loss) = timed(bare.step, samples)
+        t, out = timed(trainer.step, samples)
+        if not k % 2:
+            b, (_, loss) = timed(bare.step, samples)
+        learner_s.append(t)
+        bare_s.append(b)
+        errors.append(abs(loss - out["loss"]) / max(abs(out["loss"]), 1e-8))
+        forward = sum(trainer.forward_tokens)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[-1])
+    lt, bt = statistics.median(learner_s[1:]), statistics.median(bare_s[1:])
+    return {"learner_step_s": round(lt, 4), "bare_step_s": round(bt, 4),
+            "learner_tokens_per_s": round(tokens / lt, 1), "bare_tokens_per_s": round(tokens / bt, 1),
+            "learner_over_bare": round(bt / lt, 3), "loss_rel_error": float(f"{max(errors):.2e}"),
+            "forward_tokens_last_step": forward, "tokens_last_step": tokens}
+
+
+def _one_rank_group() -> None:
+    """Make this process rank 0 of 1 (what torch's launcher would set), so that the learner's
+    ``Trainer`` joins a group and shards its model with FSDP2."""
+    import os
+
+    from streamrl.net import free_port
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def versus_bare(args: argparse.Namespace) -> int:
+    """Learner vs bare, padded and packed, on the same RL-shaped mini-batches, in one run."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    name = args.model or "mini"
+    steps = args.steps or (2 if args.quick else 3)
+    batches = [rl_samples(args, seed) for seed in range(steps + 1)]
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    results: dict[str, dict] = {}
+    if args.fsdp:
+        _one_rank_group()
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = build_policy(name, Path(tmp) / name, args.device)
+        for path in paths:
+            r = results[path] = _path_run(args, policy, path == "packed", batches)
+            print(f"{path:6s} learner {r['learner_step_s']:.3f} s/step ({r['learner_tokens_per_s']:.0f} tok/s), "
+                  f"bare {r['bare_step_s']:.3f} s/step ({r['bare_tokens_per_s']:.0f} tok/s): learner/bare "
+                  f"{r['learner_over_bare']:.3f}x, loss rel. error {r['loss_rel_error']:.1e}", file=sys.stderr, flush=True)
+    if args.fsdp:
+        from streamrl.learner import distributed
+
+        distributed.finish()
+    summary: dict = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "clock": args.clock,
+                     "model": name, "fsdp_ranks": 1 if args.fsdp else 0,
+                     "sequences": args.sequences, "prompt_tokens": args.prompt_tokens,
+                     "responses": [args.response_min, args.response_max], "max_tokens": args.max_tokens,
+                     "micro_batch_size": args.micro_batch_size, "steps": steps, "paths": results}
+    for path, r in results.items():
+        summary[f"learner_over_bare_{path}"] = r["learner_over_bare"]
+    if "padded" in results and "packed" in results:
+        for who in ("learner", "bare"):
+            summary[f"{who}_packed_over_padded"] = round(results["packed"][f"{who}_tokens_per_s"]
+                                                         / results["padded"][f"{who}_tokens_per_s"], 3)
+    print(json.dumps(summary), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
     if args.nproc:
         return parallel(args)
+    if not args.models:
+        return versus_bare(args)
     torch.set_num_threads(args.threads)
     steps = 3 if args.quick else 8
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in MODELS:
+        for name in ("tiny", "small"):
             results[name] = measure(name, args, steps, Path(tmp))
             r = results[name]
             print(f"{name:6s} {r['params_m']:6.2f}M params: {r['step_s']:.3f} s per step of "

@@ -132,9 +132,15 @@ class LearnerConfig:
     ppo_epochs: int = 1  # passes over each mini-batch
     micro_batch_size: int = 8  # sequences per forward pass (gradient accumulation)
     # Token budget of one forward pass (verl's ppo_max_token_len_per_gpu, use_dynamic_bsz):
-    # sequences x padded length <= this; a longer sequence runs in chunks of this many tokens
-    # (KV cache kept with its graph). 0: micro_batch_size sequences per forward.
+    # packed, real tokens <= this (a balanced partition, longest first); padded, sequences x
+    # padded length <= this. A longer sequence runs in chunks of this many tokens (KV cache kept
+    # with its graph). 0: micro_batch_size sequences per forward.
     max_tokens_per_micro_batch: int = 0
+    # Padding-free micro-batches (verl's actor_rollout_ref.model.use_remove_padding): the
+    # sequences of a forward pass end to end in one row, each with its own position ids and
+    # attention kept inside it (streamrl.learner.packing); log-probs, losses and gradients are
+    # the padded path's. On where the model can pack (checked at start), else padded.
+    use_remove_padding: bool = True
     # FSDP2 mixed precision (N > 1 or CUDA): the dtype of the gathered parameters in forward /
     # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.
     # "": no mixed precision.

@@ -18,12 +18,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from streamrl.errors import ConfigError
 
@@ -235,8 +238,64 @@ def launch(cfg: "LearnerConfig", argv: Sequence[str]) -> int:
                           "on each node (see README, 'The learner on several processes'), not by streamrl learner")
     print(f"learner: {cfg.parallel.nproc} ranks through torch.distributed.run", file=sys.stderr, flush=True)
     try:
-        torchrun([*args, "--module", "streamrl", *argv])
+        with _stop_by_draining():
+            torchrun([*args, *_agent_signals(), "--module", "streamrl", *argv])
     except ChildFailedError as exc:
         print(f"learner: a rank failed: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+#: the signals that stop a learner cleanly (README: every stage drains and exits 0 on them)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _agent_signals() -> list[str]:
+    """The elastic agent's options that leave SIGTERM and SIGINT to us (``_stop_by_draining``);
+    an older torch without that option keeps its agent's handling (exit 1 on a stop)."""
+    from torch.distributed.run import get_args_parser
+
+    options = {o for action in get_args_parser()._actions for o in action.option_strings}
+    if "--signals-to-handle" not in options:
+        return []
+    return ["--signals-to-handle", ",".join(n for n in ("SIGHUP", "SIGQUIT") if hasattr(signal, n))]
+
+
+@contextlib.contextmanager
+def _stop_by_draining() -> Iterator[None]:
+    """SIGTERM / SIGINT to the launcher: a clean stop of the group, exit 0. torch's elastic agent
+    would turn them into a ``SignalException`` (exit 1, a traceback) and SIGKILL the ranks 30 s
+    later, whatever rank 0 was writing. Instead the agent is told to leave them alone
+    (``_agent_signals``) and the launcher passes SIGTERM to its ranks: rank 0 drains,
+    checkpoints and says stop; the others ignore signals and leave on that stop
+    (``trainer.follow``); the agent then sees every rank exit 0."""
+    before = {sig: signal.signal(sig, _forward_stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _forward_stop(signum: int, frame: Any) -> None:
+    """The launcher's handler: SIGTERM to each rank (a Ctrl-C reached them already from the
+    terminal; a second stop signal changes nothing: rank 0 is draining)."""
+    pids = child_pids()
+    print(f"learner: {signal.Signals(signum).name}: stopping {len(pids)} rank(s), rank 0 drains",
+          file=sys.stderr, flush=True)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def child_pids() -> list[int]:
+    """This process's children (Linux ``/proc``: the ranks the elastic agent started)."""
+    out: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            out += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return sorted(set(out))

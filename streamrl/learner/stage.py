@@ -91,6 +91,7 @@ class Learner:
         self.checkpointer = Checkpoint(self.consumer, self.producer)
         self._version_metrics: list[dict[str, float]] = []
         self._dirty = False
+        self._leaving = False  # set when the learner leaves its group (its revocation is expected)
         self.last_checkpoint: Path | None = last
         # the end of the data (learner.end_with_data): the feed's group ids, set by from_config
         self.expected: set[str] | None = None
@@ -150,7 +151,9 @@ class Learner:
                 self.consumer.seek(tp, offset)
 
     def _revoked(self, revoked: set[TopicPartition]) -> None:
-        if revoked:
+        """A rebalance took partitions away while the learner runs: another member joined its
+        group. The learner's own leaving (``consumer.stop``) revokes them too: not a warning."""
+        if revoked and not self._leaving:
             log.warning("learner: partitions revoked (%s); is a second learner in group %r?",
                         sorted(tp.partition for tp in revoked), self.group)
 
@@ -197,6 +200,7 @@ class Learner:
             finally:
                 if self._dead is not None:
                     await self._dead.stop()
+                self._leaving = True
                 await self.consumer.stop()
                 await self.producer.stop()
         if self.state.ended:

@@ -49,15 +49,17 @@ class Sample:
 
 @dataclass
 class _Batch:
-    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded
-    attention_mask: torch.Tensor  # [B, L]
+    """One forward pass's tensors. Padded: ``input_ids`` ``[B, L]`` right-padded, ``positions``
+    index each row. Packed (``packed`` set): ``input_ids`` ``[1, T]``, the B sequences end to end,
+    ``positions`` index that one row. Log-probs come out ``[B, R]`` either way."""
+
+    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded; packed: [1, T]
+    attention_mask: torch.Tensor | None  # [B, L]; packed: None
     positions: torch.Tensor  # [B, R] index of the logits that predict response token j
     response_ids: torch.Tensor  # [B, R]
     mask: torch.Tensor  # [B, R] float: 1 for tokens to train on
-
-    def rows(self, sl: slice) -> "_Batch":
-        return _Batch(*(t[sl] for t in (self.input_ids, self.attention_mask, self.positions,
-                                         self.response_ids, self.mask)))
+    valid: torch.Tensor  # [B, R] bool: True for j < len(response)
+    packed: dict[str, Any] | None = None  # packed: the forward's keywords (packing.forward_kwargs)
 
 
 class Trainer:
@@ -102,6 +104,7 @@ class Trainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.packed = cfg.use_remove_padding and self._enable_packing()
         self.sharded = self.group is not None
         if self.sharded:
             distributed.shard(self.model, cfg)
@@ -115,6 +118,19 @@ class Trainer:
         if resume:
             self.load_checkpoint(resume)
 
+    def _enable_packing(self) -> bool:
+        """Padding-free micro-batches where the model (and the KL reference) can pack (checked
+        before sharding, so every rank decides alike on its own copy)."""
+        from streamrl.learner import packing
+
+        models = [self.model] + ([self.reference] if self.reference is not None else [])
+        before = [m.config._attn_implementation for m in models]
+        if not all(packing.enable(m) for m in models):
+            for m, impl in zip(models, before):  # both or neither: one plan serves the two
+                m.set_attn_implementation(impl)
+            return False
+        return True
+
     def _lead(self, op: str, payload: Any) -> None:
         """Rank 0 of a group: have the other ranks join the collective call that follows
         (``payload``: bytes, or a function making them, called on rank 0 only)."""
@@ -124,7 +140,37 @@ class Trainer:
             Channel().send(op, payload() if callable(payload) else payload)
 
     # -- tensors ------------------------------------------------------------------------------
-    def _collate(self, samples: Sequence[Sample]) -> _Batch:
+    def _collate(self, samples: Sequence[Sample], packed: bool = False) -> _Batch:
+        """The tensors of one forward pass (``packed``: one row without padding)."""
+        return self._collate_packed(samples) if packed else self._collate_padded(samples)
+
+    def _collate_packed(self, samples: Sequence[Sample]) -> _Batch:
+        from streamrl.learner import packing
+
+        lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+        max_resp = max(max(len(s.response_ids) for s in samples), 1)
+        B = len(samples)
+        positions = torch.zeros((B, max_resp), dtype=torch.long)
+        response = torch.zeros((B, max_resp), dtype=torch.long)
+        mask = torch.zeros((B, max_resp), dtype=torch.float32)
+        valid = torch.zeros((B, max_resp), dtype=torch.bool)
+        pieces, start = [], 0
+        for i, s in enumerate(samples):
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            _check_prompt(s)
+            resp_ids = _tensor(s.response_ids, np.int64)
+            pieces += [_tensor(s.prompt_ids, np.int64), resp_ids]
+            positions[i, :r] = torch.arange(start + p - 1, start + p - 1 + r)
+            valid[i, :r] = True
+            response[i, :r] = resp_ids
+            mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
+            start += p + r
+        dev = self.device
+        pos_ids, cu, longest = packing.layout(lengths, dev)
+        return _Batch(torch.cat(pieces).unsqueeze(0).to(dev), None, positions.to(dev), response.to(dev),
+                      mask.to(dev), valid.to(dev), packed=packing.forward_kwargs(self.model, pos_ids, cu, longest))
+
+    def _collate_padded(self, samples: Sequence[Sample]) -> _Batch:
         pad = self.tokenizer.pad_token_id or 0
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         max_len, max_resp = max(lengths), max(max(len(s.response_ids) for s in samples), 1)
@@ -134,20 +180,21 @@ class Trainer:
         positions = torch.zeros((B, max_resp), dtype=torch.long)
         response = torch.full((B, max_resp), pad, dtype=torch.long)
         mask = torch.zeros((B, max_resp), dtype=torch.float32)
+        valid = torch.zeros((B, max_resp), dtype=torch.bool)
         for i, s in enumerate(samples):
             p, r = len(s.prompt_ids), len(s.response_ids)
-            if p == 0:
-                raise ValueError(f"record {s.id}: empty prompt_ids (the first response token "
-                                 "needs a prompt token to be predicted from)")
+            _check_prompt(s)
             resp_ids = _tensor(s.response_ids, np.int64)
             input_ids[i, :p] = _tensor(s.prompt_ids, np.int64)
             input_ids[i, p:p + r] = resp_ids
             attention[i, :p + r] = 1
             positions[i, :r] = torch.arange(p - 1, p - 1 + r)
+            valid[i, :r] = True
             response[i, :r] = resp_ids
             mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
         dev = self.device
-        return _Batch(input_ids.to(dev), attention.to(dev), positions.to(dev), response.to(dev), mask.to(dev))
+        return _Batch(input_ids.to(dev), attention.to(dev), positions.to(dev), response.to(dev), mask.to(dev),
+                      valid.to(dev))
 
     def _forward(self, model: Any, batch: _Batch, entropy: bool,
                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -158,18 +205,28 @@ class Trainer:
         if chunk:
             return self._forward_chunked(model, batch, entropy, chunk)
         self.forward_tokens.append(int(batch.input_ids.numel()))
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        V = logits.shape[-1]
-        logits = logits.gather(1, batch.positions.unsqueeze(-1).expand(-1, -1, V)).float()
-        return self._token_stats(logits, batch.response_ids, entropy)
+        if batch.packed is not None:
+            logits = model(input_ids=batch.input_ids, **batch.packed).logits
+        else:
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        # the stats of the real response tokens only (not of [B, R]'s padding), placed in [B, R]
+        where = batch.valid.nonzero(as_tuple=True)
+        rows = torch.zeros_like(where[0]) if batch.packed is not None else where[0]
+        logp, ent = self._token_stats(logits[rows, batch.positions[where]].float(), batch.response_ids[where], entropy)
+        zeros = torch.zeros(batch.valid.shape, device=logp.device, dtype=logp.dtype)
+        return zeros.index_put(where, logp), None if ent is None else zeros.index_put(where, ent)
 
     def _token_stats(self, logits: torch.Tensor, targets: torch.Tensor,
                      entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of ``targets`` and the entropies (a metric only, without a graph, unless
+        ``entropy_coeff`` puts them in the loss)."""
         if self.cfg.temperature != 1.0:
             logits = logits / self.cfg.temperature
         logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-        ent = losses.entropy_from_logits(logits) if entropy else None
-        return logp, ent
+        if not entropy:
+            return logp, None
+        with contextlib.nullcontext() if self.cfg.entropy_coeff else torch.no_grad():
+            return logp, losses.entropy_from_logits(logits)
 
     def _forward_chunked(self, model: Any, batch: _Batch, entropy: bool,
                          chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -205,7 +262,7 @@ class Trainer:
         budget = cfg.max_tokens_per_micro_batch
         plans = []
         for share in shares:
-            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size)
+            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size, packed=self.packed)
             plans.append([(tuple(share[j] for j in mb.indices), mb.chunks) for mb in mbs])
         if cfg.gradient_checkpointing:  # HF turns the KV cache off under checkpointing: one pass
             plans = [[(idx, 1) for idx, _ in plan] for plan in plans]
@@ -216,6 +273,11 @@ class Trainer:
         out = [[samples[i] for i in idx] for idx, _ in mine] + [[dummy]] * (units - len(mine))
         chunks = [budget if c > 1 else 0 for _, c in mine] + [0] * (units - len(mine))
         return out, chunks, chunked
+
+    def _collate_units(self, groups: list[list[Sample]], chunks: list[int]) -> list[_Batch]:
+        """Each unit's tensors: packed when the trainer packs, except a chunked sequence (one
+        sequence, no padding either way; its passes keep a KV cache, which packing has not)."""
+        return [self._collate(g, packed=self.packed and not c) for g, c in zip(groups, chunks)]
 
     def _dummy(self) -> Sample:
         """A sequence that trains nothing (mask 0): runs the collectives of a pass on a rank
@@ -251,7 +313,7 @@ class Trainer:
         self.model.eval()
         try:
             units, chunks, _ = self._plan(samples)
-            lps = self._unit_logprobs(self.model, [self._collate(u) for u in units], chunks)
+            lps = self._unit_logprobs(self.model, self._collate_units(units, chunks), chunks)
         finally:
             self.model.train(was_training)
         found = {s.id: lp[i].cpu().numpy() for u, lp in zip(units, lps) for i, s in enumerate(u)}
@@ -318,7 +380,7 @@ class Trainer:
         groups, chunks, local = self._plan(samples)
         if local:
             groups, chunks = groups + [[self._dummy()]], chunks + [0]
-        units = [self._collate(g) for g in groups]
+        units = self._collate_units(groups, chunks)
         current = None
         if cfg.decoupled or any(s.behaviour_logprobs is None for s in samples):
             current = self._unit_logprobs(self.model, units, chunks)  # the proximal policy (AReaL)
@@ -553,12 +615,14 @@ def decode_samples(data: bytes) -> list[Sample]:
 
 def follow(cfg: LearnerConfig) -> int:
     """A rank other than 0: build the trainer when rank 0 says from which checkpoint, then run
-    what it sends until it says stop. SIGTERM is ignored (the launcher sends it to every rank
-    at a stop; rank 0 drains and checkpoints, which needs this rank, then says stop); a dead
-    rank 0 fails the next collective and ends this process."""
+    what it sends until it says stop. SIGTERM and SIGINT are ignored (the launcher passes
+    SIGTERM to every rank at a stop, a terminal's Ctrl-C reaches every process of its group;
+    rank 0 drains and checkpoints, which needs this rank, then says stop); a dead rank 0 fails
+    the next collective and ends this process."""
     from streamrl.learner import distributed
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     group = distributed.init(cfg)
     assert group is not None and not group.leader
     channel = distributed.Channel()
@@ -583,6 +647,12 @@ def follow(cfg: LearnerConfig) -> int:
 
     dist.destroy_process_group()
     return 0
+
+
+def _check_prompt(s: Sample) -> None:
+    if len(s.prompt_ids) == 0:
+        raise ValueError(f"record {s.id}: empty prompt_ids (the first response token "
+                         "needs a prompt token to be predicted from)")
 
 
 def _tensor(values: np.ndarray, dtype) -> torch.Tensor:

@@ -1,0 +1,30 @@
+"""``streamrl bench learner`` against bare (issue 40): the bare loop is the same update as the
+learner's (its loss equals the learner's on every step, padded and packed), and the summary
+carries the ratios BENCHMARKS.md reports. Speed itself is the benchmark's business, not a test's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import ROOT, last_json_line
+
+
+def test_bench_learner_against_bare_trains_the_same_update(tmp_path):
+    out = tmp_path / "learner.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamrl", "bench", "learner", "--model", "tiny", "--sequences", "6",
+         "--response-min", "4", "--response-max", "96", "--steps", "1", "--threads", "1",
+         "--micro-batch-size", "3", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = last_json_line(proc.stdout)
+    assert summary == json.loads(out.read_text())
+    for path in ("padded", "packed"):
+        r = summary["paths"][path]
+        assert r["loss_rel_error"] <= 1e-5, (path, r)
+        assert r["learner_over_bare"] > 0 and summary[f"learner_over_bare_{path}"] == r["learner_over_bare"]
+    packed, padded = summary["paths"]["packed"], summary["paths"]["padded"]
+    assert packed["forward_tokens_last_step"] < padded["forward_tokens_last_step"]  # no padding
+    assert summary["learner_packed_over_padded"] > 0 and summary["bare_packed_over_padded"] > 0
