@@ -329,8 +329,10 @@ def test_staleness_bound_holds_over_random_version_mixes(memory_bus, tmp_path, m
         assert dropped > 0  # the random mix did contain stale groups
 
 
-@pytest.mark.parametrize("nproc,sig", [(1, signal.SIGTERM), (2, signal.SIGTERM), (2, signal.SIGINT)],
-                         ids=["1-rank-sigterm", "2-ranks-sigterm", "2-ranks-ctrl-c"])
+@pytest.mark.parametrize("nproc,sig", [
+    pytest.param(1, signal.SIGTERM, id="1-rank-sigterm"),
+    pytest.param(2, signal.SIGTERM, id="2-ranks-sigterm", marks=pytest.mark.e2e),  # 3 interpreters with torch
+    pytest.param(2, signal.SIGINT, id="2-ranks-ctrl-c", marks=pytest.mark.e2e)])
 def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path, nproc, sig):
     """SIGTERM (to the learner) or Ctrl-C (SIGINT to its whole process group, as a terminal sends
     it) is a clean stop on any rank count: exit 0, no traceback, a checkpoint whose weights file

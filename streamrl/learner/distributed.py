@@ -77,11 +77,17 @@ def init(cfg: "LearnerConfig") -> Group | None:
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(local_rank)
-    backend = cfg.parallel.backend or ("nccl" if device.startswith("cuda") else "gloo")
+    backend = process_group_backend(cfg.parallel.backend or ("nccl" if device.startswith("cuda") else "gloo"))
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.parallel.timeout_s))
     _GROUP = Group(dist.get_rank(), dist.get_world_size(), local_rank, device)
     log.info("learner: rank %d of %d (%s on %s)", _GROUP.rank, _GROUP.world, backend, device)
     return _GROUP
+
+
+def process_group_backend(backend: str) -> str:
+    """NCCL moves CUDA tensors only; the commands of ``Channel`` and the plan's pass counts are
+    CPU tensors, so with NCCL the group also gets gloo for the CPU ones (``cpu:gloo,cuda:nccl``)."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
 def finish() -> None:

@@ -111,6 +111,10 @@ def enable(model: Any) -> bool:
     """Switch ``model`` to ``streamrl_varlen`` when it can pack, checked on two short sequences
     (packed log-probs against the padded forward's); else leave it as it was and say why."""
     name = type(model).__name__
+    if "sliding_attention" in set(getattr(model.config, "layer_types", None) or ()):
+        log.warning("learner: %s has sliding-window layers, which streamrl_varlen does not window: "
+                    "micro-batches stay padded (learner.use_remove_padding)", name)
+        return False
     if not register() or not getattr(model, "_supports_attention_backend", False):
         log.warning("learner: %s cannot pack sequences (no transformers attention interface): "
                     "micro-batches stay padded (learner.use_remove_padding)", name)

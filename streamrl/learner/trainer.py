@@ -148,53 +148,39 @@ class Trainer:
         from streamrl.learner import packing
 
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-        max_resp = max(max(len(s.response_ids) for s in samples), 1)
-        B = len(samples)
-        positions = torch.zeros((B, max_resp), dtype=torch.long)
-        response = torch.zeros((B, max_resp), dtype=torch.long)
-        mask = torch.zeros((B, max_resp), dtype=torch.float32)
-        valid = torch.zeros((B, max_resp), dtype=torch.bool)
-        pieces, start = [], 0
-        for i, s in enumerate(samples):
-            p, r = len(s.prompt_ids), len(s.response_ids)
-            _check_prompt(s)
-            resp_ids = _tensor(s.response_ids, np.int64)
-            pieces += [_tensor(s.prompt_ids, np.int64), resp_ids]
-            positions[i, :r] = torch.arange(start + p - 1, start + p - 1 + r)
-            valid[i, :r] = True
-            response[i, :r] = resp_ids
-            mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
-            start += p + r
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int).tolist()
+        ids = torch.cat([_tensor(np.concatenate([s.prompt_ids, s.response_ids]), np.int64) for s in samples])
         dev = self.device
         pos_ids, cu, longest = packing.layout(lengths, dev)
-        return _Batch(torch.cat(pieces).unsqueeze(0).to(dev), None, positions.to(dev), response.to(dev),
-                      mask.to(dev), valid.to(dev), packed=packing.forward_kwargs(self.model, pos_ids, cu, longest))
+        return _Batch(ids.unsqueeze(0).to(dev), None, *self._targets(samples, starts),
+                      packed=packing.forward_kwargs(self.model, pos_ids, cu, longest))
 
     def _collate_padded(self, samples: Sequence[Sample]) -> _Batch:
         pad = self.tokenizer.pad_token_id or 0
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
-        max_len, max_resp = max(lengths), max(max(len(s.response_ids) for s in samples), 1)
-        B = len(samples)
-        input_ids = torch.full((B, max_len), pad, dtype=torch.long)
-        attention = torch.zeros((B, max_len), dtype=torch.long)
-        positions = torch.zeros((B, max_resp), dtype=torch.long)
-        response = torch.full((B, max_resp), pad, dtype=torch.long)
-        mask = torch.zeros((B, max_resp), dtype=torch.float32)
-        valid = torch.zeros((B, max_resp), dtype=torch.bool)
-        for i, s in enumerate(samples):
-            p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids = torch.full((len(samples), max(lengths)), pad, dtype=torch.long)
+        attention = torch.zeros((len(samples), max(lengths)), dtype=torch.long)
+        for i, (s, n) in enumerate(zip(samples, lengths)):
+            input_ids[i, :n] = _tensor(np.concatenate([s.prompt_ids, s.response_ids]), np.int64)
+            attention[i, :n] = 1
+        return _Batch(input_ids.to(self.device), attention.to(self.device), *self._targets(samples, [0] * len(samples)))
+
+    def _targets(self, samples: Sequence[Sample], starts: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """``positions, response_ids, mask, valid`` ``[B, R]``: sample ``i``'s response token ``j``
+        is predicted by the logits at ``starts[i] + len(prompt) - 1 + j`` of its row."""
+        B, R = len(samples), max(max(len(s.response_ids) for s in samples), 1)
+        positions = torch.zeros((B, R), dtype=torch.long)
+        response = torch.zeros((B, R), dtype=torch.long)
+        mask = torch.zeros((B, R), dtype=torch.float32)
+        valid = torch.zeros((B, R), dtype=torch.bool)
+        for i, (s, start) in enumerate(zip(samples, starts)):
             _check_prompt(s)
-            resp_ids = _tensor(s.response_ids, np.int64)
-            input_ids[i, :p] = _tensor(s.prompt_ids, np.int64)
-            input_ids[i, p:p + r] = resp_ids
-            attention[i, :p + r] = 1
-            positions[i, :r] = torch.arange(p - 1, p - 1 + r)
-            valid[i, :r] = True
-            response[i, :r] = resp_ids
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            positions[i, :r] = torch.arange(start + p - 1, start + p - 1 + r)
+            response[i, :r] = _tensor(s.response_ids, np.int64)
             mask[i, :r] = 1.0 if s.response_mask is None else _tensor(s.response_mask, np.float32)
-        dev = self.device
-        return _Batch(input_ids.to(dev), attention.to(dev), positions.to(dev), response.to(dev), mask.to(dev),
-                      valid.to(dev))
+            valid[i, :r] = True
+        return tuple(t.to(self.device) for t in (positions, response, mask, valid))
 
     def _forward(self, model: Any, batch: _Batch, entropy: bool,
                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
