@@ -89,4 +89,3 @@ def test_bench_scale_tiny(bootstrap, tmp_path, capsys):
                             rel_tol=1e-3)
     assert math.isclose(res["scale_2"], res["per_s"]["2"] / res["per_s"]["1"], rel_tol=1e-2)
     assert _is_png(res["plot"])
-

@@ -44,7 +44,8 @@ from typing import Any
 
 from streamrl.plotting import pyplot, save
 
-HELP = "reward group scaling: throughput with 1, 2 and 4 members against a latency-bound judge"
+HELP = ("reward group scaling: throughput with 1, 2 and 4 members against a latency-bound judge; "
+        "--pipeline: records per member and seconds per version through the real pipeline")
 
 DATA_SOURCE = "bench"
 
