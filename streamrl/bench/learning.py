@@ -239,6 +239,8 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
     lc.checkpoint_dir, lc.weights_dir = str(run_dir / "checkpoints"), str(run_dir / "weights")
     if recipe:
         apply_recipe(lc, recipe, r.max_new_tokens)
+        if lc.filter_groups.enable:  # dynamic sampling spends prompts on groups it filters
+            cfg.feed.limit *= 1 + max(lc.filter_groups.max_num_gen_batches, 1)
     return cfg
 
 

@@ -208,8 +208,10 @@ class Producer:
 
     async def dead_letter(self, *, reason: str, detail: str = "", message: Message | None = None,
                           value: bytes | None = None, key: bytes | None = None,
-                          record_id: str | None = None) -> asyncio.Future:
-        """Queue a dead letter carrying the original bytes, where they came from, and why."""
+                          record_id: str | None = None, routine: bool = False) -> asyncio.Future:
+        """Queue a dead letter carrying the original bytes, where they came from, and why.
+        ``routine``: an algorithm's choice (a group dynamic sampling filtered), logged at INFO,
+        not as the warning a failure is."""
         letter = DeadLetter.for_message(
             stage=self.stage, reason=reason, detail=detail,
             topic=message.topic if message else None,
@@ -218,7 +220,7 @@ class Producer:
             key=message.key if message else key, value=message.value if message else value,
             record_id=record_id)
         metrics.BUS_DEADLETTERS.labels(self.stage, reason).inc()
-        log.warning("dead letter from %s: %s %s", self.stage, reason, detail[:200])
+        (log.info if routine else log.warning)("dead letter from %s: %s %s", self.stage, reason, detail[:200])
         return await self.send(letter)
 
     async def flush(self) -> None:

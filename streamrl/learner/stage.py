@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from streamrl import metrics
 from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
-from streamrl.learner.assembler import Assembler, Drop, Group, Item
+from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update
 from streamrl.learner.samples import to_sample
@@ -356,7 +356,8 @@ class Learner:
                 self._group_done(d.item.group_id)
 
     async def _dead_letter(self, msg: Message, reason: str, detail: str, record_id: str | None) -> None:
-        fut = await self.producer.dead_letter(reason=reason, detail=detail, message=msg, record_id=record_id)
+        fut = await self.producer.dead_letter(reason=reason, detail=detail, message=msg, record_id=record_id,
+                                              routine=reason == FILTERED)
         self.checkpointer.done_when_acked(fut, TopicPartition(msg.topic, msg.partition), msg.offset)
         self.state.consumed_records += 1
         metrics.LEARNER_RECORDS.labels("dropped").inc()
