@@ -1,5 +1,5 @@
 """streamrl's advantage estimators, policy losses, loss aggregation and KL estimators against
-the numbers verl's own functions give on the same tensors (issue 37): ``data/verl_parity.json``,
+the numbers verl's own functions give on the same tensors (issue 37): ``verl_parity_data.py``,
 written by ``tests/verl_parity.py`` from verl 0.9.1 (the file names the release and the sha256
 of the ``core_algos.py`` it called). Two shapes (groups of 2/3/3 over 6 tokens with padding and
 a masked token inside a response, groups of 4/4 over 4 tokens), each in fp64 and fp32: within
@@ -8,14 +8,14 @@ a masked token inside a response, groups of 4/4 over 4 tokens), each in fp64 and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from streamrl.learner import losses
+from tests import verl_parity_data
 
-DATA = json.loads((Path(__file__).parent / "data" / "verl_parity.json").read_text())
+DATA = json.loads(verl_parity_data.DATA)
 CASES = [(case, dtype) for case in DATA["cases"] for dtype in ("float64", "float32")]
 TOL = {"float64": dict(rtol=1e-6, atol=1e-9), "float32": dict(rtol=1e-5, atol=1e-6)}
 

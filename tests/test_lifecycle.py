@@ -290,9 +290,10 @@ def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives
     done = state_of(out).done_groups
     assert len(done) == len(set(done)), "a prompt group finished twice"
     assert {t.id for t in rollouts} == set(rewarded) | dead, "a rollout neither rewarded nor dead-lettered"
-    # at least once: a record in flight when its partition moves (a member joining) may be scored
-    # twice, by design (the learner trains an id once); what a stopped session left is scored
-    assert sum(rewarded.values()) - len(rewarded) <= len(rewarded) // 10, rewarded.most_common(3)
+    # at least once: after a SIGKILL what was scored and not committed is scored again, and after
+    # a Ctrl-C a record in flight when a joining member takes its partition may be (rarely)
+    if stop == "ctrl-c":
+        assert sum(rewarded.values()) - len(rewarded) <= len(rewarded) // 10, rewarded.most_common(3)
     later = [t.policy_version for t in rollouts if t.created_at > resumed_at]
     assert later and min(later) >= resumed - staleness, (resumed, sorted(set(later)))
     accounted(summary, redelivered=True)

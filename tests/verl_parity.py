@@ -1,4 +1,4 @@
-"""Writes ``tests/data/verl_parity.json``: what verl's own ``core_algos`` functions return on
+"""Writes ``tests/verl_parity_data.py``: what verl's own ``core_algos`` functions return on
 fixed tensors, for ``tests/test_learner_parity.py`` to compare streamrl's against (issue 37).
 Numbers are facts about verl; none of its code is in streamrl.
 
@@ -8,7 +8,8 @@ Run it where verl 0.9.1 imports (``make test`` installs it without dependencies;
     pip install --no-deps --target /tmp/verl-deps tensordict pyvers codetiming
     PYTHONPATH=/tmp/verl-deps .venv/bin/python tests/verl_parity.py
 
-The inputs are written beside the outputs, so the test needs neither verl nor this script.
+The inputs are written beside the outputs, so the test needs neither verl nor this script. A
+Python module, not a data file: nothing under tests/ but test code (``test_install``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-OUT = Path(__file__).parent / "data" / "verl_parity.json"
+OUT = Path(__file__).parent / "verl_parity_data.py"
 
 #: two shapes: groups of 2, 3 and 3 over 6 tokens, and two groups of 4 over 4 tokens
 CASES = {"mixed": ([2, 3, 3], 6, 0), "even": ([4, 4], 4, 1)}
@@ -116,8 +117,8 @@ def main() -> None:
                 res["kl"][kind] = {"value": kl.tolist(), "grad": logp.grad.tolist()}
             results[dtype] = res
         out["cases"][name] = {"inputs": case, "results": results}
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(out))
+    OUT.write_text(f'"""What verl {verl.__version__}\'s own functions returned (tests/verl_parity.py wrote this;\n'
+                   f'tests/test_learner_parity.py reads it)."""\n\nDATA = {json.dumps(out)!r}\n')
     print(f"wrote {OUT} (verl {verl.__version__})")
 
 
