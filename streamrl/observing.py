@@ -313,14 +313,7 @@ class MemberRecords:
 
 def _committed_records(url: str) -> float | None:
     """A stage's ``streamrl_bus_committed_records_total``, summed; None if it exports none."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=1.0) as reply:
-        text = reply.read().decode()
-    values = [smp.value for fam in text_string_to_metric_families(text) if fam.name == "streamrl_bus_committed_records"
-              for smp in fam.samples if smp.name.endswith("_total")]
+    values = [value for name, _, value in _scrape(url, ("streamrl_bus_committed_records_total",))]
     return sum(values) if values else None
 
 
@@ -426,7 +419,12 @@ REFUSAL_WORDS = {"not_allowed": "its weights_uri is not under rollout.weights_pr
                  "no_uri": "it has no weights_uri", "load_failed": "the weights did not load (see its log)"}
 
 
-def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+#: the samples ``diagnose`` reads from each stage's metrics
+DIAGNOSED = ("streamrl_stage_waiting", "streamrl_rollout_weights", "streamrl_rollout_servers")
+
+
+def _scrape(url: str, prefixes: tuple[str, ...] = DIAGNOSED) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a stage's metrics whose names start with one of ``prefixes``."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -434,8 +432,7 @@ def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     with urllib.request.urlopen(url, timeout=1.0) as reply:
         text = reply.read().decode()
     return [(smp.name, smp.labels, smp.value) for fam in text_string_to_metric_families(text)
-            for smp in fam.samples if smp.name.startswith(("streamrl_stage_waiting", "streamrl_rollout_weights",
-                                                            "streamrl_rollout_servers"))]
+            for smp in fam.samples if smp.name.startswith(prefixes)]
 
 
 async def diagnose(launcher: Launcher, obs: Observation,
