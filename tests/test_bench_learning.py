@@ -10,7 +10,7 @@ from argparse import Namespace
 
 import pytest
 
-from streamrl.bench import learning
+from streamrl.bench import _sim, _stages, learning
 from streamrl.cli import main
 from tests.helpers import last_json_line
 
@@ -75,7 +75,7 @@ def test_recipes_set_the_learner_keys_their_verl_configs_set(tmp_path):
 def test_sync_pays_the_latencies_with_the_stages_concurrency():
     async def calls(limit, n, latency_s):
         started = time.monotonic()
-        out = await learning.bounded(limit, [asyncio.sleep(latency_s, result=i) for i in range(n)])
+        out = await _stages.bounded(limit, [asyncio.sleep(latency_s, result=i) for i in range(n)])
         return out, time.monotonic() - started
 
     out, took = asyncio.run(calls(4, 8, 0.1))
@@ -84,7 +84,7 @@ def test_sync_pays_the_latencies_with_the_stages_concurrency():
 
 def test_latencies_add_to_the_real_work():
     started = time.monotonic()
-    out = asyncio.run(learning.score_after("digits", "594", "593", latency_s=0.05))
+    out = asyncio.run(_sim.score_after("digits", "594", "593", latency_s=0.05))
     assert out["score"] == pytest.approx(2 / 3) and time.monotonic() - started >= 0.05
 
     class Trainer:
@@ -93,7 +93,7 @@ def test_latencies_add_to_the_real_work():
         def step(self, samples):
             return {"sequences": float(len(samples))}
 
-    wrapped = learning.LatencyTrainer(Trainer(), 0.05)
+    wrapped = _sim.LatencyTrainer(Trainer(), 0.05)
     started = time.monotonic()
     assert wrapped.step([1, 2]) == {"sequences": 2.0} and wrapped.model == "m"
     assert time.monotonic() - started >= 0.05

@@ -18,6 +18,9 @@ Everything here stands in for *time*, never for code: the stages under test are 
   version they were generated with and the staleness bounds are exercised for real.
 - ``FixedStepTrainer``: the learner's real ``Trainer`` (its model is what the learner saves and
   announces each version) whose update costs a fixed time instead of CPU (see ``pipeline``).
+- ``LatencyTrainer``, ``latency_backend``, ``score_after``: the real update, generation and rule
+  score, each answered a fixed latency later than its real work (see ``learning``).
+- ``Costs``: which of these a run's stages take, handed to the stage processes (``_stages``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class JudgeLatency:
         return self.low * (self.high / self.low) ** u
 
 
-def _unit(data: bytes) -> float:
+def unit(data: bytes) -> float:
     """A number in [0, 1) that depends only on ``data``."""
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") / 2.0 ** 64
 
@@ -74,7 +77,7 @@ def serve_generation(port_queue: Any, latency_s: float) -> None:
         await asyncio.sleep(latency_s)
         choices = []
         for i in range(int(body.get("n", 1))):
-            u = _unit(f"{text_prompt}\x00{i}".encode())
+            u = unit(f"{text_prompt}\x00{i}".encode())
             answer = int(u * 1000)
             text = f"Step by step, sample {i}: the total is {answer}.\n#### {answer}"
             ids = list(text.encode())
@@ -95,9 +98,9 @@ def serve_judge(port_queue: Any, low_s: float, high_s: float) -> None:
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.read()
-        u = _unit(body)
+        u = unit(body)
         await asyncio.sleep(latency.draw(u))
-        score = int(_unit(body[::-1]) * 11)
+        score = int(unit(body[::-1]) * 11)
         return web.json_response({"choices": [{"index": 0, "message": {
             "role": "assistant", "content": f"The reasoning holds up in part.\nScore: {score}"}}],
             "usage": {"total_tokens": 120}})
@@ -190,3 +193,72 @@ class FixedStepTrainer:
                 "is_weight": 1.0, "grad_norm": 0.0, "skipped_steps": 0.0, "tokens": tokens,
                 "sequences": float(len(samples)), "reward_mean": mean, "reward_std": std,
                 "step_seconds": time.perf_counter() - started}
+
+
+class LatencyTrainer:
+    """The real ``Trainer``; each step returns ``latency_s`` after its real update."""
+
+    def __init__(self, trainer: Any, latency_s: float):
+        self._trainer, self.latency_s = trainer, latency_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+    def step(self, samples: Sequence[Any]) -> dict[str, float]:
+        out = self._trainer.step(samples)
+        time.sleep(self.latency_s)
+        return out
+
+
+def latency_backend(cfg: Any, latency_s: float) -> Any:
+    """The rollout config's own backend (transformers, for the bench that trains for real), each
+    ``generate`` call answered ``latency_s`` later than its real work."""
+    from streamrl.rollout.backends import make_backend
+
+    backend = make_backend(cfg)
+    if latency_s:
+        real = backend.generate
+
+        async def generate(prompts: Sequence[Any], n: int, params: Any) -> Any:
+            out = await real(prompts, n, params)
+            await asyncio.sleep(latency_s)
+            return out
+
+        backend.generate = generate
+    return backend
+
+
+async def score_after(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None,
+                      latency_s: float = 0.0) -> dict[str, Any]:
+    """The digits rule, answered after ``latency_s`` (a judge's round trip): a ``type: function``
+    scorer entry."""
+    from streamrl.scorers.digits import compute_score
+
+    if latency_s:
+        await asyncio.sleep(latency_s)
+    return compute_score(data_source, solution_str, ground_truth, extra_info)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What a run's generation and update cost, the same in the synchronous loop and in the stage
+    processes (which get it pickled): ``following``, the rollout config's OpenAI server (a
+    ``serve_generation`` that pays the latency itself) through ``FollowingBackend``; otherwise its
+    own backend with ``gen_latency_s`` added to each call. ``fixed_step``: each update takes
+    ``step_s`` in all and no CPU (``FixedStepTrainer``); otherwise the real update, then
+    ``step_s`` more (``LatencyTrainer``)."""
+
+    gen_latency_s: float = 0.0
+    step_s: float = 0.0
+    following: bool = False
+    fixed_step: bool = False
+
+    def backend(self, rollout: Any) -> Any:
+        if self.following:
+            o = rollout.openai
+            return FollowingBackend(o.base_url, o.model, api_key_env="", timeout_s=o.timeout_s,
+                                    max_retries=o.max_retries)
+        return latency_backend(rollout, self.gen_latency_s)
+
+    def trainer(self, trainer: Any) -> Any:
+        return FixedStepTrainer(trainer, self.step_s) if self.fixed_step else LatencyTrainer(trainer, self.step_s)

@@ -76,15 +76,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import json
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrl.bench import harness
+from streamrl.bench._sim import unit
 from streamrl.plotting import pyplot, save
 
 HELP = "verl reward-agent ablation: sync vs mini-batch pipeline vs one-step off-policy vs both"
@@ -103,11 +102,6 @@ SCORER = "gsm8k_remote"
 
 # -- the reward function the scorer entry runs --------------------------------------------------
 
-def _unit(text: str) -> float:
-    """A number in [0, 1) that depends only on ``text``."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2.0 ** 64
-
-
 def remote_gsm8k_score(data_source: str, solution_str: str, ground_truth: str | None,
                        extra_info: dict[str, Any] | None = None, latency: float = 40.0,
                        min_latency: float = 1.0, scale: float = 1.0) -> dict[str, Any]:
@@ -119,7 +113,7 @@ def remote_gsm8k_score(data_source: str, solution_str: str, ground_truth: str | 
     from streamrl.scorers import gsm8k
 
     info = extra_info or {}
-    u = (_unit(f"delay\x00{info['index']}\x00{info['sample']}") if "index" in info and "sample" in info
+    u = (unit(f"delay\x00{info['index']}\x00{info['sample']}".encode()) if "index" in info and "sample" in info
          else random.random())
     time.sleep((min_latency + (latency - min_latency) * u) * scale)
     return gsm8k.compute_score(data_source, solution_str, ground_truth, extra_info, method="strict")
@@ -175,8 +169,8 @@ def workload_from(args: argparse.Namespace) -> Workload:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="a CI-sized run (3 steps of 16 prompts, --delay-scale 0.002: ~15 s)")
+    harness.add_common_arguments(parser, bootstrap=False, out="where ablation.json and ablation.png go",
+                                 quick="a CI-sized run (3 steps of 16 prompts, --delay-scale 0.002: ~15 s)")
     parser.add_argument("--steps", type=int, default=0, help="training steps per mode (default 10, --quick 3)")
     parser.add_argument("--prompts", type=int, default=0, help="prompts per batch (default 64, --quick 16)")
     parser.add_argument("--group-size", type=int, default=5, help="samples per prompt (the agent's rollout.n)")
@@ -194,7 +188,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "next batch only once every call of the last one has returned)")
     parser.add_argument("--dataset", default="gsm8k",
                         help="GSM8K-style dataset (question, answer): gsm8k (from the hub) or a file")
-    parser.add_argument("--out", default="runs/bench", help="where ablation.json and ablation.png go")
 
 
 @dataclass
@@ -222,7 +215,7 @@ def rollout(prompt: Question, sample: int, group_size: int, version: int) -> Any
     60 % of the time."""
     from streamrl.records import Trajectory
 
-    u = _unit(f"answer\x00{prompt.index}\x00{sample}")
+    u = unit(f"answer\x00{prompt.index}\x00{sample}".encode())
     answer = prompt.ground_truth if u < 0.6 else prompt.ground_truth + str(1 + int(u * 9))
     text = f"Working through it step by step (sample {sample}), the total comes to {answer}.\n#### {answer}"
     return Trajectory(id=f"ablation-{prompt.index}-{sample}", group_id=f"ablation-{prompt.index}",
@@ -389,7 +382,7 @@ async def run_mode(mode: str, w: Workload, prompts: list[Question], progress: An
     return res
 
 
-# -- output --------------------------------------------------------------------------------------
+# -- the bench -----------------------------------------------------------------------------------
 
 def plot(results: dict[str, ModeResult], reduction: dict[str, float], w: Workload, path: Path) -> None:
     """Seconds per mode; reductions next to the agent's; the first steps' timelines."""
@@ -450,66 +443,69 @@ def plot(results: dict[str, ModeResult], reduction: dict[str, float], w: Workloa
     save(fig, path, dpi=80)
 
 
-async def _bench(w: Workload, prompts: list[Question]) -> dict[str, ModeResult]:
-    from tqdm import tqdm
+class AblationBench(harness.Bench):
+    """The four schedules (``MODES``), one run each, over the same batches: consecutive GSM8K
+    train prompts."""
 
-    import streamrl.scorers.gsm8k  # noqa: F401 - imported before any clock starts
+    name = "ablation"
+    variants = MODES
+    seconds_key = "bench_seconds"
 
-    results = {}
-    for mode in MODES:
-        with tqdm(total=w.steps * w.mini_batches, desc=f"bench ablation {mode:15s}", unit="update",
-                  file=sys.stderr, dynamic_ncols=True, leave=True) as bar:
-            results[mode] = await run_mode(mode, w, prompts, bar)
-    return results
+    def __init__(self, args: argparse.Namespace):
+        import streamrl.scorers.gsm8k  # noqa: F401 - imported before any clock starts
+
+        super().__init__(args)
+        self.w = workload_from(args)
+        self.prompts = load_prompts(args.dataset, self.w.steps * self.w.prompts)
+        self.units = self.w.steps * self.w.mini_batches  # the progress bar counts updates
+
+    async def measure(self, mode: str, round: int) -> ModeResult:
+        return await run_mode(mode, self.w, self.prompts, self.progress)
+
+    def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        results = runs.single()
+        reduction = {m: 1 - results[m].seconds / results["sync"].seconds for m in MODES if m != "sync"}
+        steps = self.w.steps
+        return {
+            "seconds": {m: round(r.seconds, 3) for m, r in results.items()},
+            "reduction": {m: round(v, 4) for m, v in reduction.items()},
+            "agent_reduction": AGENT_REDUCTION,
+            "s_per_step": {m: round(r.seconds / steps, 3) for m, r in results.items()},
+            "device_wait_s": {m: round(r.busy_s["wait"], 3) for m, r in results.items()},
+            "max_staleness": {m: r.max_staleness for m, r in results.items()},
+            "updates": {m: r.updates for m, r in results.items()},
+            "records_scored": {m: r.scored for m, r in results.items()},
+            "reward_mean": {m: round(r.reward_sum / max(1, r.scored), 4) for m, r in results.items()},
+            "workload": asdict(self.w),
+        }
+
+    def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
+        w = self.w
+        one_at_a_time = "; one batch at a time" if w.agent_barrier else ""
+        print(f"workload: {w.steps} steps x {w.prompts} GSM8K prompts x {w.group_size} samples "
+              f"({w.mini_batches} mini-batch updates per step); reward delay uniform "
+              f"{w.delay_low_s:g}-{w.delay_high_s:g} s x {w.delay_scale:g}, {w.concurrency} calls at once "
+              f"(streamrl Scoring, function scorer, executor thread{one_at_a_time}); "
+              f"generation {w.gen_s * w.delay_scale:.3g} s per batch, update {w.step_s * w.delay_scale:.3g} s "
+              f"per mini-batch (simulated)")
+        print("per step, on its own: " + ", ".join(f"{k} {v:.2f} s" for k, v in w.expected().items()))
+        reduction = summary["reduction"]
+        print(harness.table(
+            ["mode", "seconds", "s/step", "reduction", "agent", "generate", "update", "waits", "staleness",
+             "updates", "reward"],
+            [[m, f"{r.seconds:.2f}", f"{r.seconds / w.steps:.2f}",
+              f"{100 * reduction[m]:.1f}%" if m in reduction else "-",
+              f"{-100 * AGENT_REDUCTION[m]:.1f}%" if m in AGENT_REDUCTION else "-",
+              f"{r.busy_s['generate']:.2f}", f"{r.busy_s['update']:.2f}", f"{r.busy_s['wait']:.2f}",
+              r.max_staleness, r.updates, f"{r.reward_sum / max(1, r.scored):.3f}"] for m, (r,) in runs.items()]))
+        print("(reduction: 1 - seconds / sync seconds; agent: verl's reported change in training time; "
+              "waits: the device idle until rewards come)")
+
+    def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:
+        results = runs.single()
+        plot(results, {m: 1 - results[m].seconds / results["sync"].seconds for m in MODES if m != "sync"},
+             self.w, path)
 
 
 def main(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    w = workload_from(args)
-    # the batches every mode trains on: consecutive GSM8K train prompts
-    prompts = load_prompts(args.dataset, w.steps * w.prompts)
-    out = Path(args.out)
-    results = asyncio.run(_bench(w, prompts))
-
-    sync_s = results["sync"].seconds
-    reduction = {m: 1 - results[m].seconds / sync_s for m in MODES if m != "sync"}
-    exp = w.expected()
-    one_at_a_time = "; one batch at a time" if w.agent_barrier else ""
-    print(f"workload: {w.steps} steps x {w.prompts} GSM8K prompts x {w.group_size} samples "
-          f"({w.mini_batches} mini-batch updates per step); reward delay uniform "
-          f"{w.delay_low_s:g}-{w.delay_high_s:g} s x {w.delay_scale:g}, {w.concurrency} calls at once "
-          f"(streamrl Scoring, function scorer, executor thread{one_at_a_time}); "
-          f"generation {w.gen_s * w.delay_scale:.3g} s per batch, update {w.step_s * w.delay_scale:.3g} s "
-          f"per mini-batch (simulated)")
-    print("per step, on its own: " + ", ".join(f"{k} {v:.2f} s" for k, v in exp.items()))
-    print(f"{'mode':16s} {'seconds':>8s} {'s/step':>7s} {'reduction':>9s} {'agent':>7s} {'generate':>9s} "
-          f"{'update':>7s} {'waits':>7s} {'staleness':>9s} {'updates':>7s} {'reward':>7s}")
-    for name, r in results.items():
-        red = f"{100 * reduction[name]:8.1f}%" if name in reduction else f"{'-':>9s}"
-        agent = f"{-100 * AGENT_REDUCTION[name]:6.1f}%" if name in AGENT_REDUCTION else f"{'-':>7s}"
-        print(f"{name:16s} {r.seconds:8.2f} {r.seconds / w.steps:7.2f} {red} {agent} "
-              f"{r.busy_s['generate']:9.2f} {r.busy_s['update']:7.2f} {r.busy_s['wait']:7.2f} "
-              f"{r.max_staleness:9d} {r.updates:7d} {r.reward_sum / max(1, r.scored):7.3f}")
-    print("(reduction: 1 - seconds / sync seconds; agent: verl's reported change in training time; "
-          "waits: the device idle until rewards come)")
-
-    plot_path = out / "ablation.png"
-    plot(results, reduction, w, plot_path)
-    result = {
-        "seconds": {m: round(r.seconds, 3) for m, r in results.items()},
-        "reduction": {m: round(v, 4) for m, v in reduction.items()},
-        "agent_reduction": AGENT_REDUCTION,
-        "s_per_step": {m: round(r.seconds / w.steps, 3) for m, r in results.items()},
-        "device_wait_s": {m: round(r.busy_s["wait"], 3) for m, r in results.items()},
-        "max_staleness": {m: r.max_staleness for m, r in results.items()},
-        "updates": {m: r.updates for m, r in results.items()},
-        "records_scored": {m: r.scored for m, r in results.items()},
-        "reward_mean": {m: round(r.reward_sum / max(1, r.scored), 4) for m, r in results.items()},
-        "workload": asdict(w),
-        "bench_seconds": round(time.monotonic() - started, 1),
-        "plot": str(plot_path),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ablation.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result), flush=True)
-    return 0
+    return harness.run(AblationBench(args))

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
 import sys
 import tempfile
 import time
@@ -24,16 +22,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from streamrl.bench import harness
+
 HELP = "archive write throughput against the bus's, and its size per 1,000 trajectories (one run)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamrl.commands.common import add_bootstrap_argument
-
-    add_bootstrap_argument(parser)
+    harness.add_common_arguments(parser, quick="a short run (about a minute)")
     parser.add_argument("--records", type=int, default=0, help="records per round (default 4000; --quick 1000)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds (default 3; --quick 1)")
-    parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
     parser.add_argument("--response-tokens", type=int, default=1536)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--compression", default="zstd", help="archive.compression (default zstd)")
@@ -115,38 +112,45 @@ async def _round(bus_cfg: Any, records: list[Any], compression: str) -> dict[str
             "archive_bytes_per_1000": archive_bytes / n * 1000, "topic_bytes_per_1000": topic_bytes / n * 1000}
 
 
-def main(args: argparse.Namespace) -> int:
-    from streamrl.runtime import broker_for
-    from streamrl.pipeline_config import PipelineConfig
+class ArchiveBench(harness.Bench):
+    """One variant, ``--rounds`` rounds, medians."""
 
-    n = args.records or (1000 if args.quick else 4000)
-    rounds = args.rounds or (1 if args.quick else 3)
-    cfg = PipelineConfig()
-    cfg.bus.bootstrap_servers = args.bootstrap_servers
-    print(f"bench archive: {n} records of {args.prompt_tokens}+{args.response_tokens} tokens, {rounds} rounds",
-          file=sys.stderr, flush=True)
-    records = _records(n, (args.prompt_tokens, args.response_tokens))
-    runs = []
-    with broker_for(cfg):
-        for i in range(rounds):
-            runs.append(asyncio.run(_round(cfg.bus, records, args.compression)))
-            print(f"round {i + 1}/{rounds}: " + ", ".join(f"{k} {v:.0f}" for k, v in runs[-1].items()),
-                  file=sys.stderr, flush=True)
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    summary = {
-        "records": n, "rounds": rounds, "compression": args.compression,
-        "bus_records_per_s": round(med["bus_rps"], 1),
-        "archive_records_per_s": round(med["archive_rps"], 1),
-        "archive_write_only_records_per_s": round(med["write_rps"], 1),
-        "ratio_archive_to_bus": round(med["archive_rps"] / med["bus_rps"], 3),
-        "ratio_write_only_to_bus": round(med["write_rps"] / med["bus_rps"], 3),
-        "archive_mb_per_1000": round(med["archive_bytes_per_1000"] / 1e6, 3),
-        "topic_mb_per_1000": round(med["topic_bytes_per_1000"] / 1e6, 3),
-        "ratio_archive_to_topic_bytes": round(med["archive_bytes_per_1000"] / med["topic_bytes_per_1000"], 3),
-    }
-    print(f"bus produce {summary['bus_records_per_s']:.0f} rec/s | archive stage {summary['archive_records_per_s']:.0f} "
-          f"rec/s ({summary['ratio_archive_to_bus']}x) | write only {summary['archive_write_only_records_per_s']:.0f} "
-          f"rec/s | {summary['archive_mb_per_1000']} MB per 1,000 trajectories "
-          f"({summary['ratio_archive_to_topic_bytes']}x their JSON on the topic)", file=sys.stderr)
-    print(json.dumps(summary), flush=True)
-    return 0
+    name = "archive"
+    broker = True
+    seconds_key = None
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(args)
+        self.n, self.rounds = args.records or (1000 if args.quick else 4000), args.rounds or (1 if args.quick else 3)
+        print(f"bench archive: {self.n} records of {args.prompt_tokens}+{args.response_tokens} tokens, "
+              f"{self.rounds} rounds", file=sys.stderr, flush=True)
+        self.records = _records(self.n, (args.prompt_tokens, args.response_tokens))
+
+    def measure(self, variant: str, round: int) -> dict[str, float]:
+        out = asyncio.run(_round(self.bus, self.records, self.args.compression))
+        self.note(f"round {round + 1}/{self.rounds}: " + ", ".join(f"{k} {v:.0f}" for k, v in out.items()))
+        return out
+
+    def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        med = runs.medians("run")
+        return {
+            "records": self.n, "rounds": self.rounds, "compression": self.args.compression,
+            "bus_records_per_s": round(med["bus_rps"], 1),
+            "archive_records_per_s": round(med["archive_rps"], 1),
+            "archive_write_only_records_per_s": round(med["write_rps"], 1),
+            "ratio_archive_to_bus": round(med["archive_rps"] / med["bus_rps"], 3),
+            "ratio_write_only_to_bus": round(med["write_rps"] / med["bus_rps"], 3),
+            "archive_mb_per_1000": round(med["archive_bytes_per_1000"] / 1e6, 3),
+            "topic_mb_per_1000": round(med["topic_bytes_per_1000"] / 1e6, 3),
+            "ratio_archive_to_topic_bytes": round(med["archive_bytes_per_1000"] / med["topic_bytes_per_1000"], 3),
+        }
+
+    def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
+        print(f"bus produce {summary['bus_records_per_s']:.0f} rec/s | archive stage {summary['archive_records_per_s']:.0f} "
+              f"rec/s ({summary['ratio_archive_to_bus']}x) | write only {summary['archive_write_only_records_per_s']:.0f} "
+              f"rec/s | {summary['archive_mb_per_1000']} MB per 1,000 trajectories "
+              f"({summary['ratio_archive_to_topic_bytes']}x their JSON on the topic)", file=sys.stderr)
+
+
+def main(args: argparse.Namespace) -> int:
+    return harness.run(ArchiveBench(args))

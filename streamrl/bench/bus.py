@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import contextlib
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 import uuid
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Iterator
+
+from streamrl.bench import harness
 
 HELP = "bus throughput, latency and loop lag against the bare Kafka clients (one run, side by side)"
 MODES = ("bus", "bytes", "bare", "aio", "aiokafka")
@@ -51,13 +52,10 @@ SLOW_SEND_MS = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamrl.commands.common import add_bootstrap_argument
-
-    add_bootstrap_argument(parser)
+    harness.add_common_arguments(parser, quick="a short run")
     parser.add_argument("--records", type=int, default=0,
                         help="records per run (default: 160 MB worth, at least 300; --quick 60 MB)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds of every mode (default 3; --quick 2)")
-    parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--response-tokens", type=int, default=1536)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--compression", default="", help="bus.compression for this run (default: the config's)")
@@ -352,56 +350,67 @@ def _available(modes: list[str]) -> list[str]:
     return out
 
 
+class BusBench(harness.Bench):
+    """Rounds alternate the modes (``--modes``); medians."""
+
+    name = "bus"
+    seconds_key = None
+
+    def __init__(self, args: argparse.Namespace):
+        from streamrl.pipeline_config import PipelineConfig
+
+        super().__init__(args)
+        self.shape = (args.prompt_tokens, args.response_tokens)
+        self.record_bytes = len(sample_trajectory(*self.shape).encode())
+        self.n = args.records or max(300, int((60e6 if args.quick else 160e6) // self.record_bytes))
+        self.rounds = args.rounds or (2 if args.quick else 3)
+        self.variants = _available([m.strip() for m in args.modes.split(",") if m.strip()])
+        self.cfg = PipelineConfig()
+        self.cfg.bus.bootstrap_servers = args.bootstrap_servers
+        if args.compression:
+            self.cfg.bus.compression = args.compression
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        from streamrl.runtime import open_broker
+
+        with open_broker(self.cfg) as (_, broker):  # the broker's process: its CPU per record
+            self.bus_cfg, self.broker_pid = asdict(self.cfg.bus), broker.proc.pid if broker is not None else None
+            yield
+
+    def measure(self, mode: str, round: int) -> dict[str, float]:
+        return run_once(mode, self.bus_cfg, self.n, self.shape, self.broker_pid, self.args.rate)
+
+    def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        med = {mode: runs.medians(mode) for mode in runs}
+        summary: dict[str, Any] = {"records": self.n, "rounds": self.rounds, "record_bytes": self.record_bytes,
+                                   "compression": self.cfg.bus.compression, "rate": self.args.rate}
+        summary.update({mode: {k: round(v, 2) for k, v in m.items()} for mode, m in med.items()})
+        for a, b in (("bus", "bare"), ("bytes", "bare"), ("bus", "aiokafka")):
+            if a in med and b in med:
+                summary[f"ratio_{a}_to_{b}"] = round(med[a]["mb_per_s"] / med[b]["mb_per_s"], 3)
+        return summary
+
+    def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
+        rate = self.args.rate
+        print(f"compression {self.cfg.bus.compression}, {self.n} distinct-content records of {self.record_bytes} B, "
+              f"median of {self.rounds} rounds" + (f", sent at {rate:g} records/s" if rate else ""))
+        columns = [("records/s", "records_per_s", ".0f"), ("MB/s", "mb_per_s", ".1f"), ("p50 ms", "p50_latency_ms", ".1f"),
+                   ("p99 ms", "p99_latency_ms", ".1f"), ("lag p99", "loop_lag_p99_ms", ".2f"),
+                   ("lag max", "loop_lag_max_ms", ".2f"), ("send p99", "send_p99_ms", ".2f"), ("max", "send_max_ms", ".2f"),
+                   ("cpu p99", "send_cpu_p99_ms", ".2f"), ("max", "send_cpu_max_ms", ".2f"), ("wire", "wire_ratio", ".3f"),
+                   ("cpu/rec us: prod", "producer_cpu_us", ".0f"), ("cons", "consumer_cpu_us", ".0f"),
+                   ("broker", "broker_cpu_us", ".0f")]
+        medians = {mode: runs.medians(mode) for mode in runs}
+        print(harness.table([""] + [c[0] for c in columns],
+                            [[mode] + [format(m[key], fmt) for _, key, fmt in columns] for mode, m in medians.items()]))
+        for mode in runs:
+            if mode != "bare":
+                slow = {k: sum(int(r[k]) for r in runs[mode]) for k in ("slow_sends", "slow_sends_off_core", "slow_sends_cpu")}
+                print(f"{mode}: {slow['slow_sends']} of {self.n * self.rounds} sends held the loop over {SLOW_SEND_MS:.0f} ms; "
+                      f"the loop's thread was off its core (preempted or waiting) during {slow['slow_sends_off_core']} of them; "
+                      f"{slow['slow_sends_cpu']} sends used over {SLOW_SEND_MS:.0f} ms of CPU")
+
+
 def main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from streamrl.runtime import open_broker
-    from streamrl.pipeline_config import PipelineConfig
-
-    shape = (args.prompt_tokens, args.response_tokens)
-    record_bytes = len(sample_trajectory(*shape).encode())
-    n = args.records or max(300, int((60e6 if args.quick else 160e6) // record_bytes))
-    rounds = args.rounds or (2 if args.quick else 3)
-    modes = _available([m.strip() for m in args.modes.split(",") if m.strip()])
-    cfg = PipelineConfig()
-    cfg.bus.bootstrap_servers = args.bootstrap_servers
-    if args.compression:
-        cfg.bus.compression = args.compression
-    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
-    with open_broker(cfg) as (_, broker):
-        bus_cfg = asdict(cfg.bus)
-        broker_pid = broker.proc.pid if broker is not None else None
-        steps = [mode for _ in range(rounds) for mode in modes]
-        for mode in tqdm(steps, desc=f"bench bus ({n} records of {record_bytes} B per run)", file=sys.stderr):
-            runs[mode].append(run_once(mode, bus_cfg, n, shape, broker_pid, args.rate))
-    med = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
-    print(f"compression {cfg.bus.compression}, {n} distinct-content records of {record_bytes} B, "
-          f"median of {rounds} rounds" + (f", sent at {args.rate:g} records/s" if args.rate else ""))
-    print(f"{'':9s} {'records/s':>10s} {'MB/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'lag p99':>8s} "
-          f"{'lag max':>8s} {'send p99':>8s} {'max':>6s} {'cpu p99':>7s} {'max':>6s} {'wire':>6s} "
-          f"{'cpu/rec us: prod':>16s} {'cons':>6s} {'broker':>6s}")
-    for mode in modes:
-        m = med[mode]
-        print(f"{mode:9s} {m['records_per_s']:10.0f} {m['mb_per_s']:8.1f} {m['p50_latency_ms']:8.1f} "
-              f"{m['p99_latency_ms']:8.1f} {m['loop_lag_p99_ms']:8.2f} {m['loop_lag_max_ms']:8.2f} "
-              f"{m['send_p99_ms']:8.2f} {m['send_max_ms']:6.2f} {m['send_cpu_p99_ms']:7.2f} "
-              f"{m['send_cpu_max_ms']:6.2f} {m['wire_ratio']:6.3f} {m['producer_cpu_us']:16.0f} "
-              f"{m['consumer_cpu_us']:6.0f} {m['broker_cpu_us']:6.0f}")
-    for mode in modes:
-        if mode != "bare":
-            slow = {k: sum(int(r[k]) for r in runs[mode]) for k in ("slow_sends", "slow_sends_off_core", "slow_sends_cpu")}
-            print(f"{mode}: {slow['slow_sends']} of {n * rounds} sends held the loop over {SLOW_SEND_MS:.0f} ms; "
-                  f"the loop's thread was off its core (preempted or waiting) during {slow['slow_sends_off_core']} of them; "
-                  f"{slow['slow_sends_cpu']} sends used over {SLOW_SEND_MS:.0f} ms of CPU")
-    summary: dict[str, Any] = {"records": n, "rounds": rounds, "record_bytes": record_bytes,
-                               "compression": cfg.bus.compression, "rate": args.rate}
-    for mode in modes:
-        summary[mode] = {k: round(v, 2) for k, v in med[mode].items()}
-    if "bus" in med and "bare" in med:
-        summary["ratio_bus_to_bare"] = round(med["bus"]["mb_per_s"] / med["bare"]["mb_per_s"], 3)
-    if "bytes" in med and "bare" in med:
-        summary["ratio_bytes_to_bare"] = round(med["bytes"]["mb_per_s"] / med["bare"]["mb_per_s"], 3)
-    if "bus" in med and "aiokafka" in med:
-        summary["ratio_bus_to_aiokafka"] = round(med["bus"]["mb_per_s"] / med["aiokafka"]["mb_per_s"], 3)
-    print(json.dumps(summary), flush=True)
-    return 0
+    return harness.run(BusBench(args))

@@ -50,28 +50,22 @@ and, as the last line of stdout, one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import multiprocessing as mp
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from streamrl.bench.pipeline import bounded
+from streamrl.bench import harness
+from streamrl.bench._sim import Costs
 from streamrl.plotting import pyplot, save
 
 HELP = "time to reward: synchronous vs streaming (max_staleness 1/2/4, correction off/on), real learner updates"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamrl.commands.common import add_bootstrap_argument
-
-    add_bootstrap_argument(parser)
-    parser.add_argument("--quick", action="store_true",
-                        help="one seed, staleness 1 with the correction, 20 versions, target 0.15 (under 3 minutes)")
+    harness.add_common_arguments(parser, out="where the runs, JSON and plot go",
+                                 quick="one seed, staleness 1 with the correction, 20 versions, target 0.15 (under 3 minutes)")
     parser.add_argument("--task", default="digits:rev",
                         help="the generated task (digits[:OP]); the seed is appended (default: reverse two digits)")
     parser.add_argument("--versions", type=int, default=0, help="versions per run (default 40, --quick 20)")
@@ -95,7 +89,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", default="",
                         help=f"instead of the staleness grid, verl recipes streamed at the first --staleness and "
                              f"--correction: any of {','.join(RECIPES)} (issue 37)")
-    parser.add_argument("--out", default="runs/bench", help="where the runs, JSON and plot go")
 
 
 #: verl recipes as the learner keys their verl configs set (``learner.*``; a dotted key is a
@@ -163,80 +156,26 @@ def setup_from(args: argparse.Namespace) -> Setup:
                  step_latency_s=args.step_latency, recipes=recipes)
 
 
-# -- the fixed latencies --------------------------------------------------------------------------
-
-async def score_after(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None,
-                      latency_s: float = 0.0) -> dict[str, Any]:
-    """The digits rule, answered after ``latency_s`` (a judge's round trip)."""
-    from streamrl.scorers.digits import compute_score
-
-    if latency_s:
-        await asyncio.sleep(latency_s)
-    return compute_score(data_source, solution_str, ground_truth, extra_info)
-
-
-def latency_backend(cfg: Any, latency_s: float) -> Any:
-    """The rollout config's transformers backend, each ``generate`` call answered ``latency_s``
-    later than its real work."""
-    from streamrl.rollout.backends import make_backend
-
-    backend = make_backend(cfg)
-    if latency_s:
-        real = backend.generate
-
-        async def generate(prompts: Sequence[Any], n: int, params: Any) -> Any:
-            out = await real(prompts, n, params)
-            await asyncio.sleep(latency_s)
-            return out
-
-        backend.generate = generate
-    return backend
-
-
-class LatencyTrainer:
-    """The real ``Trainer``; each step returns ``latency_s`` after its real update."""
-
-    def __init__(self, trainer: Any, latency_s: float):
-        self._trainer, self.latency_s = trainer, latency_s
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._trainer, name)
-
-    def step(self, samples: Sequence[Any]) -> dict[str, float]:
-        out = self._trainer.step(samples)
-        time.sleep(self.latency_s)
-        return out
-
-
-# -- one run's config -----------------------------------------------------------------------------
+# -- one run ------------------------------------------------------------------------------------
 
 def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, staleness: int,
                correction: bool, recipe: str = "") -> Any:
-    import uuid
-
+    from streamrl.bench._stages import configure
     from streamrl.pipeline_config import load_config
     from streamrl.reward.config import ScorerSpec
 
-    cfg = load_config("local.yaml")  # the embedded default's task, prompts and sampling
-    cfg.bus.bootstrap_servers = bootstrap
-    cfg.bus.topic_prefix = f"learn{uuid.uuid4().hex[:8]}"
-    run_id = run_dir.name
-    cfg.feed.dataset, cfg.feed.group_size, cfg.feed.shuffle = f"{s.task}@{seed}", s.group_size, False
-    cfg.feed.limit = (s.versions + 8) * s.groups
+    cfg = configure(load_config("local.yaml"),  # the embedded default's task, prompts and sampling
+                    bootstrap=bootstrap, run_dir=run_dir, prefix="learn", staleness=staleness, groups=s.groups,
+                    group_size=s.group_size, mini_batches=1, versions=s.versions)
+    cfg.feed.dataset, cfg.feed.limit = f"{s.task}@{seed}", (s.versions + 8) * s.groups
     r = cfg.rollout
-    r.policy, r.seed, r.group = policy, seed, f"{run_id}-rollout"
-    r.max_staleness, r.trajectories_per_version, r.gate_poll_s = staleness, s.batch, 0.1
+    r.policy, r.seed = policy, seed
     r.max_in_flight = s.groups  # a version's prompts in flight at once, as a serving engine takes a batch
-    cfg.reward.group = f"{run_id}-reward"
-    cfg.reward.scorers["digits"] = ScorerSpec(type="function", path="streamrl.bench.learning:score_after",
+    cfg.reward.scorers["digits"] = ScorerSpec(type="function", path="streamrl.bench._sim:score_after",
                                               kwargs={"latency_s": s.judge_latency_s}, data_sources=["digits"])
     lc = cfg.learner
     lc.policy, lc.seed, lc.lr, lc.decoupled = policy, seed, s.lr or lc.lr, correction
     lc.entropy_coeff = s.entropy_coeff
-    lc.max_staleness, lc.groups_per_mini_batch, lc.mini_batches_per_version = staleness, s.groups, 1
-    lc.versions, lc.consumer_group = s.versions, f"{run_id}-learner"
-    lc.checkpoint_every = s.versions + 1  # one checkpoint, as it stops
-    lc.checkpoint_dir, lc.weights_dir = str(run_dir / "checkpoints"), str(run_dir / "weights")
     if recipe:
         apply_recipe(lc, recipe, r.max_new_tokens)
         if lc.filter_groups.enable:  # dynamic sampling spends prompts on groups it filters
@@ -244,148 +183,31 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
     return cfg
 
 
-# -- (a) synchronous ------------------------------------------------------------------------------
+def costs(s: Setup) -> Costs:
+    """The fixed latencies, on both sides: generation calls, learner steps (scores: ``run_config``)."""
+    return Costs(gen_latency_s=s.gen_latency_s, step_s=s.step_latency_s)
+
 
 async def run_sync(s: Setup, cfg: Any, prompts: list, lag: int = 0) -> dict[str, Any]:
-    """Generate a batch, score all of it, train, publish; ``versions`` times. Returns the
-    reward of each version's batch and when each version was published. ``lag`` > 0: version
-    v's batch is generated by the weights of version max(0, v - lag) (the lagged variants)."""
-    from streamrl.learner.samples import to_samples
-    from streamrl.learner.trainer import Trainer
-    from streamrl.policy import save_policy
-    from streamrl.reward.scoring import Scoring
-    from streamrl.rollout.backends import SamplingParams
-    from streamrl.rollout.chat import ChatRenderer
-    from streamrl.rollout.episode import run_group
+    """(a) and (c): the synchronous loop (``_stages.run_sync``) at ``cfg``'s concurrency. ``lag`` >
+    0: version v's batch is generated by the weights of version max(0, v - lag)."""
+    from streamrl.bench._stages import run_sync as sync_loop
 
-    backend = latency_backend(cfg.rollout, s.gen_latency_s)
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
-    renderer = ChatRenderer(backend.tokenizer)
-    reward = Scoring(cfg.reward)
-    await reward.start()
-    trainer = LatencyTrainer(Trainer(cfg.learner), s.step_latency_s)
-    weights = Path(cfg.learner.weights_dir)
-    weights.mkdir(parents=True, exist_ok=True)
-    rewards: dict[int, float] = {}
-    seen: dict[int, float] = {}
-    first: list[float] = []
-
-    async def score(t: Any) -> Any:
-        out = await reward.reward(t)
-        first.append(time.time())
-        return out
-
-    published: dict[int, Path] = {}
-    generated_by: dict[int, int] = {}  # version -> the policy version that generated its batch
-    try:
-        for v in range(s.versions):
-            batch = prompts[v * s.groups:(v + 1) * s.groups]
-            groups = await bounded(cfg.rollout.max_in_flight,
-                                   [run_group(p, s.group_size, backend, params, renderer) for p in batch])
-            scored = await bounded(cfg.reward.max_in_flight, [score(t) for g in groups for t in g])
-            rewards[v], seen[v] = statistics.fmean(float(r.reward) for r in scored), time.time()
-            generated_by[v] = min(r.policy_version for r in scored)
-            await asyncio.to_thread(trainer.step, to_samples(scored, cfg.learner, trainer))
-            published[v + 1] = await asyncio.to_thread(save_policy, trainer.model, trainer.tokenizer,
-                                                       weights / f"v{v + 1}")
-            use = v + 1 - lag  # the version that generates the next batch
-            if use > 0 and use != backend.version:
-                await backend.load_weights(str(published[use]), use)
-    finally:
-        await reward.close()
-        await backend.close()
-    return {"rewards": rewards, "seen": {v: t - min(first) for v, t in seen.items()}, "generated_by": generated_by}
+    return await sync_loop(cfg, prompts, costs(s), versions=s.versions, in_flight=cfg.rollout.max_in_flight, lag=lag)
 
 
-# -- (b) streaming --------------------------------------------------------------------------------
+async def run_streaming(s: Setup, cfg: Any, prompts: list, run_dir: Path) -> dict[str, Any]:
+    """(b): the real stages as processes (``_stages.run_streaming``); rewards and version times
+    from the topics."""
+    from streamrl.bench._stages import run_streaming as stages, write_config
 
-def _rollout_process(cfg_path: str, log_path: str, latency_s: float) -> None:
-    from streamrl.bench.pipeline import _child_setup
+    def settled(obs: Any) -> bool:  # the records the last versions generated are scored
+        last = obs.by_version.get(s.versions - 1)
+        return obs.latest_version >= s.versions and last is not None and last.records >= s.batch
 
-    _child_setup(log_path)
-    from streamrl.bus import Bus
-    from streamrl.runtime import run_until_signalled
-    from streamrl.pipeline_config import load_config
-    from streamrl.rollout.worker import RolloutWorker
-
-    cfg = load_config(cfg_path)
-
-    async def main(stop: asyncio.Event) -> None:
-        await RolloutWorker(Bus(cfg.bus), cfg.rollout, latency_backend(cfg.rollout, latency_s)).run(stop)
-
-    run_until_signalled(main)
-
-
-def _learner_process(cfg_path: str, log_path: str, latency_s: float) -> None:
-    from streamrl.bench.pipeline import _child_setup
-
-    _child_setup(log_path)
-    from streamrl.bus import Bus
-    from streamrl.runtime import run_until_signalled
-    from streamrl.pipeline_config import load_config
-    from streamrl.learner.stage import Learner
-
-    cfg = load_config(cfg_path)
-
-    async def main(stop: asyncio.Event) -> None:
-        learner = Learner(Bus(cfg.bus), cfg.learner)
-        learner.trainer = LatencyTrainer(learner.trainer, latency_s)
-        await learner.run(stop)
-
-    run_until_signalled(main)
-
-
-async def run_streaming(s: Setup, cfg: Any, cfg_path: Path, prompts: list, run_dir: Path) -> dict[str, Any]:
-    """The real stages as processes (started as ``bench pipeline`` starts them: the learner
-    first, the rest once it has announced version 0); rewards and version times from the
-    topics, through the run's ``Observer``."""
-    from streamrl.bench.pipeline import start_stages
-    from streamrl.bus import Bus
-    from streamrl.config import RestartConfig
-    from streamrl.launching import LocalLauncher
-    from streamrl.observing import Observer
-    from streamrl.topics import ensure_topics
-
-    bus = Bus(cfg.bus)
-    await ensure_topics(bus)
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    ctx = mp.get_context("spawn")
-    learner = ctx.Process(target=_learner_process, daemon=True,
-                          args=(str(cfg_path), str(logs / "learner.log"), s.step_latency_s))
-    rollout = ctx.Process(target=_rollout_process, daemon=True,
-                          args=(str(cfg_path), str(logs / "rollout.log"), s.gen_latency_s))
-    reward = LocalLauncher(logs, RestartConfig(max_restarts=0))
-    observer = Observer(bus)
-    await observer.start()
-    try:
-        await start_stages("bench learning", bus, observer, learner, reward, [rollout], cfg_path, prompts, logs, 180)
-        deadline = time.monotonic() + 60 + 30 * s.versions  # a machine shared with other work is slow
-        while learner.exitcode is None:
-            obs = await observer.poll(timeout_ms=200)
-            if reward.failed() or rollout.exitcode is not None:
-                raise RuntimeError(f"bench learning: a stage exited early; logs in {logs}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"bench learning: no version {s.versions} in time (at {obs.latest_version}); "
-                                   f"logs in {logs}")
-        if learner.exitcode != 0:
-            raise RuntimeError(f"bench learning: the learner exited with {learner.exitcode}; see {logs}")
-        # the records the last versions generated are still being scored: a moment for them
-        for _ in range(30):
-            obs = await observer.poll(timeout_ms=100)
-            if obs.latest_version >= s.versions and obs.by_version.get(s.versions - 1) is not None \
-                    and obs.by_version[s.versions - 1].records >= s.batch:
-                break
-    finally:
-        await asyncio.to_thread(reward.stop_all, 15.0)
-        for p in (rollout, learner):
-            if p.is_alive():
-                p.terminate()
-            await asyncio.to_thread(p.join, 15)
-            if p.is_alive():
-                p.kill()
-        await observer.stop()
-    obs = observer.obs
+    obs, _ = await stages("bench learning", cfg, write_config(cfg, run_dir / "pipeline.yaml"), prompts, run_dir,
+                          costs(s), timeout_s=60 + 30 * s.versions,  # a machine shared with other work is slow
+                          settled=settled)
     done = {v: st for v, st in obs.by_version.items() if st.records and v < s.versions}
     t0 = min(st.first_scored for st in done.values())
     return {"rewards": {v: st.mean for v, st in done.items()},
@@ -475,81 +297,88 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
 
 # -- the whole bench ------------------------------------------------------------------------------
 
-async def _bench(s: Setup, bootstrap: str, out: Path) -> dict[str, list[dict[str, Any]]]:
-    from streamrl.bench.pipeline import write_config
-    from streamrl.rollout.feed import build_prompts
-    from streamrl.tasks import digits
-
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    variants = [("sync", "sync", 0, False, "")]
+def variants(s: Setup) -> dict[str, tuple[str, int, bool, str]]:
+    """name -> (kind: sync, streaming or lagged; staleness; the correction; recipe)."""
+    out = {"sync": ("sync", 0, False, "")}
     if s.recipes:  # verl's recipes, each streamed at one staleness
-        variants += [(f"recipe {r}", "streaming", s.staleness[0], s.corrections[0], r) for r in s.recipes]
+        out.update({f"recipe {r}": ("streaming", s.staleness[0], s.corrections[0], r) for r in s.recipes})
     else:
-        variants += [(f"staleness {k}{' + correction' if c else ''}", "streaming", k, c, "")
-                     for k in s.staleness for c in s.corrections]
+        out.update({f"staleness {k}{' + correction' if c else ''}": ("streaming", k, c, "")
+                    for k in s.staleness for c in s.corrections})
     if s.lagged:
-        variants += [(f"lagged {k}{' + correction' if c else ''}", "lagged", k, c, "")
-                     for k in s.staleness for c in s.corrections]
-    no_latency = replace(s, gen_latency_s=0.0, judge_latency_s=0.0, step_latency_s=0.0)
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in variants}
-    for seed in range(s.seeds):
-        # the warm start of the embedded default (its own seed), built once per seed
-        policy = str(digits.warm_start(out / "learning" / f"warm_start-seed{seed}", seed=seed))
-        for name, kind, k, correction, recipe in variants:
-            print(f"bench learning: seed {seed}, {name} ...", file=sys.stderr, flush=True)
-            run_dir = out / "learning" / f"{stamp}-seed{seed}-{name.replace(' + ', '-').replace(' ', '')}"
-            cfg = run_config(s, bootstrap, run_dir, policy, seed, max(k, 1), correction, recipe)
-            prompts = list(build_prompts(cfg.feed))
-            if kind == "sync":
-                run = await run_sync(s, cfg, prompts)
-            elif kind == "lagged":
-                run = await run_sync(no_latency, cfg, prompts, lag=k)
-            else:
-                run = await run_streaming(s, cfg, write_config(cfg, run_dir / "pipeline.yaml"), prompts, run_dir)
-            run.update(seed=seed, staleness=k, kind=kind)
-            results[name].append(run)
-            pts = curve(run, s.batch)
-            print(f"bench learning:   reward {pts[0][3]:.3f} -> {pts[-1][3]:.3f} in {pts[-1][1]:.1f}s",
-                  file=sys.stderr, flush=True)
-    return results
+        out.update({f"lagged {k}{' + correction' if c else ''}": ("lagged", k, c, "")
+                    for k in s.staleness for c in s.corrections})
+    return out
+
+
+class LearningBench(harness.Bench):
+    """Every variant, one run per seed (the rounds)."""
+
+    name = "learning"
+    broker = True
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(args)
+        self.s = setup_from(args)
+        self.specs = variants(self.s)
+        self.variants, self.rounds = list(self.specs), self.s.seeds
+        self.stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.policies: dict[int, str] = {}
+
+    async def measure(self, name: str, seed: int) -> dict[str, Any]:
+        from streamrl.rollout.feed import build_prompts
+        from streamrl.tasks import digits
+
+        s = self.s
+        if seed not in self.policies:  # the warm start of the embedded default (its own seed), once per seed
+            self.policies[seed] = str(digits.warm_start(self.out / "learning" / f"warm_start-seed{seed}", seed=seed))
+        kind, k, correction, recipe = self.specs[name]
+        run_dir = self.out / "learning" / f"{self.stamp}-seed{seed}-{name.replace(' + ', '-').replace(' ', '')}"
+        cfg = run_config(s, self.bus.bootstrap_servers, run_dir, self.policies[seed], seed, max(k, 1), correction, recipe)
+        prompts = list(build_prompts(cfg.feed))
+        if kind == "sync":
+            run = await run_sync(s, cfg, prompts)
+        elif kind == "lagged":
+            run = await run_sync(replace(s, gen_latency_s=0.0, judge_latency_s=0.0, step_latency_s=0.0),
+                                 cfg, prompts, lag=k)
+        else:
+            run = await run_streaming(s, cfg, prompts, run_dir)
+        run.update(seed=seed, staleness=k, kind=kind)
+        pts = curve(run, s.batch)
+        self.note(f"bench learning: seed {seed}, {name}: reward {pts[0][3]:.3f} -> {pts[-1][3]:.3f} "
+                  f"in {pts[-1][1]:.1f}s")
+        return run
+
+    def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        s = self.s
+        table = {name: summarise(seeds, s) for name, seeds in runs.items()}
+        sync = table["sync"]
+        ratios: dict[str, Any] = {}
+        for name, t in table.items():
+            if name == "sync":
+                continue
+            key = name.replace(" + ", "_").replace(" ", "_")
+            for what, figure in (("time", "seconds_to_target"), ("samples", "samples_to_target")):
+                mine, theirs = t[figure], sync[figure]
+                # None where either side never reached the target, or synchronous training started there
+                ratios[f"{what}_to_target_vs_sync_{key}"] = round(mine / theirs, 3) if mine is not None and theirs else None
+        return {"target": s.target, **ratios, "variants": table, "setup": asdict(s)}
+
+    def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
+        s = self.s
+        print(f"setup: {s.versions} versions x {s.batch} trajectories, {s.seeds} seed(s); latencies: generation "
+              f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; target {s.target:g}")
+        dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+        print(harness.table(
+            ["variant", "final (min..max)", "s to target", "samples", "reached", "run s", "dead", "filtered/v"],
+            [[name, f"{t['final_reward']:.3f} ({t['final_min']:.2f}..{t['final_max']:.2f})",
+              dash(t["seconds_to_target"], ".1f"), dash(t["samples_to_target"], ""), t["reached"],
+              dash(t["seconds"], ".1f"), t["dead_lettered"], f"{t['filtered_groups_per_version']:.2f}"]
+             for name, t in summary["variants"].items()]))
+
+    def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:
+        plot(runs, self.s, path)
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.runtime import broker_for
-    from streamrl.pipeline_config import PipelineConfig
-
-    s = setup_from(args)
-    out = Path(args.out)
-    cfg = PipelineConfig()
-    cfg.bus.bootstrap_servers = args.bootstrap_servers
-    started = time.monotonic()
-    with broker_for(cfg) as bootstrap:
-        results = asyncio.run(_bench(s, bootstrap, out))
-    plot_path = plot(results, s, out / "learning.png")
-    table = {name: summarise(runs, s) for name, runs in results.items()}
-    sync = table["sync"]
-    print(f"setup: {s.versions} versions x {s.batch} trajectories, {s.seeds} seed(s); latencies: generation "
-          f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; target {s.target:g}")
-    print(f"{'variant':28s} {'final (min..max)':>20s} {'s to target':>12s} {'samples':>8s} {'reached':>8s} "
-          f"{'run s':>7s} {'dead':>6s} {'filtered/v':>10s}")
-    for name, t in table.items():
-        final = f"{t['final_reward']:.3f} ({t['final_min']:.2f}..{t['final_max']:.2f})"
-        to_t = "-" if t["seconds_to_target"] is None else f"{t['seconds_to_target']:.1f}"
-        n = "-" if t["samples_to_target"] is None else str(t["samples_to_target"])
-        run_s = "-" if t["seconds"] is None else f"{t['seconds']:.1f}"
-        print(f"{name:28s} {final:>20s} {to_t:>12s} {n:>8s} {t['reached']:>8s} {run_s:>7s} "
-              f"{t['dead_lettered']:6d} {t['filtered_groups_per_version']:10.2f}")
-    ratios: dict[str, Any] = {}
-    for name, t in table.items():
-        if name == "sync":
-            continue
-        key = name.replace(" + ", "_").replace(" ", "_")
-        for what, figure in (("time", "seconds_to_target"), ("samples", "samples_to_target")):
-            mine, theirs = t[figure], sync[figure]
-            # None where either side never reached the target, or synchronous training started there
-            ratios[f"{what}_to_target_vs_sync_{key}"] = round(mine / theirs, 3) if mine is not None and theirs else None
-    result = {"target": s.target, **ratios, "variants": table, "setup": asdict(s),
-              "seconds": round(time.monotonic() - started, 1), "plot": str(plot_path)}
-    (out / "learning.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result), flush=True)
-    return 0
+    return harness.run(LearningBench(args))

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
+import contextlib
 import sys
 import time
+from typing import Any, AsyncIterator
+
+from streamrl.bench import harness
 
 HELP = "transformers rollout backend tokens/s: serial prompts vs merged concurrent prompts (one run)"
 
@@ -41,34 +43,54 @@ async def _tokens_per_s(backend, prompts: int, n: int, params, merged: bool) -> 
     return tokens / elapsed
 
 
-async def _run(args: argparse.Namespace) -> dict:
-    from streamrl.rollout.backends import SamplingParams
-    from streamrl.rollout.backends.transformers_engine import TransformersBackend
+class RolloutBench(harness.Bench):
+    """Rounds alternate one prompt of one sample, the prompts one at a time, and the prompts
+    merged; medians."""
 
-    backend = TransformersBackend(args.policy, device=args.device, max_batch_rows=args.prompts * args.samples)
-    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
-    await _tokens_per_s(backend, 1, args.samples, params, merged=False)  # warm-up
-    rounds = args.rounds or (2 if args.quick else 5)
-    rates: dict[str, list[float]] = {"single": [], "serial": [], "merged": []}
-    for _ in range(rounds):
-        rates["single"].append(await _tokens_per_s(backend, 1, 1, params, merged=False))
-        rates["serial"].append(await _tokens_per_s(backend, args.prompts, args.samples, params, merged=False))
-        rates["merged"].append(await _tokens_per_s(backend, args.prompts, args.samples, params, merged=True))
-    await backend.close()
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    for name, label in (("single", "1 prompt x 1 sample"), ("serial", f"{args.prompts} prompts x {args.samples}, one at a time"),
-                        ("merged", f"{args.prompts} prompts x {args.samples}, concurrent (merged)")):
-        print(f"{label:40s} {med[name]:8.0f} tokens/s", file=sys.stderr)
-    return {"device": args.device, "policy": args.policy, "new_tokens": args.new_tokens,
-            "single_tokens_per_s": round(med["single"], 1), "serial_tokens_per_s": round(med["serial"], 1),
-            "merged_tokens_per_s": round(med["merged"], 1),
-            "group_vs_single": round(med["serial"] / med["single"], 2),
-            "merged_vs_serial": round(med["merged"] / med["serial"], 2)}
+    name = "rollout"
+    variants = ("single", "serial", "merged")
+    seconds_key = None
+
+    def __init__(self, args: argparse.Namespace):
+        import torch
+
+        super().__init__(args)
+        torch.set_num_threads(args.threads)
+        self.rounds = args.rounds or (2 if args.quick else 5)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[None]:
+        from streamrl.rollout.backends import SamplingParams
+        from streamrl.rollout.backends.transformers_engine import TransformersBackend
+
+        a = self.args
+        self.backend = TransformersBackend(a.policy, device=a.device, max_batch_rows=a.prompts * a.samples)
+        self.params = SamplingParams(max_new_tokens=a.new_tokens, temperature=1.0)
+        await _tokens_per_s(self.backend, 1, a.samples, self.params, merged=False)  # warm-up
+        try:
+            yield
+        finally:
+            await self.backend.close()
+
+    async def measure(self, variant: str, round: int) -> float:
+        prompts, n = (1, 1) if variant == "single" else (self.args.prompts, self.args.samples)
+        return await _tokens_per_s(self.backend, prompts, n, self.params, merged=variant == "merged")
+
+    def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        a, med = self.args, {k: runs.median(k) for k in runs}
+        return {"device": a.device, "policy": a.policy, "new_tokens": a.new_tokens,
+                "single_tokens_per_s": round(med["single"], 1), "serial_tokens_per_s": round(med["serial"], 1),
+                "merged_tokens_per_s": round(med["merged"], 1),
+                "group_vs_single": round(med["serial"] / med["single"], 2),
+                "merged_vs_serial": round(med["merged"] / med["serial"], 2)}
+
+    def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
+        a = self.args
+        for name, label in (("single", "1 prompt x 1 sample"),
+                            ("serial", f"{a.prompts} prompts x {a.samples}, one at a time"),
+                            ("merged", f"{a.prompts} prompts x {a.samples}, concurrent (merged)")):
+            print(f"{label:40s} {summary[f'{name}_tokens_per_s']:8.0f} tokens/s", file=sys.stderr)
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
-
-    torch.set_num_threads(args.threads)
-    print(json.dumps(asyncio.run(_run(args))), flush=True)
-    return 0
+    return harness.run(RolloutBench(args))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -40,8 +41,9 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from streamrl.bench import harness
 from streamrl.plotting import pyplot, save
 
 HELP = ("reward group scaling: throughput with 1, 2 and 4 members against a latency-bound judge; "
@@ -51,15 +53,11 @@ DATA_SOURCE = "bench"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from streamrl.commands.common import add_bootstrap_argument
-
-    add_bootstrap_argument(parser)
-    parser.add_argument("--quick", action="store_true", help="a short run (under 2 minutes)")
+    harness.add_common_arguments(parser, quick="a short run (under 2 minutes)", out="where the JSON, plot and logs go")
     parser.add_argument("--members", default="1,2,4", help="group sizes to measure (the first is the base)")
     parser.add_argument("--judge-latency-ms", type=float, default=500.0, help="fixed judge latency")
     parser.add_argument("--judge-concurrency", type=int, default=8, help="requests in flight per member")
     parser.add_argument("--window-s", type=float, default=0.0, help="measured window (default 8 s, --quick 4 s)")
-    parser.add_argument("--out", default="runs/bench", help="where the JSON, plot and logs go")
     parser.add_argument("--pipeline", action="store_true",
                         help="the reward group fed by the real pipeline (streamrl run: feed, rollout worker, "
                              "learner), not a synthetic producer: records per member, seconds per version")
@@ -129,10 +127,10 @@ async def wait_settled(launcher, names: list[str], logs: Path, group: str, timeo
     raise RuntimeError(f"bench scale: the group of {len(names)} did not settle in {timeout_s:.0f}s")
 
 
-async def measure(members: int, args: argparse.Namespace, bootstrap: str, judge_url: str,
+async def measure_group(members: int, args: argparse.Namespace, bootstrap: str, judge_url: str,
                   out: Path, window_s: float) -> dict[str, Any]:
     """One group size: start the members, let them settle, produce a backlog, count a window."""
-    from streamrl.bench.pipeline import write_config
+    from streamrl.bench._stages import write_config
     from streamrl.bus import Bus, Reader
     from streamrl.records import Rewarded, Trajectory
     from streamrl.config import RestartConfig
@@ -294,23 +292,25 @@ def pipeline_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main_pipeline(args: argparse.Namespace, sizes: list[int]) -> int:
-    from streamrl.pipeline_config import PipelineConfig
-    from streamrl.runtime import broker_for
+class ScalePipelineBench(harness.Bench):
+    """``--pipeline``: one ``streamrl run`` per reward group size."""
 
-    cfg = PipelineConfig()
-    cfg.bus.bootstrap_servers = args.bootstrap_servers
-    out = Path(args.out)
-    started = time.monotonic()
-    print(f"bench scale --pipeline: reward members {sizes}, {args.versions} versions each", file=sys.stderr, flush=True)
-    with broker_for(cfg) as bootstrap:
-        rows = [asyncio.run(measure_pipeline(m, args, bootstrap, out)) for m in sizes]
-    print(pipeline_table(rows))
-    result = {"pipeline": rows, "versions": args.versions, "overrides": args.overrides,
-              "seconds": round(time.monotonic() - started, 1)}
-    (out / "scale-pipeline.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result), flush=True)
-    return 0
+    name = "scale-pipeline"
+    broker = True
+
+    def __init__(self, args: argparse.Namespace, sizes: list[int]):
+        super().__init__(args)
+        self.variants = sizes
+
+    def measure(self, members: int, round: int) -> dict[str, Any]:
+        return asyncio.run(measure_pipeline(members, self.args, self.bus.bootstrap_servers, self.out))
+
+    def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        return {"pipeline": list(runs.single().values()), "versions": self.args.versions,
+                "overrides": self.args.overrides}
+
+    def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
+        print(pipeline_table(summary["pipeline"]))
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -330,50 +330,63 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     save(fig, path, dpi=80)
 
 
-def main(args: argparse.Namespace) -> int:
-    from streamrl.bench._sim import SimServer, serve_judge
-    from streamrl.runtime import broker_for
-    from streamrl.pipeline_config import PipelineConfig
-    from streamrl.topics import load_specs
+class ScaleBench(harness.Bench):
+    """One run per group size (``--members``), against one judge server."""
 
+    name = "scale"
+    broker = True
+
+    def __init__(self, args: argparse.Namespace, sizes: list[int]):
+        super().__init__(args)
+        self.variants, self.window_s = sizes, args.window_s or (4.0 if args.quick else 8.0)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        from streamrl.bench._sim import SimServer, serve_judge
+
+        a, latency = self.args, self.args.judge_latency_ms / 1000
+        self.note(f"bench scale: members {self.variants}, judge {a.judge_latency_ms:g} ms x {a.judge_concurrency} "
+                  f"per member, {self.window_s:g}s windows")
+        with SimServer(serve_judge, latency, latency) as judge:
+            self.judge_url = judge.url
+            yield
+
+    def measure(self, members: int, round: int) -> dict[str, Any]:
+        return asyncio.run(measure_group(members, self.args, self.bus.bootstrap_servers, self.judge_url, self.out,
+                                         self.window_s))
+
+    def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        from streamrl.topics import load_specs
+
+        rows = list(runs.single().values())
+        base = rows[0]
+        result: dict[str, Any] = {f"scale_{r['members']}": round(r["per_s"] / base["per_s"], 3) for r in rows[1:]}
+        return {**result, "base_members": base["members"],
+                "per_s": {str(r["members"]): round(r["per_s"], 2) for r in rows},
+                "bound_per_s": {str(r["members"]): round(r["bound_per_s"], 2) for r in rows},
+                "vs_bound": {str(r["members"]): round(r["per_s"] / r["bound_per_s"], 3) for r in rows},
+                "records_measured": {str(r["members"]): r["records_measured"] for r in rows},
+                "judge_latency_ms": self.args.judge_latency_ms, "judge_concurrency": self.args.judge_concurrency,
+                "window_s": self.window_s, "partitions": load_specs()["rollouts"].partitions}
+
+    def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
+        rows = list(runs.single().values())
+        print(harness.table(["members", "records/s", "bound/s", "vs bound", "scale"],
+                            [[r["members"], f"{r['per_s']:.1f}", f"{r['bound_per_s']:.1f}",
+                              f"{r['per_s'] / r['bound_per_s']:.2f}", f"{r['per_s'] / rows[0]['per_s']:.2f}"]
+                             for r in rows]))
+
+    def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:
+        plot(list(runs.single().values()), path)
+
+
+def main(args: argparse.Namespace) -> int:
     sizes = [int(m) for m in args.members.split(",") if m.strip()]
     if not sizes or min(sizes) < 1:
         raise SystemExit("streamrl bench scale: --members wants sizes >= 1, e.g. 1,2,4")
     if args.pipeline:
         args.versions = args.versions or (6 if args.quick else 12)
-        return main_pipeline(args, sizes)
+        return harness.run(ScalePipelineBench(args, sizes))
     if args.overrides:
         raise SystemExit("streamrl bench scale: key=value overrides are for --pipeline runs")
-    window_s = args.window_s or (4.0 if args.quick else 8.0)
-    out = Path(args.out)
-    cfg = PipelineConfig()
-    cfg.bus.bootstrap_servers = args.bootstrap_servers
-    latency = args.judge_latency_ms / 1000
-    started = time.monotonic()
-    print(f"bench scale: members {sizes}, judge {args.judge_latency_ms:g} ms x {args.judge_concurrency} "
-          f"per member, {window_s:g}s windows", file=sys.stderr, flush=True)
-    with broker_for(cfg) as bootstrap, SimServer(serve_judge, latency, latency) as judge:
-        rows = [asyncio.run(measure(m, args, bootstrap, judge.url, out, window_s)) for m in sizes]
-    plot_path = out / "scale.png"
-    plot(rows, plot_path)
-    base = rows[0]
-    print(f"{'members':>7s} {'records/s':>10s} {'bound/s':>8s} {'vs bound':>9s} {'scale':>6s}")
-    for r in rows:
-        print(f"{r['members']:7d} {r['per_s']:10.1f} {r['bound_per_s']:8.1f} "
-              f"{r['per_s'] / r['bound_per_s']:9.2f} {r['per_s'] / base['per_s']:6.2f}")
-    result: dict[str, Any] = {f"scale_{r['members']}": round(r["per_s"] / base["per_s"], 3)
-                              for r in rows[1:]}
-    result.update({
-        "base_members": base["members"],
-        "per_s": {str(r["members"]): round(r["per_s"], 2) for r in rows},
-        "bound_per_s": {str(r["members"]): round(r["bound_per_s"], 2) for r in rows},
-        "vs_bound": {str(r["members"]): round(r["per_s"] / r["bound_per_s"], 3) for r in rows},
-        "records_measured": {str(r["members"]): r["records_measured"] for r in rows},
-        "judge_latency_ms": args.judge_latency_ms, "judge_concurrency": args.judge_concurrency,
-        "window_s": window_s, "partitions": load_specs()["rollouts"].partitions,
-        "seconds": round(time.monotonic() - started, 1),
-        "plot": str(plot_path),
-    })
-    (out / "scale.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result), flush=True)
-    return 0
+    return harness.run(ScaleBench(args, sizes))
