@@ -93,7 +93,7 @@ def test_latencies_add_to_the_real_work():
         def step(self, samples):
             return {"sequences": float(len(samples))}
 
-    wrapped = _sim.LatencyTrainer(Trainer(), 0.05)
+    wrapped = _sim.TimedTrainer(Trainer(), 0.05)
     started = time.monotonic()
     assert wrapped.step([1, 2]) == {"sequences": 2.0} and wrapped.model == "m"
     assert time.monotonic() - started >= 0.05

@@ -1,4 +1,4 @@
-"""Simulated costs for the pipeline and scale benchmarks, where this machine has no GPU.
+"""Simulated costs for the benchmarks, where this machine has no GPU.
 
 Everything here stands in for *time*, never for code: the stages under test are the real ones.
 
@@ -16,10 +16,11 @@ Everything here stands in for *time*, never for code: the stages under test are 
 - ``FollowingBackend``: the rollout worker's ``OpenAIBackend`` that takes the learner's
   versions (what pointing ``vllm serve`` at each new version does), so trajectories carry the
   version they were generated with and the staleness bounds are exercised for real.
-- ``FixedStepTrainer``: the learner's real ``Trainer`` (its model is what the learner saves and
-  announces each version) whose update costs a fixed time instead of CPU (see ``pipeline``).
-- ``LatencyTrainer``, ``latency_backend``, ``score_after``: the real update, generation and rule
-  score, each answered a fixed latency later than its real work (see ``learning``).
+- ``TimedTrainer``: the learner's real ``Trainer`` (its model is what the learner saves and
+  announces each version) whose update costs a fixed time instead of CPU (see ``pipeline``), or
+  a fixed time more than its real update (see ``learning``).
+- ``latency_backend``, ``score_after``: the real generation and rule score, each answered a
+  fixed latency later than its real work (see ``learning``).
 - ``Costs``: which of these a run's stages take, handed to the stage processes (``_stages``).
 """
 
@@ -172,17 +173,23 @@ class FollowingBackend(OpenAIBackend):
         return out
 
 
-class FixedStepTrainer:
-    """The real ``Trainer`` (model, tokenizer, optimizer state: what the learner saves), with an
-    update that takes ``step_s`` of wall time and no CPU."""
+class TimedTrainer:
+    """The real ``Trainer`` (model, tokenizer, optimizer state: what the learner saves and
+    announces each version) whose step takes ``step_s`` longer than its real update (``real``:
+    ``learning``'s fixed latencies), or ``step_s`` of wall time in all and no CPU, the gradient
+    arithmetic left out (``pipeline``: on 2 shared cores a CPU step would compete with the stages)."""
 
-    def __init__(self, trainer: Any, step_s: float):
-        self._trainer, self.step_s = trainer, step_s
+    def __init__(self, trainer: Any, step_s: float, real: bool = True):
+        self._trainer, self.step_s, self.real = trainer, step_s, real
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._trainer, name)
 
     def step(self, samples: Sequence[Any]) -> dict[str, float]:
+        if self.real:
+            out = self._trainer.step(samples)
+            time.sleep(self.step_s)
+            return out
         started = time.perf_counter()
         rewards = [float(s.reward) for s in samples]
         mean = sum(rewards) / max(1, len(rewards))
@@ -193,21 +200,6 @@ class FixedStepTrainer:
                 "is_weight": 1.0, "grad_norm": 0.0, "skipped_steps": 0.0, "tokens": tokens,
                 "sequences": float(len(samples)), "reward_mean": mean, "reward_std": std,
                 "step_seconds": time.perf_counter() - started}
-
-
-class LatencyTrainer:
-    """The real ``Trainer``; each step returns ``latency_s`` after its real update."""
-
-    def __init__(self, trainer: Any, latency_s: float):
-        self._trainer, self.latency_s = trainer, latency_s
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._trainer, name)
-
-    def step(self, samples: Sequence[Any]) -> dict[str, float]:
-        out = self._trainer.step(samples)
-        time.sleep(self.latency_s)
-        return out
 
 
 def latency_backend(cfg: Any, latency_s: float) -> Any:
@@ -245,8 +237,7 @@ class Costs:
     processes (which get it pickled): ``following``, the rollout config's OpenAI server (a
     ``serve_generation`` that pays the latency itself) through ``FollowingBackend``; otherwise its
     own backend with ``gen_latency_s`` added to each call. ``fixed_step``: each update takes
-    ``step_s`` in all and no CPU (``FixedStepTrainer``); otherwise the real update, then
-    ``step_s`` more (``LatencyTrainer``)."""
+    ``step_s`` in all and no CPU; otherwise the real update, then ``step_s`` more (``TimedTrainer``)."""
 
     gen_latency_s: float = 0.0
     step_s: float = 0.0
@@ -261,4 +252,4 @@ class Costs:
         return latency_backend(rollout, self.gen_latency_s)
 
     def trainer(self, trainer: Any) -> Any:
-        return FixedStepTrainer(trainer, self.step_s) if self.fixed_step else LatencyTrainer(trainer, self.step_s)
+        return TimedTrainer(trainer, self.step_s, real=not self.fixed_step)
