@@ -146,10 +146,11 @@ class ArchiveBench(harness.Bench):
         }
 
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
-        print(f"bus produce {summary['bus_records_per_s']:.0f} rec/s | archive stage {summary['archive_records_per_s']:.0f} "
-              f"rec/s ({summary['ratio_archive_to_bus']}x) | write only {summary['archive_write_only_records_per_s']:.0f} "
-              f"rec/s | {summary['archive_mb_per_1000']} MB per 1,000 trajectories "
-              f"({summary['ratio_archive_to_topic_bytes']}x their JSON on the topic)", file=sys.stderr)
+        s = summary
+        print(f"bus produce {s['bus_records_per_s']:.0f} rec/s | archive stage {s['archive_records_per_s']:.0f} "
+              f"rec/s ({s['ratio_archive_to_bus']}x) | write only {s['archive_write_only_records_per_s']:.0f} "
+              f"rec/s | {s['archive_mb_per_1000']} MB per 1,000 trajectories "
+              f"({s['ratio_archive_to_topic_bytes']}x their JSON on the topic)", file=sys.stderr)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -64,8 +64,9 @@ HELP = "time to reward: synchronous vs streaming (max_staleness 1/2/4, correctio
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    harness.add_common_arguments(parser, out="where the runs, JSON and plot go",
-                                 quick="one seed, staleness 1 with the correction, 20 versions, target 0.15 (under 3 minutes)")
+    harness.add_common_arguments(
+        parser, out="where the runs, JSON and plot go",
+        quick="one seed, staleness 1 with the correction, 20 versions, target 0.15 (under 3 minutes)")
     parser.add_argument("--task", default="digits:rev",
                         help="the generated task (digits[:OP]); the seed is appended (default: reverse two digits)")
     parser.add_argument("--versions", type=int, default=0, help="versions per run (default 40, --quick 20)")
@@ -334,7 +335,8 @@ class LearningBench(harness.Bench):
             self.policies[seed] = str(digits.warm_start(self.out / "learning" / f"warm_start-seed{seed}", seed=seed))
         kind, k, correction, recipe = self.specs[name]
         run_dir = self.out / "learning" / f"{self.stamp}-seed{seed}-{name.replace(' + ', '-').replace(' ', '')}"
-        cfg = run_config(s, self.bus.bootstrap_servers, run_dir, self.policies[seed], seed, max(k, 1), correction, recipe)
+        cfg = run_config(s, self.bus.bootstrap_servers, run_dir, self.policies[seed], seed, max(k, 1), correction,
+                         recipe)
         prompts = list(build_prompts(cfg.feed))
         if kind == "sync":
             run = await run_sync(s, cfg, prompts)
@@ -361,13 +363,15 @@ class LearningBench(harness.Bench):
             for what, figure in (("time", "seconds_to_target"), ("samples", "samples_to_target")):
                 mine, theirs = t[figure], sync[figure]
                 # None where either side never reached the target, or synchronous training started there
-                ratios[f"{what}_to_target_vs_sync_{key}"] = round(mine / theirs, 3) if mine is not None and theirs else None
+                ratios[f"{what}_to_target_vs_sync_{key}"] = (round(mine / theirs, 3) if mine is not None and theirs
+                                                             else None)
         return {"target": s.target, **ratios, "variants": table, "setup": asdict(s)}
 
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
         s = self.s
         print(f"setup: {s.versions} versions x {s.batch} trajectories, {s.seeds} seed(s); latencies: generation "
-              f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; target {s.target:g}")
+              f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; "
+              f"target {s.target:g}")
         dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         print(harness.table(
             ["variant", "final (min..max)", "s to target", "samples", "reached", "run s", "dead", "filtered/v"],

@@ -178,9 +178,9 @@ class PipelineBench(harness.Bench):
         from streamrl.reward.config import ScorerSpec
 
         w, (gen_url, judge_url) = self.w, self.urls
-        cfg = configure(PipelineConfig(), bootstrap=self.bus.bootstrap_servers, run_dir=run_dir, prefix="bench", staleness=staleness,
-                        groups=w.groups_per_version, group_size=w.group_size, mini_batches=w.mini_batches,
-                        versions=w.versions)
+        cfg = configure(PipelineConfig(), bootstrap=self.bus.bootstrap_servers, run_dir=run_dir, prefix="bench",
+                        staleness=staleness, groups=w.groups_per_version, group_size=w.group_size,
+                        mini_batches=w.mini_batches, versions=w.versions)
         cfg.feed.dataset, cfg.feed.data_source = self.args.dataset, DATA_SOURCE
         # enough for every version, what the gate lets generation run ahead, and a margin for
         # prompts lost to dead letters
@@ -216,7 +216,8 @@ class PipelineBench(harness.Bench):
                 "bench pipeline", cfg, write_config(cfg, run_dir / "pipeline.yaml"), self.prompts, run_dir, self.costs,
                 workers=w.workers, timeout_s=120 + 3 * w.versions * sync_s,
                 settled=lambda obs: obs.latest_version >= w.versions)
-            out = {"ends": dict(obs.versions), "trained": state["trained_records"], "deadletters": dict(obs.deadletters)}
+            out = {"ends": dict(obs.versions), "trained": state["trained_records"],
+                   "deadletters": dict(obs.deadletters)}
         out["s_per_version"] = steady_seconds_per_version(out["ends"], w.warmup, w.versions)
         return out
 
@@ -251,7 +252,7 @@ class PipelineBench(harness.Bench):
 
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
         w, bounds = self.w, self.w.bounds()
-        sync_s = summary["sync_s_per_version"]
+        sync_s = runs["sync"][0]["s_per_version"]
         print(f"workload: {w.versions} versions x {w.batch} trajectories; generation {w.gen_latency_s:g} s/request "
               f"x {w.workers * w.prompts_in_flight} prompts in flight; judge log-uniform "
               f"{w.judge_low_s * 1000:g}-{w.judge_high_s * 1000:g} ms (mean {w.judge.mean * 1000:.0f} ms) x "
