@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -168,7 +169,7 @@ class _WandB:
 
     def __init__(self, ctx: "_Context") -> None:
         wandb = _need("wandb", "wandb")
-        run_id = ctx.ledger.get("wandb_run_id") or wandb.util.generate_id()
+        run_id = ctx.ledger.get("wandb_run_id") or uuid.uuid4().hex[:8]
         ctx.ledger["wandb_run_id"] = run_id
         mode = ctx.cfg.wandb_mode or os.environ.get("WANDB_MODE") or "online"
         (ctx.directory / "wandb").mkdir(parents=True, exist_ok=True)
