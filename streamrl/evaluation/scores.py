@@ -98,9 +98,26 @@ def validation_metrics(data_sources: Sequence[str], prompt_ids: Sequence[str], i
     return out
 
 
-def core_variable(variables: dict[str, Any]) -> str:
+def response_figures(rows: Sequence[tuple[str, str, float, dict[str, Any]]], seed: int = 42) -> dict[str, dict[str, float]]:
+    """``{data_source: {"<variable>/<figure>": value}}`` of scored responses, each given as
+    ``(data_source, prompt id, reward, reward_info)``: the variables are the reward and every
+    field of the scorer's dict that is a number, a bool or the vote (``pred``), as verl's
+    ``reward_extra_infos_dict`` holds them."""
+    names = sorted({k for *_, info in rows for k, v in info.items() if isinstance(v, (bool, int, float, str))}
+                   - {"reward"} | {"reward"})
+    infos = {n: [reward if n == "reward" else _scalar(info.get(n)) for _, _, reward, info in rows] for n in names}
+    figures = validation_metrics([r[0] for r in rows], [r[1] for r in rows], infos, seed)
+    return {ds: {f"{var}/{fig}": v for var, figs in per_var.items() for fig, v in figs.items()}
+            for ds, per_var in figures.items()}
+
+
+def _scalar(value: Any) -> Any:
+    return value if isinstance(value, (bool, int, float, str)) else None
+
+
+def core_variable(metrics: dict[str, float]) -> str:
     """The variable verl reports under ``val-core/``: ``acc`` where the scorer gives it."""
-    return "acc" if "acc" in variables else "reward"
+    return "acc" if any(k.startswith("acc/") for k in metrics) else "reward"
 
 
 def tracker_names(data_source: str, metrics: dict[str, float], core: str) -> dict[str, float]:

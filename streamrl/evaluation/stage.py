@@ -28,7 +28,7 @@ from streamrl import metrics
 from streamrl.bus import Bus, Message, Reader, TopicPartition
 from streamrl.errors import Failure
 from streamrl.evaluation.config import EvalConfig
-from streamrl.evaluation.scores import core_variable, validation_metrics
+from streamrl.evaluation.scores import core_variable, response_figures
 from streamrl.records import EvalResult, PolicyVersion, Prompt, RecordError, Trajectory
 
 if TYPE_CHECKING:
@@ -66,34 +66,19 @@ class Responses:
 
     def results(self, version: int, n: int, seed: int, lineage: str | None) -> list[EvalResult]:
         """One record per data source: verl's figures over the scored responses."""
-        scored = [i for i, r in enumerate(self.rewards) if r is not None]
-        by_source: dict[str, list[int]] = {}
-        for i, t in enumerate(self.trajectories):
-            by_source.setdefault(t.data_source, []).append(i)
-        names = sorted({k for i in scored for k, v in self.infos[i].items() if _figure_like(v)} | {"reward"})
-        infos = {name: [self.rewards[i] if name == "reward" else _plain(self.infos[i].get(name)) for i in scored]
-                 for name in names}
-        figures = validation_metrics([self.trajectories[i].data_source for i in scored],
-                                     [self.trajectories[i].group_id for i in scored], infos, seed)
+        figures = response_figures([(t.data_source, t.group_id, r, info) for t, r, info
+                                    in zip(self.trajectories, self.rewards, self.infos) if r is not None], seed)
+        sources = sorted({t.data_source for t in self.trajectories})
         out = []
-        for ds, rows in sorted(by_source.items()):
-            per_var = figures.get(ds, {})
-            flat = {f"{var}/{fig}": v for var, figs in per_var.items() for fig, v in figs.items()}
+        for ds in sources:
+            mine = [i for i, t in enumerate(self.trajectories) if t.data_source == ds]
+            flat = figures.get(ds, {})
+            failed = sum(1 for i in mine if self.rewards[i] is None)
             out.append(EvalResult(version=version, data_source=ds, n=n,
-                                  prompts=len({self.trajectories[i].group_id for i in rows}), metrics=flat,
-                                  failed=sum(1 for i in rows if self.rewards[i] is None)
-                                  + (self.failed_prompts * n if len(by_source) == 1 else 0),
-                                  core=core_variable(per_var), seed=seed, lineage=lineage))
+                                  prompts=len({self.trajectories[i].group_id for i in mine}), metrics=flat,
+                                  failed=failed + (self.failed_prompts * n if len(sources) == 1 else 0),
+                                  core=core_variable(flat), seed=seed, lineage=lineage))
         return out
-
-
-def _figure_like(value: Any) -> bool:
-    """A reward_info field that is a figure (a number or a bool) or the vote (``pred``)."""
-    return isinstance(value, (bool, int, float, str)) and value is not None
-
-
-def _plain(value: Any) -> Any:
-    return value if isinstance(value, (bool, int, float, str)) else None
 
 
 class ValidationSet:
