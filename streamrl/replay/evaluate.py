@@ -127,3 +127,63 @@ def validation_figures(rows: list[dict[str, Any]], seed: int) -> dict[str, dict[
 
     return response_figures([(r["data_source"], r["group_id"], r["new_reward"], r["reward_info"])
                              for r in rows if r["new_reward"] is not None], seed)
+
+
+async def _score(rescorer: Rescorer, records: list[Trajectory], progress: bool) -> tuple[list[Scored], dict[str, str]]:
+    async with rescorer:
+        with _bar(progress, desc="score", unit="rec", total=len(records)) as bar:
+            scored = await rescorer.score_all(records, bar)
+        return scored, rescorer.versions()
+
+
+def _rows(located: list[Located], scored: list[Scored]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows, failures = [], []
+    for loc, s in zip(located, scored):
+        info = s.info if s.reason is None else {"error": s.reason, "detail": s.detail}
+        rows.append(result_row(loc.record, partition=loc.partition, offset=loc.offset,
+                               new_reward=s.reward, reward_info=info, scorer=s.scorer))
+        if s.reason is not None:
+            failures.append(Failure("score", s.reason, s.detail, loc.partition, loc.offset, loc.record.id).to_dict())
+    return rows, failures
+
+
+def _check_publish_topic(name: str | None) -> None:
+    """Re-scored records never go back into the pipeline: a learner would train on them."""
+    from streamrl.topics import TOPIC_NAMES
+
+    if name in TOPIC_NAMES:
+        raise ConfigError(f"--publish-topic {name!r} is a pipeline topic; publish an evaluation "
+                          f"to a topic of its own (e.g. eval.<run>)")
+
+
+async def ensure_topic(bus: Bus, name: str, like: str = "rewarded") -> bool:
+    """Create topic ``name`` (short name) with topic ``like``'s spec unless it exists; True if
+    created."""
+    from streamrl.topics import ensure_topics, load_specs
+
+    [state] = await ensure_topics(bus, specs={name: load_specs()[like]})
+    return state.created
+
+
+async def publish(bus: Bus, topic: str, located: list[Located], scored: list[Scored], *,
+                  source_topic: str | None) -> int:
+    """Publish every re-scored record to ``topic`` (created like ``rewarded`` if missing) as a
+    rewarded record with the new reward; ``reward_info.replay`` says where it came from and
+    what it had. Records that failed are in the report, not here. Returns the number sent."""
+    await ensure_topic(bus, topic)
+
+    def records():
+        for loc, s in zip(located, scored):
+            if s.reward is None:
+                continue
+            rec = loc.record
+            origin = {"topic": source_topic, "partition": loc.partition, "offset": loc.offset,
+                      "old_reward": old_reward(rec),
+                      "old_scorer": rec.scorer if isinstance(rec, Rewarded) else None}
+            yield Rewarded.from_trajectory(rec, reward=s.reward, reward_info={**s.info, "replay": origin},
+                                           scorer={"name": s.scorer, "version": s.version})
+
+    async with bus.producer(STAGE) as producer:
+        sent = await producer.send_all(records(), topic=topic)
+    metrics.REPLAY_RECORDS.labels("published").inc(sent)
+    return sent
