@@ -153,7 +153,7 @@ def _check_publish_topic(name: str | None) -> None:
 
     if name in TOPIC_NAMES:
         raise ConfigError(f"--publish-topic {name!r} is a pipeline topic; publish an evaluation "
-                          f"to a topic of its own (e.g. eval.<run>)")
+                          f"to a topic of its own (e.g. rescored.<run>)")
 
 
 async def ensure_topic(bus: Bus, name: str, like: str = "rewarded") -> bool:
