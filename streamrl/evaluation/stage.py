@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STAGE = "eval"
+#: prompts generated at once when the backend is a server fleet (an in-process engine: one)
+SERVER_CONCURRENCY = 64
 
 
 class EvalSections(Protocol):
@@ -115,29 +117,39 @@ class ValidationSet:
         await self.scoring.close()
 
     async def run(self, backend: "Backend", progress: Any = None) -> Responses:
-        """Generate every prompt's ``n`` responses with ``backend`` (prompt by prompt, after
-        seeding it with ``eval.seed``) and score them."""
+        """Generate every prompt's ``n`` responses with ``backend`` after seeding it with
+        ``eval.seed``, and score them. An in-process engine goes prompt by prompt (its batches,
+        and so its samples, are the same on every run); servers take ``SERVER_CONCURRENCY``
+        prompts at once (their sampling is theirs to seed)."""
         from streamrl.rollout.backends import BackendError
         from streamrl.rollout.chat import ChatRenderer
         from streamrl.rollout.episode import run_group
 
         backend.reseed(self.cfg.seed)
         renderer = ChatRenderer(backend.tokenizer)
+        gate = asyncio.Semaphore(1 if backend.tokenizer is not None else SERVER_CONCURRENCY)
+
+        async def one(prompt: Prompt) -> list[tuple[Trajectory, float | None, dict[str, Any]]] | None:
+            async with gate:
+                try:
+                    group = await run_group(prompt, self.cfg.n, backend, self.params, renderer, self.interaction)
+                except (BackendError, Failure) as exc:
+                    log.warning("eval: prompt %s not generated: %s", prompt.group_id, exc)
+                    return None
+                scored = [(t, *await self._score(t)) for t in group]
+            if progress is not None:
+                progress.update(1)
+            return scored
+
         out = Responses()
-        for prompt in self.prompts:
-            try:
-                group = await run_group(prompt, self.cfg.n, backend, self.params, renderer, self.interaction)
-            except (BackendError, Failure) as exc:
-                log.warning("eval: prompt %s not generated: %s", prompt.group_id, exc)
+        for result in await asyncio.gather(*(one(p) for p in self.prompts)):  # in the prompts' order
+            if result is None:
                 out.failed_prompts += 1
                 continue
-            for t in group:
-                reward, info = await self._score(t)
+            for t, reward, info in result:
                 out.trajectories.append(t)
                 out.rewards.append(reward)
                 out.infos.append(info)
-            if progress is not None:
-                progress.update(1)
         return out
 
     async def _score(self, record: Trajectory) -> tuple[float | None, dict[str, Any]]:
