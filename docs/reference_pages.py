@@ -238,9 +238,22 @@ def undocumented_keys() -> list[str]:
     return out
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+_SPECIAL = {"\\": "\\\\", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]", "<": "&lt;", ">": "&gt;"}
+
+
 def _md_text(text: str) -> str:
-    """Docstring / comment text as Markdown: RST's double backticks as single ones."""
-    return re.sub(r"``([^`]+)``", r"`\1`", text)
+    """Comment or docstring text (plain text with RST-style ``code``) as Markdown: its code
+    spans kept, and everything else shown as written (``__init__`` is no bold, ``<prefix>`` no
+    HTML tag)."""
+    text = re.sub(r"``([^`]+)``", r"`\1`", text)
+    out, last = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append("".join(_SPECIAL.get(c, c) for c in text[last:m.start()]))
+        out.append(m.group(0))
+        last = m.end()
+    out.append("".join(_SPECIAL.get(c, c) for c in text[last:]))
+    return "".join(out)
 
 
 def _cell(text: str) -> str:
@@ -283,7 +296,7 @@ def config_index(sections: list[Section]) -> str:
              "| section | keys | what it configures |", "| --- | --- | --- |"]
     for top in sections:
         count = sum(len(s.keys) for s in top.walk())
-        first = _md_text(top.doc).split("\n\n")[0].replace("\n", " ")
+        first = top.doc.split("\n\n")[0]
         lines.append(f"| [`{top.path}`]({top.path}.md) | {count} | {_cell(first)} |")
     return "\n".join(lines) + "\n"
 
@@ -309,9 +322,11 @@ def _subparsers(parser) -> list[tuple[str, Any]]:
 
 
 def cli_page() -> str:
-    """Every verb's ``--help``, as ``streamrl VERB --help`` prints it (80 columns)."""
+    """Every verb's ``--help`` (and its sub-verbs'), as ``streamrl VERB --help`` prints it in a
+    terminal of 100 columns, with no ``STREAMRL_*`` default taken from this environment."""
+    saved = {name: os.environ.pop(name, None) for name in ("COLUMNS", "STREAMRL_BOOTSTRAP_SERVERS",
+                                                           "STREAMRL_LOG_LEVEL")}
     os.environ["COLUMNS"] = "100"
-    saved = os.environ.pop("STREAMRL_BOOTSTRAP_SERVERS", None)  # defaults read from the environment
     try:
         from streamrl.cli import build_parser
 
@@ -332,8 +347,10 @@ def cli_page() -> str:
         add("streamrl", root, 2)
         return "\n".join(lines)
     finally:
-        if saved is not None:
-            os.environ["STREAMRL_BOOTSTRAP_SERVERS"] = saved
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
 
 
 # -- metrics ------------------------------------------------------------------------------------
