@@ -95,7 +95,7 @@ class LearnerConfig:
     # -- the objective (verl's names; streamrl.learner.losses) ---------------------------------
     # verl's algorithm.adv_estimator: grpo (normalised within each group), rloo, opo, grpo_passk,
     # gpg, reinforce_plus_plus, reinforce_plus_plus_baseline; or ppo: PPO-clip on rewards
-    # whitened over the mini-batch (streamrl's, no critic; see the README)
+    # whitened over the mini-batch (streamrl's, no critic; docs/guides/objective.md)
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO
     gamma: float = 1.0  # REINFORCE++'s discount (verl's algorithm.gamma)
@@ -297,8 +297,8 @@ def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any
         elif key in _READ_TOGETHER:
             together[key] = value
         else:
-            raise ConfigError(f"config field {key!r}: not one of the verl keys streamrl maps (README, "
-                              f"'Coming from verl', lists them)")
+            raise ConfigError(f"config field {key!r}: not one of the verl keys streamrl maps "
+                              f"(docs/guides/verl.md lists them)")
     use_kl = together.get(f"{_ACTOR}use_kl_loss")
     if use_kl is not None:
         coef = together.get(f"{_ACTOR}kl_loss_coef", 0.001) if use_kl else 0.0
