@@ -29,10 +29,10 @@ test: $(BIN)/.installed
 # reload on http://127.0.0.1:8000. The configuration, CLI and metrics reference pages are
 # generated from the code as it builds (docs/hooks.py).
 docs: $(BIN)/.installed
-	$(BIN)/python -m mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 docs-serve: $(BIN)/.installed
-	$(BIN)/python -m mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
 bench-bus: $(BIN)/.installed
 	$(BIN)/streamrl bench bus
