@@ -1,5 +1,6 @@
 """The docs site's reference pages, generated from the code at build time (``docs/hooks.py``
-adds them to the site; ``python docs/reference_pages.py OUT`` writes them to OUT to read).
+adds them to the site; ``python docs/reference_pages.py OUT`` writes them to OUT to read, and
+lists the configuration keys that have no comment).
 
 - **Configuration**: one page per section of ``PipelineConfig`` (walked field by field, so a
   section, key or sub-section added, renamed or removed in code changes the page): every key
@@ -26,6 +27,7 @@ import os
 import re
 import sys
 import tokenize
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +177,7 @@ def _dataclass_in(hint: Any) -> tuple[str, type] | None:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
         return "", hint
-    if origin is typing.Union:
+    if origin is typing.Union or origin is types.UnionType:
         inner = [a for a in args if a is not type(None)]
         return _dataclass_in(inner[0]) if len(inner) == 1 else None
     if origin is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
@@ -185,12 +187,28 @@ def _dataclass_in(hint: Any) -> tuple[str, type] | None:
     return None
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """The fields' types, resolved where they can be (a name only imported for type checkers
+    stays a string: documented as written, not walked)."""
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:
+        out = {}
+        for f in dataclasses.fields(cls):
+            try:
+                out[f.name] = typing.get_type_hints(type("_", (), {"__annotations__": {f.name: f.type},
+                                                                 "__module__": cls.__module__}))[f.name]
+            except NameError:
+                out[f.name] = f.type
+        return out
+
+
 def section(cls: type, path: str) -> Section:
     """The section of dataclass ``cls`` at ``path``, with its sub-sections, walked from the
     type hints (so a section added anywhere below appears)."""
     out = Section(path, cls, class_doc(cls))
     docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{path}.{f.name}"
         nested = _dataclass_in(hints[f.name])
@@ -217,11 +235,16 @@ def config_sections() -> list[Section]:
     from streamrl.pipeline_config import PipelineConfig
 
     docs = field_docs(PipelineConfig)
-    hints = typing.get_type_hints(PipelineConfig)
+    hints = _hints(PipelineConfig)
     out = []
     for f in dataclasses.fields(PipelineConfig):
-        top = section(hints[f.name], f.name)
-        top.doc = "\n\n".join(p for p in (docs.get(f.name, ""), top.doc) if p)
+        nested = _dataclass_in(hints[f.name])
+        if nested is None or nested[0]:  # a top-level key that is no section of its own
+            top = Section(f.name, PipelineConfig, docs.get(f.name, ""), [Key(f.name, _type_text(PipelineConfig, f.name),
+                                                           _yaml(_default(f)), docs.get(f.name, ""))])
+        else:
+            top = section(nested[1], f.name)
+            top.doc = "\n\n".join(p for p in (docs.get(f.name, ""), top.doc) if p)
         out.append(top)
     return out
 
@@ -395,6 +418,9 @@ def pages() -> dict[str, str]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--json"]:  # what docs/hooks.py reads, from a fresh interpreter each build
+        print(json.dumps(pages()))
+        sys.exit(0)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "site-reference")
     for rel, text in pages().items():
         (out / rel).parent.mkdir(parents=True, exist_ok=True)

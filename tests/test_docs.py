@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -71,6 +72,8 @@ class _Outer:
     inner: _Inner = field(default_factory=_Inner)
     table: dict[str, _Entry] = field(default_factory=lambda: {"a": _Entry()})
     items: list[_Entry] = field(default_factory=list)  # a list of entries
+    maybe: Optional[_Inner] = None  # an optional section
+    union: _Inner | None = None  # the same, written as a union
 
 
 def test_the_generator_reads_comments_and_walks_sections():
@@ -87,6 +90,9 @@ def test_the_generator_reads_comments_and_walks_sections():
     sections = {s.path: s for s in top.walk()}
     assert sections["outer.table.<name>"].default == "{a: ...}"
     assert sections["outer.items[]"].doc.startswith("a list of entries")
+    assert keys["outer.maybe.depth"].doc == keys["outer.union.depth"].doc == "how deep"
+    assert sections["outer.maybe"].default == "null" and sections["outer.union"].type == "_Inner | None"
+
     page = gen.config_page(top)
     assert "## `outer.inner`" in page and "| `outer.inner.depth` | `int` | `2` | how deep |" in page
 
