@@ -27,6 +27,8 @@ VERBS = {
     "reward": "streamrl.commands.reward",
     "learner": "streamrl.commands.learner",
     "archive": "streamrl.commands.archive",
+    "eval": "streamrl.commands.eval",
+    "track": "streamrl.commands.track",
     "run": "streamrl.commands.run",
     "replay": "streamrl.commands.replay",
     "bench": "streamrl.commands.bench",

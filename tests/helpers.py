@@ -406,3 +406,15 @@ class PrometheusServer:
     def wait_for(self, what: str, check, timeout_s: float):
         """Poll ``check()`` until it returns something truthy; fail naming ``what``."""
         return wait_for_sync(check, timeout_s, what, interval=0.5)
+
+
+def stage_pid(run_pid: int, verb: str) -> int | None:
+    """The pid of a stage process (``python -m streamrl VERB``) under the run."""
+    for pid in descendants(run_pid):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"streamrl" in argv and verb.encode() in argv[argv.index(b"streamrl") + 1:][:1] and alive(pid):
+            return pid
+    return None

@@ -187,6 +187,9 @@ class LearnerConfig:
     checkpoint_every: int = 1  # versions between checkpoints (offsets are committed with them)
     keep_checkpoints: int = 2  # the newest is loaded on restart; an older one if it is unreadable
     keep_weights: int = 4  # v<N> directories kept (rollout workers load the newest few)
+    # v<N> directories kept besides those, for N a multiple of this (and 0): the eval stage loads
+    # them, maybe late. 0: none; load_config sets it to eval.every when eval.dataset is set
+    keep_every: int = 0
     weights_dir: str = "runs/learner/weights"  # v<N>/ per version; a shared filesystem on clusters
     # Also upload each version to <weights_uri>/v<N>/ (fsspec: s3://BUCKET/PATH, gs://...,
     # file:///shared/dir) and announce that URI, for rollout workers on other nodes; empty: they
@@ -222,7 +225,7 @@ class LearnerConfig:
         for name in at_least_one:
             if getattr(self, name) < 1:
                 bad(name, "must be >= 1")
-        non_negative = ("max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
+        non_negative = ("keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
                         "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
         for name in non_negative:

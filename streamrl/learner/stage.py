@@ -31,7 +31,7 @@ from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
-from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update
+from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update, record_figures
 from streamrl.learner.samples import to_sample
 from streamrl.learner.versions import prune_weights, read_latest_policy, start_line
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
@@ -90,6 +90,9 @@ class Learner:
                                      on_assigned=self._assigned, on_revoked=self._revoked)
         self.checkpointer = Checkpoint(self.consumer, self.producer)
         self._version_metrics: list[dict[str, float]] = []
+        self._version_started = time.monotonic()  # for timing_s/step: the wall time of a version
+        self._version_dead = 0  # dead letters of this learner since the last version (filtered ones apart)
+        self._final = False  # the data ended: the next version announced is the run's last
         self._dirty = False
         self._leaving = False  # set when the learner leaves its group (its revocation is expected)
         self.last_checkpoint: Path | None = last
@@ -293,8 +296,11 @@ class Learner:
             await self._drop(drops)
             if groups:
                 await self._train(groups)
+        self._final = True
         if self.state.mini_batches:
             await self._finish_version()
+        else:  # the last version is out already: say it was the last (same version, no new weights)
+            await self._announce(self.version, {})
         self.state.ended, self._dirty = "data_exhausted", True
 
     # -- taking records -----------------------------------------------------------------------
@@ -360,6 +366,7 @@ class Learner:
                                               routine=reason == FILTERED)
         self.checkpointer.done_when_acked(fut, TopicPartition(msg.topic, msg.partition), msg.offset)
         self.state.consumed_records += 1
+        self._version_dead += reason != FILTERED
         metrics.LEARNER_RECORDS.labels("dropped").inc()
         metrics.LEARNER_DROPPED.labels(reason).inc()
         self._dirty = True
@@ -387,7 +394,10 @@ class Learner:
         self.state.mini_batches += 1
         self._dirty = True
         observe_update(out, n)
-        self._version_metrics.append(out)
+        figures = record_figures([t.record for t in taken], self.version)
+        if "rewards_mean" in out:  # the KL is in the reward: the trainer's rewards, not the scores
+            figures = {k: v for k, v in figures.items() if not k.startswith("rewards_")}
+        self._version_metrics.append({**figures, **out})
         if self.state.mini_batches >= self.cfg.mini_batches_per_version:
             await self._finish_version()
 
@@ -395,6 +405,11 @@ class Learner:
         self.state.version += 1
         self.state.mini_batches = 0
         summary = mean_metrics(self._version_metrics)
+        took = time.monotonic() - self._version_started
+        summary.update(version_seconds=took, dead_letters=float(self._version_dead))
+        if "total_tokens" in summary and took > 0:  # verl's perf/throughput: tokens per second per rank
+            summary["throughput"] = summary["total_tokens"] / took / self.trainer.world
+        self._version_started, self._version_dead = time.monotonic(), 0
         if self.cfg.filter_groups.enable:
             summary["filtered_groups"] = float(self.assembler.filtered)
             self.assembler.new_version()
@@ -416,9 +431,10 @@ class Learner:
 
             uri = await asyncio.to_thread(weights_store.upload, path,
                                           weights_store.version_uri(self.cfg.weights_uri, version))
+        final = self._final or bool(self.cfg.versions and version >= self.cfg.versions)
         record = PolicyVersion(version=version, weights_uri=uri,
                                trained_records=self.state.trained_records, metrics=summary,
-                               lineage=self.state.lineage)
+                               lineage=self.state.lineage, final=final)
         await self.producer.send_and_wait(record)
         log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)
         await asyncio.to_thread(prune_weights, self.cfg, version)

@@ -455,6 +455,13 @@ class Trainer:
         out = {k: float(v) / cfg.ppo_epochs for k, v in zip(names, totals.cpu())}
         if reward_kl is not None:
             out.update(reward_kl_penalty=reward_kl, reward_kl_penalty_coeff=beta)
+        valid = torch.cat([adv_all[i, :len(m)][torch.from_numpy(m) > 0] for i, m in enumerate(masks)])
+        if valid.numel():  # verl's critic/advantages/*: over the response tokens that are trained
+            out.update(advantages_mean=float(valid.mean()), advantages_max=float(valid.max()),
+                       advantages_min=float(valid.min()))
+        if reward_kl is not None:  # verl's critic/rewards: the score less the KL penalty
+            out.update(rewards_mean=float(rewards.mean()) - beta * reward_kl)
+        out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
                    sequences=float(len(samples)), reward_mean=float(rewards.mean()),
                    reward_std=float(rewards.std()), step_seconds=time.perf_counter() - started)

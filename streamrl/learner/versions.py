@@ -80,15 +80,18 @@ def start_line(state: "LearnerState", latest: PolicyVersion | None) -> bool:
 
 def prune_weights(cfg: "LearnerConfig", version: int) -> None:
     """Keep the newest ``keep_weights`` version directories (rollout workers load the newest;
-    the checkpoints keep their own copy)."""
+    the checkpoints keep their own copy), and every ``keep_every``-th (the eval stage's)."""
     root = Path(cfg.weights_dir)
     for path in root.glob("v*"):
-        if path.name[1:].isdigit() and int(path.name[1:]) <= version - cfg.keep_weights:
+        if not path.name[1:].isdigit():
+            continue
+        n = int(path.name[1:])
+        if n <= version - cfg.keep_weights and not (cfg.keep_every and n % cfg.keep_every == 0):
             shutil.rmtree(path, ignore_errors=True)
     if cfg.weights_uri:
         from streamrl import weights_store
 
         try:
-            weights_store.prune(cfg.weights_uri, version, cfg.keep_weights)
+            weights_store.prune(cfg.weights_uri, version, cfg.keep_weights, cfg.keep_every)
         except Exception as exc:  # a failed clean-up costs storage, not the run
             log.warning("learner: pruning old versions at %s failed: %s", cfg.weights_uri, exc)

@@ -67,5 +67,9 @@ class Backend(ABC):
         """Load a policy version between generations; returns the seconds it took."""
         raise WeightLoadError(f"the {self.name} backend cannot load weights")
 
+    def reseed(self, seed: int) -> None:
+        """Seed the sampling from here on (an evaluation starts each version from the same seed,
+        so its figure does not depend on what ran before). A server's backend cannot: no-op."""
+
     async def close(self) -> None:
         return None

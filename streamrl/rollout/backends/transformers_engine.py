@@ -27,6 +27,11 @@ class TransformersBackend(_LocalEngine):
         self.device = device
         torch.manual_seed(seed)
 
+    def reseed(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+
     def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Completion]]:
         import torch
 
