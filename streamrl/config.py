@@ -51,7 +51,7 @@ class BusConfig:
     # session timeout (DESIGN.md), and a dead member should be noticed in seconds, not a minute.
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000  # consumer-group heartbeats (well under session_timeout_ms)
-    max_poll_interval_ms: int = 600_000  # a member that does not poll for this long is taken out of its group (librdkafka's)
+    max_poll_interval_ms: int = 600_000  # not polling this long takes a member out of its group
     commit_interval_s: float = 1.0  # how often a consuming stage commits the offsets of finished records
     # A broker that does not answer is retried with backoff and reported once per interval;
     # after this long the run (`streamrl run`, and each stage verb) fails naming it. 0: wait forever

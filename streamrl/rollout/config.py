@@ -147,7 +147,7 @@ class RolloutConfig:
     # ``gate_baseline``) reach (learner version + max_staleness + 1) * trajectories_per_version.
     # trajectories_per_version 0 disables it (the learner's batch size in trajectories).
     max_staleness: int = 1
-    trajectories_per_version: int = 0  # see above
+    trajectories_per_version: int = 0  # see max_staleness (the learner's batch in trajectories)
     gate_baseline: int = 0  # records already in a reused rollouts topic before this run
     gate_poll_s: float = 0.5  # how often a held worker checks the gate again
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
