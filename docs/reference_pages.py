@@ -300,8 +300,11 @@ def config_page(top: Section) -> str:
             lines += [f"## `{sub.path}`", ""]
         if sub.doc:
             lines += [_md_text(sub.doc), ""]
-        held = f"`{sub.path}`: {_code_cell(sub.type)}, default {_code_cell(sub.default)}; " if sub.type else ""
-        lines += [f"{held}defined by `{sub.cls.__module__}.{sub.cls.__qualname__}`.", ""]
+        held = f"`{sub.path}`: {_code_cell(sub.type)}" if sub.type else ""
+        if held and sub.default != "(section)":
+            held += f", default {_code_cell(sub.default)}"
+        defined = f"`{sub.cls.__module__}.{sub.cls.__qualname__}`"
+        lines += [f"{held}; defined by {defined}." if held else f"Defined by {defined}.", ""]
         if sub.keys:
             lines += ["| key | type | default | what it does |", "| --- | --- | --- | --- |"]
             lines += [f"| `{k.path}` | {_code_cell(k.type)} | {_code_cell(k.default)} | {_cell(k.doc)} |"
@@ -319,7 +322,7 @@ def config_index(sections: list[Section]) -> str:
              "| section | keys | what it configures |", "| --- | --- | --- |"]
     for top in sections:
         count = sum(len(s.keys) for s in top.walk())
-        first = top.doc.split("\n\n")[0]
+        first = re.split(r"(?<=\.)\s", top.doc.split("\n\n")[0], maxsplit=1)[0]  # its first sentence
         lines.append(f"| [`{top.path}`]({top.path}.md) | {count} | {_cell(first)} |")
     return "\n".join(lines) + "\n"
 
