@@ -2,7 +2,7 @@
 broker, topics, learner, reward group, rollout workers and the prompt feed, each its own process
 (or Ray actor), with a live status line; at the end a summary, a plot, and one JSON line.
 
-The run's life (README "Stop, resume and end"): it ends when the learner ends (its data is
+The run's life (docs/guides/lifecycle.md): it ends when the learner ends (its data is
 exhausted, or ``learner.versions`` is reached); the stages then stop in pipeline order (feed and
 rollout workers, then the reward group once it has scored what is in ``rollouts``, then the
 learner). ``--resume [RUN_DIR]`` (``run.resume``) continues a stopped run from its learner's

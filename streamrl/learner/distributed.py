@@ -241,7 +241,7 @@ def launch(cfg: "LearnerConfig", argv: Sequence[str]) -> int:
         args.append("--standalone")
     else:
         raise ConfigError("config field 'learner.parallel.nnodes': several nodes are started by torchrun "
-                          "on each node (see README, 'The learner on several processes'), not by streamrl learner")
+                          "on each node (see docs/guides/distributed-learner.md), not by streamrl learner")
     print(f"learner: {cfg.parallel.nproc} ranks through torch.distributed.run", file=sys.stderr, flush=True)
     try:
         with _stop_by_draining():
@@ -252,7 +252,7 @@ def launch(cfg: "LearnerConfig", argv: Sequence[str]) -> int:
     return 0
 
 
-#: the signals that stop a learner cleanly (README: every stage drains and exits 0 on them)
+#: the signals that stop a learner cleanly (docs/guides/lifecycle.md: every stage drains and exits 0 on them)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
