@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import time
 import uuid
@@ -93,6 +94,7 @@ class Learner:
         self._version_started = time.monotonic()  # for timing_s/step: the wall time of a version
         self._version_dead = 0  # dead letters of this learner since the last version (filtered ones apart)
         self._final = False  # the data ended: the next version announced is the run's last
+        self._last: PolicyVersion | None = None  # the last version this learner announced
         self._dirty = False
         self._leaving = False  # set when the learner leaves its group (its revocation is expected)
         self.last_checkpoint: Path | None = last
@@ -299,8 +301,8 @@ class Learner:
         self._final = True
         if self.state.mini_batches:
             await self._finish_version()
-        else:  # the last version is out already: say it was the last (same version, no new weights)
-            await self._announce(self.version, {})
+        elif self._last is not None:  # the last version is out already: say it was the last
+            await self.producer.send_and_wait(dataclasses.replace(self._last, metrics={}, final=True))
         self.state.ended, self._dirty = "data_exhausted", True
 
     # -- taking records -----------------------------------------------------------------------
@@ -436,6 +438,7 @@ class Learner:
                                trained_records=self.state.trained_records, metrics=summary,
                                lineage=self.state.lineage, final=final)
         await self.producer.send_and_wait(record)
+        self._last = record
         log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)
         await asyncio.to_thread(prune_weights, self.cfg, version)
         return record
@@ -449,6 +452,8 @@ class Learner:
             await self._announce(self.version, {})
         elif latest is None or latest.version < self.version:
             await self._announce(self.version, {})
+        else:
+            self._last = latest  # ours (same line and version): what a final mark repeats
 
     async def _checkpoint(self) -> Path:
         """Dead letters acknowledged, then the checkpoint (weights, optimizer, version, offsets,
