@@ -70,9 +70,11 @@ def latest_good(directory: str | Path) -> tuple[Path, LearnerState] | None:
     for path in reversed(checkpoints(directory)):
         try:
             state = load_state(path)
-            if not (policy_dir(path) / "config.json").is_file() or not (
+            has_policy = any((policy_dir(path) / f).is_file() for f in ("config.json", "adapter_config.json"))
+            if not has_policy or not (
                     (path / "optimizer.pt").is_file() or (path / "dcp" / ".metadata").is_file()):
-                raise FileNotFoundError("policy/config.json or optimizer.pt / dcp/.metadata missing")
+                raise FileNotFoundError("policy/config.json (adapter_config.json with LoRA) or optimizer.pt / "
+                                        "dcp/.metadata missing")
             return path, state
         except (OSError, ValueError, TypeError) as exc:
             log.warning("checkpoint %s is unreadable (%s): falling back to an older one", path, exc)

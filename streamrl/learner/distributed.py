@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: the commands rank 0 sends the followers
-OPS = ("init", "step", "logprobs", "weights", "checkpoint", "stop")
+OPS = ("init", "step", "logprobs", "weights", "checkpoint", "stop", "base")
 
 
 @dataclass
@@ -156,7 +156,10 @@ def shard(model: Any, cfg: "LearnerConfig", trainable: bool = True) -> Any:
             reduce_dtype=getattr(torch, cfg.reduce_dtype) if cfg.reduce_dtype else None)
     if cfg.parallel.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for layer in decoder_layers(model):
+    # a PEFT model (learner.lora): its decoder layers are the wrapped model's; each one's
+    # adapters are sharded with it
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in decoder_layers(inner):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     if not trainable:
