@@ -93,7 +93,6 @@ def base_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
 def merged_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
     """The base with each adapter folded in (``W + scaling * B @ A``, in float32, then the
     weight's dtype), under Hugging Face names: what the model computes with its adapter on."""
-    import torch
     from peft.tuners.lora import LoraLayer
 
     out = base_state(model, state)

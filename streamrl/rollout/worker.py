@@ -186,14 +186,14 @@ class RolloutWorker:
                           latest.version, self.backend.version)
                 _refused(latest.version, "no_uri")
                 return 0.0
-            if not weights_allowed(latest.weights_uri, self.cfg.weights_prefixes):
+            if not all(weights_allowed(u, self.cfg.weights_prefixes) for u in (latest.weights_uri, latest.base_uri) if u):
                 log.error("policy version %d refused: weights_uri %r is not under rollout.weights_prefixes %s; "
                           "keeping version %d", latest.version, latest.weights_uri, self.cfg.weights_prefixes,
                           self.backend.version)
                 _refused(latest.version, "not_allowed")
                 return 0.0
             try:
-                took = await self.backend.load_weights(latest.weights_uri, latest.version)
+                took = await self.backend.load_weights(latest.weights_uri, latest.version, latest.base_uri)
             except (WeightLoadError, OSError) as exc:
                 log.error("policy version %d: %s; keeping version %d", latest.version, exc, self.backend.version)
                 _refused(latest.version, "load_failed")
