@@ -28,6 +28,10 @@ from tests.test_learner_distributed import PARITY, STEPS, batch, parity_batch
 from tests.test_learner_learning import GROUP_SIZE, GROUPS, sample_groups
 
 VERSIONS = 12
+#: every linear layer and the output head: the digits task is a shift of the output distribution,
+#: which the tiny model's adapters on its two layers alone do not learn in 12 versions (measured:
+#: flat at 0.05), while an adapter on the (tied) head learns it as full fine-tuning does
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -42,13 +46,13 @@ def _digest(path: Path) -> str:
 
 def test_lora_learner_trains_and_publishes_only_the_adapter(memory_bus, tmp_path):
     """The digits task through the topics with ``learner.lora.rank`` 8 on the tiny policy: the
-    mean reward rises; each version is PEFT's two adapter files, a few percent of the base's
+    mean reward rises; each version is PEFT's two adapter files, a fraction of the base's
     bytes; the base is written once and its bytes never change (nor the learner's frozen base:
     it is the initial policy's); the rollout side (the transformers backend) follows every
     version by loading the adapter onto the base it holds."""
     bus = memory_bus
     cfg = learner_cfg(tmp_path, lr=2e-2, max_staleness=0, groups_per_mini_batch=GROUPS, versions=VERSIONS,
-                      micro_batch_size=GROUPS * GROUP_SIZE, lora=LoraConfig(rank=8, alpha=16))
+                      micro_batch_size=GROUPS * GROUP_SIZE, lora=LoraConfig(rank=8, alpha=16, target_modules=TARGETS))
     torch.manual_seed(0)
     weights = Path(cfg.weights_dir)
 
@@ -87,20 +91,24 @@ def test_lora_learner_trains_and_publishes_only_the_adapter(memory_bus, tmp_path
         torch.testing.assert_close(value, initial[name], rtol=0, atol=0, msg=name)
     from streamrl.learner import lora
 
-    held = lora.base_state(trainer.model, trainer.model.state_dict())
-    assert all(torch.equal(held[k], v) for k, v in base.items())
+    frozen = lora.base_state(trainer.model, trainer.model.state_dict())
+    assert all(torch.equal(frozen[k], v) for k, v in base.items())
     # each version: the adapter alone, a small fraction of the base's bytes; the adapters change
     versions = sorted(weights.glob("v*"), key=lambda p: int(p.name[1:]))
     assert versions and all(sorted(os.listdir(v)) == ["adapter_config.json", "adapter_model.safetensors"]
                             for v in versions)
     adapter_bytes = (versions[-1] / "adapter_model.safetensors").stat().st_size
-    assert adapter_bytes < 0.2 * (weights / "base" / "model.safetensors").stat().st_size
+    # (rank 8 is an eighth of this 64-wide model: a fraction here; `streamrl bench learner --lora`
+    # measures the few percent of a 100M-parameter model)
+    assert adapter_bytes < 0.3 * (weights / "base" / "model.safetensors").stat().st_size
     first, last = _tensors(versions[0] / "adapter_model.safetensors"), _tensors(versions[-1] / "adapter_model.safetensors")
     assert first.keys() == last.keys() and any(not torch.equal(first[k], last[k]) for k in first)
-    # the backend holds the base once and the last adapter
+    # the backend holds the base (loaded once) and the adapter of the version it is on, copied in
+    held = _tensors(weights / f"v{backend.version}" / "adapter_model.safetensors")
     loaded = {k: v for k, v in backend.model.state_dict().items() if ".lora_" in k}
-    assert len(loaded) == len(last)
-    assert all(any(torch.equal(v, t) for t in last.values()) for v in loaded.values())
+    assert backend.version == VERSIONS - 1 and len(loaded) == len(held)
+    assert all(any(torch.equal(v, t) for t in held.values()) for v in loaded.values())
+    assert backend._base == str((weights / "base").resolve())
 
 
 # -- one rank against two FSDP2 ranks ------------------------------------------------------------

@@ -86,8 +86,16 @@ def _strip(name: str) -> str:
 
 
 def base_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
-    """The frozen base's tensors under Hugging Face names, from the whole model's ``state``."""
-    return {_strip(k): v for k, v in state.items() if ".lora_" not in k}
+    """The frozen base's tensors under Hugging Face names, from the whole model's ``state``; a
+    tied weight once (``lm_head.weight`` of a tied embedding, wrapped by an adapter or not)."""
+    first = {_strip(n) for n, _ in model.named_parameters()}
+    aliases = {_strip(n) for n, _ in model.named_parameters(remove_duplicate=False)} - first
+    out = {}
+    for k, v in state.items():
+        name = _strip(k)
+        if ".lora_" not in k and name not in aliases:
+            out[name] = v
+    return out
 
 
 def merged_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +112,9 @@ def merged_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
         if a is None or b is None:
             raise ValueError(f"{name}: a LoRA layer that is not a linear one cannot be merged here")
         key = _strip(f"{name}.base_layer.weight")
+        if key not in out:  # a weight tied to another (the output head of a tied embedding)
+            raise ValueError(f"{key}: an adapter on a tied weight cannot be merged (the tie would carry the "
+                             "change to the embedding); leave it out of learner.lora.target_modules")
         w = out[key]
         delta = (b.float() @ a.float()) * float(module.scaling[ADAPTER])
         if getattr(module, "fan_in_fan_out", False):
