@@ -209,3 +209,20 @@ def test_abort_cuts_requests_on_the_old_adapter_and_resubmits_them_on_the_new(tm
     assert all(s.policy_version == 1 and s.text == "v1" for s in group)
     assert [v for _, v in server.loads] == [0, 1] and list(server.adapters.values()) == [1]
     assert server.violations == []
+
+
+def test_launched_servers_take_adapters_when_the_learner_publishes_them():
+    """``rollout.servers_launch`` with ``learner.lora`` on: vLLM and SGLang are started with their
+    runtime LoRA flags (vLLM's rank rounded up to one it accepts); not with merge_for_servers."""
+    from streamrl.pipeline_config import load_config
+    from streamrl.rollout.worker import with_lora
+    from streamrl.scorers.servers import RewardServerConfig, server_argv
+
+    vllm = with_lora(load_config(None, ["rollout.servers_launch.backend=vllm"]).rollout.servers_launch, 12)
+    assert vllm.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    argv = server_argv(RewardServerConfig(name="policy", model="m", backend="vllm", args=vllm.args), 8000, role="policy")
+    assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "16"
+    sglang = with_lora(load_config(None, ["rollout.servers_launch.backend=sglang"]).rollout.servers_launch, 32)
+    assert sglang.args == ["--enable-lora", "--max-lora-rank", "32", "--lora-target-modules", "all"]
+    assert with_lora(sglang, 32).args == sglang.args  # given flags are kept, not repeated
+

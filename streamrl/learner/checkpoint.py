@@ -2,7 +2,8 @@
 de-duplication window, saved together so they always agree.
 
 Layout: ``<checkpoint_dir>/ckpt-<seq>/`` holding ``policy/`` (Hugging Face layout, safetensors:
-``load_policy`` reads it), ``optimizer.pt`` (tensors only; read back with
+``load_policy`` reads it; with ``learner.lora`` the adapter in PEFT's layout, the base being
+``learner.policy``), ``optimizer.pt`` (tensors only; read back with
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects) and ``state.json``
 (version, offsets, de-dup window, counters, lineage). A checkpoint is written into a hidden
 sibling directory, every file fsync'd, and renamed into place (the directory fsync'd too): a crash

@@ -114,6 +114,9 @@ class RolloutWorker:
         if not rollout.weights_prefixes:  # where this config's learner writes (and uploads) weights
             prefixes = [cfg.learner.weights_dir, *([cfg.learner.weights_uri] if cfg.learner.weights_uri else [])]
             rollout = dataclasses.replace(rollout, weights_prefixes=prefixes)
+        lora = cfg.learner.lora
+        if rollout.servers_launch.backend and lora.enabled and not lora.merge_for_servers:
+            rollout = dataclasses.replace(rollout, servers_launch=with_lora(rollout.servers_launch, lora.rank))
         return cls(bus, rollout)
 
     def validate(self) -> None:
@@ -314,6 +317,28 @@ def launch_servers(cfg: RolloutConfig) -> Any:
                               restart_backoff_s=launch.restart_backoff_s,
                               restart_backoff_max_s=launch.restart_backoff_max_s)
     return RewardServers([spec], role="policy", field_name="rollout.servers_launch")
+
+
+#: the LoRA ranks ``vllm serve --max-lora-rank`` accepts
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def with_lora(launch: Any, rank: int) -> Any:
+    """``rollout.servers_launch`` for a learner that publishes LoRA adapters (``learner.lora``):
+    the servers it starts take adapters at run time (vLLM: ``--enable-lora``, a
+    ``--max-lora-rank`` it accepts, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``; SGLang:
+    ``--enable-lora``, ``--max-lora-rank``, every target module). Flags already given are kept."""
+    args, env = list(launch.args), dict(launch.env)
+    if "--enable-lora" not in args:
+        args.append("--enable-lora")
+    if "--max-lora-rank" not in args:
+        allowed = next((r for r in VLLM_LORA_RANKS if r >= rank), rank) if launch.backend == "vllm" else rank
+        args += ["--max-lora-rank", str(allowed)]
+    if launch.backend == "vllm":
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    elif "--lora-target-modules" not in args:
+        args += ["--lora-target-modules", "all"]
+    return dataclasses.replace(launch, args=args, env=env)
 
 
 def weights_allowed(uri: str, prefixes: list[str]) -> bool:
