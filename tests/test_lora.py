@@ -13,19 +13,21 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 
+from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig, LoraConfig
 from streamrl.learner.stage import Learner
 from streamrl.learner.trainer import Trainer, follow
 from streamrl.learner.versions import read_latest_policy
 from streamrl.net import free_port
+from streamrl.pipeline_config import load_config
 from streamrl.policy import load_policy
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
-from tests.helpers import ROOT, learner_cfg, publish, wait_for
-from tests.test_learner_distributed import PARITY, STEPS, batch, parity_batch
-from tests.test_learner_learning import GROUP_SIZE, GROUPS, sample_groups
+from tests.helpers import (GROUP_SIZE, GROUPS, PARITY, ROOT, STEPS, batch, learner_cfg, parity_batch, publish,
+                           sample_groups, wait_for)
 
 VERSIONS = 12
 #: every linear layer and the output head: the digits task is a shift of the output distribution,
@@ -226,3 +228,22 @@ def test_export_merge_loads_with_transformers_and_gives_the_learners_logprobs(tm
     trainer.save_weights(tmp_path / "served")
     for got, ref in zip(logprobs(load_policy(str(tmp_path / "served"))[0]), want):
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+
+
+def test_verl_lora_keys_map_onto_learner_lora(tmp_path):
+    """verl's ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha`` / ``target_modules`` (in a
+    file, then on the command line; verl's string ``all-linear`` is a list of one); bad values
+    fail at start naming the field."""
+    verl = tmp_path / "verl.yaml"
+    verl.write_text("actor_rollout_ref:\n  model:\n    lora_rank: 16\n    lora_alpha: 32\n"
+                    "    target_modules: all-linear\n")
+    assert load_config(verl).learner.lora == LoraConfig(rank=16, alpha=32, target_modules=["all-linear"])
+    cfg = load_config(verl, ["actor_rollout_ref.model.target_modules=[q_proj,v_proj]", "learner.lora.dropout=0.05"])
+    assert cfg.learner.lora == LoraConfig(rank=16, alpha=32, target_modules=["q_proj", "v_proj"], dropout=0.05)
+    assert load_config(None).learner.lora.rank == 0  # off by default: full fine-tuning
+    with pytest.raises(ConfigError, match="learner.lora.dropout"):
+        LearnerConfig(lora=LoraConfig(rank=8, dropout=1.5)).validate()
+    with pytest.raises(ConfigError, match="learner.lora.target_modules"):
+        Trainer(LearnerConfig(lora=LoraConfig(rank=8, target_modules=["no_such_proj"])).validate())
+    with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
+        load_config(None, ["actor_rollout_ref.model.path=/models/x"])
