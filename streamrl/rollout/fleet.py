@@ -248,6 +248,7 @@ class ServerFleet:
         m = self.members[url]
         if self.target_uri is not None and self.update_api != "none":
             m.version, m.started = None, True
+            m.adapter = m.base = None  # (a restart lost its adapters and base: loaded again)
             self._schedule(m)
         self._notify()
 
