@@ -18,8 +18,12 @@ import pytest
 from aiohttp import web
 
 from streamrl import metrics
+from streamrl.errors import StreamrlError
+from streamrl.records import PolicyVersion
 from streamrl.rollout.backends import SamplingParams
 from streamrl.rollout.backends.openai_server import OpenAIBackend
+from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
+from streamrl.rollout.worker import RolloutWorker
 from tests.helpers import AppServer
 
 
@@ -28,8 +32,8 @@ class LoraServer(AppServer):
     the version parsed from its path; ``fail_loads`` answers the next adapter loads with an
     error."""
 
-    def __init__(self, api: str, latency: float = 0.1, model: str = "policy"):
-        self.api, self.latency, self.model = api, latency, model
+    def __init__(self, api: str, latency: float = 0.1, model: str = "policy", lora: bool = True):
+        self.api, self.latency, self.model, self.lora = api, latency, model, lora
         self.adapters: dict[str, int] = {}  # name -> version
         self.running: Counter[str] = Counter()  # adapter -> requests in flight naming it
         self.fail_loads = 0
@@ -43,8 +47,9 @@ class LoraServer(AppServer):
         app.router.add_get("/health", self._ok)
         app.router.add_post("/v1/completions", self._complete)
         prefix = "/v1" if self.api == "vllm" else ""
-        app.router.add_post(f"{prefix}/load_lora_adapter", self._load)
-        app.router.add_post(f"{prefix}/unload_lora_adapter", self._unload)
+        if self.lora:  # (vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such routes)
+            app.router.add_post(f"{prefix}/load_lora_adapter", self._load)
+            app.router.add_post(f"{prefix}/unload_lora_adapter", self._unload)
         app.router.add_post("/update_weights_from_disk", self._full)  # SGLang's full weights
         app.router.add_post("/collective_rpc", self._full)  # vLLM's (streamrl's extension)
         app.router.add_post("/reset_prefix_cache", self._ok)
@@ -226,3 +231,34 @@ def test_launched_servers_take_adapters_when_the_learner_publishes_them():
     assert sglang.args == ["--enable-lora", "--max-lora-rank", "32", "--lora-target-modules", "all"]
     assert with_lora(sglang, 32).args == sglang.args  # given flags are kept, not repeated
 
+
+
+def test_a_server_without_lora_stops_the_worker_at_start_with_one_line(memory_bus, tmp_path):
+    """A vLLM server started without runtime LoRA (no ``/v1/load_lora_adapter``: 404) and a
+    learner that publishes adapters: the load is not retried, and the rollout worker stops at
+    its first version with one line saying how to start the server (or merge_for_servers)."""
+    bus = memory_bus
+    cfg = RolloutConfig(backend="openai", group_size=2, openai=OpenAIBackendConfig(
+        model="policy", api_key_env="", update_api="vllm", health_interval_s=0))
+
+    async def go():
+        server = await LoraServer("vllm", lora=False).start()
+        worker = RolloutWorker(bus, RolloutConfig(**{**cfg.__dict__, "servers": [server.url]}))
+        producer = bus.producer("learner")
+        await producer.start()
+        try:
+            await producer.send_and_wait(PolicyVersion(version=0, weights_uri=str(tmp_path / "weights" / "v0"),
+                                                       base_uri=str(tmp_path / "weights" / "base")))
+            with pytest.raises(StreamrlError) as err:
+                await asyncio.wait_for(worker.run(), 60)
+            retried = metrics.ROLLOUT_SERVER_UPDATE_FAILURES.labels(server.url)._value.get()
+            return str(err.value), server, retried
+        finally:
+            await producer.stop()
+            await server.stop()
+
+    message, server, retried = asyncio.run(go())
+    print(message)
+    assert retried == 0  # not retried: it cannot succeed until the server is restarted
+    assert "cannot take LoRA adapters" in message and "--enable-lora" in message and "\n" not in message
+    assert server.base_loads == [str(tmp_path / "weights" / "base")] and server.completions == 0

@@ -47,7 +47,8 @@ name the adapter as their ``model`` (SGLang: ``<model>:<adapter>``), so a reques
 adapter it started on whatever loads meanwhile: with ``drain`` the requests in flight finish on
 the old adapter while the new one loads (no pause), with ``abort`` they are cut and resubmitted
 as for full weights. The old adapter is unloaded (``/v1/unload_lora_adapter``,
-``/unload_lora_adapter``) once the requests that named it have finished.
+``/unload_lora_adapter``) once the requests that named it have finished. A server without the
+LoRA endpoint (404) cannot follow: it is not retried, ``fatal`` says why and the worker stops.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import orjson
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_not_exception_type, wait_exponential
 
 from streamrl import metrics
 from streamrl.errors import Unavailable
@@ -76,6 +77,11 @@ VLLM_METHOD = "streamrl_load_weights"  # the worker extension's method (vllm_ext
 
 class UpdateError(Exception):
     """A server did not load a version."""
+
+
+class AdapterUnsupported(UpdateError):
+    """A server has no LoRA endpoint (404 on it): it cannot follow a learner that publishes
+    adapters until it is restarted with LoRA on; not retried (``ServerFleet.fatal``)."""
 
 
 @dataclass
@@ -147,6 +153,7 @@ class ServerFleet:
         self.adapter_loads = 0  # adapter names handed out (each load attempt gets a new one)
         self._retiring: set[asyncio.Task] = set()  # unloads of adapters waiting for their requests
         self.aborted = 0  # requests aborted for an update and resubmitted
+        self.fatal: str | None = None  # why the fleet cannot follow the learner (a server without LoRA)
         self._changed = asyncio.Event()
         self._session: Any = None
         self.router.on_readmit.append(self._readmitted)
@@ -257,19 +264,25 @@ class ServerFleet:
             # any failure takes the server out of rotation and is retried, the target re-read
             # each time (tenacity: retry_s, doubling, at most retry_max_s)
             retrying = AsyncRetrying(wait=wait_exponential(multiplier=self.retry_s, max=self.retry_max_s),
-                                     retry=retry_if_exception_type(Exception), reraise=True,
+                                     retry=retry_if_not_exception_type(AdapterUnsupported), reraise=True,
                                      before_sleep=lambda state: self._failed(m, state))
-            async for attempt in retrying:
-                with attempt:
-                    version, uri, base = self.target, self.target_uri, self.target_base
-                    assert uri is not None
-                    started = time.monotonic()
-                    if base is None:
-                        await self._quiesce(m)
-                        await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
-                        old, m.adapter, m.base = m.adapter, None, None
-                    else:
-                        old = await self._load_lora(m, uri, base, version)
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        version, uri, base = self.target, self.target_uri, self.target_base
+                        assert uri is not None
+                        started = time.monotonic()
+                        if base is None:
+                            await self._quiesce(m)
+                            await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
+                            old, m.adapter, m.base = m.adapter, None, None
+                        else:
+                            old = await self._load_lora(m, uri, base, version)
+            except AdapterUnsupported as exc:  # not retried: the worker stops, saying why
+                m.updating, m.out, self.fatal = False, True, str(exc)
+                log.error("rollout server %s", exc)
+                self._notify()
+                return
             took = time.monotonic() - started
             if old is not None:  # unloaded once the requests that named it are done
                 self._retire(m, old)
@@ -352,7 +365,8 @@ class ServerFleet:
         except aiohttp.ClientError as exc:
             raise UpdateError(f"{route}: {type(exc).__name__}: {exc}") from None
         if resp.status == 404 and op == "load" and "lora" not in text.lower():
-            raise UpdateError(f"{route}: HTTP 404: this server cannot take LoRA adapters (vLLM: start it with "
+            raise AdapterUnsupported(f"{public_url(url)}{route}: HTTP 404: this server cannot take LoRA adapters "
+                              "(vLLM: start it with "
                               "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang: --enable-lora; "
                               "or set learner.lora.merge_for_servers)")
         if resp.status >= 300:

@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop
-from streamrl.errors import Failure
+from streamrl.errors import Failure, StreamrlError
 from streamrl.records import PROMPTS, ROLLOUTS, Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
@@ -100,6 +100,7 @@ class RolloutWorker:
         self.lineage: str | None = None  # the training line of the weights in use
         self._load_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        self.fatal: str | None = None  # why the worker stopped on its own (its servers cannot follow)
         self._label = self.backend.name
         if not self.backend.can_load_weights and cfg.follow_policy:
             log.warning("the %s backend cannot load weights: trajectories are stamped version %d",
@@ -160,14 +161,21 @@ class RolloutWorker:
                 for w in waiters:
                     w.cancel()
                 await loop_task
+        if self.fatal:
+            raise StreamrlError(f"rollout: {self.fatal}")
 
     def stop(self) -> None:
         self._stopping.set()
         self.gate.stopping.set()
 
     async def _follow_announcements(self, poll_s: float = 0.1) -> None:
+        fleet = getattr(self.backend, "fleet", None)
         while True:
             await self.sync_weights()
+            if fleet is not None and fleet.fatal:  # e.g. a server without LoRA for a LoRA learner
+                self.fatal = fleet.fatal
+                self.stop()
+                return
             await asyncio.sleep(poll_s)
 
     async def sync_weights(self) -> float:
