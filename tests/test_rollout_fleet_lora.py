@@ -262,3 +262,47 @@ def test_a_server_without_lora_stops_the_worker_at_start_with_one_line(memory_bu
     assert retried == 0  # not retried: it cannot succeed until the server is restarted
     assert "cannot take LoRA adapters" in message and "--enable-lora" in message and "\n" not in message
     assert server.base_loads == [str(tmp_path / "weights" / "base")] and server.completions == 0
+
+
+def test_two_rollout_workers_sharing_servers_never_touch_each_others_adapters(tmp_path):
+    """Two workers' fleets on the same two servers (a deployment with more workers than servers):
+    each loads its own adapter per version and unloads only its own, so neither's requests ever
+    name an adapter the other removed; at the end each server holds one adapter per worker."""
+    async def go():
+        servers = [await LoraServer("vllm", latency=0.1).start() for _ in range(2)]
+        backends = [OpenAIBackend("", "policy", servers=[s.url for s in servers], update_api="vllm",
+                                  health_interval_s=0) for _ in range(2)]
+        base = str(tmp_path / "base")
+        samples, done = [], asyncio.Event()
+
+        async def client(backend: OpenAIBackend) -> None:
+            while not done.is_set():
+                (group,) = await backend.generate(["x"], 1, SamplingParams())
+                samples.extend(group)
+
+        try:
+            for v in range(3):
+                for b in backends:
+                    await b.load_weights(str(tmp_path / f"v{v}"), v, base)
+                if v == 0:
+                    clients = [asyncio.create_task(client(b)) for b in backends for _ in range(2)]
+                await asyncio.sleep(0.5)
+            while any(m.version != 2 for b in backends for m in b.fleet.members.values()):
+                await asyncio.sleep(0.05)
+            done.set()
+            await asyncio.gather(*clients)
+            while any(b.fleet._retiring for b in backends):
+                await asyncio.sleep(0.05)
+            return samples, servers, [b.fleet.tag for b in backends]
+        finally:
+            for b in backends:
+                await b.close()
+            for s in servers:
+                await s.stop()
+
+    samples, servers, tags = asyncio.run(go())
+    assert tags[0] != tags[1]
+    for s in servers:
+        assert s.violations == [], s.violations
+        assert sorted(s.adapters.values()) == [2, 2] and {n.split("-")[2] for n in s.adapters} == set(tags)
+    assert samples and all(x.policy_version == int(x.text.removeprefix("v")) for x in samples)

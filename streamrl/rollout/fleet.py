@@ -59,6 +59,7 @@ import logging
 import socket
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -151,6 +152,8 @@ class ServerFleet:
         self.target_uri: str | None = None
         self.target_base: str | None = None  # LoRA: target_uri is an adapter on this base
         self.adapter_loads = 0  # adapter names handed out (each load attempt gets a new one)
+        # in every adapter name: rollout workers sharing servers never name (or unload) each other's
+        self.tag = uuid.uuid4().hex[:6]
         self._retiring: set[asyncio.Task] = set()  # unloads of adapters waiting for their requests
         self.aborted = 0  # requests aborted for an update and resubmitted
         self.fatal: str | None = None  # why the fleet cannot follow the learner (a server without LoRA)
@@ -323,7 +326,7 @@ class ServerFleet:
             for t in list(m.inflight):
                 t.cancel()
         self.adapter_loads += 1
-        name = f"streamrl-v{version}-{self.adapter_loads}"
+        name = f"streamrl-v{version}-{self.tag}-{self.adapter_loads}"
         try:
             await asyncio.wait_for(self._adapter_call(m.url, "load", name, uri), self.update_timeout_s)
         except BaseException:
