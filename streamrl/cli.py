@@ -32,6 +32,7 @@ VERBS = {
     "run": "streamrl.commands.run",
     "replay": "streamrl.commands.replay",
     "bench": "streamrl.commands.bench",
+    "export": "streamrl.commands.export",
 }
 
 DESCRIPTION = ("streamrl: a Kafka streaming pipeline for RL post-training of language models. "

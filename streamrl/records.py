@@ -258,6 +258,9 @@ class PolicyVersion(_Record):
 
     version: int
     weights_uri: str | None = None  # where the weights are (a directory or file URI)
+    # LoRA (learner.lora): weights_uri is then a PEFT adapter directory, to apply on the base
+    # weights at base_uri (Hugging Face layout); None: weights_uri holds full weights
+    base_uri: str | None = None
     trained_records: int = 0  # records the learner has trained on, all time
     metrics: dict[str, float] = field(default_factory=dict)
     # The training line: a learner restarted from a checkpoint older than the versions already

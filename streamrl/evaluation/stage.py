@@ -269,13 +269,13 @@ class Evaluator:
 
         started = time.monotonic()
         uri = record.weights_uri
-        if not uri or not weights_allowed(uri, self.weights_prefixes):
+        if not uri or not all(weights_allowed(u, self.weights_prefixes) for u in (uri, record.base_uri) if u):
             metrics.EVAL_VERSIONS.labels("refused").inc()
             log.error("eval: version %d not evaluated: weights_uri %r is not under %s", record.version, uri,
                       self.weights_prefixes)
             return
         try:
-            await self.backend.load_weights(uri, record.version)
+            await self.backend.load_weights(uri, record.version, record.base_uri)  # base_uri: a LoRA adapter
         except Exception as exc:  # pruned, or unreadable: say so, evaluate the next one
             metrics.EVAL_VERSIONS.labels("no_weights").inc()
             log.error("eval: version %d not evaluated: its weights at %s did not load (%s); keep them with "

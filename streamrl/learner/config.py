@@ -81,6 +81,28 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA (``streamrl.learner.lora``): the policy wrapped with PEFT, only the adapters trained
+    (gradients, AdamW states) and published each version; the frozen base is loaded once, in
+    ``learner.dtype``, and is also the KL reference (the adapter switched off). verl's
+    ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha`` / ``target_modules`` map here."""
+
+    rank: int = 0  # LoRA rank r (verl's lora_rank); 0: off, every weight is trained
+    alpha: float = 16.0  # the adapter's scale is alpha / rank (verl's lora_alpha)
+    # the modules that get an adapter: "all-linear" (every linear layer but the output head, as
+    # verl's default), or names such as [q_proj, k_proj, v_proj, o_proj] (verl's target_modules)
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    dropout: float = 0.0  # dropout on the adapter's input while training (PEFT's lora_dropout)
+    # publish the base merged with the adapter (full weights) each version instead of the
+    # adapter alone: for inference servers that cannot load LoRA adapters
+    merge_for_servers: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass
 class LearnerConfig:
     """The learner: assembles complete groups from rewarded within the staleness bound, trains
     the policy with verl's objectives, checkpoints, and announces each version on policy."""
@@ -154,6 +176,7 @@ class LearnerConfig:
     # model config and the rank count) exceed this; 0: no check (the estimate is logged anyway).
     max_memory_gb: float = 0.0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters instead of full fine-tuning (rank 0: off)
     # A record without ``response_logprobs`` (or without token ids): ``error`` dead-letters it
     # (reason ``no_logprobs`` / ``no_tokens``); ``recompute`` tokenises the text if needed and
     # takes the current policy's log-probs as the behaviour ones (on-policy by assumption).
@@ -254,6 +277,17 @@ class LearnerConfig:
         if par.backend == "nccl" and not self.device.startswith("cuda"):
             raise ConfigError("config field 'learner.parallel.backend': nccl needs learner.device cuda "
                               f"(got device {self.device!r})")
+        lora = self.lora
+        if lora.rank < 0:
+            raise ConfigError(f"config field 'learner.lora.rank': must be >= 0 (0: off) (got {lora.rank!r})")
+        if lora.enabled:
+            if not lora.alpha > 0:
+                raise ConfigError(f"config field 'learner.lora.alpha': must be > 0 (got {lora.alpha!r})")
+            if not 0 <= lora.dropout < 1:
+                raise ConfigError(f"config field 'learner.lora.dropout': must be in [0, 1) (got {lora.dropout!r})")
+            if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
+                raise ConfigError("config field 'learner.lora.target_modules': module names, or [all-linear] "
+                                  f"(got {lora.target_modules!r})")
         if self.weights_uri:
             from streamrl.weights_store import check_uri
 
@@ -263,10 +297,12 @@ class LearnerConfig:
 
 # -- a verl config's keys ----------------------------------------------------------------------
 
-#: verl's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) -> this section's,
+#: verl's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) and its LoRA keys
+#: (``actor_rollout_ref.model.lora_rank`` ...) -> this section's,
 #: same meaning; ``use_kl_loss``, ``kl_loss_coef`` and ``clip_ratio`` are read together in
 #: ``verl_overrides``. Any other key under those two prefixes is refused, naming it.
 _ACTOR = "actor_rollout_ref.actor."
+_MODEL = "actor_rollout_ref.model."
 VERL_KEYS = {
     "algorithm.adv_estimator": "adv_estimator",
     "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std_in_grpo",
@@ -282,9 +318,13 @@ VERL_KEYS = {
                               "kl_loss_type", "grad_clip")},
     f"{_ACTOR}optim.lr": "lr",
     f"{_ACTOR}optim.weight_decay": "weight_decay",
+    f"{_MODEL}lora_rank": "lora.rank",
+    f"{_MODEL}lora_alpha": "lora.alpha",
+    f"{_MODEL}target_modules": "lora.target_modules",  # a string ("all-linear") is a list of one
+    f"{_MODEL}use_remove_padding": "use_remove_padding",
 }
 _READ_TOGETHER = (f"{_ACTOR}use_kl_loss", f"{_ACTOR}kl_loss_coef", f"{_ACTOR}clip_ratio")
-VERL_PREFIXES = ("algorithm.", _ACTOR)
+VERL_PREFIXES = ("algorithm.", _ACTOR, _MODEL)
 
 
 def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any]]:
@@ -296,6 +336,8 @@ def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any
     given = list(given)
     for key, value in given:
         if key in VERL_KEYS:
+            if VERL_KEYS[key] == "lora.target_modules" and isinstance(value, str):
+                value = [value]
             out.append((key, VERL_KEYS[key], value))
         elif key in _READ_TOGETHER:
             together[key] = value

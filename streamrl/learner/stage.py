@@ -34,7 +34,7 @@ from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update, record_figures
 from streamrl.learner.samples import to_sample
-from streamrl.learner.versions import prune_weights, read_latest_policy, start_line
+from streamrl.learner.versions import prune_weights, publish_base, read_latest_policy, start_line
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
@@ -106,6 +106,7 @@ class Learner:
         self._sizes: dict[str, int] = {}  # group id -> group_size, for groups known only by losses
         self._group_size = 1
         self._dead: Reader | None = None
+        self._base_uri: str | None = None  # LoRA: where the base the adapters apply to is (written once)
         metrics.LEARNER_VERSION.set(self.state.version)
         metrics.LEARNER_MAX_STALENESS.set(cfg.max_staleness)
 
@@ -434,7 +435,9 @@ class Learner:
             uri = await asyncio.to_thread(weights_store.upload, path,
                                           weights_store.version_uri(self.cfg.weights_uri, version))
         final = self._final or bool(self.cfg.versions and version >= self.cfg.versions)
-        record = PolicyVersion(version=version, weights_uri=uri,
+        if self._base_uri is None:
+            self._base_uri = await asyncio.to_thread(publish_base, self.trainer, self.cfg)
+        record = PolicyVersion(version=version, weights_uri=uri, base_uri=self._base_uri or None,
                                trained_records=self.state.trained_records, metrics=summary,
                                lineage=self.state.lineage, final=final)
         await self.producer.send_and_wait(record)

@@ -16,6 +16,7 @@ from streamrl.records import PolicyVersion, RecordError
 if TYPE_CHECKING:
     from streamrl.learner.checkpoint import LearnerState
     from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,23 @@ def start_line(state: "LearnerState", latest: PolicyVersion | None) -> bool:
                 "starting line %s at version %d; records of versions after %d of line %s "
                 "are dropped", latest.version, old, version, state.lineage, version, version, old)
     return True
+
+
+def publish_base(trainer: "Trainer", cfg: "LearnerConfig") -> str:
+    """LoRA with adapters published (``learner.lora``, not ``merge_for_servers``): write the frozen
+    base to ``<weights_dir>/base`` (and upload it to ``<weights_uri>/base``) and return where it
+    is, for the policy records' ``base_uri``; "" when versions carry full weights. Called once per
+    learner start (the base never changes while it trains)."""
+    if not cfg.lora.enabled or cfg.lora.merge_for_servers:
+        return ""
+    path = trainer.save_base(Path(cfg.weights_dir) / "base")
+    uri = str(path.resolve())
+    if cfg.weights_uri:
+        from streamrl import weights_store
+
+        uri = weights_store.upload(path, f"{cfg.weights_uri.rstrip('/')}/base")
+    log.info("learner: LoRA base written to %s (adapters are published per version)", uri)
+    return uri
 
 
 def prune_weights(cfg: "LearnerConfig", version: int) -> None:

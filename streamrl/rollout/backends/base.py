@@ -63,8 +63,9 @@ class Backend(ABC):
                        params: SamplingParams) -> list[list[Completion]]:
         """``n`` samples for each prompt, in order."""
 
-    async def load_weights(self, uri: str, version: int) -> float:
-        """Load a policy version between generations; returns the seconds it took."""
+    async def load_weights(self, uri: str, version: int, base_uri: str | None = None) -> float:
+        """Load a policy version between generations; returns the seconds it took. ``base_uri``:
+        the version is a LoRA adapter (PEFT layout at ``uri``) on the base weights there."""
         raise WeightLoadError(f"the {self.name} backend cannot load weights")
 
     def reseed(self, seed: int) -> None:
