@@ -64,13 +64,14 @@ class Responses:
     trajectories: list[Trajectory] = field(default_factory=list)
     rewards: list[float | None] = field(default_factory=list)
     infos: list[dict[str, Any]] = field(default_factory=list)
-    failed_prompts: int = 0  # prompts whose generation failed (their responses are missing)
+    # prompts whose generation failed, by data source (their n responses are missing)
+    failed_prompts: dict[str, int] = field(default_factory=dict)
 
     def results(self, version: int, n: int, seed: int, lineage: str | None) -> list[EvalResult]:
         """One record per data source: verl's figures over the scored responses."""
         figures = response_figures([(t.data_source, t.group_id, r, info) for t, r, info
                                     in zip(self.trajectories, self.rewards, self.infos) if r is not None], seed)
-        sources = sorted({t.data_source for t in self.trajectories})
+        sources = sorted({t.data_source for t in self.trajectories} | set(self.failed_prompts))
         out = []
         for ds in sources:
             mine = [i for i, t in enumerate(self.trajectories) if t.data_source == ds]
@@ -78,7 +79,7 @@ class Responses:
             failed = sum(1 for i in mine if self.rewards[i] is None)
             out.append(EvalResult(version=version, data_source=ds, n=n,
                                   prompts=len({self.trajectories[i].group_id for i in mine}), metrics=flat,
-                                  failed=failed + (self.failed_prompts * n if len(sources) == 1 else 0),
+                                  failed=failed + self.failed_prompts.get(ds, 0) * n,
                                   core=core_variable(flat), seed=seed, lineage=lineage))
         return out
 
@@ -142,9 +143,9 @@ class ValidationSet:
             return scored
 
         out = Responses()
-        for result in await asyncio.gather(*(one(p) for p in self.prompts)):  # in the prompts' order
-            if result is None:
-                out.failed_prompts += 1
+        for prompt, result in zip(self.prompts, await asyncio.gather(*(one(p) for p in self.prompts))):
+            if result is None:  # (gathered in the prompts' order)
+                out.failed_prompts[prompt.data_source] = out.failed_prompts.get(prompt.data_source, 0) + 1
                 continue
             for t, reward, info in result:
                 out.trajectories.append(t)
