@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # constraints.txt pins torch to the CPU build where the machine has it (see the file).
 PIP_INSTALL := $(BIN)/pip install -q -c constraints.txt
 
-.PHONY: run test bench-bus gpu-check clean
+.PHONY: run test bench-bus gpu-check docs docs-serve clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ test: $(BIN)/.installed
 	.ci/test-tools
 	$(BIN)/python -m pytest -q -n 4 --dist loadgroup
 
+# The docs site (mkdocs.yml): built strictly into site/ (a broken link fails), or served with live
+# reload on http://127.0.0.1:8000. The configuration, CLI and metrics reference pages are
+# generated from the code as it builds (docs/hooks.py).
+docs: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+docs-serve: $(BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
+
 bench-bus: $(BIN)/.installed
 	$(BIN)/streamrl bench bus
 
@@ -37,4 +46,4 @@ gpu-check:
 	$(PYTHON) tools/gpu_check.py --device $(DEVICE) $(if $(WHEELS),--wheels $(WHEELS))
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) site

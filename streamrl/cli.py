@@ -27,9 +27,12 @@ VERBS = {
     "reward": "streamrl.commands.reward",
     "learner": "streamrl.commands.learner",
     "archive": "streamrl.commands.archive",
+    "eval": "streamrl.commands.eval",
+    "track": "streamrl.commands.track",
     "run": "streamrl.commands.run",
     "replay": "streamrl.commands.replay",
     "bench": "streamrl.commands.bench",
+    "export": "streamrl.commands.export",
 }
 
 DESCRIPTION = ("streamrl: a Kafka streaming pipeline for RL post-training of language models. "

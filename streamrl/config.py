@@ -32,26 +32,27 @@ __all__ = ["ConfigError", "BusConfig", "MetricsConfig", "RunConfig", "TopicsConf
 class BusConfig:
     """How every stage talks to Kafka. ``bootstrap_servers`` empty means: the embedded broker."""
 
+    # Kafka HOST:PORT[,...] (env STREAMRL_BOOTSTRAP_SERVERS, --bootstrap-servers); empty: the embedded broker
     bootstrap_servers: str = ""
-    topic_prefix: str = "streamrl"
-    client_id: str = "streamrl"
+    topic_prefix: str = "streamrl"  # topics <prefix>.prompts, ...; groups <prefix>-<stage>: one namespace per pipeline
+    client_id: str = "streamrl"  # every client's Kafka client.id
     replication_factor: int = 0  # 0: take each topic file's own
     # Security. The password is read from the environment variable named here, never from a file.
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     sasl_mechanism: str = ""  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512
-    sasl_username: str = ""
-    sasl_password_env: str = "STREAMRL_SASL_PASSWORD"
+    sasl_username: str = ""  # with sasl_mechanism set
+    sasl_password_env: str = "STREAMRL_SASL_PASSWORD"  # the NAME of the environment variable holding the SASL password
     # Records of tens of KB to several MB (a 32k-token trajectory is ~400 KB).
     max_record_bytes: int = 16 * 1024 * 1024
     compression: str = "lz4"  # none | gzip | lz4 | zstd
-    linger_ms: int = 5
-    max_batch_bytes: int = 1024 * 1024
+    linger_ms: int = 5  # how long a producer waits to fill a batch (librdkafka linger.ms)
+    max_batch_bytes: int = 1024 * 1024  # a producer batch's most bytes (librdkafka batch.size)
     # Consumer groups. Short sessions: the embedded broker holds each JoinGroup for half the
     # session timeout (DESIGN.md), and a dead member should be noticed in seconds, not a minute.
     session_timeout_ms: int = 6000
-    heartbeat_interval_ms: int = 1000
-    max_poll_interval_ms: int = 600_000
-    commit_interval_s: float = 1.0
+    heartbeat_interval_ms: int = 1000  # consumer-group heartbeats (well under session_timeout_ms)
+    max_poll_interval_ms: int = 600_000  # not polling this long takes a member out of its group
+    commit_interval_s: float = 1.0  # how often a consuming stage commits the offsets of finished records
     # A broker that does not answer is retried with backoff and reported once per interval;
     # after this long the run (`streamrl run`, and each stage verb) fails naming it. 0: wait forever
     unavailable_timeout_s: float = 300.0
@@ -80,7 +81,7 @@ class TopicConfig:
     """One topic as streamrl creates it, over its spec in ``topics/<name>.json``."""
 
     # 0: the spec's (8 for prompts, rollouts and rewarded). A consumer group is as parallel as
-    # its topic's partitions: size it to the largest group you will run (README, "Sizing").
+    # its topic's partitions: size it to the largest group you will run (docs: concepts/topics-and-records.md).
     partitions: int = 0
 
 
@@ -91,16 +92,17 @@ class TopicsConfig:
     that exists keeps its partitions: a count that differs is reported as drift, never applied
     (Kafka cannot shrink a topic, and the embedded broker cannot grow one)."""
 
-    prompts: TopicConfig = field(default_factory=TopicConfig)
-    rollouts: TopicConfig = field(default_factory=TopicConfig)
-    rewarded: TopicConfig = field(default_factory=TopicConfig)
-    policy: TopicConfig = field(default_factory=TopicConfig)
-    deadletter: TopicConfig = field(default_factory=TopicConfig)
+    prompts: TopicConfig = field(default_factory=TopicConfig)  # streamrl.prompts, the prompt feed
+    rollouts: TopicConfig = field(default_factory=TopicConfig)  # streamrl.rollouts: size it to the largest reward group
+    rewarded: TopicConfig = field(default_factory=TopicConfig)  # streamrl.rewarded, read by the learner
+    policy: TopicConfig = field(default_factory=TopicConfig)  # streamrl.policy (compacted): the versions announced
+    deadletter: TopicConfig = field(default_factory=TopicConfig)  # streamrl.deadletter: what failed for good, and why
+    eval: TopicConfig = field(default_factory=TopicConfig)  # the eval stage's results (topics/eval.json)
 
     def validate(self) -> "TopicsConfig":
         """A ``ConfigError`` naming the field of a negative count (``load_config`` calls it, so
         a bad value fails at start)."""
-        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter"):
+        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter", "eval"):
             configured = getattr(self, name).partitions
             if configured < 0:
                 raise ConfigError(f"config field 'topics.{name}.partitions': {configured}; a topic needs "
@@ -115,6 +117,8 @@ class TopicsConfig:
 
 @dataclass
 class MetricsConfig:
+    """The Prometheus endpoint every long-running process serves (it prints the port at start)."""
+
     port: int = 0  # 0: pick a free port and print it
     # Loopback unless configured: metrics name topics, groups and hosts. The compose file and the
     # Kubernetes manifests set 0.0.0.0 so Prometheus can scrape them.
@@ -126,11 +130,11 @@ class AutoscaleConfig:
     """The reward group sized by its consumer lag (``streamrl run --autoscale MIN:MAX``)."""
 
     min_members: int = 0  # 0: autoscaling off
-    max_members: int = 0
+    max_members: int = 0  # the most reward members the autoscaler runs
     scale_up_lag: int = 200  # records waiting in rollouts, for window_s, add a member
     scale_down_lag: int = 0  # at or below this, for window_s, remove one
-    window_s: float = 5.0
-    cooldown_s: float = 15.0
+    window_s: float = 5.0  # how long lag must stay above (below) a bound before a member is added (removed)
+    cooldown_s: float = 15.0  # at most one change per this long (a rebalance needs a few seconds to settle)
 
 
 @dataclass
@@ -156,7 +160,7 @@ class RayConfig:
     # Before anything starts, check that the cluster can hold every stage (off for a cluster that
     # autoscales); a stage Ray has not placed after placement_timeout_s fails the run, named
     check_placement: bool = True
-    placement_timeout_s: float = 120.0
+    placement_timeout_s: float = 120.0  # see check_placement
 
 
 @dataclass
@@ -165,9 +169,9 @@ class RestartConfig:
     (``backoff_s``, doubling), at most ``max_restarts`` times within ``window_s``; past that the
     run fails."""
 
-    max_restarts: int = 5
-    backoff_s: float = 1.0
-    window_s: float = 300.0
+    max_restarts: int = 5  # restarts of one stage allowed within window_s
+    backoff_s: float = 1.0  # the first restart's wait; doubles with each restart
+    window_s: float = 300.0  # the window max_restarts counts in
 
 
 @dataclass
@@ -177,9 +181,9 @@ class RunConfig:
 
     launcher: str = "local"  # local | ray
     reward_members: int = 2  # processes in the reward consumer group (the start size when autoscaling)
-    rollout_workers: int = 1
+    rollout_workers: int = 1  # rollout worker processes (a consumer group on prompts)
     out_dir: str = "runs"  # each run writes <out_dir>/<run id>/ (logs, checkpoints, weights, plot)
-    status_interval_s: float = 1.0
+    status_interval_s: float = 1.0  # how often the live status line is redrawn
     timeout_s: float = 1800.0  # give up (and stop everything) after this long
     # With a generated task as feed.dataset (streamrl.tasks): a supervised pass of this many
     # steps first teaches the policy to read and write the task's format (its module says
@@ -198,7 +202,7 @@ class RunConfig:
     # Nothing waits in silence: when no figure of the status line moves for stall_warn_s, it says
     # which stage waits on what; stall_timeout_s (0: off) ends such a run, rc 1, with that reason
     stall_warn_s: float = 60.0
-    stall_timeout_s: float = 0.0
+    stall_timeout_s: float = 0.0  # see stall_warn_s; 0: off
     # At the end of a run, after the rollout workers stop, the reward group scores what is left
     # in rollouts for up to this long before it is stopped (then the learner)
     drain_timeout_s: float = 60.0

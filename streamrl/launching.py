@@ -32,11 +32,11 @@ from streamrl.config import RestartConfig
 log = logging.getLogger(__name__)
 
 #: stages whose exit 0 means "finished" (the feed published everything, the learner reached its
-#: versions), not a crash; the others run until they are stopped
-JOBS = ("feed", "learner")
+#: versions, the eval stage evaluated the last version), not a crash; the others run until they are stopped
+JOBS = ("feed", "learner", "eval")
 #: stages stopped after all the others, so they see everything the others wrote (the archive
-#: reads its topics to their end before it exits)
-LAST = ("archive",)
+#: and the trackers read their topics to their end before they exit)
+LAST = ("archive", "track")
 
 
 def stage_command(argv: list[str]) -> list[str]:

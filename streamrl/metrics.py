@@ -232,6 +232,17 @@ def waiting(stage: str, on: str | None) -> None:
     _waiting[stage] = on
 
 
+# -- the eval stage (streamrl.evaluation) ----------------------------------------------------------
+EVAL_VERSIONS = Counter("streamrl_eval_versions_total",
+                        "Asked policy versions by outcome: evaluated, skipped_stale (eval.skip_stale), "
+                        "no_weights (pruned or unreadable), refused (weights_uri outside the allowed paths)",
+                        ["outcome"])
+EVAL_VERSION = Gauge("streamrl_eval_policy_version", "The last policy version the eval stage evaluated")
+EVAL_SCORE = Gauge("streamrl_eval_score", "The last evaluation's core figure (verl's val-core <core>/mean@n)",
+                   ["data_source"])
+EVAL_SECONDS = Histogram("streamrl_eval_seconds", "Time to evaluate one version (load, generate, score, publish)",
+                         buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600))
+
 RUN_RESTARTS = Counter("streamrl_run_stage_restarts_total",
                        "Stages restarted by streamrl run's supervisor after an unexpected exit", ["stage"])
 

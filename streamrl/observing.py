@@ -21,7 +21,7 @@ from streamrl import metrics
 from streamrl.bus import Bus, Consumer, Reader, TopicPartition
 from streamrl.launching import LagAutoscaler, Launcher
 from streamrl.plotting import pyplot, save
-from streamrl.records import DEADLETTER, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
+from streamrl.records import DEADLETTER, EVAL, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
 from streamrl.scorers.base import numeric_info
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,9 @@ class Observation:
     deadletters: Counter = field(default_factory=Counter)
     versions: dict[int, float] = field(default_factory=dict)  # version -> announced at (unix s)
     filtered: dict[int, int] = field(default_factory=dict)  # version -> groups dynamic sampling filtered
+    # the eval stage's figures: verl's val-core name (val-core/<data source>/<core>/mean@n) ->
+    # {version: value}
+    validation: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
     by_version: dict[int, VersionStats] = field(default_factory=lambda: defaultdict(VersionStats))
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     seen_ids: set[str] = field(default_factory=set)
@@ -159,6 +162,7 @@ class Observation:
                 "versions": {str(v): t for v, t in self.versions.items()},
                 "by_version": {str(v): [s.records, s.reward_sum, s.first_scored, s.last_scored]
                                for v, s in self.by_version.items() if s.records},
+                "validation": {k: {str(v): x for v, x in c.items()} for k, c in self.validation.items()},
                 "started": self.started}
 
     @classmethod
@@ -168,19 +172,21 @@ class Observation:
         obs.versions.update({int(v): t for v, t in state.get("versions", {}).items()})
         for v, (n, total, first, last) in state.get("by_version", {}).items():
             obs.by_version[int(v)] = VersionStats(n, total, first, last)
+        for name, curve in state.get("validation", {}).items():
+            obs.validation[name].update({int(v): float(x) for v, x in curve.items()})
         obs.started = float(state.get("started", obs.started))
         return obs
 
 
 class Observer:
-    """Follows ``rewarded``, ``policy`` and ``deadletter`` from the beginning, and the end
-    offsets of ``prompts`` and ``rollouts``, as a plain reader."""
+    """Follows ``rewarded``, ``policy``, ``deadletter`` and ``eval`` from the beginning, and the
+    end offsets of ``prompts`` and ``rollouts``, as a plain reader."""
 
     def __init__(self, bus: Bus, reward_group: str = "", carried: Observation | None = None):
         self.bus = bus
         self.reward_group = reward_group
         self.obs = carried or Observation()
-        self._reader = Reader(bus, [REWARDED, POLICY, DEADLETTER], "run")
+        self._reader = Reader(bus, [REWARDED, POLICY, DEADLETTER, EVAL], "run")
         self._counted: dict[str, list[TopicPartition]] = {}  # prompts, rollouts: as the broker has them
         self._rollout_ends: dict[TopicPartition, int] = {}  # from the last poll
 
@@ -221,6 +227,11 @@ class Observer:
                     if letter.source_topic:
                         source = self.bus.config.short_topic(letter.source_topic)
                         obs.dead_ids[source].add(letter.record_id or f"{letter.source_partition}:{letter.source_offset}")
+                elif topic == EVAL.name:
+                    result = EVAL.decode(msg.value)
+                    name = f"val-core/{result.data_source}/{result.core}/mean@{result.n}"
+                    if f"{result.core}/mean@{result.n}" in result.metrics:
+                        obs.validation[name][result.version] = result.metrics[f"{result.core}/mean@{result.n}"]
             except RecordError as exc:
                 obs.deadletters[f"unreadable {topic}: {exc.reason}"] += 1
         obs.prompts, obs.rollouts = await self._end_offsets()
@@ -332,6 +343,8 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
             f"rollouts {obs.rollouts} | rewarded {obs.rewarded} (lag {lag}) | trained {obs.trained} | "
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
             f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
+            + "".join(f" | {name} {curve[max(curve)]:.3f} (v{max(curve)})" for name, curve in sorted(obs.validation.items())
+                      if curve)
             + (f" | per member: {obs.members.text()}" if obs.members.text() else "")
             + (f" | {note}" if note else ""))
 
@@ -354,6 +367,8 @@ def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
         "deadletter_reasons": dict(obs.deadletters),
         **({"filtered_groups_by_version": {str(v): n for v, n in sorted(obs.filtered.items())}}
            if obs.filtered else {}),
+        **({"validation_by_version": {name: {str(v): round(x, 4) for v, x in sorted(curve.items())}
+                                      for name, curve in sorted(obs.validation.items())}} if obs.validation else {}),
         "records_per_member": obs.members.by_group(),
         "seconds": round(time.time() - obs.started, 1),
         "plot": str(plot_path),
@@ -372,7 +387,11 @@ def plot(obs: Observation, path: Path) -> None:
         span = max(s.last_scored - s.first_scored, 1e-3)
         rates.append(s.records / span if s.records > 1 else 0.0)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(versions, means, marker="o")
+    ax1.plot(versions, means, marker="o", label="training reward (by the version that generated it)")
+    for name, curve in sorted(obs.validation.items()):  # the eval stage's held-out figure
+        ax1.plot(sorted(curve), [curve[v] for v in sorted(curve)], marker="s", linestyle="--", label=name)
+    if obs.validation:
+        ax1.legend(fontsize=7, loc="lower right")
     ax1.set(xlabel="policy version (generated by)", ylabel="mean reward", title="Reward by version")
     ax1.grid(alpha=0.3)
     if obs.filtered:  # dynamic sampling: the groups filtered while each version was trained

@@ -98,3 +98,52 @@ def save_policy(model: Any, tokenizer: Any, directory: str | Path, state_dict: d
         shutil.rmtree(directory)
     os.replace(tmp, directory)
     return directory
+
+
+# -- published versions as Hugging Face directories (``streamrl export``) -------------------------
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: a directory holding a LoRA adapter (learner.lora)
+
+
+def version_dirs(run_dir: str | Path) -> tuple[Path, dict[int, Path]]:
+    """The weights directory of a run (``RUN/weights``, ``RUN/learner/weights``, or the weights
+    directory itself) and its published versions (``v<N>``) by number."""
+    root = Path(run_dir)
+    for weights in (root / "weights", root / "learner" / "weights", root):
+        found = {int(p.name[1:]): p for p in weights.glob("v*") if p.name[1:].isdigit() and p.is_dir()}
+        if found:
+            return weights, found
+    raise FileNotFoundError(f"{run_dir}: no published versions (v<N>/) in it, in weights/ or in learner/weights/")
+
+
+def export_version(src: str | Path, out: str | Path, merge: bool = False, base: str | Path | None = None) -> Path:
+    """Write version directory ``src`` as a Hugging Face directory at ``out`` that
+    ``AutoModelForCausalLM.from_pretrained(out)`` loads as is: full weights as they are; a LoRA
+    adapter (``base``: the base it applies to) as PEFT's files naming that base, or with
+    ``merge`` the base with the adapter merged in (PEFT's ``merge_and_unload``), and the
+    tokenizer."""
+    import json
+    import shutil
+
+    src, out = Path(src), Path(out)
+    if not (src / ADAPTER_CONFIG).is_file():
+        shutil.copytree(src, out, dirs_exist_ok=True)  # full weights (merge: nothing to merge)
+        return out
+    if base is None or not (Path(base) / "config.json").is_file():
+        raise FileNotFoundError(f"{src} is a LoRA adapter, but its base ({base}) has no config.json")
+    base = Path(base).resolve()
+    _, tokenizer = load_policy(str(base))
+    if merge:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype="auto")
+        merged = PeftModel.from_pretrained(model, str(src)).merge_and_unload()
+        merged.save_pretrained(out, safe_serialization=True)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / "adapter_model.safetensors", out / "adapter_model.safetensors")
+        config = json.loads((src / ADAPTER_CONFIG).read_text())
+        config["base_model_name_or_path"] = str(base)  # where transformers finds the base
+        (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(out)
+    return out

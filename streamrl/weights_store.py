@@ -73,8 +73,9 @@ def upload(local_dir: Path, uri: str) -> str:
     return uri
 
 
-def prune(prefix: str, version: int, keep: int) -> None:
-    """Remove ``<prefix>/v<N>`` for N <= version - keep (the newest ``keep`` stay)."""
+def prune(prefix: str, version: int, keep: int, keep_every: int = 0) -> None:
+    """Remove ``<prefix>/v<N>`` for N <= version - keep (the newest ``keep`` stay), except the
+    multiples of ``keep_every``."""
     fs, root = _fs(prefix)
     root = root.rstrip("/")
     if not fs.exists(root):
@@ -82,7 +83,8 @@ def prune(prefix: str, version: int, keep: int) -> None:
     for entry in fs.ls(root, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
         if name[:1] == "v" and name[1:].isdigit() and int(name[1:]) <= version - keep:
-            fs.rm(entry, recursive=True)
+            if not (keep_every and int(name[1:]) % keep_every == 0):
+                fs.rm(entry, recursive=True)
 
 
 def download(uri: str) -> Path:

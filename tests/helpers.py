@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pytest
@@ -26,6 +26,9 @@ from aiohttp import web
 from streamrl.broker import free_port
 from streamrl.bus import Bus, Message, Reader, TopicPartition
 from streamrl.records import DeadLetter, Rewarded, Trajectory
+
+if TYPE_CHECKING:
+    from streamrl.learner.trainer import Sample
 
 #: the checkout (the tests run ``python -m streamrl`` from here)
 ROOT = Path(__file__).resolve().parent.parent
@@ -406,3 +409,75 @@ class PrometheusServer:
     def wait_for(self, what: str, check, timeout_s: float):
         """Poll ``check()`` until it returns something truthy; fail naming ``what``."""
         return wait_for_sync(check, timeout_s, what, interval=0.5)
+
+
+def stage_pid(run_pid: int, verb: str) -> int | None:
+    """The pid of a stage process (``python -m streamrl VERB``) under the run."""
+    for pid in descendants(run_pid):
+        try:
+            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"streamrl" in argv and verb.encode() in argv[argv.index(b"streamrl") + 1:][:1] and alive(pid):
+            return pid
+    return None
+
+
+# -- learner tests' shared data: the ranks' parity batches, the digits task ----------------------
+STEPS = 3
+#: the parity runs take every path that talks between ranks: recomputed proximal log-probs
+#: (decoupled), a sharded KL reference, and a 150-token sequence chunked under a 64-token budget
+PARITY = dict(decoupled=True, kl_coef=0.1, max_tokens_per_micro_batch=64)
+
+
+def parity_batch(seed: int) -> list[Sample]:
+    return batch(seed, long=150 if seed == 2 else 0)
+
+
+def batch(seed: int, n: int = 8, long: int = 0) -> list[Sample]:
+    """``n`` samples in groups of 4 with uneven lengths (and one of ``long`` tokens)."""
+    from streamrl.learner.trainer import Sample
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p = int(rng.integers(2, 12))
+        r = long - p if long and i == 0 else int(rng.integers(1, 40))
+        out.append(Sample(id=f"s{seed}-{i:02d}", group_id=f"g{seed}-{i // 4}", reward=float(rng.random()),
+                          policy_version=0, prompt_ids=rng.integers(0, 256, p),
+                          response_ids=rng.integers(0, 256, r),
+                          behaviour_logprobs=rng.normal(-5.5, 0.3, r).astype(np.float32)))
+    return out
+
+
+GROUPS, GROUP_SIZE, NEW_TOKENS = 4, 8, 8  # the digits task of the learning checks
+
+
+def sample_groups(model, tok, version: int, round_: int) -> tuple[list[Rewarded], float]:
+    """``GROUPS`` groups of the digits task sampled from ``model`` at ``version`` (reward: the
+    share of digits in the response), with the behaviour log-probs, as rewarded records."""
+    import torch
+
+    prompt_ids = tok("digits:", add_special_tokens=False).input_ids
+    digits = set(tok("0123456789", add_special_tokens=False).input_ids)
+    n = GROUPS * GROUP_SIZE
+    started = time.time()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids] * n), attention_mask=torch.ones(n, len(prompt_ids), dtype=torch.long),
+                             do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
+                             max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                             return_dict_in_generate=True, output_logits=True)
+    logp = torch.log_softmax(torch.stack(out.logits, 1).float(), -1)  # [n, T, V]
+    records, rewards = [], []
+    for i in range(n):
+        resp = out.sequences[i, len(prompt_ids):].tolist()
+        lp = logp[i, torch.arange(len(resp)), torch.tensor(resp)].numpy()
+        reward = sum(t in digits for t in resp) / len(resp)
+        rewards.append(reward)
+        records.append(Rewarded(
+            id=f"r{round_}-{i}", group_id=f"r{round_}-g{i // GROUP_SIZE}", group_size=GROUP_SIZE,
+            policy_version=version, data_source="digits", prompt="digits:", response=tok.decode(resp),
+            prompt_ids=prompt_ids, response_ids=resp, response_logprobs=lp,
+            timings={"generation_started_at": started}, reward=reward, reward_info={},
+            scorer={"name": "digits"}))
+    return records, float(np.mean(rewards))

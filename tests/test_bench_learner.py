@@ -28,3 +28,19 @@ def test_bench_learner_against_bare_trains_the_same_update(tmp_path):
     packed, padded = summary["paths"]["packed"], summary["paths"]["padded"]
     assert packed["forward_tokens_last_step"] < padded["forward_tokens_last_step"]  # no padding
     assert summary["learner_packed_over_padded"] > 0 and summary["bare_packed_over_padded"] > 0
+
+
+def test_bench_learner_lora_reports_ratios_to_full_fine_tuning(tmp_path):
+    """``--lora 0,8``: full fine-tuning and a rank-8 adapter on the same mini-batches, the
+    ratios BENCHMARKS.md reports (the tiny model here: the ratios' goals are for >= 100M)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamrl", "bench", "learner", "--lora", "8", "--model", "tiny", "--sequences", "4",
+         "--prompt-tokens", "8", "--response-tokens", "16", "--threads", "1", "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = last_json_line(proc.stdout)
+    full, lora = summary["ranks"]["0"], summary["ranks"]["8"]  # rank 0 (full) is always measured
+    assert full["published_over_full"] == 1.0 and 0 < lora["published_over_full"] < 1
+    assert 0 < summary["r8_optimizer_over_full"] < 1 and lora["trainable_m"] < full["trainable_m"]
+    assert lora["optimizer_bytes"] == 2 * lora["gradient_bytes"]  # AdamW's two moments, adapters only
+    assert summary["r8_step_over_full"] > 0

@@ -101,11 +101,12 @@ def test_the_bring_your_own_producer_record_is_scored(bus_config):
     assert out[0].key == record["group_id"].encode()
 
 
-def test_readme_layout_table_matches_the_tree():
-    """Every module and package directly under ``streamrl/`` has a row in README's layout table
-    (in its first column), and every ``streamrl/...`` path the table names exists."""
+def test_the_layout_table_matches_the_tree():
+    """Every module and package directly under ``streamrl/`` has a row in the layout table of
+    ``docs/development/layout.md`` (in its first column), and every ``streamrl/...`` path the
+    table names exists."""
     root = Path(__file__).resolve().parent.parent
-    text = (root / "README.md").read_text()
+    text = (root / "docs" / "development" / "layout.md").read_text()
     table = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     first_column = {tok.rstrip("/") for line in rows for tok in re.findall(r"`([^`]+)`", line.split("|")[1])}

@@ -18,7 +18,7 @@ import pytest
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
-from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, last_json_line, read_topic_sync, wait_for_sync
+from tests.helpers import ROOT, gsm8k_run_config, last_json_line, read_topic_sync, stage_pid, wait_for_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -37,18 +37,6 @@ def run(tmp_path: Path, bootstrap: str, prefix: str, *overrides: str) -> subproc
          f"reward.group={prefix}-reward", *SMALL, *overrides],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def stage_pid(run_pid: int, verb: str) -> int | None:
-    """The pid of a stage process (``python -m streamrl VERB``) under the run."""
-    for pid in descendants(run_pid):
-        try:
-            argv = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"streamrl" in argv and verb.encode() in argv[argv.index(b"streamrl") + 1:][:1] and alive(pid):
-            return pid
-    return None
 
 
 def drain_reward(bootstrap: str, prefix: str, cfg: BusConfig, timeout_s: float = 120) -> None:

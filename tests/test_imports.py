@@ -215,13 +215,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                     "streamrl.datasets")),
     ("stage configs", ("streamrl.*.config",)),
     ("stages", ("streamrl.reward", "streamrl.reward.*", "streamrl.rollout", "streamrl.rollout.*",
-                "streamrl.learner", "streamrl.learner.*", "streamrl.archive", "streamrl.archive.*")),
+                "streamrl.learner", "streamrl.learner.*", "streamrl.archive", "streamrl.archive.*",
+                "streamrl.evaluation", "streamrl.evaluation.*")),
     # it composes every stage's section: a stage receives its own and the shared ones, and never
     # reaches up for the whole pipeline's (issue 41)
     ("pipeline config", ("streamrl.pipeline_config",)),
     ("runtime and tools over the stages", ("streamrl.runtime", "streamrl.runtime.*", "streamrl.launching", "streamrl.ray_placement",
                                            "streamrl.ray_launcher", "streamrl.observing", "streamrl.replay",
-                                           "streamrl.replay.*", "streamrl.testing", "streamrl.testing.*")),
+                                           "streamrl.replay.*", "streamrl.testing", "streamrl.testing.*",
+                                           "streamrl.tracking", "streamrl.tracking.*")),
     ("entry points", ("streamrl.commands", "streamrl.commands.*", "streamrl.cli", "streamrl.__main__",
                       "streamrl.bench", "streamrl.bench.*")),
 ]

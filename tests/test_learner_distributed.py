@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -16,39 +15,15 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import LearnerConfig, ParallelConfig
-from streamrl.learner.trainer import Sample, Trainer, follow
+from streamrl.learner.trainer import Trainer, follow
 from streamrl.net import free_port
 from streamrl.policy import load_policy
-from tests.helpers import last_json_line
-
-STEPS = 3
-#: the parity runs take every path that talks between ranks: recomputed proximal log-probs
-#: (decoupled), a sharded KL reference, and a 150-token sequence chunked under a 64-token budget
-PARITY = dict(decoupled=True, kl_coef=0.1, max_tokens_per_micro_batch=64)
-
-
-def parity_batch(seed: int) -> list[Sample]:
-    return batch(seed, long=150 if seed == 2 else 0)
-
+from tests.helpers import PARITY, STEPS, batch, last_json_line, parity_batch
 
 def cfg(tmp: Path | None = None, **kw) -> LearnerConfig:
     base = dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0, checkpoint_dir=str(tmp or "."))
     base.update(kw)
     return LearnerConfig(**base).validate()
-
-
-def batch(seed: int, n: int = 8, long: int = 0) -> list[Sample]:
-    """``n`` samples in groups of 4 with uneven lengths (and one of ``long`` tokens)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        p = int(rng.integers(2, 12))
-        r = long - p if long and i == 0 else int(rng.integers(1, 40))
-        out.append(Sample(id=f"s{seed}-{i:02d}", group_id=f"g{seed}-{i // 4}", reward=float(rng.random()),
-                          policy_version=0, prompt_ids=rng.integers(0, 256, p),
-                          response_ids=rng.integers(0, 256, r),
-                          behaviour_logprobs=rng.normal(-5.5, 0.3, r).astype(np.float32)))
-    return out
 
 
 def safetensors_names(directory: Path) -> set[str]:

@@ -357,7 +357,7 @@ def test_cli_replay_publishes_to_an_evaluation_topic(bus: Bus, tmp_path: Path,
     base = ["replay", "--bootstrap-servers", bus.config.bootstrap_servers, "--no-progress",
             f"bus.topic_prefix={bus.config.topic_prefix}", "reward.max_attempts=1", "metrics.host=127.0.0.1"]
     rc = cli([*base, "--topic", "rewarded", "--scorer", f"{py}:compute_score", "--from", "version:1",
-              "--out", str(tmp_path / "out"), "--publish-topic", "eval", "--format", "parquet"])
+              "--out", str(tmp_path / "out"), "--publish-topic", "rescored", "--format", "parquet"])
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and out[0].startswith("metrics: http://127.0.0.1:")
     path = Path(out[-1])
@@ -377,7 +377,7 @@ def test_cli_replay_publishes_to_an_evaluation_topic(bus: Bus, tmp_path: Path,
     table = pq.read_table(tmp_path / "out" / "results.parquet").to_pylist()
     assert [r["id"] for r in table] == kept
     # the evaluation topic has every re-scored record, with the new reward and where it came from
-    msgs = asyncio.run(read_topic(bus, "eval", len(new), timeout_s=20))
+    msgs = asyncio.run(read_topic(bus, "rescored", len(new), timeout_s=20))
     published = {m.id: m for m in (Rewarded.decode(msg.value) for msg in msgs)}
     assert published.keys() == new.keys()
     for i, rec in published.items():

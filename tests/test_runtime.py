@@ -18,6 +18,7 @@ from streamrl.config import BusConfig
 from streamrl.errors import ConfigError, StreamrlError
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.runtime import Runtime
+from streamrl.topics import TOPIC_NAMES
 
 
 class Probe:
@@ -66,7 +67,7 @@ def test_a_stage_runs_on_the_runtimes_bus_with_topics_and_metrics_and_stops_on_s
 
     assert runtime.run(main) == 0
     assert Probe.last.bus is runtime.bus and runtime.state == "stopped"
-    assert all(s.exists and not s.drift for s in seen["states"]) and len(seen["states"]) == 5
+    assert all(s.exists and not s.drift for s in seen["states"]) and len(seen["states"]) == len(TOPIC_NAMES)
     assert "streamrl_" in seen["metrics"]
     out = capsys.readouterr().out
     assert f"probe: on {cfg.bus.topic_prefix}.rollouts" in out and "probe: stopped, on" in out

@@ -81,7 +81,7 @@ def test_a_verl_users_first_run_scores_with_their_reward_file(tmp_path, reward_f
     function scores verl's data source (``openai/gsm8k``, which the built-in gsm8k rule would
     otherwise take), its ``acc`` lands in reward_info and in the per-data-source metric."""
     data = verl_gsm8k_parquet(tmp_path / "train.parquet")
-    # the feed keys below are today's way to read verl's parquet (README, multi-turn section)
+    # the feed keys below are today's way to read verl's parquet (docs/guides/multi-turn.md)
     cfg = load_config("local.yaml", [f"feed.dataset={data}", "feed.data_source=''", "feed.prompt_template=''",
                                      "feed.ground_truth=verl", f"custom_reward_function.path={reward_file}"])
     prompts = list(build_prompts(cfg.feed))

@@ -20,13 +20,13 @@ class ArchiveConfig:
     unless ``uri`` is set, and not at all with ``enabled: false``."""
 
     enabled: bool = True  # streamrl run starts the archive stage
-    uri: str = ""
-    topics: list[str] = field(default_factory=lambda: list(ARCHIVED))
+    uri: str = ""  # where the files go: a directory, file://, s3://, gs:// (env STREAMRL_ARCHIVE_URI)
+    topics: list[str] = field(default_factory=lambda: list(ARCHIVED))  # of rollouts, rewarded, deadletter
     group: str = ""  # consumer group; default <prefix>-archive
     # A file is closed (and its records committed) at this many bytes of records, or when its
     # oldest record has waited this long: the bound on how much a crash makes the archive re-read
     roll_bytes: int = 64 * 1024 * 1024
-    roll_seconds: float = 60.0
+    roll_seconds: float = 60.0  # see roll_bytes
     compression: str = "zstd"  # parquet codec: zstd | snappy | gzip | lz4 | none
     # On stop, keep reading until every partition is read to its end (or this long), so that a
     # run's archive holds what the stages wrote before they stopped

@@ -12,7 +12,13 @@ mini-batch shape.
 
 ``--nproc 1,2``: the learner on 1 and on N FSDP2 ranks (``torch.distributed``, gloo on CPU,
 NCCL on CUDA) on the same mini-batches, in one run: step time, each rank's parameter +
-optimizer-state bytes, and the parity error (loss and weights) of N ranks against 1."""
+optimizer-state bytes, and the parity error (loss and weights) of N ranks against 1.
+
+``--lora 0,8,32``: full fine-tuning (rank 0) against LoRA adapters of each rank
+(``learner.lora``, every linear layer) on the same mini-batches, in one run: bytes published per
+version (what ``save_weights`` writes: the model, or the adapter), the learner's parameter +
+optimizer-state bytes, the optimizer's alone, and the step time, each as a ratio to full
+fine-tuning. Default model ``m120``: a Qwen2-shaped 123M-parameter config with random weights."""
 
 from __future__ import annotations
 
@@ -30,6 +36,10 @@ HELP = "the learner's step against a bare PyTorch loop, padded and packed (ratio
 MODELS = {"tiny": (64, 2), "mini": (128, 4), "small": (512, 8)}  # hidden size, layers
 #: Qwen2.5-0.5B's shape (494M parameters, its 151,936-token vocabulary), random weights from the
 #: config: what ``make gpu-check`` trains, no download
+#: a Qwen2-shaped ~123M-parameter config (a 32k vocabulary, tied embeddings): the LoRA bench's
+#: "model of >= 100M parameters", random weights, small enough for a CPU step
+M120 = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+            num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=True)
 QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                 rope_theta=1e6, tie_word_embeddings=True)
@@ -44,6 +54,9 @@ def build_policy(name: str, directory: Path, device: str = "cpu") -> str:
     from streamrl.policy import byte_tokenizer, save_policy, tiny_model
 
     tok = byte_tokenizer()
+    if name == "m120":
+        torch.manual_seed(0)
+        return str(save_policy(Qwen2ForCausalLM(Qwen2Config(**M120)), tok, directory))
     if name != "qwen0.5b":
         hidden, layers = MODELS[name]
         return str(save_policy(tiny_model(len(tok), hidden_size=hidden, layers=layers), tok, directory))
@@ -61,7 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--nproc", default="", help="rank counts to compare, e.g. 1,2 (FSDP2); empty: tiny vs small")
-    parser.add_argument("--model", default="", choices=["", *sorted(MODELS), "qwen0.5b"],
+    parser.add_argument("--lora", default="", metavar="RANKS",
+                        help="LoRA ranks against full fine-tuning (0), e.g. 0,8,32: bytes per version, "
+                             "parameter + optimizer bytes, step time as ratios to full (default model m120)")
+    parser.add_argument("--model", default="", choices=["", *sorted(MODELS), "m120", "qwen0.5b"],
                         help="the model (default: small for --nproc, mini against bare)")
     parser.add_argument("--models", action="store_true", help="tiny vs small: cost per 1k response tokens")
     parser.add_argument("--response-min", type=int, default=32, help="shortest response (against bare)")
@@ -358,9 +374,92 @@ def versus_bare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lora_trainer(args: argparse.Namespace, policy: str, rank: int):
+    """A learner: full fine-tuning at rank 0, else LoRA of ``rank`` on every linear layer."""
+    from streamrl.learner.config import LearnerConfig, LoraConfig
+    from streamrl.learner.trainer import Trainer
+
+    cfg = LearnerConfig(device=args.device, dtype=args.dtype, lr=1e-5, micro_batch_size=args.micro_batch_size,
+                        max_tokens_per_micro_batch=args.max_tokens,
+                        lora=LoraConfig(rank=rank, alpha=2.0 * max(rank, 1))).validate()
+    return Trainer(cfg, policy=policy)
+
+
+def _lora_result(trainer, rank: int, times: list[float], out: Path) -> dict:
+    """What one learner costs: bytes it publishes per version (written to ``out``), holds in
+    parameters, gradients and optimizer states, and its median step time (the first warms up)."""
+    import torch
+
+    from streamrl.learner.distributed import local_bytes
+
+    trainer.save_weights(out)
+    optim = [v for st in trainer.optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+    params = {id(p): p for p in trainer.model.parameters()}.values()
+    result = {"rank": rank, "params_m": round(sum(p.numel() for p in params) / 1e6, 2),
+              "trainable_m": round(sum(p.numel() for p in trainer.trainable) / 1e6, 3),
+              "published_bytes": sum(f.stat().st_size for f in out.rglob("*") if f.is_file()),
+              "param_bytes": local_bytes(params), "optimizer_bytes": local_bytes(optim),
+              "gradient_bytes": local_bytes(p.grad for p in trainer.trainable if p.grad is not None),
+              "step_s": round(statistics.median(times[1:]), 4)}
+    result["param_plus_optimizer_bytes"] = result["param_bytes"] + result["optimizer_bytes"]
+    return result
+
+
+def lora(args: argparse.Namespace) -> int:
+    """Full fine-tuning against LoRA ranks on the same mini-batches, in one run."""
+    import gc
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    ranks = sorted({int(r) for r in args.lora.split(",") if r.strip()} | {0})  # full fine-tuning: the baseline
+    name = args.model or "m120"
+    steps = args.steps or (1 if args.quick else 4)
+    batches = [_samples(args, seed) for seed in range(steps + 1)]
+    results: dict[str, dict] = {}
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = build_policy(name, Path(tmp) / name, args.device)
+        trainers = {rank: _lora_trainer(args, policy, rank) for rank in ranks}
+        times: dict[int, list[float]] = {rank: [] for rank in ranks}
+        for k, samples in enumerate(batches):  # each mini-batch through every learner, the order rotating
+            order = ranks[k % len(ranks):] + ranks[:k % len(ranks)]
+            for rank in order:
+                started = clock()
+                trainers[rank].step(samples)
+                _sync(args.device)
+                times[rank].append(clock() - started)
+        for rank in ranks:
+            r = results[str(rank)] = _lora_result(trainers.pop(rank), rank, times[rank], Path(tmp) / f"published-{rank}")
+            gc.collect()
+            print(f"{'full' if not rank else f'LoRA r={rank}':>10}: {r['trainable_m']:.3f}M of {r['params_m']:.1f}M "
+                  f"parameters train, {r['published_bytes'] / 2**20:.2f} MB per version, "
+                  f"{r['param_plus_optimizer_bytes'] / 2**20:.1f} MB parameters + optimizer "
+                  f"({r['optimizer_bytes'] / 2**20:.2f} MB optimizer), {r['step_s']:.3f} s per step",
+                  file=sys.stderr, flush=True)
+    full = results["0"]
+    for r in results.values():
+        for key in ("published_bytes", "optimizer_bytes", "param_plus_optimizer_bytes", "step_s"):
+            r[f"{key.removesuffix('_s').removesuffix('_bytes')}_over_full"] = (
+                round(r[key] / full[key], 4) if full[key] else None)
+    summary: dict = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "clock": args.clock,
+                     "model": name, "sequences": args.sequences, "prompt_tokens": args.prompt_tokens,
+                     "response_tokens": args.response_tokens, "steps": steps, "ranks": results}
+    for rank, r in results.items():
+        if rank != "0":
+            for key in ("published", "optimizer", "param_plus_optimizer", "step"):
+                summary[f"r{rank}_{key}_over_full"] = r[f"{key}_over_full"]
+    print(json.dumps(summary), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
+    if args.lora:
+        return lora(args)
     if args.nproc:
         return parallel(args)
     if not args.models:

@@ -2,7 +2,7 @@
 broker, topics, learner, reward group, rollout workers and the prompt feed, each its own process
 (or Ray actor), with a live status line; at the end a summary, a plot, and one JSON line.
 
-The run's life (README "Stop, resume and end"): it ends when the learner ends (its data is
+The run's life (docs/guides/lifecycle.md): it ends when the learner ends (its data is
 exhausted, or ``learner.versions`` is reached); the stages then stop in pipeline order (feed and
 rollout workers, then the reward group once it has scored what is in ``rollouts``, then the
 learner). ``--resume [RUN_DIR]`` (``run.resume``) continues a stopped run from its learner's
@@ -307,6 +307,11 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
         launcher.start("learner", ["learner", *common], "learner")
         if archive:  # stopped after the others (launching.LAST): it reads what they wrote to the end
             launcher.start("archive", ["archive", *common, f"archive.uri={archive}"], "archive")
+        if cfg.eval.enabled:  # evaluates versions as they come; ends after the last one
+            launcher.start("eval", ["eval", *common], "eval")
+        if cfg.tracking.loggers:  # one process logs each version once (stopped last: reads to the end)
+            launcher.start("track", ["track", *common, f"tracking.dir={cfg.tracking.dir or out / 'tracking'}",
+                                     f"tracking.experiment={cfg.tracking.experiment or out.name}"], "track")
         for _ in range(cfg.run.reward_members):
             start_reward()
         for i in range(cfg.run.rollout_workers):
@@ -373,7 +378,8 @@ async def bounded(coro, timeout_s: float):
 async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     """After a normal end, stop in pipeline order: the feed and the rollout workers (nothing new
     enters ``rollouts``), then the reward group once it has scored or dead-lettered what is
-    there (up to ``run.drain_timeout_s``), then the learner: the summary accounts for every
+    there (up to ``run.drain_timeout_s``), then the learner, then (up to ``eval.end_timeout_s``)
+    the eval stage once it has evaluated the last version: the summary accounts for every
     record. Ctrl-C and failures stop everything at once; with the broker gone, the stages get
     5 s (nothing can drain) before SIGKILL."""
     if ended == "failed:broker":  # or unreachable when stopped
@@ -399,6 +405,13 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     await asyncio.sleep(0.5)  # the members count a commit just after the broker has it
     await bounded(members.scrape(launcher, force=True), 10)
     await asyncio.to_thread(launcher.stop_all, None, rewards)
+    if "eval" in names:  # the run ends after the last version's evaluation (the stage then exits)
+        await asyncio.to_thread(launcher.stop_all, None, ["learner"])
+        deadline = time.monotonic() + cfg.eval.end_timeout_s
+        while time.monotonic() < deadline and launcher.returncode("eval") is None:
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(launcher.supervise)  # an eval stage that crashes now is restarted
+        await bounded(observer.poll(), 5)
     await asyncio.to_thread(launcher.stop_all)
 
 
@@ -426,7 +439,10 @@ def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
     r = summary["records"]
     accounted = (f"{r['rollouts']} rollouts = {r['rewarded']} rewarded + {r['dead_at_reward']} dead-lettered + "
                  f"{r['unscored']} unscored" if "unscored" in r else f"{r['rewarded']} rewarded")
+    validation = "; ".join(f"{name} {curve[max(curve, key=int)]} at v{max(curve, key=int)}"
+                           for name, curve in (summary.get("validation_by_version") or {}).items() if curve)
     return (f"{head}: {summary['versions']} versions, {reward}"
             + (f" ({sources})" if sources else "")
+            + (f", {validation}" if validation else "")
             + f", {accounted}, {summary['deadletters']} dead letters in all, plot {summary['plot']}"
             + (f", archive {summary['archive']} (replay it: streamrl replay)" if summary.get("archive") else ""))

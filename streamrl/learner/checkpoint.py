@@ -2,7 +2,8 @@
 de-duplication window, saved together so they always agree.
 
 Layout: ``<checkpoint_dir>/ckpt-<seq>/`` holding ``policy/`` (Hugging Face layout, safetensors:
-``load_policy`` reads it), ``optimizer.pt`` (tensors only; read back with
+``load_policy`` reads it; with ``learner.lora`` the adapter in PEFT's layout, the base being
+``learner.policy``), ``optimizer.pt`` (tensors only; read back with
 ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects) and ``state.json``
 (version, offsets, de-dup window, counters, lineage). A checkpoint is written into a hidden
 sibling directory, every file fsync'd, and renamed into place (the directory fsync'd too): a crash
@@ -70,9 +71,11 @@ def latest_good(directory: str | Path) -> tuple[Path, LearnerState] | None:
     for path in reversed(checkpoints(directory)):
         try:
             state = load_state(path)
-            if not (policy_dir(path) / "config.json").is_file() or not (
+            has_policy = any((policy_dir(path) / f).is_file() for f in ("config.json", "adapter_config.json"))
+            if not has_policy or not (
                     (path / "optimizer.pt").is_file() or (path / "dcp" / ".metadata").is_file()):
-                raise FileNotFoundError("policy/config.json or optimizer.pt / dcp/.metadata missing")
+                raise FileNotFoundError("policy/config.json (adapter_config.json with LoRA) or optimizer.pt / "
+                                        "dcp/.metadata missing")
             return path, state
         except (OSError, ValueError, TypeError) as exc:
             log.warning("checkpoint %s is unreadable (%s): falling back to an older one", path, exc)

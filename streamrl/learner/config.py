@@ -49,11 +49,11 @@ class PolicyLossConfig:
     the knobs of Clip-Cov and KL-Cov."""
 
     loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | geo_mean | cispo | gpg | sapo | dppo_tv | dppo_kl
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
+    clip_cov_ratio: float = 0.0002  # Clip-Cov: the share of tokens whose gradient is clipped
+    clip_cov_lb: float = 1.0  # Clip-Cov: the covariance's lower bound for picking tokens
+    clip_cov_ub: float = 5.0  # Clip-Cov: its upper bound
+    kl_cov_ratio: float = 0.0002  # KL-Cov: the share of tokens that get the KL penalty
+    ppo_kl_coef: float = 0.1  # KL-Cov: the penalty's coefficient
 
 
 @dataclass
@@ -61,10 +61,10 @@ class KLControlConfig:
     """verl's ``algorithm.kl_ctrl``: the coefficient of the KL penalty in the reward, fixed or
     adapted towards ``target_kl`` over ``horizon`` samples (Ziegler et al.)."""
 
-    type: str = "fixed"
-    kl_coef: float = 0.001
-    horizon: int = 10000
-    target_kl: float = 0.1
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001  # the KL-in-reward coefficient (the adaptive controller's start)
+    horizon: int = 10000  # adaptive: samples over which the coefficient moves towards target_kl
+    target_kl: float = 0.1  # adaptive: the KL the coefficient aims at
 
 
 @dataclass
@@ -73,7 +73,7 @@ class FilterGroupsConfig:
     has no variance carries no gradient, so the learner drops it (dead letter ``filtered``,
     which the staleness gate counts as finished) before it counts towards a mini-batch."""
 
-    enable: bool = False
+    enable: bool = False  # drop groups whose metric has no variance
     metric: str = "acc"  # acc | score | seq_final_reward | seq_reward (a reward_info field, or the reward)
     # verl's bound on generation batches: here, at most this many mini-batches' worth of groups
     # filtered per version; past it a flat group is trained (its advantages are 0). 0: no bound
@@ -81,26 +81,51 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA (``streamrl.learner.lora``): the policy wrapped with PEFT, only the adapters trained
+    (gradients, AdamW states) and published each version; the frozen base is loaded once, in
+    ``learner.dtype``, and is also the KL reference (the adapter switched off). verl's
+    ``actor_rollout_ref.model.lora_rank`` / ``lora_alpha`` / ``target_modules`` map here."""
+
+    rank: int = 0  # LoRA rank r (verl's lora_rank); 0: off, every weight is trained
+    alpha: float = 16.0  # the adapter's scale is alpha / rank (verl's lora_alpha)
+    # the modules that get an adapter: "all-linear" (every linear layer but the output head, as
+    # verl's default), or names such as [q_proj, k_proj, v_proj, o_proj] (verl's target_modules)
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    dropout: float = 0.0  # dropout on the adapter's input while training (PEFT's lora_dropout)
+    # publish the base merged with the adapter (full weights) each version instead of the
+    # adapter alone: for inference servers that cannot load LoRA adapters
+    merge_for_servers: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass
 class LearnerConfig:
+    """The learner: assembles complete groups from rewarded within the staleness bound, trains
+    the policy with verl's objectives, checkpoints, and announces each version on policy."""
+
     # -- the model ----------------------------------------------------------------------------
     policy: str = "tiny"  # "tiny" or a local directory in Hugging Face layout
     device: str = "cpu"  # cpu | cuda | cuda:N
     dtype: str = "float32"  # parameters' dtype (the optimizer keeps them; bf16 for big models)
-    seed: int = 0
+    seed: int = 0  # the tiny policy's init and the trainer's RNG
     temperature: float = 1.0  # the rollout's sampling temperature: log-probs are of logits / T
 
     # -- the objective (verl's names; streamrl.learner.losses) ---------------------------------
     # verl's algorithm.adv_estimator: grpo (normalised within each group), rloo, opo, grpo_passk,
     # gpg, reinforce_plus_plus, reinforce_plus_plus_baseline; or ppo: PPO-clip on rewards
-    # whitened over the mini-batch (streamrl's, no critic; see the README)
+    # whitened over the mini-batch (streamrl's, no critic; docs/guides/objective.md)
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO
     gamma: float = 1.0  # REINFORCE++'s discount (verl's algorithm.gamma)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    lr: float = 1e-6  # AdamW's learning rate (verl's actor.optim.lr)
+    weight_decay: float = 0.01  # AdamW's weight decay (verl's actor.optim.weight_decay)
+    clip_ratio_low: float = 0.2  # PPO clip below: ratio >= 1 - clip_ratio_low (verl)
+    clip_ratio_high: float = 0.2  # PPO clip above: ratio <= 1 + clip_ratio_high (DAPO's clip-higher: 0.28)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (verl); 0 = off
     # Decoupled objective (AReaL): clip against a proximal policy (the weights when the
     # mini-batch is taken) and weight each token by pi_prox / pi_behaviour, truncated at
@@ -117,12 +142,12 @@ class LearnerConfig:
     # KL in the reward (verl's algorithm.use_kl_in_reward, kl_penalty, kl_ctrl): each token's
     # reward less coef * KL(current policy before the update || reference)
     use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"
+    kl_penalty: str = "kl"  # the KL estimator of use_kl_in_reward (kl_loss_type's choices)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     tau_pos: float = 1.0  # sapo's gate for positive advantages
     tau_neg: float = 1.05  # ... and for the others
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = 0.0  # entropy bonus in the loss (verl's actor.entropy_coeff); 0: none
     grad_clip: float = 1.0  # max gradient norm; 0 = off
     # token-mean | seq-mean-token-mean | token-sum | seq-mean-token-sum | seq-mean-token-sum-norm
     loss_agg_mode: str = "token-mean"
@@ -145,12 +170,13 @@ class LearnerConfig:
     # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.
     # "": no mixed precision.
     param_dtype: str = ""
-    reduce_dtype: str = ""
+    reduce_dtype: str = ""  # ... and of the gradient reduction (see param_dtype)
     gradient_checkpointing: bool = False  # recompute activations in backward (HF models)
     # Refuse to start when parameters + gradients + AdamW states per rank (estimated from the
     # model config and the rank count) exceed this; 0: no check (the estimate is logged anyway).
     max_memory_gb: float = 0.0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters instead of full fine-tuning (rank 0: off)
     # A record without ``response_logprobs`` (or without token ids): ``error`` dead-letters it
     # (reason ``no_logprobs`` / ``no_tokens``); ``recompute`` tokenises the text if needed and
     # takes the current policy's log-probs as the behaviour ones (on-policy by assumption).
@@ -158,8 +184,8 @@ class LearnerConfig:
 
     # -- streaming ----------------------------------------------------------------------------
     max_staleness: int = 1  # train at version v only on records with v - policy_version <= this
-    groups_per_mini_batch: int = 4
-    mini_batches_per_version: int = 1
+    groups_per_mini_batch: int = 4  # complete prompt groups per optimizer step
+    mini_batches_per_version: int = 1  # optimizer steps per policy version (advantages are per mini-batch)
     group_timeout_s: float = 300.0  # an incomplete group older than this ...
     allow_partial_groups: bool = False  # ... trains as it is (True) or goes to dead letters
     dedup_window: int = 100_000  # finished record ids remembered (and checkpointed)
@@ -180,10 +206,13 @@ class LearnerConfig:
     consumer_group: str = ""  # "": <bus.topic_prefix>-learner
 
     # -- outputs ------------------------------------------------------------------------------
-    checkpoint_dir: str = "runs/learner/checkpoints"
+    checkpoint_dir: str = "runs/learner/checkpoints"  # streamrl run: <run>/checkpoints; shared by every rank
     checkpoint_every: int = 1  # versions between checkpoints (offsets are committed with them)
     keep_checkpoints: int = 2  # the newest is loaded on restart; an older one if it is unreadable
     keep_weights: int = 4  # v<N> directories kept (rollout workers load the newest few)
+    # v<N> directories kept besides those, for N a multiple of this (and 0): the eval stage loads
+    # them, maybe late. 0: none; load_config sets it to eval.every when eval.dataset is set
+    keep_every: int = 0
     weights_dir: str = "runs/learner/weights"  # v<N>/ per version; a shared filesystem on clusters
     # Also upload each version to <weights_uri>/v<N>/ (fsspec: s3://BUCKET/PATH, gs://...,
     # file:///shared/dir) and announce that URI, for rollout workers on other nodes; empty: they
@@ -219,7 +248,7 @@ class LearnerConfig:
         for name in at_least_one:
             if getattr(self, name) < 1:
                 bad(name, "must be >= 1")
-        non_negative = ("max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
+        non_negative = ("keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
                         "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
         for name in non_negative:
@@ -248,6 +277,17 @@ class LearnerConfig:
         if par.backend == "nccl" and not self.device.startswith("cuda"):
             raise ConfigError("config field 'learner.parallel.backend': nccl needs learner.device cuda "
                               f"(got device {self.device!r})")
+        lora = self.lora
+        if lora.rank < 0:
+            raise ConfigError(f"config field 'learner.lora.rank': must be >= 0 (0: off) (got {lora.rank!r})")
+        if lora.enabled:
+            if not lora.alpha > 0:
+                raise ConfigError(f"config field 'learner.lora.alpha': must be > 0 (got {lora.alpha!r})")
+            if not 0 <= lora.dropout < 1:
+                raise ConfigError(f"config field 'learner.lora.dropout': must be in [0, 1) (got {lora.dropout!r})")
+            if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
+                raise ConfigError("config field 'learner.lora.target_modules': module names, or [all-linear] "
+                                  f"(got {lora.target_modules!r})")
         if self.weights_uri:
             from streamrl.weights_store import check_uri
 
@@ -257,10 +297,12 @@ class LearnerConfig:
 
 # -- a verl config's keys ----------------------------------------------------------------------
 
-#: verl's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) -> this section's,
+#: verl's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) and its LoRA keys
+#: (``actor_rollout_ref.model.lora_rank`` ...) -> this section's,
 #: same meaning; ``use_kl_loss``, ``kl_loss_coef`` and ``clip_ratio`` are read together in
 #: ``verl_overrides``. Any other key under those two prefixes is refused, naming it.
 _ACTOR = "actor_rollout_ref.actor."
+_MODEL = "actor_rollout_ref.model."
 VERL_KEYS = {
     "algorithm.adv_estimator": "adv_estimator",
     "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std_in_grpo",
@@ -276,9 +318,13 @@ VERL_KEYS = {
                               "kl_loss_type", "grad_clip")},
     f"{_ACTOR}optim.lr": "lr",
     f"{_ACTOR}optim.weight_decay": "weight_decay",
+    f"{_MODEL}lora_rank": "lora.rank",
+    f"{_MODEL}lora_alpha": "lora.alpha",
+    f"{_MODEL}target_modules": "lora.target_modules",  # a string ("all-linear") is a list of one
+    f"{_MODEL}use_remove_padding": "use_remove_padding",
 }
 _READ_TOGETHER = (f"{_ACTOR}use_kl_loss", f"{_ACTOR}kl_loss_coef", f"{_ACTOR}clip_ratio")
-VERL_PREFIXES = ("algorithm.", _ACTOR)
+VERL_PREFIXES = ("algorithm.", _ACTOR, _MODEL)
 
 
 def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any]]:
@@ -290,12 +336,14 @@ def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any
     given = list(given)
     for key, value in given:
         if key in VERL_KEYS:
+            if VERL_KEYS[key] == "lora.target_modules" and isinstance(value, str):
+                value = [value]
             out.append((key, VERL_KEYS[key], value))
         elif key in _READ_TOGETHER:
             together[key] = value
         else:
-            raise ConfigError(f"config field {key!r}: not one of the verl keys streamrl maps (README, "
-                              f"'Coming from verl', lists them)")
+            raise ConfigError(f"config field {key!r}: not one of the verl keys streamrl maps "
+                              f"(docs/guides/verl.md lists them)")
     use_kl = together.get(f"{_ACTOR}use_kl_loss")
     if use_kl is not None:
         coef = together.get(f"{_ACTOR}kl_loss_coef", 0.001) if use_kl else 0.0

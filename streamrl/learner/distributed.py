@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: the commands rank 0 sends the followers
-OPS = ("init", "step", "logprobs", "weights", "checkpoint", "stop")
+OPS = ("init", "step", "logprobs", "weights", "checkpoint", "stop", "base")
 
 
 @dataclass
@@ -156,7 +156,10 @@ def shard(model: Any, cfg: "LearnerConfig", trainable: bool = True) -> Any:
             reduce_dtype=getattr(torch, cfg.reduce_dtype) if cfg.reduce_dtype else None)
     if cfg.parallel.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for layer in decoder_layers(model):
+    # a PEFT model (learner.lora): its decoder layers are the wrapped model's; each one's
+    # adapters are sharded with it
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in decoder_layers(inner):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     if not trainable:
@@ -174,8 +177,9 @@ def local_bytes(tensors: Any) -> int:
 
 
 # -- memory -----------------------------------------------------------------------------------
-def count_parameters(policy: str, seed: int = 0) -> int:
-    """Parameters of ``policy`` counted on the meta device (nothing allocated, nothing loaded)."""
+def count_parameters(policy: str, seed: int = 0, lora: Any = None) -> int:
+    """Parameters of ``policy`` counted on the meta device (nothing allocated, nothing loaded);
+    ``lora`` (a ``LoraConfig`` that is on): the adapters' parameters instead (what trains)."""
     import torch
 
     from streamrl.policy import TINY_SPEC, byte_tokenizer, tiny_model
@@ -188,24 +192,33 @@ def count_parameters(policy: str, seed: int = 0) -> int:
 
             model = AutoModelForCausalLM.from_config(
                 AutoConfig.from_pretrained(policy.removeprefix("file://"), local_files_only=True))
+        if lora is not None:
+            from streamrl.learner.lora import wrap
+
+            model = wrap(model, lora)
     seen, total = set(), 0
     for p in model.parameters():  # tied weights once
+        if lora is not None and not p.requires_grad:
+            continue
         if id(p) not in seen:
             seen.add(id(p))
             total += p.numel()
     return total
 
 
-def estimate_bytes(n_params: int, cfg: "LearnerConfig", world: int) -> dict[str, int]:
+def estimate_bytes(n_params: int, cfg: "LearnerConfig", world: int, trainable: int | None = None) -> dict[str, int]:
     """Bytes per rank for parameters, gradients and AdamW's two moments (all sharded over the
-    ``world`` ranks, in ``dtype``; a KL reference adds its parameters). Activations are not in
-    it (they depend on the token budget and gradient checkpointing)."""
+    ``world`` ranks, in ``dtype``; a KL reference adds its parameters; ``trainable``: the
+    parameters that train, LoRA's adapters, when not all). Activations are not in it (they
+    depend on the token budget and gradient checkpointing)."""
     import torch
 
     size = torch.empty(0, dtype=getattr(torch, cfg.dtype)).element_size()
     per = -(-n_params // world)
-    out = {"parameters": per * size, "gradients": per * size, "optimizer": 2 * per * size}
-    if cfg.kl_coef > 0:
+    grad = -(-(n_params if trainable is None else trainable) // world)
+    out = {"parameters": per * size + (0 if trainable is None else grad * size),
+           "gradients": grad * size, "optimizer": 2 * grad * size}
+    if cfg.kl_coef > 0 and not cfg.lora.enabled:  # (LoRA's reference is the base itself)
         out["reference"] = per * size
     out["total"] = sum(out.values())
     return out
@@ -213,7 +226,8 @@ def estimate_bytes(n_params: int, cfg: "LearnerConfig", world: int) -> dict[str,
 
 def check_memory(cfg: "LearnerConfig", policy: str, world: int) -> dict[str, int]:
     """Log the estimate; refuse (``ConfigError``, one line) when ``max_memory_gb`` cannot hold it."""
-    est = estimate_bytes(count_parameters(policy, cfg.seed), cfg, world)
+    trainable = count_parameters(policy, cfg.seed, cfg.lora) if cfg.lora.enabled else None
+    est = estimate_bytes(count_parameters(policy, cfg.seed), cfg, world, trainable)
     gb = {k: v / 2**30 for k, v in est.items()}
     if _GROUP is None or _GROUP.leader:
         mb = {k: v / 2**20 for k, v in est.items()}
@@ -241,7 +255,7 @@ def launch(cfg: "LearnerConfig", argv: Sequence[str]) -> int:
         args.append("--standalone")
     else:
         raise ConfigError("config field 'learner.parallel.nnodes': several nodes are started by torchrun "
-                          "on each node (see README, 'The learner on several processes'), not by streamrl learner")
+                          "on each node (see docs/guides/distributed-learner.md), not by streamrl learner")
     print(f"learner: {cfg.parallel.nproc} ranks through torch.distributed.run", file=sys.stderr, flush=True)
     try:
         with _stop_by_draining():
@@ -252,7 +266,7 @@ def launch(cfg: "LearnerConfig", argv: Sequence[str]) -> int:
     return 0
 
 
-#: the signals that stop a learner cleanly (README: every stage drains and exits 0 on them)
+#: the signals that stop a learner cleanly (docs/guides/lifecycle.md: every stage drains and exits 0 on them)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

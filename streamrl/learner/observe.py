@@ -51,12 +51,54 @@ def generation_seconds(r: Rewarded) -> float | None:
     return None
 
 
+def record_figures(records: list[Rewarded], version: int, now: float | None = None) -> dict[str, float]:
+    """What a mini-batch's records say, under the names the trackers map to verl's
+    (``streamrl.tracking.VERL_NAMES``): scores (``critic/score``; ``critic/rewards`` are the same
+    unless the KL is in the reward, which the trainer reports apart), response and prompt
+    lengths in tokens (the clip ratio: responses that ended at the length limit), how many
+    versions behind they were, and how long the reward stage took (created -> scored)."""
+    if not records:
+        return {}
+    now = time.time() if now is None else now
+    scores = [float(r.reward) for r in records]
+    responses = [_length(r, "response_ids", r.response) for r in records]
+    prompts = [_length(r, "prompt_ids", r.prompt) for r in records]
+    staleness = [max(0, version - r.policy_version) for r in records]
+    clipped = [(r.extra_info or {}).get("finish_reason") == "length" for r in records]
+    out = {}
+    for name, vals in (("score", scores), ("rewards", scores), ("response_length", responses),
+                       ("prompt_length", prompts)):
+        out.update({f"{name}_mean": sum(vals) / len(vals), f"{name}_max": max(vals), f"{name}_min": min(vals)})
+    out.update(response_length_clip_ratio=sum(clipped) / len(records), staleness_mean=sum(staleness) / len(records),
+               staleness_max=float(max(staleness)), total_tokens=float(sum(responses) + sum(prompts)),
+               reward_lag_s=sum(max(0.0, r.scored_at - r.created_at) for r in records) / len(records))
+    return {k: float(v) for k, v in out.items()}
+
+
+def _length(record: Rewarded, name: str, text: object) -> int:
+    ids = record.array(name)
+    return len(ids) if ids is not None else len(str(text))
+
+
+#: summed over a version's updates (counts); ``*_max`` / ``*_min`` take the extreme; the rest the mean
+SUMMED = ("tokens", "sequences", "total_tokens")
+
+
 def mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
-    """A version's summary of its updates: means of the finite values, sums of the counts."""
+    """A version's summary of its updates: means of the finite values, sums of the counts,
+    extremes of the maxima and minima."""
     keys = {k for m in items for k in m}
     out = {}
     for k in sorted(keys):
         vals = [m[k] for m in items if k in m and math.isfinite(m[k])]
-        if vals:
-            out[k] = float(sum(vals) / len(vals)) if k not in ("tokens", "sequences") else float(sum(vals))
+        if not vals:
+            continue
+        if k in SUMMED:
+            out[k] = float(sum(vals))
+        elif k.endswith("_max"):
+            out[k] = float(max(vals))
+        elif k.endswith("_min"):
+            out[k] = float(min(vals))
+        else:
+            out[k] = float(sum(vals) / len(vals))
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import time
 import uuid
@@ -31,9 +32,9 @@ from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
-from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update
+from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update, record_figures
 from streamrl.learner.samples import to_sample
-from streamrl.learner.versions import prune_weights, read_latest_policy, start_line
+from streamrl.learner.versions import prune_weights, publish_base, read_latest_policy, start_line
 from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
@@ -90,6 +91,10 @@ class Learner:
                                      on_assigned=self._assigned, on_revoked=self._revoked)
         self.checkpointer = Checkpoint(self.consumer, self.producer)
         self._version_metrics: list[dict[str, float]] = []
+        self._version_started = time.monotonic()  # for timing_s/step: the wall time of a version
+        self._version_dead = 0  # dead letters of this learner since the last version (filtered ones apart)
+        self._final = False  # the data ended: the next version announced is the run's last
+        self._last: PolicyVersion | None = None  # the last version this learner announced
         self._dirty = False
         self._leaving = False  # set when the learner leaves its group (its revocation is expected)
         self.last_checkpoint: Path | None = last
@@ -101,6 +106,7 @@ class Learner:
         self._sizes: dict[str, int] = {}  # group id -> group_size, for groups known only by losses
         self._group_size = 1
         self._dead: Reader | None = None
+        self._base_uri: str | None = None  # LoRA: where the base the adapters apply to is (written once)
         metrics.LEARNER_VERSION.set(self.state.version)
         metrics.LEARNER_MAX_STALENESS.set(cfg.max_staleness)
 
@@ -293,8 +299,11 @@ class Learner:
             await self._drop(drops)
             if groups:
                 await self._train(groups)
+        self._final = True
         if self.state.mini_batches:
             await self._finish_version()
+        elif self._last is not None:  # the last version is out already: say it was the last
+            await self.producer.send_and_wait(dataclasses.replace(self._last, metrics={}, final=True))
         self.state.ended, self._dirty = "data_exhausted", True
 
     # -- taking records -----------------------------------------------------------------------
@@ -360,6 +369,7 @@ class Learner:
                                               routine=reason == FILTERED)
         self.checkpointer.done_when_acked(fut, TopicPartition(msg.topic, msg.partition), msg.offset)
         self.state.consumed_records += 1
+        self._version_dead += reason != FILTERED
         metrics.LEARNER_RECORDS.labels("dropped").inc()
         metrics.LEARNER_DROPPED.labels(reason).inc()
         self._dirty = True
@@ -387,7 +397,10 @@ class Learner:
         self.state.mini_batches += 1
         self._dirty = True
         observe_update(out, n)
-        self._version_metrics.append(out)
+        figures = record_figures([t.record for t in taken], self.version)
+        if "rewards_mean" in out:  # the KL is in the reward: the trainer's rewards, not the scores
+            figures = {k: v for k, v in figures.items() if not k.startswith("rewards_")}
+        self._version_metrics.append({**figures, **out})
         if self.state.mini_batches >= self.cfg.mini_batches_per_version:
             await self._finish_version()
 
@@ -395,6 +408,11 @@ class Learner:
         self.state.version += 1
         self.state.mini_batches = 0
         summary = mean_metrics(self._version_metrics)
+        took = time.monotonic() - self._version_started
+        summary.update(version_seconds=took, dead_letters=float(self._version_dead))
+        if "total_tokens" in summary and took > 0:  # verl's perf/throughput: tokens per second per rank
+            summary["throughput"] = summary["total_tokens"] / took / self.trainer.world
+        self._version_started, self._version_dead = time.monotonic(), 0
         if self.cfg.filter_groups.enable:
             summary["filtered_groups"] = float(self.assembler.filtered)
             self.assembler.new_version()
@@ -416,10 +434,14 @@ class Learner:
 
             uri = await asyncio.to_thread(weights_store.upload, path,
                                           weights_store.version_uri(self.cfg.weights_uri, version))
-        record = PolicyVersion(version=version, weights_uri=uri,
+        final = self._final or bool(self.cfg.versions and version >= self.cfg.versions)
+        if self._base_uri is None:
+            self._base_uri = await asyncio.to_thread(publish_base, self.trainer, self.cfg)
+        record = PolicyVersion(version=version, weights_uri=uri, base_uri=self._base_uri or None,
                                trained_records=self.state.trained_records, metrics=summary,
-                               lineage=self.state.lineage)
+                               lineage=self.state.lineage, final=final)
         await self.producer.send_and_wait(record)
+        self._last = record
         log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)
         await asyncio.to_thread(prune_weights, self.cfg, version)
         return record
@@ -433,6 +455,8 @@ class Learner:
             await self._announce(self.version, {})
         elif latest is None or latest.version < self.version:
             await self._announce(self.version, {})
+        else:
+            self._last = latest  # ours (same line and version): what a final mark repeats
 
     async def _checkpoint(self) -> Path:
         """Dead letters acknowledged, then the checkpoint (weights, optimizer, version, offsets,

@@ -80,7 +80,8 @@ class Trainer:
         self.rank = self.group.rank if self.group else 0
         if self.group is not None and self.group.leader:  # every rank loads the same weights
             distributed.Channel().send("init", json.dumps({"policy": policy, "resume": resume}).encode())
-        if resume:
+        self.lora = cfg.lora.enabled  # PEFT adapters on a frozen base (streamrl.learner.lora)
+        if resume and not self.lora:  # (LoRA: the base as configured, the adapter from the DCP shards)
             from streamrl.learner import checkpoint
 
             policy = str(checkpoint.policy_dir(resume))
@@ -93,9 +94,11 @@ class Trainer:
         self.model.to(dtype=getattr(torch, cfg.dtype))
         self.kl_ctrl = losses.KLController(cfg.kl_ctrl.kl_coef, cfg.kl_ctrl.type, cfg.kl_ctrl.target_kl,
                                            cfg.kl_ctrl.horizon)
-        # The KL reference is the weights the run started from (verl: the initial actor).
+        # The KL reference is the weights the run started from (verl: the initial actor); with
+        # LoRA, the frozen base itself with the adapter off (``_reference_logprobs``)
         self.reference = None
-        if cfg.kl_coef > 0 or cfg.use_kl_in_reward:
+        self.has_reference = cfg.kl_coef > 0 or cfg.use_kl_in_reward
+        if self.has_reference and not self.lora:
             self.reference = (load_policy(cfg.policy, device=dev, dtype=cfg.dtype, seed=cfg.seed)[0]
                               if spec != cfg.policy else copy.deepcopy(self.model)).eval()
             self.reference.requires_grad_(False)
@@ -105,15 +108,21 @@ class Trainer:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.packed = cfg.use_remove_padding and self._enable_packing()
+        if self.lora:
+            from streamrl.learner import lora
+
+            self.model = lora.wrap(self.model, cfg.lora)
         self.sharded = self.group is not None
         if self.sharded:
             distributed.shard(self.model, cfg)
             if self.reference is not None:
                 distributed.shard(self.reference, cfg, trainable=False)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
-                                           weight_decay=cfg.weight_decay)
+        # only what trains has gradients and AdamW states (with LoRA: the adapters alone)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self._full_state: dict[str, Any] | None = None  # gathered once per version (weights + checkpoint)
+        self._adapter: dict[str, Any] | None = None  # the adapter's, likewise (LoRA)
         self.forward_tokens: list[int] = []  # tokens of each forward pass of the last step (for tests/bench)
         if resume:
             self.load_checkpoint(resume)
@@ -291,6 +300,14 @@ class Trainer:
                 self._forward(model, dummy, entropy=False)
         return out
 
+    def _reference_logprobs(self, units: list[_Batch], chunks: list[int]) -> list[torch.Tensor]:
+        """The KL reference's log-probs: the initial weights' copy, or with LoRA the base
+        itself, its adapter switched off for these passes (PEFT's ``disable_adapter``)."""
+        if not self.lora:
+            return self._unit_logprobs(self.reference, units, chunks)
+        with self.model.disable_adapter():
+            return self._unit_logprobs(self.model, units, chunks)
+
     def logprobs(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """The current policy's log-probs of each sample's response tokens (rank 0 gets them)."""
         self._lead("logprobs", lambda: encode_samples(samples))
@@ -327,7 +344,7 @@ class Trainer:
         reference) by ``kl_penalty``, and its mean over sequences (what ``kl_ctrl`` adapts to).
         One rank holds every sample (``validate`` refuses it on several)."""
         current = current or self._unit_logprobs(self.model, units, chunks)
-        refs = self._unit_logprobs(self.reference, units, chunks)
+        refs = self._reference_logprobs(units, chunks)
         row = {s.id: (u, i) for u, g in enumerate(groups) for i, s in enumerate(g)}
         kl = torch.zeros((len(samples), max(max(len(m) for m in masks), 1)))
         for k, (s, m) in enumerate(zip(samples, masks)):
@@ -356,7 +373,7 @@ class Trainer:
         self._lead("step", lambda: encode_samples(samples))
         cfg = self.cfg
         started = time.perf_counter()
-        self._full_state = None
+        self._full_state = self._adapter = None
         self.forward_tokens = []
         samples = sorted(samples, key=lambda s: s.id)  # arrival order must not change the math
         masks = [np.ones(len(s.response_ids), np.float32) if s.response_mask is None else
@@ -391,7 +408,7 @@ class Trainer:
         advs = [torch.stack([adv_of[s.id][:units[u].mask.shape[1]] if s.id in adv_of else
                              torch.zeros(units[u].mask.shape[1]) for s in g]).to(self.device)
                 for u, g in enumerate(groups)]
-        refs = self._unit_logprobs(self.reference, units, chunks) if self.reference is not None and cfg.kl_coef > 0 else None
+        refs = self._reference_logprobs(units, chunks) if self.has_reference and cfg.kl_coef > 0 else None
         sums: dict[str, torch.Tensor] = {}
 
         def add(name: str, value: torch.Tensor) -> None:
@@ -436,7 +453,7 @@ class Trainer:
                 add("clip_fraction", losses.aggregate(pl.clipped, mb.mask, "token-mean", **tok))
                 add("ppo_kl", losses.aggregate(pl.approx_kl, mb.mask, "token-mean", **tok))
                 add("is_weight", losses.aggregate(pl.is_weight, mb.mask, "token-mean", **tok))
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable,
                                                   cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             if math.isfinite(grad_norm):
@@ -455,6 +472,13 @@ class Trainer:
         out = {k: float(v) / cfg.ppo_epochs for k, v in zip(names, totals.cpu())}
         if reward_kl is not None:
             out.update(reward_kl_penalty=reward_kl, reward_kl_penalty_coeff=beta)
+        valid = torch.cat([adv_all[i, :len(m)][torch.from_numpy(m) > 0] for i, m in enumerate(masks)])
+        if valid.numel():  # verl's critic/advantages/*: over the response tokens that are trained
+            out.update(advantages_mean=float(valid.mean()), advantages_max=float(valid.max()),
+                       advantages_min=float(valid.min()))
+        if reward_kl is not None:  # verl's critic/rewards: the score less the KL penalty
+            out.update(rewards_mean=float(rewards.mean()) - beta * reward_kl)
+        out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
                    sequences=float(len(samples)), reward_mean=float(rewards.mean()),
                    reward_std=float(rewards.std()), step_seconds=time.perf_counter() - started)
@@ -473,18 +497,40 @@ class Trainer:
                 self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self._full_state
 
+    def adapter_state_dict(self) -> dict[str, Any]:
+        """LoRA: the adapter's tensors whole on rank 0's CPU (gathered from the shards, only the
+        adapter's bytes; once per version). Every rank must call it."""
+        if self._adapter is None:
+            from streamrl.learner import lora
+
+            self._adapter = lora.adapter_state(self.model)
+        return self._adapter
+
     def save_weights(self, directory: str | Path) -> Path:
-        """The weights in Hugging Face layout (safetensors) at ``directory``, written by rank 0
-        (what rollout workers load)."""
+        """What rollout workers load, at ``directory``, written by rank 0: the weights in Hugging
+        Face layout (safetensors); with LoRA the adapter alone in PEFT's layout (on the base
+        ``save_base`` wrote), or the base merged with it (``learner.lora.merge_for_servers``)."""
         from streamrl.policy import save_policy
 
         self._lead("weights", str(directory).encode())
         started = time.perf_counter()
-        if not self.sharded:
+        path = Path(directory)
+        if self.lora:
+            from streamrl.learner import lora
+
+            if self.cfg.lora.merge_for_servers:
+                state = self.full_state_dict()
+                if self.rank == 0:
+                    path = save_policy(lora.base_model(self.model), self.tokenizer, directory,
+                                       state_dict=lora.merged_state(self.model, state))
+            else:
+                state = self.adapter_state_dict()
+                if self.rank == 0:
+                    path = lora.save_adapter(self.model, directory, state)
+        elif not self.sharded:
             path = save_policy(self.model, self.tokenizer, directory)
         else:
             state = self.full_state_dict()
-            path = Path(directory)
             if self.rank == 0:
                 path = save_policy(self.model, self.tokenizer, directory, state_dict=dict(state))
         from streamrl import metrics
@@ -492,11 +538,32 @@ class Trainer:
         metrics.LEARNER_WEIGHTS_PUBLISH_SECONDS.observe(time.perf_counter() - started)
         return path
 
+    def save_base(self, directory: str | Path) -> Path:
+        """LoRA: the frozen base in Hugging Face layout (with the tokenizer) at ``directory``, by
+        rank 0; the adapters published each version apply to it. Written once per start."""
+        from streamrl.learner import lora
+        from streamrl.policy import save_policy
+
+        self._lead("base", str(directory).encode())
+        state = self.full_state_dict() if self.sharded else self.model.state_dict()
+        if self.rank == 0:
+            save_policy(lora.base_model(self.model), self.tokenizer, directory,
+                        state_dict=lora.base_state(self.model, state))
+        self._full_state = None  # (gathered for this alone: not kept)
+        return Path(directory)
+
+    def _dcp_options(self) -> Any:
+        """LoRA: the DCP shards hold what trains (adapters) and its optimizer state, not the
+        frozen base (it is the configured policy, loaded as at the first start)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
+
     def write_checkpoint(self, directory: str | Path) -> None:
         """Into a checkpoint being written (``learner.checkpoint.save``): the weights as
-        ``policy/`` (Hugging Face layout, rank 0) and model + optimizer state as sharded
-        ``torch.distributed.checkpoint`` files in ``dcp/`` (each rank its shard; they load on
-        any number of ranks)."""
+        ``policy/`` (Hugging Face layout, rank 0; with LoRA the adapter, PEFT's layout) and model
+        + optimizer state as sharded ``torch.distributed.checkpoint`` files in ``dcp/`` (each
+        rank its shard; they load on any number of ranks)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -504,15 +571,22 @@ class Trainer:
 
         self._lead("checkpoint", str(directory).encode())
         directory = Path(directory)
-        if not self.sharded:
+        if self.lora:
+            from streamrl.learner import lora
+
+            state = self.adapter_state_dict()
+            if self.rank == 0:
+                lora.save_adapter(self.model, directory / "policy", state)
+        elif not self.sharded:
             save_policy(self.model, self.tokenizer, directory / "policy")
         else:
             state = self.full_state_dict()
             if self.rank == 0:
                 save_policy(self.model, self.tokenizer, directory / "policy", state_dict=dict(state))
-        state = {"model": get_model_state_dict(self.model)}
+        options = self._dcp_options()
+        state = {"model": get_model_state_dict(self.model, options=options)}
         if self.optimizer.state:  # (asking a fresh optimizer for its state would take a step)
-            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
         with _single_process_dcp():
             dcp.save(state, checkpoint_id=str(directory / "dcp"))
 
@@ -527,17 +601,18 @@ class Trainer:
 
             path = str(directory / "dcp")
             saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+            options = self._dcp_options()
             with _single_process_dcp():
                 if any(k.startswith("optim.") for k in saved):
-                    model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+                    model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
                     state = {"model": model_sd, "optim": optim_sd}
                     dcp.load(state, checkpoint_id=path)
                     set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                                   optim_state_dict=state["optim"])
+                                   optim_state_dict=state["optim"], options=options)
                 else:
-                    state = {"model": get_model_state_dict(self.model)}
+                    state = {"model": get_model_state_dict(self.model, options=options)}
                     dcp.load(state, checkpoint_id=path)
-                    set_model_state_dict(self.model, state["model"])
+                    set_model_state_dict(self.model, state["model"], options=options)
         elif (directory / "optimizer.pt").is_file():
             self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
                                                       weights_only=True))
@@ -629,6 +704,8 @@ def follow(cfg: LearnerConfig) -> int:
             trainer.save_weights(payload.decode())
         elif op == "checkpoint":
             trainer.write_checkpoint(payload.decode())
+        elif op == "base":
+            trainer.save_base(payload.decode())
     import torch.distributed as dist
 
     dist.destroy_process_group()

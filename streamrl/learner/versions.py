@@ -16,6 +16,7 @@ from streamrl.records import PolicyVersion, RecordError
 if TYPE_CHECKING:
     from streamrl.learner.checkpoint import LearnerState
     from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +79,37 @@ def start_line(state: "LearnerState", latest: PolicyVersion | None) -> bool:
     return True
 
 
+def publish_base(trainer: "Trainer", cfg: "LearnerConfig") -> str:
+    """LoRA with adapters published (``learner.lora``, not ``merge_for_servers``): write the frozen
+    base to ``<weights_dir>/base`` (and upload it to ``<weights_uri>/base``) and return where it
+    is, for the policy records' ``base_uri``; "" when versions carry full weights. Called once per
+    learner start (the base never changes while it trains)."""
+    if not cfg.lora.enabled or cfg.lora.merge_for_servers:
+        return ""
+    path = trainer.save_base(Path(cfg.weights_dir) / "base")
+    uri = str(path.resolve())
+    if cfg.weights_uri:
+        from streamrl import weights_store
+
+        uri = weights_store.upload(path, f"{cfg.weights_uri.rstrip('/')}/base")
+    log.info("learner: LoRA base written to %s (adapters are published per version)", uri)
+    return uri
+
+
 def prune_weights(cfg: "LearnerConfig", version: int) -> None:
     """Keep the newest ``keep_weights`` version directories (rollout workers load the newest;
-    the checkpoints keep their own copy)."""
+    the checkpoints keep their own copy), and every ``keep_every``-th (the eval stage's)."""
     root = Path(cfg.weights_dir)
     for path in root.glob("v*"):
-        if path.name[1:].isdigit() and int(path.name[1:]) <= version - cfg.keep_weights:
+        if not path.name[1:].isdigit():
+            continue
+        n = int(path.name[1:])
+        if n <= version - cfg.keep_weights and not (cfg.keep_every and n % cfg.keep_every == 0):
             shutil.rmtree(path, ignore_errors=True)
     if cfg.weights_uri:
         from streamrl import weights_store
 
         try:
-            weights_store.prune(cfg.weights_uri, version, cfg.keep_weights)
+            weights_store.prune(cfg.weights_uri, version, cfg.keep_weights, cfg.keep_every)
         except Exception as exc:  # a failed clean-up costs storage, not the run
             log.warning("learner: pruning old versions at %s failed: %s", cfg.weights_uri, exc)

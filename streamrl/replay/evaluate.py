@@ -68,7 +68,12 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     """Generate ``samples`` responses per prompt of ``prompts`` (a dataset: a file or a name, read as
     the prompt feed reads it: ``cfg.feed``'s template and ground truth) with ``policy`` through
     the rollout backend (``cfg.rollout``: backend, sampling), score them with ``scorer`` and
-    report; returns the JSON report's path. Needs a broker only to publish."""
+    report; returns the JSON report's path. Needs a broker only to publish.
+
+    The generation is seeded with ``eval.seed`` and goes prompt by prompt, as the eval stage's
+    does, and the report carries verl's validation figures (``validation``): the same weights at
+    the eval stage's sampling (``rollout.temperature``/``top_p`` = ``eval.*``, ``--samples`` =
+    ``eval.n``) give the figure the eval stage published for that version."""
     from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
     from streamrl.rollout.chat import ChatRenderer
     from streamrl.rollout.episode import run_group
@@ -84,6 +89,7 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     rc = dataclasses.replace(cfg.rollout, policy=policy).validate()
     backend = make_backend(rc)
     backend.version = policy_version
+    backend.reseed(cfg.eval.seed)
     params = SamplingParams(max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p)
     renderer = ChatRenderer(backend.tokenizer)
     interaction = MultiTurn.from_config(rc)  # the same interactions and tools as the rollout workers
@@ -111,7 +117,16 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
                 "samples": samples, "policy_version": policy_version, "backend": rc.backend,
                 "max_new_tokens": rc.max_new_tokens, "temperature": rc.temperature, "top_p": rc.top_p},
         failures=failures + score_failures)
+    report["validation"] = validation_figures(rows, cfg.eval.seed)
     return write_all(report, rows, out, fmt)
+
+
+def validation_figures(rows: list[dict[str, Any]], seed: int) -> dict[str, dict[str, float]]:
+    """verl's validation figures of the scored rows, by data source (as the eval stage publishes them)."""
+    from streamrl.evaluation.scores import response_figures
+
+    return response_figures([(r["data_source"], r["group_id"], r["new_reward"], r["reward_info"])
+                             for r in rows if r["new_reward"] is not None], seed)
 
 
 async def _score(rescorer: Rescorer, records: list[Trajectory], progress: bool) -> tuple[list[Scored], dict[str, str]]:
@@ -138,7 +153,7 @@ def _check_publish_topic(name: str | None) -> None:
 
     if name in TOPIC_NAMES:
         raise ConfigError(f"--publish-topic {name!r} is a pipeline topic; publish an evaluation "
-                          f"to a topic of its own (e.g. eval.<run>)")
+                          f"to a topic of its own (e.g. rescored.<run>)")
 
 
 async def ensure_topic(bus: Bus, name: str, like: str = "rewarded") -> bool:

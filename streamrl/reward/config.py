@@ -39,9 +39,9 @@ class OverlongBufferConfig:
     runs into (linearly, all of it at ``max_resp_len``); ``reward_info`` gets ``overlong_reward``
     and ``overlong``. Needs the record's ``response_ids``."""
 
-    enable: bool = False
-    len: int = 0
-    penalty_factor: float = 1.0
+    enable: bool = False  # apply the overlong penalty
+    len: int = 0  # the buffer: the last len tokens before max_resp_len are penalised
+    penalty_factor: float = 1.0  # the penalty at max_resp_len
     max_resp_len: int = 0  # verl's data.max_response_length
 
 
@@ -58,8 +58,8 @@ class ScorerSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments (class: for __init__)
     # type function: a batch function (verl's BatchRewardManager), called on micro-batches
     batch: bool = False
-    batch_size: int = 32
-    batch_wait_ms: float = 20.0
+    batch_size: int = 32  # batch: records per call, at most
+    batch_wait_ms: float = 20.0  # batch: how long the first record waits for others
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     # Which data_source values this entry serves (exact, or a "prefix*"). None: its own name, or
     # for a built-in rule entry (gsm8k, math, math_dapo) that rule's usual data sources, which
@@ -91,7 +91,7 @@ class GroupHookConfig:
     or groups only ever finish by timing out."""
 
     function: str = ""  # built-in name (streamrl.reward.hooks.HOOKS) or "file.py:name" / "module:name"
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the hook's function as keyword arguments
     timeout_s: float = 120.0  # a group not complete by then is published unadjusted, marked so
     data_sources: list[str] = field(default_factory=list)  # only these; empty: every data source
 
@@ -109,7 +109,7 @@ class TurnScoresConfig:
     learner trains on the resulting trajectory reward; there is no per-turn credit."""
 
     reducer: str = "none"  # none | last | sum | mean | max | discounted
-    weight: float = 1.0
+    weight: float = 1.0  # how much the reduced turn scores add to the scorer's reward
     gamma: float = 1.0  # discounted only
 
 
@@ -139,6 +139,9 @@ def routes(scorers: dict[str, ScorerSpec]) -> tuple[dict[str, ScorerSpec], set[s
 
 @dataclass
 class RewardConfig:
+    """The reward stage: a consumer group on rollouts that scores each record through the scorer
+    table (``scorers``, routed by ``data_source``) and publishes it on rewarded."""
+
     group: str = ""  # the consumer group id (--group overrides); "": <bus.topic_prefix>-reward
     max_in_flight: int = 256  # records being scored at once per member (back-pressure above)
     max_attempts: int = 3  # tries of a failing scorer before the record is dead-lettered
@@ -207,8 +210,8 @@ class CustomRewardFunctionConfig:
     ``reward.scorers`` yourself stay with them."""
 
     path: Optional[str] = None  # a file (``my_reward.py``, ``file://...``) or ``pkg://package.module``
-    name: str = "compute_score"
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = "compute_score"  # the function's name in path (verl's custom_reward_function.name)
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments added to every call
 
 
 @dataclass
@@ -219,7 +222,7 @@ class RewardModelConfig:
 
     enable: bool = False  # verl's model-based reward: here a reward.scorers entry of type model
     reward_manager: str = "naive"  # naive | batch | dapo | prime
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)  # what the reward manager takes (above)
 
 
 def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig) -> None:

@@ -23,10 +23,10 @@ class InteractionConfig:
     ``kwargs`` go to its constructor as verl's ``config``. Its turn limits are its own; tools
     and the other limits come from ``rollout.multi_turn``."""
 
-    name: str = ""
-    max_assistant_turns: int = 3
-    max_user_turns: int = 2
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""  # a registered interaction (gsm8k) or a class path; empty: none
+    max_assistant_turns: int = 3  # model turns per episode
+    max_user_turns: int = 2  # interaction feedback turns per episode
+    kwargs: dict[str, Any] = field(default_factory=dict)  # to the interaction's constructor (verl's config)
 
 
 @dataclass
@@ -41,8 +41,8 @@ class MultiTurnConfig:
       every tool is offered to every sample, ``extra_info.tools_kwargs`` configures it per sample.
     A relative path that is not a file names a packaged one (``interaction_config/gsm8k.yaml``)."""
 
-    interaction_config_path: str = ""
-    tool_config_path: str = ""
+    interaction_config_path: str = ""  # verl's interaction config file (see above); empty: none
+    tool_config_path: str = ""  # verl's tool config file (see above); empty: no tools
     max_assistant_turns: int = 3  # model turns per episode (verl: null = unbounded; here >= 1)
     # Non-model turns per episode: interaction feedback and rounds of tool responses, counted
     # together as verl's agent loop counts them.
@@ -62,10 +62,10 @@ class MultiTurnConfig:
 class OpenAIBackendConfig:
     """Any OpenAI-compatible completions server (``vllm serve``, SGLang, hosted APIs)."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = ""
+    base_url: str = "http://127.0.0.1:8000/v1"  # the server when rollout.servers is empty
+    model: str = ""  # the model name sent in each request (required with backend openai)
     api_key_env: str = "OPENAI_API_KEY"  # the *name* of the variable; unset: no Authorization header
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # per request
     max_retries: int = 4  # per request, on connection errors / 429 / 5xx, with exponential backoff
     # Ask for token ids (vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids``). A server
     # that refuses unknown fields (hosted APIs) needs False: trajectories are then text-only.
@@ -78,7 +78,7 @@ class OpenAIBackendConfig:
     max_requests_per_server: int = 0  # requests in flight on one server at once; 0: no limit
     update_timeout_s: float = 600.0  # one server's weight load; past it the update failed
     update_retry_s: float = 1.0  # first wait before retrying a failed update; doubles
-    update_retry_max_s: float = 60.0
+    update_retry_max_s: float = 60.0  # the longest wait between retries of a failed update
     health_interval_s: float = 5.0  # GET /health on every server (the shared router's checks)
     eject_after: int = 3  # consecutive failed requests / health checks that take a server out
     # The weights' path the servers were started on: an announced version 0 of exactly that path
@@ -95,15 +95,15 @@ class ServersLaunchConfig:
     join ``rollout.servers``. ``backend`` empty: none launched."""
 
     backend: str = ""  # vllm (vllm serve + streamrl's worker extension) | sglang (sglang.launch_server)
-    replicas: int = 1
+    replicas: int = 1  # server processes, each on its own port and devices
     gpus_per_replica: int = 1  # tensor parallel size; replica i takes devices [i*g, (i+1)*g)
     port: int = 0  # the first replica's port, replica i on port + i; 0: free ports
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the interface the servers listen on
     args: list[str] = field(default_factory=list)  # appended to the command line as given
-    env: dict[str, str] = field(default_factory=dict)
-    startup_timeout_s: float = 900.0
-    restart_backoff_s: float = 1.0
-    restart_backoff_max_s: float = 60.0
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
+    startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
+    restart_backoff_s: float = 1.0  # first wait before restarting a server that died; doubles
+    restart_backoff_max_s: float = 60.0  # the longest wait between restarts
 
 
 UPDATE_APIS = ("none", "sglang", "vllm")
@@ -114,8 +114,8 @@ ON_UPDATE = ("drain", "abort")
 class VLLMBackendConfig:
     """vLLM's offline engine (the ``[vllm]`` extra)."""
 
-    gpu_memory_utilization: float = 0.85
-    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85  # vLLM's share of the GPU's memory
+    tensor_parallel_size: int = 1  # GPUs per engine (vLLM tensor parallelism)
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more ``vllm.LLM(...)`` arguments
 
 
@@ -127,7 +127,7 @@ class RolloutConfig:
     backend: str = "transformers"  # transformers | vllm | openai
     policy: str = "tiny"  # "tiny" or a Hugging Face directory (transformers / vllm)
     device: str = "cpu"  # transformers: cpu | cuda | cuda:N
-    dtype: str = "float32"
+    dtype: str = "float32"  # transformers: the policy's dtype (float32 | bfloat16 | float16)
     seed: int = 0  # the tiny policy's init and torch's sampling RNG (transformers)
     # The consumer group on the prompts topic: workers that share it share the feed. Empty:
     # "<bus.topic_prefix>.rollout", so pipelines with different prefixes never share a group.
@@ -135,7 +135,7 @@ class RolloutConfig:
     group_size: int = 0  # samples per prompt; 0: the prompt record's own group_size
     max_new_tokens: int = 256  # per assistant turn
     temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling; 1: off
     max_in_flight: int = 4  # prompts this worker works on at once; their generations share batches
     max_batch_rows: int = 0  # most sequences in one engine call; 0: transformers 64, vllm 1024
     follow_policy: bool = True  # watch the policy topic and load new versions
@@ -147,9 +147,9 @@ class RolloutConfig:
     # ``gate_baseline``) reach (learner version + max_staleness + 1) * trajectories_per_version.
     # trajectories_per_version 0 disables it (the learner's batch size in trajectories).
     max_staleness: int = 1
-    trajectories_per_version: int = 0
+    trajectories_per_version: int = 0  # see max_staleness (the learner's batch in trajectories)
     gate_baseline: int = 0  # records already in a reused rollouts topic before this run
-    gate_poll_s: float = 0.5
+    gate_poll_s: float = 0.5  # how often a held worker checks the gate again
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
@@ -229,9 +229,9 @@ class FeedConfig:
     # .jsonl[.gz] / .parquet file (streamrl.datasets)
     dataset: str = "gsm8k"
     data_source: str = "gsm8k"  # picks the scorer downstream ("": the row's data_source)
-    epochs: int = 1
+    epochs: int = 1  # passes over the dataset (verl's trainer.total_epochs)
     start_epoch: int = 0  # to continue a feed: epochs start_epoch .. start_epoch + epochs - 1
-    group_size: int = 4
+    group_size: int = 4  # samples per prompt, the GRPO group (verl's rollout.n)
     limit: int = 0  # rows per epoch; 0: all
     shuffle: bool = True  # a different, seeded order per epoch (the group ids do not depend on it)
     seed: int = 0  # the per-epoch shuffle
@@ -243,11 +243,11 @@ class FeedConfig:
     # The prompt: ``prompt_template`` formatted with the row's fields, sent as one user chat
     # message (``chat``) as verl's preprocessing does, or as a plain string.
     prompt_template: str = "{question} " + GSM8K_INSTRUCTION
-    chat: bool = True
+    chat: bool = True  # see prompt_template
     # Ground truth: ``gsm8k`` (the number after ``####`` in ``answer_field``, commas removed),
     # ``field`` (``answer_field`` as is), ``verl`` (``reward_model.ground_truth``) or ``none``.
     ground_truth: str = "gsm8k"
-    answer_field: str = "answer"
+    answer_field: str = "answer"  # the row's column that holds the answer (see ground_truth)
     # Continue a run (`streamrl run --resume` sets it): skip the prompts whose groups the
     # learner's checkpoint lists as finished and those already on the prompts topic
     resume: bool = False

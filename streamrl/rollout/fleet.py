@@ -36,6 +36,19 @@ on its initial weights, so it is out until it has loaded the target again.
 
 The path a server loads is the learner's ``weights_uri`` as announced: the servers must see the
 same directory (a shared volume, as in the compose file and the Kubernetes manifests).
+
+**LoRA adapters** (``learner.lora``: a version is an adapter on a base, ``base_uri`` in its
+record). A server loads the base once through the full-weights API above (unless it was started
+on exactly that path), then each version's adapter under a new name with the servers' LoRA API:
+vLLM ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` (the server runs with
+``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), SGLang ``POST
+/load_lora_adapter`` (``--enable-lora``, ``--max-lora-rank``, ``--lora-target-modules``). Requests
+name the adapter as their ``model`` (SGLang: ``<model>:<adapter>``), so a request keeps the
+adapter it started on whatever loads meanwhile: with ``drain`` the requests in flight finish on
+the old adapter while the new one loads (no pause), with ``abort`` they are cut and resubmitted
+as for full weights. The old adapter is unloaded (``/v1/unload_lora_adapter``,
+``/unload_lora_adapter``) once the requests that named it have finished. A server without the
+LoRA endpoint (404) cannot follow: it is not retried, ``fatal`` says why and the worker stops.
 """
 
 from __future__ import annotations
@@ -46,12 +59,13 @@ import logging
 import socket
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import orjson
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_not_exception_type, wait_exponential
 
 from streamrl import metrics
 from streamrl.errors import Unavailable
@@ -64,6 +78,11 @@ VLLM_METHOD = "streamrl_load_weights"  # the worker extension's method (vllm_ext
 
 class UpdateError(Exception):
     """A server did not load a version."""
+
+
+class AdapterUnsupported(UpdateError):
+    """A server has no LoRA endpoint (404 on it): it cannot follow a learner that publishes
+    adapters until it is restarted with LoRA on; not retried (``ServerFleet.fatal``)."""
 
 
 @dataclass
@@ -79,6 +98,8 @@ class Member:
     failures: int = 0  # consecutive failed updates
     inflight: set[asyncio.Task] = field(default_factory=set)
     task: asyncio.Task | None = None  # the update loop, while one runs
+    adapter: str | None = None  # LoRA: the adapter requests name (None: the model's own weights)
+    base: str | None = None  # LoRA: the base weights loaded (the adapters' base_uri)
 
 
 def completions_url(given: str, root: str) -> str:
@@ -129,7 +150,13 @@ class ServerFleet:
         self.retry_s, self.retry_max_s = update_retry_s, update_retry_max_s
         self.target = 0  # the version the fleet follows (the learner's latest)
         self.target_uri: str | None = None
+        self.target_base: str | None = None  # LoRA: target_uri is an adapter on this base
+        self.adapter_loads = 0  # adapter names handed out (each load attempt gets a new one)
+        # in every adapter name: rollout workers sharing servers never name (or unload) each other's
+        self.tag = uuid.uuid4().hex[:6]
+        self._retiring: set[asyncio.Task] = set()  # unloads of adapters waiting for their requests
         self.aborted = 0  # requests aborted for an update and resubmitted
+        self.fatal: str | None = None  # why the fleet cannot follow the learner (a server without LoRA)
         self._changed = asyncio.Event()
         self._session: Any = None
         self.router.on_readmit.append(self._readmitted)
@@ -141,10 +168,10 @@ class ServerFleet:
         await self.router.start(session)
 
     async def close(self) -> None:
-        for m in self.members.values():
-            if m.task is not None:
-                m.task.cancel()
-        await asyncio.gather(*(m.task for m in self.members.values() if m.task), return_exceptions=True)
+        tasks = [m.task for m in self.members.values() if m.task] + list(self._retiring)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.router.close()
 
     # -- choosing a server ------------------------------------------------------------------------
@@ -195,14 +222,22 @@ class ServerFleet:
         return not (m.updating or m.out or m.version is None or m.version < self.floor)
 
     # -- following the learner ----------------------------------------------------------------------
-    def follow(self, uri: str, version: int) -> None:
-        """Have every server load ``version`` from ``uri`` (in the background). A server still
+    def model_for(self, m: Member, model: str) -> str:
+        """What a request to ``m`` names as its ``model``: the served model, or the LoRA adapter
+        the server is on (SGLang: ``model:adapter``)."""
+        if m.adapter is None:
+            return model
+        return f"{model}:{m.adapter}" if self.update_api == "sglang" else m.adapter
+
+    def follow(self, uri: str, version: int, base_uri: str | None = None) -> None:
+        """Have every server load ``version`` from ``uri`` (in the background); ``base_uri``: the
+        version is a LoRA adapter on that base (module docstring). A server still
         on the weights it was started with serves them as version 0 only if it was started on
         exactly ``uri``: ``streamrl run`` announces its warm start as version 0, and a server
         started on the base model would otherwise answer the first versions' requests, stamped
         0, with other weights."""
-        self.target, self.target_uri = version, uri
-        if not _same_path(self.started_on, uri):
+        self.target, self.target_uri, self.target_base = version, uri, base_uri
+        if not _same_path(self.started_on, base_uri or uri):
             for m in self.members.values():
                 if m.started and m.version == 0:
                     m.version = None  # not served until it has loaded
@@ -223,6 +258,7 @@ class ServerFleet:
         m = self.members[url]
         if self.target_uri is not None and self.update_api != "none":
             m.version, m.started = None, True
+            m.adapter = m.base = None  # (a restart lost its adapters and base: loaded again)
             self._schedule(m)
         self._notify()
 
@@ -231,16 +267,28 @@ class ServerFleet:
             # any failure takes the server out of rotation and is retried, the target re-read
             # each time (tenacity: retry_s, doubling, at most retry_max_s)
             retrying = AsyncRetrying(wait=wait_exponential(multiplier=self.retry_s, max=self.retry_max_s),
-                                     retry=retry_if_exception_type(Exception), reraise=True,
+                                     retry=retry_if_not_exception_type(AdapterUnsupported), reraise=True,
                                      before_sleep=lambda state: self._failed(m, state))
-            async for attempt in retrying:
-                with attempt:
-                    version, uri = self.target, self.target_uri
-                    assert uri is not None
-                    started = time.monotonic()
-                    await self._quiesce(m)
-                    await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
+            try:
+                async for attempt in retrying:
+                    with attempt:
+                        version, uri, base = self.target, self.target_uri, self.target_base
+                        assert uri is not None
+                        started = time.monotonic()
+                        if base is None:
+                            await self._quiesce(m)
+                            await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
+                            old, m.adapter, m.base = m.adapter, None, None
+                        else:
+                            old = await self._load_lora(m, uri, base, version)
+            except AdapterUnsupported as exc:  # not retried: the worker stops, saying why
+                m.updating, m.out, self.fatal = False, True, str(exc)
+                log.error("rollout server %s", exc)
+                self._notify()
+                return
             took = time.monotonic() - started
+            if old is not None:  # unloaded once the requests that named it are done
+                self._retire(m, old)
             if m.out:
                 log.warning("rollout server %s: loaded policy version %d after %d failed attempts; back "
                             "in rotation", public_url(m.url), version, m.failures)
@@ -260,6 +308,78 @@ class ServerFleet:
         log.error("rollout server %s: loading policy version %d failed (%s); out of rotation, retrying in %.1f s",
                   public_url(m.url), self.target, why, state.next_action.sleep if state.next_action else 0.0)
         self._notify()
+
+    async def _load_lora(self, m: Member, uri: str, base: str, version: int) -> str | None:
+        """The base once (full weights, quiesced as for any full load), then the version's adapter
+        under a new name; the server's requests name it from now on. Returns the adapter it
+        replaces (unloaded after its requests finish)."""
+        if m.base != base and not _same_path(self.started_on, base):
+            await self._quiesce(m)
+            await asyncio.wait_for(self._load(m.url, base, version), self.update_timeout_s)
+            if m.adapter is not None:  # made for other base weights: never named again
+                self._retire(m, m.adapter)
+                m.adapter = None
+        m.base = base
+        m.updating = True  # no new requests until it is on the version (those in flight go on)
+        self._notify()
+        if self.on_update == "abort":
+            for t in list(m.inflight):
+                t.cancel()
+        self.adapter_loads += 1
+        name = f"streamrl-v{version}-{self.tag}-{self.adapter_loads}"
+        try:
+            await asyncio.wait_for(self._adapter_call(m.url, "load", name, uri), self.update_timeout_s)
+        except BaseException:
+            self._retire(m, name)  # it may have loaded after all (a timeout): not left behind
+            raise
+        old, m.adapter = m.adapter, name
+        return old
+
+    def _retire(self, m: Member, name: str) -> None:
+        """Unload adapter ``name`` from ``m`` once the requests in flight now have finished
+        (those that named it are among them: no new request names it any more)."""
+        waiting = {t for t in m.inflight if not t.done()}
+
+        async def unload() -> None:
+            if waiting:
+                await asyncio.wait(waiting)
+            try:
+                await asyncio.wait_for(self._adapter_call(m.url, "unload", name), self.update_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - a leftover adapter costs server memory, not the run
+                log.warning("rollout server %s: unloading adapter %s failed (%s)", public_url(m.url), name,
+                            str(exc)[:200])
+
+        task = asyncio.create_task(unload(), name=f"unload:{name}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _adapter_call(self, url: str, op: str, name: str, uri: str | None = None) -> None:
+        """vLLM's ``/v1/{op}_lora_adapter`` or SGLang's ``/{op}_lora_adapter``."""
+        import aiohttp
+
+        route = f"/v1/{op}_lora_adapter" if self.update_api == "vllm" else f"/{op}_lora_adapter"
+        body: dict[str, Any] = {"lora_name": name}
+        if uri is not None:
+            body["lora_path"] = uri.removeprefix("file://")
+        try:
+            async with self._session.post(url + route, headers=self.headers, json=body,
+                                          timeout=aiohttp.ClientTimeout(total=self.update_timeout_s)) as resp:
+                text = await resp.text()
+        except aiohttp.ClientError as exc:
+            raise UpdateError(f"{route}: {type(exc).__name__}: {exc}") from None
+        if resp.status == 404 and op == "load" and "lora" not in text.lower():
+            raise AdapterUnsupported(f"{public_url(url)}{route}: HTTP 404: this server cannot take LoRA adapters "
+                              "(vLLM: start it with "
+                              "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang: --enable-lora; "
+                              "or set learner.lora.merge_for_servers)")
+        if resp.status >= 300:
+            raise UpdateError(f"{route}: HTTP {resp.status}: {text[:200]}")
+        try:  # SGLang answers {"success": ..., "error_message": ...}; vLLM a line of text
+            answer = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            answer = {}
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise UpdateError(f"{route}: {str(answer.get('error_message') or answer.get('message'))[:200]}")
 
     async def _quiesce(self, m: Member) -> None:
         """No new requests to ``m``; then wait for (drain) or cancel (abort) those in flight."""
@@ -319,7 +439,8 @@ class ServerFleet:
         for m in self.members.values():
             state = ("ejected" if m.url in self.router.ejected else "update failed" if m.out
                      else "updating" if m.updating else "ok")
-            parts.append(f"{public_url(m.url)} v{'?' if m.version is None else m.version} {state} "
+            lora = f" adapter {m.adapter}" if m.adapter else ""
+            parts.append(f"{public_url(m.url)} v{'?' if m.version is None else m.version}{lora} {state} "
                          f"({self.router.servers[m.url].outstanding} in flight)")
         return f"rollout servers: target v{self.target} | " + " | ".join(parts)
 

@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop
-from streamrl.errors import Failure
+from streamrl.errors import Failure, StreamrlError
 from streamrl.records import PROMPTS, ROLLOUTS, Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
@@ -100,6 +100,7 @@ class RolloutWorker:
         self.lineage: str | None = None  # the training line of the weights in use
         self._load_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        self.fatal: str | None = None  # why the worker stopped on its own (its servers cannot follow)
         self._label = self.backend.name
         if not self.backend.can_load_weights and cfg.follow_policy:
             log.warning("the %s backend cannot load weights: trajectories are stamped version %d",
@@ -114,6 +115,9 @@ class RolloutWorker:
         if not rollout.weights_prefixes:  # where this config's learner writes (and uploads) weights
             prefixes = [cfg.learner.weights_dir, *([cfg.learner.weights_uri] if cfg.learner.weights_uri else [])]
             rollout = dataclasses.replace(rollout, weights_prefixes=prefixes)
+        lora = cfg.learner.lora
+        if rollout.servers_launch.backend and lora.enabled and not lora.merge_for_servers:
+            rollout = dataclasses.replace(rollout, servers_launch=with_lora(rollout.servers_launch, lora.rank))
         return cls(bus, rollout)
 
     def validate(self) -> None:
@@ -157,14 +161,21 @@ class RolloutWorker:
                 for w in waiters:
                     w.cancel()
                 await loop_task
+        if self.fatal:
+            raise StreamrlError(f"rollout: {self.fatal}")
 
     def stop(self) -> None:
         self._stopping.set()
         self.gate.stopping.set()
 
     async def _follow_announcements(self, poll_s: float = 0.1) -> None:
+        fleet = getattr(self.backend, "fleet", None)
         while True:
             await self.sync_weights()
+            if fleet is not None and fleet.fatal:  # e.g. a server without LoRA for a LoRA learner
+                self.fatal = fleet.fatal
+                self.stop()
+                return
             await asyncio.sleep(poll_s)
 
     async def sync_weights(self) -> float:
@@ -186,14 +197,14 @@ class RolloutWorker:
                           latest.version, self.backend.version)
                 _refused(latest.version, "no_uri")
                 return 0.0
-            if not weights_allowed(latest.weights_uri, self.cfg.weights_prefixes):
+            if not all(weights_allowed(u, self.cfg.weights_prefixes) for u in (latest.weights_uri, latest.base_uri) if u):
                 log.error("policy version %d refused: weights_uri %r is not under rollout.weights_prefixes %s; "
                           "keeping version %d", latest.version, latest.weights_uri, self.cfg.weights_prefixes,
                           self.backend.version)
                 _refused(latest.version, "not_allowed")
                 return 0.0
             try:
-                took = await self.backend.load_weights(latest.weights_uri, latest.version)
+                took = await self.backend.load_weights(latest.weights_uri, latest.version, latest.base_uri)
             except (WeightLoadError, OSError) as exc:
                 log.error("policy version %d: %s; keeping version %d", latest.version, exc, self.backend.version)
                 _refused(latest.version, "load_failed")
@@ -314,6 +325,28 @@ def launch_servers(cfg: RolloutConfig) -> Any:
                               restart_backoff_s=launch.restart_backoff_s,
                               restart_backoff_max_s=launch.restart_backoff_max_s)
     return RewardServers([spec], role="policy", field_name="rollout.servers_launch")
+
+
+#: the LoRA ranks ``vllm serve --max-lora-rank`` accepts
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def with_lora(launch: Any, rank: int) -> Any:
+    """``rollout.servers_launch`` for a learner that publishes LoRA adapters (``learner.lora``):
+    the servers it starts take adapters at run time (vLLM: ``--enable-lora``, a
+    ``--max-lora-rank`` it accepts, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``; SGLang:
+    ``--enable-lora``, ``--max-lora-rank``, every target module). Flags already given are kept."""
+    args, env = list(launch.args), dict(launch.env)
+    if "--enable-lora" not in args:
+        args.append("--enable-lora")
+    if "--max-lora-rank" not in args:
+        allowed = next((r for r in VLLM_LORA_RANKS if r >= rank), rank) if launch.backend == "vllm" else rank
+        args += ["--max-lora-rank", str(allowed)]
+    if launch.backend == "vllm":
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    elif "--lora-target-modules" not in args:
+        args += ["--lora-target-modules", "all"]
+    return dataclasses.replace(launch, args=args, env=env)
 
 
 def weights_allowed(uri: str, prefixes: list[str]) -> bool:

@@ -56,25 +56,25 @@ class JudgeConfig:
     """One LLM judge. ``urls`` are server roots or OpenAI base URLs (``http://h:8000`` or
     ``http://h:8000/v1``); several URLs are balanced by the router."""
 
-    urls: list[str] = field(default_factory=list)
-    model: str = ""
+    urls: list[str] = field(default_factory=list)  # server roots or OpenAI base URLs, balanced by the router
+    model: str = ""  # the model name sent in each request
     prompt_template: str = DEFAULT_TEMPLATE  # {prompt} {response} {ground_truth}
-    system_prompt: str = ""
+    system_prompt: str = ""  # a system message before the prompt; empty: none
     score_regex: str = r"(?i)score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"  # one group; last match wins
     score_min: float = 0.0  # the judge's scale; the score is normalised to [0, 1]
-    score_max: float = 10.0
-    max_tokens: int = 512
-    temperature: float = 0.0
+    score_max: float = 10.0  # the top of the judge's scale (normalised to 1)
+    max_tokens: int = 512  # of the judge's reply
+    temperature: float = 0.0  # the judge's sampling temperature
     api_key_env: str = ""  # NAME of the environment variable holding the key; "" = no key
     concurrency: int = 32  # requests in flight from this member
     timeout_s: float = 60.0  # per request
     max_retries: int = 3  # per record, on another server where there is one
     backoff_s: float = 0.5  # first retry's wait; doubles each time, plus up to as much jitter
-    backoff_max_s: float = 10.0
+    backoff_max_s: float = 10.0  # the longest wait between retries
     rpm: float = 0.0  # requests per minute for the whole consumer group; 0 = no limit
     tpm: float = 0.0  # tokens per minute for the whole group (estimated, corrected by usage)
     health_path: str = "/v1/models"  # GET on each server root; OpenAI, vLLM and SGLang all serve it
-    health_interval_s: float = 5.0
+    health_interval_s: float = 5.0  # how often each server's health_path is checked
     eject_after: int = 3  # consecutive failures
     max_reply_bytes: int = 1024 * 1024  # a longer reply fails the record (bad_reply), unread
 

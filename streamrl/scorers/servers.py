@@ -82,18 +82,18 @@ class RewardServerConfig:
     health-checked before the stage scores, restarted with backoff when it dies, stopped with
     the stage. A model entry scores on it with ``model: {server: NAME}`` instead of ``urls``."""
 
-    name: str = ""
+    name: str = ""  # what model entries name as model.server (required, unique)
     model: str = ""  # the model directory or hub id the server loads
     backend: str = "vllm"  # vllm (vllm serve) | sglang (sglang.launch_server) | transformers (streamrl's own, CPU or CUDA)
-    replicas: int = 1
+    replicas: int = 1  # server processes, each on its own port and devices
     gpus_per_replica: int = 1  # CUDA devices per replica (tensor parallel); transformers: 0 = CPU
     port: int = 0  # the first replica's port, replica i on port + i; 0: free ports, picked at start
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the interface the servers listen on
     args: list[str] = field(default_factory=list)  # extra command-line arguments, appended as given
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
     startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
     restart_backoff_s: float = 1.0  # first wait before restarting a replica that died; doubles
-    restart_backoff_max_s: float = 60.0
+    restart_backoff_max_s: float = 60.0  # the longest wait between restarts
 
 
 class _DiedYoung(Exception):

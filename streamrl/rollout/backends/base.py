@@ -63,9 +63,14 @@ class Backend(ABC):
                        params: SamplingParams) -> list[list[Completion]]:
         """``n`` samples for each prompt, in order."""
 
-    async def load_weights(self, uri: str, version: int) -> float:
-        """Load a policy version between generations; returns the seconds it took."""
+    async def load_weights(self, uri: str, version: int, base_uri: str | None = None) -> float:
+        """Load a policy version between generations; returns the seconds it took. ``base_uri``:
+        the version is a LoRA adapter (PEFT layout at ``uri``) on the base weights there."""
         raise WeightLoadError(f"the {self.name} backend cannot load weights")
+
+    def reseed(self, seed: int) -> None:
+        """Seed the sampling from here on (an evaluation starts each version from the same seed,
+        so its figure does not depend on what ran before). A server's backend cannot: no-op."""
 
     async def close(self) -> None:
         return None

@@ -86,15 +86,17 @@ class _LocalEngine(Backend):
             self._queue.remove(r)
         return batch
 
-    async def load_weights(self, uri: str, version: int) -> float:
+    async def load_weights(self, uri: str, version: int, base_uri: str | None = None) -> float:
         async with self._lock:
             started = time.monotonic()
             try:
-                await asyncio.to_thread(self._load_weights, uri)
+                await asyncio.to_thread(self._load_weights, uri, base_uri)
             finally:
                 from streamrl import weights_store
 
-                weights_store.release(uri)  # a downloaded copy is not needed once loaded
+                for u in (uri, base_uri):  # a downloaded copy is not needed once loaded
+                    if u:
+                        weights_store.release(u)
             self.version = version
             return time.monotonic() - started
 
@@ -103,5 +105,5 @@ class _LocalEngine(Backend):
         ...
 
     @abstractmethod
-    def _load_weights(self, uri: str) -> None:
-        ...
+    def _load_weights(self, uri: str, base_uri: str | None = None) -> None:
+        """Full weights at ``uri``; or (``base_uri`` set) the LoRA adapter at ``uri`` on that base."""

@@ -55,18 +55,19 @@ class OpenAIBackend(Backend):
         await self._ensure_session()
         return list(await asyncio.gather(*(self._complete(p, n, params) for p in prompts)))
 
-    async def load_weights(self, uri: str, version: int) -> float:
+    async def load_weights(self, uri: str, version: int, base_uri: str | None = None) -> float:
         """Start every server loading ``version`` (the fleet does it in the background, server by
         server as each drains or aborts); returns at once: requests meanwhile go to servers on a
         version the staleness bound allows. Each server's load time is
         ``streamrl_rollout_server_update_seconds``."""
         from streamrl import weights_store
 
-        if weights_store.is_remote(uri):  # the servers read a path; they cannot fetch s3:// etc.
+        if weights_store.is_remote(uri) or (base_uri and weights_store.is_remote(base_uri)):
+            # the servers read a path; they cannot fetch s3:// etc.
             raise WeightLoadError(f"weights {uri!r}: inference servers load from a path they see; "
                                   "put learner.weights_dir on a volume the servers mount")
         await self._ensure_session()
-        self.fleet.follow(uri, version)
+        self.fleet.follow(uri, version, base_uri)
         self.version = version
         return 0.0
 
@@ -95,7 +96,6 @@ class OpenAIBackend(Backend):
 
         from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-        payload = orjson.dumps(body)
         headers = {**self._headers, "Content-Type": "application/json"}
         tried: list[str] = []
         retrying = AsyncRetrying(
@@ -104,20 +104,22 @@ class OpenAIBackend(Backend):
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._post_to_one(tried, payload, headers)
+                    return await self._post_to_one(tried, body, headers)
         except RetryError as exc:
             raise BackendUnavailable(f"{len(tried)} attempts failed, last: {exc.last_attempt.exception()}") from None
         except Unavailable as exc:  # none to pick (RouterError is one too, retried above)
             raise BackendUnavailable(f"no rollout server available: {exc}") from None
         raise AssertionError("unreachable: tenacity returns or raises")
 
-    async def _post_to_one(self, tried: list[str], payload: bytes,
+    async def _post_to_one(self, tried: list[str], body: dict[str, Any],
                            headers: dict[str, str]) -> tuple[dict[str, Any], int]:
         """One attempt on one server the fleet leases (not one in ``tried``); a request aborted
-        for a weight update is resubmitted here, as if never sent."""
+        for a weight update is resubmitted here, as if never sent. The request names the
+        model the server is on now (its LoRA adapter, when versions are adapters)."""
         while True:
             async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
                 tried.append(server.url)
+                payload = orjson.dumps({**body, "model": self.fleet.model_for(server, self.model)})
                 task = asyncio.create_task(self._post_once(server.completions_url, payload, headers))
                 server.inflight.add(task)
                 try:

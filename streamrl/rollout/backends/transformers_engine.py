@@ -25,6 +25,13 @@ class TransformersBackend(_LocalEngine):
         self.model, self.tokenizer = load_policy(policy, device=device, dtype=dtype, seed=seed)
         self.tokenizer.padding_side = "left"
         self.device = device
+        self._base: str | None = None  # LoRA: the base_uri whose weights the model holds
+        self._adapter_shape: tuple | None = None  # LoRA: the adapter injected (rank, targets ...)
+        torch.manual_seed(seed)
+
+    def reseed(self, seed: int) -> None:
+        import torch
+
         torch.manual_seed(seed)
 
     def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Completion]]:
@@ -62,8 +69,59 @@ class TransformersBackend(_LocalEngine):
             results.append(samples)
         return results
 
-    def _load_weights(self, uri: str) -> None:
-        """Copy the version's tensors into the running model (no second model in memory)."""
+    def _load_weights(self, uri: str, base_uri: str | None = None) -> None:
+        """Full weights: copied into the running model (no second model in memory). A LoRA
+        version (``base_uri``): the base copied in once (when it is not the one held), then the
+        version's adapter onto it: injected with PEFT the first time, its tensors copied into
+        the adapter in place after that (the base is never read again)."""
+        if base_uri is None:
+            self._unwrap()
+            self._copy_full(uri)
+            return
+        if self._base != base_uri:
+            self._unwrap()
+            self._copy_full(base_uri)
+            self._base = base_uri
+        self._load_adapter(weights_path(uri))
+
+    def _unwrap(self) -> None:
+        """The plain model again (the adapter's layers taken out, the base's weights as they are)."""
+        if self._adapter_shape is not None:
+            self.model = self.model.unload()
+            self._adapter_shape = None
+        self._base = None
+
+    def _load_adapter(self, path) -> None:
+        import json
+
+        import torch
+        from peft import PeftModel, set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        from streamrl.errors import need
+
+        need("peft", "gpu", "LoRA adapters on the transformers backend")
+        if not (path / "adapter_config.json").is_file():
+            raise WeightLoadError(f"{path}: no adapter_config.json (a version with base_uri is a PEFT adapter)")
+        config = json.loads((path / "adapter_config.json").read_text())
+        shape = tuple(json.dumps(config.get(k), sort_keys=True) for k in ("r", "lora_alpha", "target_modules",
+                                                                          "use_rslora", "fan_in_fan_out"))
+        if self._adapter_shape != shape:  # the first adapter, or one of another rank / targets
+            if self._adapter_shape is not None:
+                self.model = self.model.unload()
+            self.model = PeftModel.from_pretrained(self.model, str(path), is_trainable=False).eval()
+            self._adapter_shape = shape
+            return
+        tensors = load_file(str(path / "adapter_model.safetensors"), device=str(self.device))
+        expected = sum(1 for n, _ in self.model.named_parameters() if ".lora_" in n)
+        with torch.no_grad():
+            result = set_peft_model_state_dict(self.model, tensors)
+        if result.unexpected_keys or len(tensors) != expected:
+            raise WeightLoadError(f"adapter {str(path)!r} does not fit the model: {len(tensors)} tensors for "
+                                  f"{expected} adapter parameters, unexpected {sorted(result.unexpected_keys)[:5]}")
+
+    def _copy_full(self, uri: str) -> None:
+        """Copy a version's full tensors into the running model."""
         import torch
 
         state = dict(iter_safetensors(weights_path(uri)))

@@ -31,6 +31,9 @@ class VLLMBackend(_LocalEngine):
         self.llm = LLM(model=policy, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        tensor_parallel_size=tensor_parallel_size, **(engine_kwargs or {}))
         self.tokenizer = self.llm.get_tokenizer()
+        self._lora: Any = None  # LoRA: the LoRARequest of the version in use
+        self._lora_ids = 0
+        self._base: str | None = None  # LoRA: the base_uri loaded
 
     def _generate(self, prompts: list[PromptInput], n: int, params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -40,7 +43,7 @@ class VLLMBackend(_LocalEngine):
                                 max_tokens=params.max_new_tokens, logprobs=0)
         inputs = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
         results = []
-        for request in self.llm.generate(inputs, sp, use_tqdm=False):
+        for request in self.llm.generate(inputs, sp, use_tqdm=False, lora_request=self._lora):
             samples = []
             for c in request.outputs:
                 ids = list(c.token_ids)
@@ -52,7 +55,24 @@ class VLLMBackend(_LocalEngine):
             results.append(samples)
         return results
 
-    def _load_weights(self, uri: str) -> None:
+    def _load_weights(self, uri: str, base_uri: str | None = None) -> None:
+        """Full weights in place; a LoRA version (``base_uri``): the base in place once, then the
+        adapter as a ``LoRARequest`` named per version that the next generations carry (the
+        engine needs ``rollout.vllm.engine_kwargs: {enable_lora: true, max_lora_rank: R}``)."""
+        if base_uri is not None:
+            from vllm.lora.request import LoRARequest
+
+            if self._base != base_uri:
+                self.llm.collective_rpc(_vllm_worker_load, args=(str(weights_path(base_uri)),))
+                self.llm.reset_prefix_cache()
+                self._base = base_uri
+            old = self._lora
+            self._lora = LoRARequest(f"streamrl-{self._lora_ids + 1}", self._lora_ids + 1, str(weights_path(uri)))
+            self._lora_ids += 1
+            if old is not None:  # no batch runs now (loads fall between batches): nothing names it
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+            return
+        self._lora, self._base = None, None
         path = str(weights_path(uri))
         self.llm.collective_rpc(_vllm_worker_load, args=(path,))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -30,18 +30,18 @@ class ModelScorerConfig:
     # remote backends: the servers, given as URLs, or as the name of a reward.servers entry
     # that the reward stage launches (its replicas' URLs are registered with the router)
     urls: list[str] = field(default_factory=list)
-    server: str = ""
+    server: str = ""  # the name of a reward.servers entry to score on (instead of urls)
     model: str = ""  # model name sent to the server
     # vllm: the name of the "no activation" request field; auto: by the server's /version
     activation_field: str = "auto"
-    api_key_env: str = ""
-    timeout_s: float = 60.0
-    max_retries: int = 3
-    backoff_s: float = 0.5
-    backoff_max_s: float = 10.0
-    health_path: str = "/health"
-    health_interval_s: float = 5.0
-    eject_after: int = 3
+    api_key_env: str = ""  # NAME of the environment variable holding the servers' key; "" = no key
+    timeout_s: float = 60.0  # per request
+    max_retries: int = 3  # per batch, on another server where there is one
+    backoff_s: float = 0.5  # first retry's wait; doubles each time, with jitter
+    backoff_max_s: float = 10.0  # the longest wait between retries
+    health_path: str = "/health"  # GET on each server root to check its health
+    health_interval_s: float = 5.0  # how often each server's health_path is checked
+    eject_after: int = 3  # consecutive failures that take a server out of rotation
 
     @property
     def remote(self) -> bool:
