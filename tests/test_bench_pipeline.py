@@ -38,6 +38,29 @@ def test_judge_latency_is_log_uniform():
     assert JudgeLatency(0.5, 0.5).mean == 0.5 == JudgeLatency(0.5, 0.5).draw(0.9)
 
 
+def test_the_following_backend_takes_what_the_rollout_worker_passes():
+    """The worker loads a version with its base (``load_weights(uri, version, base_uri)``, LoRA);
+    the simulated fleet's backend must take the same arguments, or every trajectory stays at
+    version 0 and the learner dead-letters them all as stale."""
+    import asyncio
+    import inspect
+
+    from streamrl.bench._sim import FollowingBackend
+    from streamrl.rollout.backends.openai_server import OpenAIBackend
+
+    assert inspect.signature(FollowingBackend.load_weights) == inspect.signature(OpenAIBackend.load_weights)
+
+    async def load() -> int:
+        backend = FollowingBackend("http://127.0.0.1:9/v1", "sim", api_key_env="")
+        try:
+            await backend.load_weights("file:///weights/v3", 3, "file:///weights/base")
+            return backend.version
+        finally:
+            await backend.close()
+
+    assert asyncio.run(load()) == 3
+
+
 @pytest.mark.e2e
 def test_bench_pipeline_tiny(bootstrap, tmp_path, capsys):
     versions, group_size, groups, mini = 3, 2, 2, 2

@@ -159,7 +159,7 @@ class FollowingBackend(OpenAIBackend):
         super().__init__(*args, **kwargs)
         self.can_load_weights = True  # the fleet underneath has no update API: this class follows
 
-    async def load_weights(self, uri: str, version: int) -> float:
+    async def load_weights(self, uri: str, version: int, base_uri: str | None = None) -> float:
         self.version = version
         return 0.0
 
