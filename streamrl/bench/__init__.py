@@ -1,1 +1,1 @@
-"""Benchmarks behind `streamrl bench` (one module each)."""
+"""Benchmarks behind `streamrl bench` (one module each, declared on `harness`)."""
