@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import ROOT, last_json_line, stage_pid, wait_for_sync
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tracked-run")]  # one run, one worker
 
 VERSIONS = 12
 ASKED = [0, 3, 6, 9, 12]  # val_before_train, every trainer.test_freq, and the last
