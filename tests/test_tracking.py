@@ -21,7 +21,8 @@ import pytest
 
 from tests.helpers import ROOT, last_json_line, stage_pid, wait_for_sync
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tracked-run")]  # one run, one worker
+# one run, one worker; its setup (the run, ~2 min alone) counts in the first test's limit
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tracked-run"), pytest.mark.timeout(600)]
 
 VERSIONS = 12
 ASKED = [0, 3, 6, 9, 12]  # val_before_train, every trainer.test_freq, and the last
