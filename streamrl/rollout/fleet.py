@@ -353,27 +353,32 @@ class ServerFleet:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _adapter_call(self, url: str, op: str, name: str, uri: str | None = None) -> None:
-        """vLLM's ``/v1/{op}_lora_adapter`` or SGLang's ``/{op}_lora_adapter``."""
+    async def _post(self, url: str, route: str, body: dict[str, Any] | None) -> tuple[int, str]:
+        """One control call to a server (weights, adapters): its status and text; a connection
+        that fails is an ``UpdateError`` naming the route."""
         import aiohttp
 
+        try:
+            async with self._session.post(url + route, headers=self.headers, json=body,
+                                          timeout=aiohttp.ClientTimeout(total=self.update_timeout_s)) as resp:
+                return resp.status, await resp.text()
+        except aiohttp.ClientError as exc:
+            raise UpdateError(f"{route}: {type(exc).__name__}: {exc}") from None
+
+    async def _adapter_call(self, url: str, op: str, name: str, uri: str | None = None) -> None:
+        """vLLM's ``/v1/{op}_lora_adapter`` or SGLang's ``/{op}_lora_adapter``."""
         route = f"/v1/{op}_lora_adapter" if self.update_api == "vllm" else f"/{op}_lora_adapter"
         body: dict[str, Any] = {"lora_name": name}
         if uri is not None:
             body["lora_path"] = uri.removeprefix("file://")
-        try:
-            async with self._session.post(url + route, headers=self.headers, json=body,
-                                          timeout=aiohttp.ClientTimeout(total=self.update_timeout_s)) as resp:
-                text = await resp.text()
-        except aiohttp.ClientError as exc:
-            raise UpdateError(f"{route}: {type(exc).__name__}: {exc}") from None
-        if resp.status == 404 and op == "load" and "lora" not in text.lower():
+        status, text = await self._post(url, route, body)
+        if status == 404 and op == "load" and "lora" not in text.lower():
             raise AdapterUnsupported(f"{public_url(url)}{route}: HTTP 404: this server cannot take LoRA adapters "
                               "(vLLM: start it with "
                               "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; SGLang: --enable-lora; "
                               "or set learner.lora.merge_for_servers)")
-        if resp.status >= 300:
-            raise UpdateError(f"{route}: HTTP {resp.status}: {text[:200]}")
+        if status >= 300:
+            raise UpdateError(f"{route}: HTTP {status}: {text[:200]}")
         try:  # SGLang answers {"success": ..., "error_message": ...}; vLLM a line of text
             answer = orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -392,8 +397,6 @@ class ServerFleet:
             await asyncio.sleep(0.02)
 
     async def _load(self, url: str, uri: str, version: int) -> None:
-        import aiohttp
-
         path = uri.removeprefix("file://")
         if self.update_api == "sglang":
             calls = [("/update_weights_from_disk", {"model_path": path})]
@@ -402,14 +405,9 @@ class ServerFleet:
         else:
             raise UpdateError(f"update_api {self.update_api!r}")
         for route, body in calls:
-            try:
-                async with self._session.post(url + route, headers=self.headers, json=body,
-                                              timeout=aiohttp.ClientTimeout(total=self.update_timeout_s)) as resp:
-                    text = await resp.text()
-            except aiohttp.ClientError as exc:
-                raise UpdateError(f"{route}: {type(exc).__name__}: {exc}") from None
-            if resp.status >= 300:
-                raise UpdateError(f"{route}: HTTP {resp.status}: {text[:200]}")
+            status, text = await self._post(url, route, body)
+            if status >= 300:
+                raise UpdateError(f"{route}: HTTP {status}: {text[:200]}")
             if route == "/update_weights_from_disk":  # SGLang answers 200 or 400 with success
                 try:
                     answer = orjson.loads(text)
