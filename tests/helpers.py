@@ -481,3 +481,15 @@ def sample_groups(model, tok, version: int, round_: int) -> tuple[list[Rewarded]
             timings={"generation_started_at": started}, reward=reward, reward_info={},
             scorer={"name": "digits"}))
     return records, float(np.mean(rewards))
+
+
+async def announced(bus, learner, version: int):
+    """The policy record of ``version``, once ``learner`` has reached it and the topic holds it."""
+    from streamrl.learner.versions import read_latest_policy
+
+    await wait_for(lambda: learner.version == version, what=f"version {version}")
+    latest = await read_latest_policy(bus)
+    while latest is None or latest.version < version:
+        await asyncio.sleep(0.05)
+        latest = await read_latest_policy(bus)
+    return latest

@@ -11,9 +11,8 @@ import numpy as np
 import torch
 
 from streamrl.learner.stage import Learner
-from streamrl.learner.versions import read_latest_policy
 from streamrl.policy import load_policy
-from tests.helpers import GROUP_SIZE, GROUPS, learner_cfg, publish, sample_groups, wait_for
+from tests.helpers import GROUP_SIZE, GROUPS, announced, learner_cfg, publish, sample_groups
 
 VERSIONS = 12
 
@@ -29,11 +28,7 @@ def test_mean_reward_rises_through_the_topics(memory_bus, tmp_path):
         task = asyncio.create_task(learner.run())
         means = []
         for round_ in range(VERSIONS):
-            await wait_for(lambda: learner.version == round_, what=f"version {round_}")
-            latest = await read_latest_policy(bus)
-            while latest is None or latest.version < round_:
-                await asyncio.sleep(0.05)
-                latest = await read_latest_policy(bus)
+            latest = await announced(bus, learner, round_)
             model, tok = load_policy(latest.weights_uri)
             records, mean = sample_groups(model, tok, latest.version, round_)
             means.append(mean)

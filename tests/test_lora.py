@@ -21,13 +21,12 @@ from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig, LoraConfig
 from streamrl.learner.stage import Learner
 from streamrl.learner.trainer import Trainer, follow
-from streamrl.learner.versions import read_latest_policy
 from streamrl.net import free_port
 from streamrl.pipeline_config import load_config
 from streamrl.policy import load_policy
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from tests.helpers import (GROUP_SIZE, GROUPS, PARITY, ROOT, STEPS, batch, learner_cfg, parity_batch, publish,
-                           sample_groups, wait_for)
+                           sample_groups, announced)
 
 VERSIONS = 12
 #: every linear layer and the output head: the digits task is a shift of the output distribution,
@@ -65,11 +64,7 @@ def test_lora_learner_trains_and_publishes_only_the_adapter(memory_bus, tmp_path
         means, digests, bases = [], [], set()
         try:
             for round_ in range(VERSIONS):
-                await wait_for(lambda: learner.version == round_, what=f"version {round_}")
-                latest = await read_latest_policy(bus)
-                while latest is None or latest.version < round_:
-                    await asyncio.sleep(0.05)
-                    latest = await read_latest_policy(bus)
+                latest = await announced(bus, learner, round_)
                 bases.add(latest.base_uri)
                 await backend.load_weights(latest.weights_uri, latest.version, latest.base_uri)
                 digests.append(_digest(weights / "base" / "model.safetensors"))
