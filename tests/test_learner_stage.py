@@ -210,6 +210,47 @@ def test_restart_resumes_from_checkpoint(memory_bus, tmp_path):
     assert len(checkpoint.checkpoints(cfg.checkpoint_dir)) == cfg.keep_checkpoints
 
 
+def test_killed_between_checkpoint_and_announcement_announces_the_versions_figures(memory_bus, tmp_path):
+    """The checkpoint of version 1 is written, the learner dies before announcing it: restarted,
+    it announces version 1 with the figures it trained (trackers log each version from that
+    record; an announcement without them would leave a hole in every curve)."""
+    bus = memory_bus
+    cfg = learner_cfg(tmp_path, groups_per_mini_batch=1, versions=2)
+
+    async def first_life():
+        learner = Learner(bus, cfg)
+        announce = learner._announce
+
+        async def killed_before_v1(version, summary):
+            if version == 1:
+                await asyncio.Event().wait()  # never returns: the process dies here
+            return await announce(version, summary)
+
+        learner._announce = killed_before_v1
+        task = asyncio.create_task(learner.run())
+        await publish(bus, group("g1"))
+        await wait_for(lambda: learner.last_checkpoint and learner.version == 1, what="the checkpoint of v1")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(first_life())
+    assert [p.version for p in policies(asyncio.run(read_topic(bus, "policy")))] == [0]
+    saved = checkpoint.load_state(checkpoint.latest(cfg.checkpoint_dir))
+    assert saved.version == 1 and "pg_loss" in saved.summary
+
+    async def second_life():
+        learner = Learner(bus, cfg)
+        task = asyncio.create_task(learner.run())
+        await publish(bus, group("g2"))
+        await asyncio.wait_for(task, 60)
+
+    asyncio.run(second_life())
+    announced = {p.version: p.metrics for p in policies(asyncio.run(read_topic(bus, "policy")))}
+    assert sorted(announced) == [0, 1, 2]
+    assert announced[1] == pytest.approx(saved.summary) and "pg_loss" in announced[2]
+
+
 def plain_grpo_step(records, cfg: LearnerConfig) -> dict[str, torch.Tensor]:
     """A synchronous GRPO step written out by hand: group-normalised advantages, on-policy
     policy gradient averaged over all response tokens, gradient clipping, one AdamW step."""

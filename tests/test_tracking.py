@@ -39,7 +39,7 @@ VERL_KEYS = ["data.val_files=[digits@1]", "trainer.test_freq=3", "trainer.val_be
              "actor_rollout_ref.rollout.val_kwargs.n=1"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": the group's worker may run other tests between these
 def run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("tracked")
     proc = subprocess.Popen(

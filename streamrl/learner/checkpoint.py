@@ -49,6 +49,9 @@ class LearnerState:
     # feed does not publish them again, and the end of the data is counted from them
     done_groups: list[str] = field(default_factory=list)
     ended: str = ""  # why the learner stopped: versions | data_exhausted ("" while running)
+    # the figures ``version`` is announced with: a learner killed between its checkpoint and the
+    # announcement announces them on restart, so no tracker misses that version
+    summary: dict[str, float] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
 
 

@@ -417,6 +417,7 @@ class Learner:
             summary["filtered_groups"] = float(self.assembler.filtered)
             self.assembler.new_version()
         self._version_metrics = []
+        self.state.summary = summary
         metrics.LEARNER_VERSION.set(self.version)
         if self.version % self.cfg.checkpoint_every == 0:
             await self._checkpoint()
@@ -453,8 +454,8 @@ class Learner:
         if start_line(self.state, latest):
             await self._checkpoint()  # the new line is on disk before anything is trained on it
             await self._announce(self.version, {})
-        elif latest is None or latest.version < self.version:
-            await self._announce(self.version, {})
+        elif latest is None or latest.version < self.version:  # killed between checkpoint and announcement
+            await self._announce(self.version, self.state.summary)
         else:
             self._last = latest  # ours (same line and version): what a final mark repeats
 
