@@ -68,10 +68,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop("RAY_TMPDIR", None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``), the tests that start a
     local Ray cluster share one worker (two Ray heads on one 2-core machine starve each other's
-    placements), and so do the tests that build the wheel from this checkout.
+    placements), and so do the tests that build the wheel from this checkout. (``tests/
+    test_xdist_groups.py`` checks that the groups hold: pytest 9.2 silently broke them.)
 
     The longest work goes first: a worker takes the next test in collection order when it is
     free, so a pipeline run collected last would start when the others are done and alone make
