@@ -10,7 +10,9 @@ main loop: poll, supervise the stages, autoscale, show the status, until the lea
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -164,6 +166,12 @@ class Observation:
                                for v, s in self.by_version.items() if s.records},
                 "validation": {k: {str(v): x for v, x in c.items()} for k, c in self.validation.items()},
                 "started": self.started}
+
+    def save(self, path: Path) -> None:
+        """``to_state`` to ``path`` whole or not at all (a run SIGKILLed while writing it)."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_state()))
+        os.replace(tmp, path)
 
     @classmethod
     def carried_over(cls, state: dict[str, Any], trained_base: int) -> "Observation":
@@ -508,7 +516,7 @@ async def _backlog_words(observer: Observer) -> str:
 async def observe_until(observer: Observer, launcher: Launcher, target_versions: int,
                         stop: asyncio.Event, show, interval_s: float,
                         scaler: LagAutoscaler | None = None, start_reward=None,
-                        watch: Watch | None = None) -> str:
+                        watch: Watch | None = None, keep: Callable[[Observation], None] | None = None) -> str:
     """Poll and show status until the learner exits (its reason: ``done`` at its versions,
     ``data_exhausted``), a stage fails past its restarts, the broker goes away, or ``stop``;
     restart crashed stages and resize the reward group on the way (when ``scaler`` is given).
@@ -516,9 +524,12 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
     ``failed:broker`` or ``failed:<stage>`` (``watch.failure`` says why in one line).
 
     Nothing waits in silence: when no figure moves for ``watch.stall_warn_s`` the status line
-    says what each stage waits on; errors (weights refused) are on it as soon as seen."""
+    says what each stage waits on; errors (weights refused) are on it as soon as seen.
+
+    ``keep(obs)`` is called when the figures move, at most once a second: the run saves what it
+    observed, so a session SIGKILLed later is still in the resumed run's summary and plot."""
     watch = watch or Watch()
-    last_shown = last_diagnosed = 0.0
+    last_shown = last_diagnosed = kept_at = 0.0
     moved_at = time.monotonic()
     figures: tuple = ()
     unreachable_since: float | None = None
@@ -558,6 +569,9 @@ async def observe_until(observer: Observer, launcher: Launcher, target_versions:
                    obs.latest_version)
         if current != figures:
             figures, moved_at, warned = current, now, False
+        if keep is not None and moved_at > kept_at and now - kept_at >= 1.0:
+            keep(obs)  # in the loop, not a thread: the observer's figures do not move under it
+            kept_at = now
         stalled = now - moved_at
         if now - last_diagnosed >= watch.diagnose_every_s:
             last_diagnosed = now

@@ -22,7 +22,7 @@ from typing import Optional
 
 import pytest
 
-from tests.helpers import ROOT, last_json_line
+from tests.helpers import ROOT, alive, descendants, last_json_line
 
 DOCS = ROOT / "docs"
 
@@ -174,8 +174,8 @@ def first_session() -> list[tuple[list[str], str]]:
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_the_getting_started_commands_run_as_written(tmp_path):
-    """In an empty directory: the help, a short run stopped with Ctrl-C where the page says, the
-    resume that finishes it, and the replay of its archive."""
+    """In an empty directory: the help, a short run stopped with Ctrl-C where the page says (every
+    process of it ends), the resume that finishes it, and the replay of its archive."""
     commands = first_session()
     assert [argv[:2] for argv, _ in commands] == [["streamrl", "run"]] * 3 + [["streamrl", "replay"]]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -198,8 +198,11 @@ def test_the_getting_started_commands_run_as_written(tmp_path):
             while not any(target.match(line) for line in list(lines)):
                 assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
                 time.sleep(0.2)
+            stages = descendants(proc.pid)  # the broker and every stage
             proc.send_signal(signal.SIGINT)  # a terminal's Ctrl-C, to `streamrl run` alone
             out = proc.communicate(timeout=180)[0]
+            time.sleep(0.5)
+            assert len(stages) >= 5 and not [pid for pid in stages if alive(pid)], "a process outlived Ctrl-C"
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -216,6 +219,7 @@ def test_the_getting_started_commands_run_as_written(tmp_path):
     assert match and Path(match.group(1)) == Path(stopped["out"]) and int(match.group(2)) >= 2, err_resume[-3000:]
     finished = last_json_line(out_resume)
     assert finished["ended"] == "done" and finished["versions"] == 8 and finished["earlier_sessions"]
+    assert "0" in finished["reward_by_version"]  # the summary covers both sessions
     assert rc_replay == 0, err_replay[-3000:]
     assert "archive" in err_replay and Path(stopped["out"]).name in err_replay
     report = json.loads(out_replay.strip().splitlines()[-1])

@@ -147,101 +147,41 @@ def test_a_run_ends_when_its_data_ends_and_a_refused_version_is_named(tmp_path):
 LONGER = ["feed.limit=32"]
 
 
-def test_resume_after_ctrl_c_and_after_sigkill_of_everything(tmp_path):
-    """Ctrl-C stops every stage and leaves no process (once test_run's own run); the same command
-    with --resume goes on; a SIGKILL of everything, then --resume again, finishes the data."""
+def test_resume_after_a_sigkill_of_everything_finishes_the_data(tmp_path):
+    """A SIGKILL of every process of the run (the embedded broker too) leaves none behind; the
+    same command with --resume finishes the data from the checkpoint, feeding no finished
+    prompt again. (Ctrl-C and --resume: tests/test_docs.py runs getting started's commands.)"""
     run = Run(tmp_path, *LONGER)
     try:
         run.wait_for_version(2)
-        seen = run.seen | descendants(run.proc.pid)
-        run.proc.send_signal(signal.SIGINT)  # to `streamrl run` alone, as a terminal's Ctrl-C reaches it
-        summary = run.finish(120)
-    finally:
-        run.kill()
-    assert run.proc.returncode == 130 and summary["ended"] == "interrupted", run.err[-3000:]
-    assert len(seen) >= 5  # broker, learner, reward, rollout, feed
-    time.sleep(0.5)
-    assert [pid for pid in seen if alive(pid)] == []
-    out = Path(summary["out"])
-    assert f"--resume {out}" in summary["resume"]
-    first = state_of(out)
-    assert 2 <= first.version and first.done_groups
-
-    # the same command with --resume: the learner goes on from its checkpoint; killed again
-    run = Run(tmp_path, *LONGER, "--resume")
-    try:
-        run.wait_for(rf"resuming {re.escape(str(out))} from version {first.version}")
-        run.wait_for_version(first.version + 2)
         seen = run.seen | descendants(run.proc.pid)
         os.killpg(run.proc.pid, signal.SIGKILL)
         run.proc.wait(30)
     finally:
         run.kill()
     time.sleep(1.0)
+    assert len(seen) >= 5  # broker, learner, reward, rollout, feed
     assert not [pid for pid in seen if alive(pid)], "a process outlived the SIGKILL of the run"
-    assert published(out) == 32 - len(first.done_groups)  # no finished prompt fed again
-    second = state_of(out)
-    assert second.version > first.version and set(first.done_groups) <= set(second.done_groups)
+    out = next(tmp_path.glob("*/checkpoints")).parent
+    first = state_of(out)
+    assert 2 <= first.version and first.done_groups
 
     run = Run(tmp_path, *LONGER, "--resume", str(out))
     try:
-        run.wait_for(rf"resuming {re.escape(str(out))} from version {second.version}")
+        run.wait_for(rf"resuming {re.escape(str(out))} from version {first.version}")
         summary = run.finish()
     finally:
         run.kill()
     assert run.proc.returncode == 0 and summary["ended"] == "data_exhausted", run.err[-3000:]
-    assert published(out) == 32 - len(second.done_groups)
+    assert published(out) == 32 - len(first.done_groups)  # no finished prompt fed again
     last = state_of(out)
-    assert last.version > second.version and summary["versions"] == last.version
-    # every prompt group finished exactly once across the three sessions; nothing trained twice
+    assert last.version > first.version and summary["versions"] == last.version
+    # every prompt group finished exactly once across the two sessions; nothing trained twice
     assert len(last.done_groups) == len(set(last.done_groups)) == 32
-    assert set(second.done_groups) <= set(last.done_groups)
+    assert set(first.done_groups) <= set(last.done_groups)
     accounted(summary)
-    assert summary["earlier_sessions"]  # the summary covers the run across its resumes
-    assert set(summary["reward_by_version"]) >= {"0"}
-
-
-def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_topics(tmp_path, bootstrap):
-    prefix = f"life{uuid.uuid4().hex[:6]}"
-    cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
-    on_broker = ["--bootstrap-servers", bootstrap, f"bus.topic_prefix={prefix}"]
-    run = Run(tmp_path, *on_broker, *LONGER)
-    try:
-        run.wait_for_version(2)
-        run.proc.send_signal(signal.SIGINT)
-        summary = run.finish(120)
-    finally:
-        run.kill()
-    assert run.proc.returncode == 130, run.err[-3000:]
-    out = Path(summary["out"])
-    stopped_at = state_of(out).version
-
-    # another run on the same topics: refused at once, in one line, saying what to do
-    started = time.monotonic()
-    fresh = subprocess.run([sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), *on_broker,
-                            f"run.out_dir={tmp_path / 'other'}", "run.resume=never", *TINY],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert fresh.returncode == 2 and time.monotonic() - started < 60, fresh.stderr[-2000:]
-    assert "hold another run's records" in fresh.stderr and "--resume" in fresh.stderr
-    assert "bus.topic_prefix" in fresh.stderr
-
-    run = Run(tmp_path, *on_broker, *LONGER, "--resume")
-    try:
-        summary = run.finish()
-    finally:
-        run.kill()
-    assert run.proc.returncode == 0 and summary["ended"] == "data_exhausted", run.err[-3000:]
-    prompts = [Prompt.decode(m.value) for m in read_topic_sync(Bus(cfg), "prompts")]
-    ids = Counter((p.group_id, p.epoch) for p in prompts)
-    assert len(ids) == 32 and max(ids.values()) == 1  # no prompt published twice for its epoch
-    announced = [PolicyVersion.decode(m.value) for m in read_topic_sync(Bus(cfg), "policy")]
-    # each version once, in order; the last one may be said again, marked final (the data ended
-    # after it was announced: the eval stage evaluates it and ends)
-    versions = [p.version for p in announced if not (p.final and not p.metrics)]
-    assert versions == sorted(set(versions)) and versions[-1] == summary["versions"] > stopped_at
-    assert all(p.version == versions[-1] for p in announced if p.final)
-    accounted(summary, redelivered=True)
-    assert len(set(state_of(out).done_groups)) == 32
+    # the killed session is in the summary as far as it was observed (saved as its figures moved)
+    assert [earlier["prompts"] > 0 for earlier in summary["earlier_sessions"]] == [True]
 
 
 #: a run to stop at version 3 and resume to its last, version 8: the default's two reward
@@ -249,14 +189,17 @@ def test_resume_on_a_broker_that_outlives_the_run_and_a_fresh_run_refuses_its_to
 OUTLIVED = ["run.reward_members=2", "feed.limit=64", "learner.versions=8"]
 
 
-@pytest.mark.parametrize("stop, staleness", [("ctrl-c", 0), ("sigkill", 0), ("ctrl-c", 1)])
+# each way to stop once, each staleness once: the pairs that differ (Ctrl-C with staleness 1 and
+# SIGKILL with 0 passed as long as these two did)
+@pytest.mark.parametrize("stop, staleness", [("ctrl-c", 0), ("sigkill", 1)])
 def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives_it(tmp_path, stop, staleness):
     """Issue 43: the broker is a process of its own that outlives both sessions, as a Kafka
     cluster does. The first session stops at version 3 (Ctrl-C, or SIGKILL of all its
-    processes); ``--resume`` reaches the last version: the policy's versions never go back,
-    no prompt group is finished twice, every rollout of both sessions is rewarded or
-    dead-lettered (at least once; a redelivery is rare), and the rollout worker generates with
-    the resumed version's weights, not its startup ones."""
+    processes); a fresh run on its topics is refused in one line; ``--resume`` reaches the last
+    version: the policy's versions never go back, no prompt is published twice for its epoch and
+    no group finished twice, every rollout of both sessions is rewarded or dead-lettered (at
+    least once; a redelivery is rare), and the rollout worker generates with the resumed
+    version's weights, not its startup ones."""
     from streamrl.broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
@@ -276,6 +219,16 @@ def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives
             run.kill()
         out = next(tmp_path.glob("*/checkpoints")).parent
         resumed = state_of(out).version
+
+        # another run on the same topics: refused at once, in one line, saying what to do
+        started = time.monotonic()
+        fresh = subprocess.run([sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), *TINY, *args,
+                                f"run.out_dir={tmp_path / 'other'}", "run.resume=never"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert fresh.returncode == 2 and time.monotonic() - started < 60, fresh.stderr[-2000:]
+        assert "hold another run's records" in fresh.stderr and "--resume" in fresh.stderr
+        assert "bus.topic_prefix" in fresh.stderr
+
         resumed_at = time.time()
         run = Run(tmp_path, *args, "--resume", str(out))
         try:
@@ -289,6 +242,8 @@ def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives
         dead = {d.record_id for d in (DeadLetter.decode(m.value) for m in read_topic_sync(bus, "deadletter"))
                 if d.source_topic == bus.topic("rollouts")}
         versions = [PolicyVersion.decode(m.value).version for m in read_topic_sync(bus, "policy")]
+        prompts = Counter((p.group_id, p.epoch) for p in (Prompt.decode(m.value) for m in read_topic_sync(bus, "prompts")))
+    assert max(prompts.values()) == 1, prompts.most_common(3)  # no prompt published twice for its epoch
     assert 3 <= resumed < 8 and summary["versions"] == 8, (resumed, summary["versions"])
     assert versions == sorted(set(versions)) and versions[-1] == 8, versions
     done = state_of(out).done_groups

@@ -273,7 +273,7 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
             try:
                 before = json.loads((out / "observation.json").read_text())
             except (OSError, ValueError, TypeError):
-                before = {}  # a SIGKILLed session wrote none: the summary starts here
+                before = {}  # none written (killed before its first status line): the summary starts here
             carried = Observation.carried_over(before, state.trained_records)
     launcher = launcher or make_launcher(cfg, out / "logs")
     archive = archive_uri(cfg, out)
@@ -322,7 +322,7 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
         interval = cfg.run.status_interval_s if interactive else max(5.0, cfg.run.status_interval_s)
         ended = await asyncio.wait_for(
             observe_until(observer, launcher, cfg.learner.versions, stop, show, interval, scaler, start_reward,
-                          watch),
+                          watch, keep=lambda obs: obs.save(out / "observation.json")),
             timeout=cfg.run.timeout_s)
     except asyncio.TimeoutError:
         ended = "timeout"
@@ -346,7 +346,7 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
         failure = {"stage": name, "returncode": launcher.returncode(name),
                    "error": next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")}
     summary = summarise(observer.obs, out / "reward.png")
-    (out / "observation.json").write_text(json.dumps(observer.obs.to_state()))
+    observer.obs.save(out / "observation.json")
     summary.update(ended=ended, out=str(out), launcher=cfg.run.launcher, restarts=launcher.restart_count(),
                    archive=archive)
     if failure:
