@@ -273,7 +273,7 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
             try:
                 before = json.loads((out / "observation.json").read_text())
             except (OSError, ValueError, TypeError):
-                before = {}  # none written (killed before its first status line): the summary starts here
+                before = {}  # none written (killed before its figures first moved): the summary starts here
             carried = Observation.carried_over(before, state.trained_records)
     launcher = launcher or make_launcher(cfg, out / "logs")
     archive = archive_uri(cfg, out)
