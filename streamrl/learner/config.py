@@ -29,6 +29,16 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
 INCOMPLETE_GROUPS = ("drop", "train")
+REMOVE_PADDING = ("auto", "true", "false")
+
+
+def remove_padding_mode(value: Any) -> str:
+    """``learner.use_remove_padding`` as one of ``REMOVE_PADDING`` (a YAML or verl boolean, or a
+    string in any case: verl's scripts write ``True``)."""
+    mode = str(value).strip().lower()
+    if mode not in REMOVE_PADDING:
+        raise ConfigError(f"config field 'learner.use_remove_padding': one of auto, true, false (got {value!r})")
+    return mode
 
 
 @dataclass
@@ -164,8 +174,10 @@ class LearnerConfig:
     # Padding-free micro-batches (verl's actor_rollout_ref.model.use_remove_padding): the
     # sequences of a forward pass end to end in one row, each with its own position ids and
     # attention kept inside it (streamrl.learner.packing); log-probs, losses and gradients are
-    # the padded path's. On where the model can pack (checked at start), else padded.
-    use_remove_padding: bool = True
+    # the padded path's. auto: packed where the model can pack (checked at start), else padded,
+    # the start line says which and why; true: packed, or refused at start where the model
+    # cannot; false: padded.
+    use_remove_padding: str = "auto"
     # FSDP2 mixed precision (N > 1 or CUDA): the dtype of the gathered parameters in forward /
     # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.
     # "": no mixed precision.
@@ -238,6 +250,7 @@ class LearnerConfig:
             value = getattr(getattr(self, section) if section else self, key)
             if value not in allowed:
                 raise ConfigError(f"config field 'learner.{name}': one of {', '.join(allowed)} (got {value!r})")
+        self.use_remove_padding = remove_padding_mode(self.use_remove_padding)
         positive = ("lr", "temperature", "is_cap", "max_abs_reward")
         for name in positive:
             if not getattr(self, name) > 0:
