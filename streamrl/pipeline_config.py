@@ -10,6 +10,7 @@ checkers only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -73,12 +74,12 @@ class Resolution:
     notes: list[str] = field(default_factory=list)  # what the dry run adds (the run's length from the data)
 
     def blame(self, message: str) -> str:
-        """``message`` with the verl key that set the field it names, as typed."""
-        for key in sorted(self.origin, key=len, reverse=True):
-            quoted = f"'{key}'"
-            if quoted in message:
-                return message.replace(quoted, f"{quoted} (from {self.origin[key]})", 1)
-        return message
+        """``message`` with the verl key (as typed) that set each field it names."""
+        named = [key for key in self.origin if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message)]
+        named = [k for k in named if not any(k != o and k in o for o in named)]  # the longest names only
+        if not named:
+            return message
+        return f"{message} [from verl's {', '.join(dict.fromkeys(self.origin[k] for k in named))}]"
 
     def check(self, what: Callable[[], Any]) -> Any:
         """Run one check; a ``StreamrlError`` becomes a problem (blamed), not an exception."""
