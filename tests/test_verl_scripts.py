@@ -292,5 +292,10 @@ def test_a_verl_script_runs_for_real_on_cpu(tmp_path):
     accepted = next(line for line in proc.stderr.splitlines() if "not applicable here" in line)
     assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" in accepted
     records = summary["records"]
-    assert records["trained"] >= 3 * 4 * 2 and records["prompts"] <= 24
+    assert records["trained"] >= 3 * 4 * 2
+    # the prompts over 400 tokens of the tiny policy's tokenizer (bytes) filtered out, from both files
+    kept = sum(len(f"user: {r['prompt'][0]['content']}\nassistant: ".encode()) <= 400
+               for r in verl_rows(data / "train.jsonl", 24, "train"))
+    assert 0 < kept < 24 and records["prompts"] == kept * 15  # the script's 15 epochs, all fed
+    assert summary["validation_by_version"], summary  # val_files: the eval stage ran
     assert Path(summary["out"]).parent == tmp_path / "runs"
