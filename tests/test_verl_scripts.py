@@ -192,12 +192,14 @@ def test_hydra_prefixes_and_verls_current_reward_section(tmp_path):
     r = resolve_config("local.yaml", [f"reward.custom_reward_function.path={reward}",
                                       "reward.custom_reward_function.name=batch", "reward.reward_manager.name=batch",
                                       "+reward.reward_kwargs.bonus=0.5", "++data.max_response_length=64",
-                                      "trainer.save_freq=-1", "reward.max_attempts=5"])
+                                      "trainer.save_freq=-1", "reward.max_attempts=5",
+                                      "actor_rollout_ref.rollout.val_kwargs.do_sample=True"])
     cfg = r.config()
     spec = cfg.reward.scorers["custom_reward_function"]
     assert spec.batch and spec.kwargs == {"bonus": 0.5} and spec.path.endswith("my_reward.py:batch")
     assert cfg.reward.max_attempts == 5  # streamrl's own reward section beside verl's
     assert cfg.rollout.max_new_tokens == 64 and cfg.learner.checkpoint_every == 0
+    assert cfg.eval.do_sample is False  # do_sample at verl's val temperature 0 is greedy, as verl decodes
     assert [o.typed for o in r.verl][3:5] == ["+reward.reward_kwargs.bonus", "++data.max_response_length"]
 
 
@@ -218,6 +220,38 @@ def test_keys_that_change_nothing_are_named_together_and_the_table_drives_the_gu
     assert len(table.strip().splitlines()) == len(VERL_TABLE) + 2
     keys = {o.split("=", 1)[0].lstrip("+") for s in SCRIPTS.values() for o in s["overrides"]}
     assert all(find_row(k) is not None for k in keys), sorted(k for k in keys if find_row(k) is None)
+
+
+#: table keys that verl 0.9.1's own config does not have: older verl's, and verl-recipe's (DAPO's legacy
+#: reward_model.overlong_buffer)
+NOT_IN_VERL_0_9 = {"actor_rollout_ref.model.torch_dtype", "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+                   "actor_rollout_ref.rollout.update_weights_bucket_megabytes", "trainer.use_legacy_worker_impl",
+                   "trainer.profile_steps", "reward.launch_reward_fn_async", "reward_model.launch_reward_fn_async",
+                   *(f"reward_model.overlong_buffer.{k}" for k in ("enable", "len", "penalty_factor", "log"))}
+
+
+def test_the_tables_keys_are_verls():
+    """Every key the table names is one of verl's (its installed package's generated configs),
+    or a known older or recipe key: a misspelt row would never match what a user types."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")
+    if spec is None:
+        pytest.skip("verl is not installed (pip install --no-deps verl)")
+    base = Path(spec.submodule_search_locations[0]) / "trainer" / "config"
+
+    def flat(tree: object, prefix: str = "") -> set[str]:
+        out = set()
+        for k, v in (tree.items() if isinstance(tree, dict) else ()):
+            key = f"{prefix}.{k}" if prefix else str(k)
+            out |= {key, *flat(v, key)}
+        return out
+
+    verl = set().union(*(flat(yaml.safe_load((base / f).read_text())) for f in (
+        "_generated_ppo_trainer.yaml", "_generated_ppo_megatron_trainer.yaml", "legacy_reward_impl.yaml")))
+    exact = {r.key for r in VERL_TABLE if not r.key.endswith("*")}
+    assert sorted(exact - verl - NOT_IN_VERL_0_9) == []
+    assert "data.train_batch_size" in verl and "critic.optim.lr" in verl  # the configs were read
 
 
 def verl_rows(jsonl: Path, n: int, split: str) -> list[dict]:
