@@ -71,7 +71,6 @@ class Resolution:
     # streamrl key -> the verl key (as typed, with its value) that set it: a check that fails on
     # the streamrl key names the key the user typed
     origin: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)  # what the dry run adds (the run's length from the data)
 
     def blame(self, message: str) -> str:
         """``message`` with the verl key (as typed) that set each field it names."""

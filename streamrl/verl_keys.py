@@ -238,12 +238,18 @@ def _total_steps(value: Any, given: Given) -> dict[str, Any]:
     return {} if value is None else {"learner.versions": _int(value)}
 
 
-def _files(target: str, more: str) -> Callable[[Any, Given], dict[str, Any]]:
+def _files(section: str, samples: str) -> Callable[[Any, Given], dict[str, Any]]:
+    """verl's file, or list of files read one after the other; every row of them unless
+    ``samples`` (``data.train_max_samples``) says otherwise: a config's own ``limit`` was for its
+    own dataset."""
     def read(value: Any, given: Given) -> dict[str, Any]:
         files = list(value) if isinstance(value, (list, tuple)) else [value]
         if not files or not all(isinstance(f, str) and f for f in files):
             raise ValueError(f"a file or a list of files (got {value!r})")
-        return {target: files[0], more: files[1:]}
+        out: dict[str, Any] = {f"{section}.dataset": files[0], f"{section}.more_datasets": files[1:]}
+        if samples not in given:
+            out[f"{section}.limit"] = 0
+        return out
     return read
 
 
@@ -439,10 +445,14 @@ VERL_TABLE: tuple[Row, ...] = (
     # -- the critic (issue 48) -------------------------------------------------------------------------
     refused("critic.*", CRITIC),
     # -- data ---------------------------------------------------------------------------------------------
-    mapped("data.train_files", "feed.dataset", "feed.more_datasets", read=_files("feed.dataset", "feed.more_datasets"),
-           note="a list is read one file after the other"),
-    mapped("data.val_files", "eval.dataset", "eval.more_datasets", read=_files("eval.dataset", "eval.more_datasets"),
-           note="a list is read one file after the other"),
+    mapped("data.train_files", "feed.dataset", "feed.more_datasets", "feed.limit",
+           read=_files("feed", "data.train_max_samples"),
+           note="a list is read one file after the other; every row (feed.limit 0) unless train_max_samples"),
+    mapped("data.val_files", "eval.dataset", "eval.more_datasets", "eval.limit",
+           read=_files("eval", "data.val_max_samples"),
+           note="a list is read one file after the other; every row (eval.limit 0) unless val_max_samples"),
+    mapped("data.train_max_samples", "feed.limit", read=_minus_one_off("feed.limit"), note="-1: every row"),
+    mapped("data.val_max_samples", "eval.limit", read=_minus_one_off("eval.limit"), note="-1: every row"),
     mapped("data.prompt_key", "feed.prompt_key"),
     mapped("data.max_prompt_length", "feed.max_prompt_length", note="tokens, with the policy's tokenizer and chat "
                                                                     "template, as verl's dataset counts them"),
@@ -450,7 +460,8 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped("data.filter_overlong_prompts", "feed.filter_overlong_prompts"),
     mapped("data.max_response_length", "rollout.max_new_tokens", note="per assistant turn"),
     mapped("data.shuffle", "feed.shuffle"),
-    mapped("data.seed", "feed.seed"),
+    mapped("data.seed", "feed.seed", read=lambda v, g: {} if v is None else {"feed.seed": _int(v)},
+           note="null: the feed's own"),
     refused("data.image_key", MULTIMODAL),
     refused("data.video_key", MULTIMODAL),
     ignored("data.filter_overlong_prompts_workers", "processes verl's filter uses"),

@@ -117,6 +117,7 @@ def test_the_grpo_script_trains_the_run_its_author_wrote(tmp_path):
     assert (feed.epochs, learner.versions) == (15, 0)
     assert (learner.checkpoint_every, cfg.eval.every) == (20, 5)
     assert feed.dataset == "~/data/gsm8k/train.parquet" and cfg.eval.dataset == "~/data/gsm8k/test.parquet"
+    assert feed.limit == 0  # every row of the user's data, not local.yaml's limit for its own
     assert cfg.tracking.loggers == ["console", "wandb"] and cfg.tracking.project == "verl_grpo_example_gsm8k"
 
 

@@ -215,7 +215,7 @@ def dry_run(resolution) -> int:
             print(f"# verl keys given: {len(resolution.verl)}")
             for outcome in resolution.verl:
                 print(f"#   {outcome.line()}")
-        for note in [*resolution.notes, *run_length(resolution.cfg, resolution.verl)]:
+        for note in run_length(resolution.cfg):
             print(f"# {note}")
     sys.stdout.flush()
     if resolution.problems:
@@ -225,7 +225,7 @@ def dry_run(resolution) -> int:
     return 0
 
 
-def run_length(cfg, verl) -> list[str]:
+def run_length(cfg) -> list[str]:
     """How long the run is: ``learner.versions``, or, where it ends with the data (verl's
     ``total_epochs`` alone), the versions the data makes when the dataset can be read here
     (a local file or a generated task: no download)."""
