@@ -155,7 +155,8 @@ def _mini_batch(value: Any, given: Given) -> dict[str, Any]:
 
 def _use_kl_loss(value: Any, given: Given) -> dict[str, Any]:
     on = _bool(value)
-    return {"learner.kl_coef": given.get(f"{_ACTOR}kl_loss_coef", 0.001) if on else 0.0}
+    coef = given.get(f"{_ACTOR}kl_loss_coef", _VERL_DEFAULTS[f"{_ACTOR}kl_loss_coef"])
+    return {"learner.kl_coef": coef if on else 0.0}
 
 
 def _kl_loss_coef(value: Any, given: Given) -> dict[str, Any]:

@@ -12,7 +12,6 @@ names the field that is wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
 
 from streamrl.errors import ConfigError
 
