@@ -575,8 +575,9 @@ class KeyOutcome:
         """The dry run's report line."""
         given = f"{self.typed}={_show(self.value)}"
         if self.kind == MAPPED:
-            became = " ".join(f"{k}={_show(v)}" for k, v in self.sets.items()) or f"read with other keys ({self.why})"
-            return f"{given} -> {became}"
+            if not self.sets:  # read with other keys, or a value that needs nothing here
+                return f"{given} -> nothing set ({self.why})"
+            return f"{given} -> " + " ".join(f"{k}={_show(v)}" for k, v in self.sets.items())
         if self.kind == IGNORED:
             return f"{given} -> not applicable here: {self.why}"
         return f"{given} -> {self.kind}: {self.why}"
