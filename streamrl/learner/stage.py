@@ -140,7 +140,8 @@ class Learner:
     def describe(self) -> str:
         return (f"version {self.version}, group {self.group}, checkpoints in "
                 f"{self.cfg.checkpoint_dir}, {self.trainer.world} rank(s), "
-                f"{self.trainer.memory_estimate['total'] / 2**20:.1f} MB per rank for weights, gradients, AdamW")
+                f"{self.trainer.memory_estimate['total'] / 2**20:.1f} MB per rank for weights, gradients, AdamW; "
+                f"{self.trainer.packing_note}")
 
     @property
     def version(self) -> int:

@@ -112,7 +112,9 @@ class Trainer:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.remove_padding = remove_padding_mode(cfg.use_remove_padding)
-        self.packed = self._enable_packing(self.remove_padding)  # the model can pack (and may: not false)
+        # the model can pack (and may: not false); the note says which path and why (start line)
+        self.packed, self.packing_note = self._enable_packing(self.remove_padding)
+        log.info("learner: %s", self.packing_note)
         if self.lora:
             from streamrl.learner import lora
 
@@ -132,7 +134,7 @@ class Trainer:
         if resume:
             self.load_checkpoint(resume)
 
-    def _enable_packing(self, mode: str) -> bool:
+    def _enable_packing(self, mode: str) -> tuple[bool, str]:
         """Padding-free micro-batches (``learner.use_remove_padding``) where the model (and the KL
         reference) can pack, checked before sharding so every rank decides alike on its own copy;
         says which path the learner takes and why (with ``auto``, each mini-batch is then packed
@@ -140,8 +142,7 @@ class Trainer:
         from streamrl.learner import packing
 
         if mode == "false":
-            log.info("learner: padded micro-batches (learner.use_remove_padding=false)")
-            return False
+            return False, "padded micro-batches (learner.use_remove_padding=false)"
         models = [self.model] + ([self.reference] if self.reference is not None else [])
         before = [m.config._attn_implementation for m in models]
         why = ""
@@ -153,14 +154,12 @@ class Trainer:
             if mode == "true":
                 raise ConfigError(f"config field 'learner.use_remove_padding': true, but {why}; set it to auto "
                                   "(packs where the model can) or false")
-            log.info("learner: padded micro-batches (learner.use_remove_padding=auto): %s", why)
-            return False
+            return False, f"padded micro-batches (learner.use_remove_padding=auto): {why}"
         when = ("every mini-batch" if mode == "true" else
                 f"mini-batches whose padded micro-batches would hold >= {packing.AUTO_MIN_PADDING:.0%} padding, "
                 "the others padded")
-        log.info("learner: packed micro-batches (learner.use_remove_padding=%s): %s; attention by %s", mode, when,
-                 packing.kernel(self.device, getattr(torch, self.cfg.dtype)))
-        return True
+        return True, (f"packed micro-batches (learner.use_remove_padding={mode}): {when}; attention by "
+                      f"{packing.kernel(self.device, getattr(torch, self.cfg.dtype))}")
 
     def _lead(self, op: str, payload: Any) -> None:
         """Rank 0 of a group: have the other ranks join the collective call that follows
