@@ -114,6 +114,16 @@ def test_token_budget_never_exceeded_and_exact(tmp_path):
             torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-6, msg=f"{mode} {name}")
 
 
+def assert_same_update(padded: Trainer, packed: Trainer, samples) -> None:
+    """Log-probs, loss and gradients of one step of ``packed`` are ``padded``'s to 1e-5 relative."""
+    for a, b in zip(padded.logprobs(samples), packed.logprobs(samples)):
+        torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-5)
+    a, b = padded.step(samples), packed.step(samples)
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
+    for (name, pa), pb in zip(padded.model.named_parameters(), packed.model.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-5 * float(pa.grad.abs().max()), msg=name)
+
+
 @pytest.mark.parametrize("budget", [0, 96])
 def test_packed_micro_batches_match_padded(tmp_path, budget):
     """Padding-free micro-batches (issue 40) on mixed lengths (2 to 190 tokens, one longer than
@@ -125,12 +135,7 @@ def test_packed_micro_batches_match_padded(tmp_path, budget):
     padded = Trainer(cfg(tmp_path, use_remove_padding=False, **kw))
     packed = Trainer(cfg(tmp_path, use_remove_padding=True, **kw))
     assert packed.packed and not padded.packed
-    for a, b in zip(padded.logprobs(samples), packed.logprobs(samples)):
-        torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-5)
-    a, b = padded.step(samples), packed.step(samples)
-    assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
-    for (name, pa), pb in zip(padded.model.named_parameters(), packed.model.parameters()):
-        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-5 * float(pa.grad.abs().max()), msg=name)
+    assert_same_update(padded, packed, samples)
     lengths = sorted(len(s.prompt_ids) + len(s.response_ids) for s in samples)
     passes = len(packed.forward_tokens) // 3  # proximal, reference, then the update
     if budget:
@@ -147,7 +152,6 @@ def test_uniform_lengths_pack_as_a_view_and_match_padded(tmp_path):
     import numpy as np
 
     from streamrl.learner import packing
-
     from streamrl.learner.trainer import Sample
 
     rng = np.random.default_rng(9)
@@ -159,12 +163,7 @@ def test_uniform_lengths_pack_as_a_view_and_match_padded(tmp_path):
     assert packed.packed and not padded.packed
     _, cu, _ = packing.layout([10] * 12, "cpu")
     assert packing._plan(cu).uniform == 10
-    for a, b in zip(padded.logprobs(samples), packed.logprobs(samples)):
-        torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-5)
-    a, b = padded.step(samples), packed.step(samples)
-    assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
-    for (name, pa), pb in zip(padded.model.named_parameters(), packed.model.parameters()):
-        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-5 * float(pa.grad.abs().max()), msg=name)
+    assert_same_update(padded, packed, samples)
 
 
 def test_length_buckets_bound_the_padded_attention():
