@@ -98,11 +98,12 @@ class TopicsConfig:
     policy: TopicConfig = field(default_factory=TopicConfig)  # streamrl.policy (compacted): the versions announced
     deadletter: TopicConfig = field(default_factory=TopicConfig)  # streamrl.deadletter: what failed for good, and why
     eval: TopicConfig = field(default_factory=TopicConfig)  # the eval stage's results (topics/eval.json)
+    distilled: TopicConfig = field(default_factory=TopicConfig)  # the teacher's annotated records (distillation)
 
     def validate(self) -> "TopicsConfig":
         """A ``ConfigError`` naming the field of a negative count (``load_config`` calls it, so
         a bad value fails at start)."""
-        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter", "eval"):
+        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter", "eval", "distilled"):
             configured = getattr(self, name).partitions
             if configured < 0:
                 raise ConfigError(f"config field 'topics.{name}.partitions': {configured}; a topic needs "

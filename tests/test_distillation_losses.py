@@ -93,3 +93,51 @@ def test_the_config_refuses_what_verl_refuses():
     cfg.distillation_loss.loss_mode = "nope"
     with pytest.raises(ConfigError, match="loss_mode"):
         cfg.validate()
+
+
+# -- the learner's trainer: the loss in a real update, exact over micro-batches -------------------
+
+def _samples(vocab: int, k: int, n: int = 4):
+    import numpy as np
+
+    from streamrl.learner.trainer import Sample
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        r = 3 + i
+        top = np.stack([rng.choice(vocab, k, replace=False) for _ in range(r)]) if k else None
+        lp = np.log(rng.dirichlet(np.ones(k), r) * 0.9) if k else -rng.random(r) * 3
+        out.append(Sample(id=f"s{i}", group_id=f"g{i // 2}", prompt_ids=rng.integers(0, vocab, 2 + i),
+                          response_ids=rng.integers(0, vocab, r), reward=float(i % 2), policy_version=0,
+                          behaviour_logprobs=(-rng.random(r) * 3).astype(np.float32),
+                          teacher_logprobs=lp.reshape(-1).astype(np.float32), teacher_topk=k,
+                          teacher_ids=None if top is None else top.reshape(-1)))
+    return out
+
+
+@pytest.mark.parametrize("mode, use_pg, task", [("forward_kl_topk", False, False), ("k3", False, True),
+                                                ("k1", True, True)])
+def test_the_trainer_distils_the_same_over_any_micro_batches(mode, use_pg, task):
+    from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.trainer import Trainer
+
+    results = []
+    for mbs in (4, 1):
+        cfg = LearnerConfig(policy="tiny", micro_batch_size=mbs, lr=1e-2, grad_clip=0.0, use_remove_padding="false")
+        dl = cfg.distillation.distillation_loss
+        cfg.distillation.enabled, dl.loss_mode, dl.topk = True, mode, 3
+        dl.use_policy_gradient, dl.use_task_rewards, dl.loss_max_clamp = use_pg, task, 5.0
+        cfg.distillation.validate()
+        trainer = Trainer(cfg)
+        vocab = trainer.model.get_input_embeddings().num_embeddings
+        metrics = trainer.step(_samples(vocab, 3 if mode == "forward_kl_topk" else 0))
+        results.append((metrics, [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]))
+    (m4, p4), (m1, p1) = results
+    assert m4["distillation/loss"] == pytest.approx(m1["distillation/loss"], rel=1e-5, abs=1e-6)
+    assert abs(m4["distillation/loss"]) > 0
+    if mode == "forward_kl_topk":
+        assert 0 < m4["distillation/teacher_mass"] <= 0.9 + 1e-5 and 0 < m4["distillation/student_mass"] < 1
+    assert len(p4) == len(p1) > 0
+    for a, b in zip(p4, p1):  # the gradients of the step (Adam would amplify fp32 noise in ~0 ones)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

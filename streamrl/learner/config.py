@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
 
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
@@ -192,6 +193,9 @@ class LearnerConfig:
     # (reason ``no_logprobs`` / ``no_tokens``); ``recompute`` tokenises the text if needed and
     # takes the current policy's log-probs as the behaviour ones (on-policy by assumption).
     missing_logprobs: str = "error"
+    # on-policy distillation's loss: the pipeline's top-level ``distillation`` section (verl's
+    # keys), set here by load_config (a YAML sets it there, not under learner:)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
     # -- streaming ----------------------------------------------------------------------------
     max_staleness: int = 1  # train at version v only on records with v - policy_version <= this
