@@ -182,6 +182,7 @@ class RunConfig:
 
     launcher: str = "local"  # local | ray
     reward_members: int = 2  # processes in the reward consumer group (the start size when autoscaling)
+    teacher_members: int = 1  # processes in the teacher consumer group (distillation.enabled)
     rollout_workers: int = 1  # rollout worker processes (a consumer group on prompts)
     out_dir: str = "runs"  # each run writes <out_dir>/<run id>/ (logs, checkpoints, weights, plot)
     status_interval_s: float = 1.0  # how often the live status line is redrawn
