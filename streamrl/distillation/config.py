@@ -41,8 +41,8 @@ class DistillationLossConfig:
     use_policy_gradient: bool = False
     policy_loss_mode: str = "vanilla"  # use_policy_gradient: the policy loss (verl supports vanilla only)
     clip_ratio: float = 0.2  # use_policy_gradient: PPO clip (verl's; the low/high ones below are used)
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    clip_ratio_low: float = 0.2  # use_policy_gradient: the ratio's lower clip, 1 - clip_ratio_low
+    clip_ratio_high: float = 0.2  # use_policy_gradient: the ratio's upper clip, 1 + clip_ratio_high
 
     @property
     def use_topk(self) -> bool:
@@ -55,8 +55,8 @@ class DistillationConfig:
     """verl's ``distillation`` section: on when ``enabled``; the teacher itself is ``teacher:``
     (verl's ``distillation.teacher_models.teacher_model.model_path`` maps to ``teacher.model``)."""
 
-    enabled: bool = False
-    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+    enabled: bool = False  # on: streamrl run starts the teacher group, the learner reads the distilled topic
+    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)  # verl's loss keys
 
     def validate(self) -> "DistillationConfig":
         """Raise ``ConfigError`` naming the first bad field (verl's own checks included)."""
@@ -88,8 +88,8 @@ class TeacherConfig:
     # openai: a fleet of OpenAI-compatible servers (vLLM) asked for prompt_logprobs
     backend: str = "transformers"
     model: str = "tiny"  # the teacher (verl's distillation.teacher_models.teacher_model.model_path)
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = "cpu"  # transformers: where the teacher runs (cpu, cuda, cuda:N)
+    dtype: str = "float32"  # transformers: the teacher's parameters' dtype (bfloat16 for big teachers)
     seed: int = 0  # the tiny teacher's init
     temperature: float = 1.0  # log-probs of logits / temperature (the student's learner.temperature)
     servers: list[str] = field(default_factory=list)  # openai: base URLs (http://host:port/v1)
