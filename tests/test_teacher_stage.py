@@ -101,3 +101,67 @@ def test_vllm_prompt_logprobs_read_as_the_annotation():
     top = parse_prompt_logprobs(entries, prompt, response, 2)
     np.testing.assert_allclose(top.logprobs, [[-0.2, -1.0], [-0.1, -2.0]])
     assert top.ids.tolist() == [[9, 3], [9, 5]]
+
+
+def test_a_fleet_of_vllm_servers_through_prompt_logprobs_one_of_them_failing():
+    """The openai backend against real HTTP servers speaking vLLM's completions API with
+    ``prompt_logprobs``: one answers 500, the other the log-probs; every record comes out with
+    the answering server's numbers (the failed call is retried on the next server)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from streamrl.testing import run_stage_async
+    from tests.helpers import serve_app
+
+    calls = {"bad": 0, "good": 0}
+
+    def logprob(position: int, token: int) -> float:
+        return -0.01 * (position + 1) - 0.001 * token
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def bad(request: web.Request) -> web.Response:
+        calls["bad"] += 1
+        return web.Response(status=500, text="engine died")
+
+    async def good(request: web.Request) -> web.Response:
+        calls["good"] += 1
+        body = await request.json()
+        assert body["max_tokens"] == 1 and body["prompt_logprobs"] == 2
+        prompt = body["prompt"]
+        entries = [None] + [{str(t): {"logprob": logprob(i, t), "rank": 3},
+                             "1": {"logprob": -0.001, "rank": 1}, "2": {"logprob": -0.002, "rank": 2}}
+                            for i, t in enumerate(prompt[1:], start=1)]
+        return web.json_response({"choices": [{"text": "x", "prompt_logprobs": entries}]})
+
+    async def main():
+        apps = []
+        for handler in (bad, good):
+            app = web.Application()
+            app.router.add_post("/v1/completions", handler)
+            app.router.add_get("/health", healthy)
+            apps.append(await serve_app(app))
+        urls = [f"{url}/v1" for _, url in apps]
+        cfg = load_config(None, ["distillation.enabled=true", "teacher.backend=openai", f"teacher.servers={urls}",
+                                 "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                                 "distillation.distillation_loss.topk=2"])
+        from streamrl.testing import memory_bus
+
+        bus = memory_bus()
+        cfg.bus = bus.config
+        try:
+            return await run_stage_async(TeacherStage(cfg, bus), [_rewarded(i) for i in range(4)],
+                                         until={"distilled": 4})
+        finally:
+            for runner, _ in apps:
+                await runner.cleanup()
+
+    out = asyncio.run(main())
+    assert out["deadletter"] == [] and len(out["distilled"]) == 4 and calls["bad"] >= 1
+    for d in out["distilled"]:
+        n = len(d.array("response_ids"))
+        assert d.teacher_topk == 2 and d.teacher["backend"] == "openai"
+        np.testing.assert_allclose(d.array("teacher_logprobs").reshape(n, 2), [[-0.001, -0.002]] * n)
+        assert d.array("teacher_ids").reshape(n, 2).tolist() == [[1, 2]] * n

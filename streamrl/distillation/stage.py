@@ -28,7 +28,7 @@ from streamrl.bus import Bus, Message, StageLoop
 from streamrl.config import BusConfig
 from streamrl.distillation.config import DistillationConfig, TeacherConfig
 from streamrl.distillation.teacher import Annotation, build_teacher, token_ids
-from streamrl.errors import ConfigError, Failure
+from streamrl.errors import ConfigError, Failure, Unavailable
 from streamrl.records import REWARDED, ROLLOUTS, Distilled, Trajectory
 from streamrl.reward.stage import same_partition
 
@@ -114,14 +114,21 @@ class TeacherStage:
         """The teacher's annotation, retried with backoff; a ``Failure`` (the record's own fault)
         is not retried; ``teacher_error`` once the attempts are spent."""
         last: Exception | None = None
-        for attempt in range(self.tc.max_attempts):
+        attempt, held = 0, 0
+        while attempt < self.tc.max_attempts:
             try:
                 annotation = await self.teacher.annotate(prompt, response)
             except Failure:
                 raise
+            except Unavailable as exc:  # every server down: hold the record (back-pressure), never drop it
+                held += 1
+                log.warning("teacher: unavailable (%s), holding the record", exc)
+                await asyncio.sleep(min(0.5 * held, 5.0))
+                continue
             except Exception as exc:  # noqa: BLE001 - a backend error: retried, then dead-lettered with it
                 last = exc
                 log.warning("teacher: attempt %d failed: %s: %s", attempt + 1, type(exc).__name__, exc)
+                attempt += 1
                 await asyncio.sleep(min(0.2 * 2 ** attempt, 5.0))
                 continue
             if not np.isfinite(annotation.logprobs).all():

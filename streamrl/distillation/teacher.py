@@ -5,8 +5,9 @@ ids (``forward_kl_topk``). Two backends behind one ``Teacher`` protocol:
 - ``TransformersTeacher``: a local model (transformers), one forward pass over ``prompt +
   response`` per batch of records, in a thread so the stage's Kafka client keeps its membership;
 - ``OpenAITeacher``: a fleet of OpenAI-compatible servers (vLLM) asked for ``prompt_logprobs`` on
-  the token ids with ``max_tokens`` 1, spread over the servers round-robin with a timeout (verl's
-  teacher loop asks its vLLM / SGLang servers the same way).
+  the token ids with ``max_tokens`` 1, spread over the servers by the reward group's router
+  (health checks, ejection, retries on another server; verl's teacher loop asks its vLLM /
+  SGLang servers the same way).
 
 A record the teacher cannot annotate raises ``Failure`` with a reason (``no_tokens``,
 ``bad_tokens``, ``teacher_error``); the stage dead-letters it.
@@ -15,7 +16,6 @@ A record the teacher cannot annotate raises ``Failure`` with a reason (``no_toke
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
@@ -127,37 +127,46 @@ class TransformersTeacher:
 class OpenAITeacher:
     """Teacher servers speaking the OpenAI completions API with vLLM's ``prompt_logprobs``: the
     prompt is the token ids (``prompt + response``), ``max_tokens`` 1; each server answers, for
-    every prompt token, the sampled token's log-prob and the top ``prompt_logprobs``. A server
-    that fails or times out is tried again on the next one (``max_attempts``)."""
+    every prompt token, the sampled token's log-prob and the top ``prompt_logprobs``. The reward
+    group's router spreads the requests (least outstanding, health checks on ``/health``,
+    ejection, another server on a retry); every server down is ``Unavailable``: the stage holds
+    the record, never drops it."""
 
     backend = "openai"
 
     def __init__(self, cfg: TeacherConfig, topk: int):
+        from streamrl.scorers.router import Router
+
         self.cfg, self.topk = cfg, topk
-        self._next = itertools.cycle(cfg.servers)
+        self.router = Router(urls=list(cfg.servers), name="teacher")
         self.session: Any = None
 
     async def start(self) -> None:
         import aiohttp
 
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s))
+        await self.router.start(self.session)
 
     async def close(self) -> None:
+        await self.router.close()
         if self.session is not None:
             await self.session.close()
 
     async def annotate(self, prompt_ids: np.ndarray, response_ids: np.ndarray) -> Annotation:
-        body = {"model": self.cfg.model, "prompt": [int(t) for t in np.concatenate([prompt_ids, response_ids])],
-                "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": self.topk}
-        url = next(self._next).rstrip("/") + "/completions"
+        import orjson
+
+        body = orjson.dumps({"model": self.cfg.model, "max_tokens": 1, "temperature": 1.0,
+                             "prompt": [int(t) for t in np.concatenate([prompt_ids, response_ids])],
+                             "prompt_logprobs": self.topk})
         started = time.perf_counter()
-        async with self.session.post(url, json=body) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
-            answer = await resp.json()
+        out = await self.router.post_json(
+            "/v1/completions", body, headers={"Content-Type": "application/json"},
+            parse=lambda answer: parse_prompt_logprobs(answer["choices"][0]["prompt_logprobs"], prompt_ids,
+                                                       response_ids, self.topk),
+            max_retries=self.cfg.max_attempts - 1, backoff_s=0.05, backoff_max_s=2.0, rejected="teacher_rejected")
         metrics.TEACHER_BATCH_SECONDS.labels(self.backend).observe(time.perf_counter() - started)
         metrics.TEACHER_BATCH_SIZE.labels(self.backend).observe(1)
-        return parse_prompt_logprobs(answer["choices"][0]["prompt_logprobs"], prompt_ids, response_ids, self.topk)
+        return out
 
 
 def parse_prompt_logprobs(entries: list[Any], prompt_ids: np.ndarray, response_ids: np.ndarray,
