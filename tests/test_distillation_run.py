@@ -10,9 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest

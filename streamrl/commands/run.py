@@ -391,7 +391,9 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
     try:
         launcher.start("learner", ["learner", *common], "learner")
         if archive:  # stopped after the others (launching.LAST): it reads what they wrote to the end
-            launcher.start("archive", ["archive", *common, f"archive.uri={archive}"], "archive")
+            keep = [] if distill is None or "distilled" in cfg.archive.topics else \
+                [f"archive.topics=[{','.join([*cfg.archive.topics, 'distilled'])}]"]  # the teacher's annotations too
+            launcher.start("archive", ["archive", *common, f"archive.uri={archive}", *keep], "archive")
         if cfg.eval.enabled:  # evaluates versions as they come; ends after the last one
             launcher.start("eval", ["eval", *common], "eval")
         if cfg.tracking.loggers:  # one process logs each version once (stopped last: reads to the end)

@@ -260,7 +260,8 @@ class Trainer:
         zeros = torch.zeros(batch.valid.shape, device=logp.device, dtype=logp.dtype)
         if batch.teacher_ids is not None:
             topk = self._topk_logprobs(picked, batch.teacher_ids[where])
-            batch.student_topk = torch.zeros(batch.teacher_ids.shape, device=topk.device, dtype=topk.dtype).index_put(where, topk)
+            blank = torch.zeros(batch.teacher_ids.shape, device=topk.device, dtype=topk.dtype)
+            batch.student_topk = blank.index_put(where, topk)
         return zeros.index_put(where, logp), None if ent is None else zeros.index_put(where, ent)
 
     def _token_stats(self, logits: torch.Tensor, targets: torch.Tensor,
