@@ -306,6 +306,10 @@ class LearnerConfig:
             if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
                 raise ConfigError("config field 'learner.lora.target_modules': module names, or [all-linear] "
                                   f"(got {lora.target_modules!r})")
+        if self.distillation.enabled and not self.distillation.distillation_loss.use_task_rewards \
+                and self.filter_groups.enable:  # every reward is 0 then: every group would be filtered
+            raise ConfigError("config field 'learner.filter_groups.enable': needs task rewards "
+                              "(distillation.distillation_loss.use_task_rewards is false)")
         if self.weights_uri:
             from streamrl.weights_store import check_uri
 
