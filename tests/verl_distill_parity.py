@@ -59,7 +59,8 @@ def flat(padded: torch.Tensor) -> torch.Tensor:
     return torch.cat(rows)
 
 
-def main() -> None:
+def compute() -> dict:
+    """verl's numbers on ``inputs()``, from the verl installed here (it must import)."""
     import verl
     from tensordict import TensorDict
     from verl.trainer.distillation import losses as vl
@@ -112,6 +113,11 @@ def main() -> None:
                 out["results"][f"{mode}|pg={int(use_pg)}|{agg}"] = {
                     "mode": mode, "use_policy_gradient": use_pg, "agg": agg, "loss_max_clamp": loss_max,
                     "log_prob_min_clamp": lp_min, "loss": float(loss.detach()), "grad": logits.grad.tolist()}
+    return out
+
+
+def main() -> None:
+    out = compute()
     OUT.write_text('"""What verl ' + out["verl"] + "'s own distillation functions returned (tests/verl_distill_parity.py\n"
                    'wrote this; tests/test_distillation_losses.py reads it)."""\n\nDATA = ' + repr(json.dumps(out)) + "\n")
     print(f"wrote {OUT}: {len(out['results'])} cases")
