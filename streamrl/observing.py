@@ -377,7 +377,9 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
     dlq = sum(obs.deadletters.values())
     newest = max((v for v, s in obs.by_version.items() if s.records), default=0)
     return (f"version {obs.latest_version}/{target_versions} | prompts {obs.prompts} | "
-            f"rollouts {obs.rollouts} | rewarded {obs.rewarded} (lag {lag}) | "
+            f"rollouts {obs.rollouts} | "
+            # distillation without task rewards: no reward group, the teacher reads rollouts
+            + (f"rewarded {obs.rewarded} (lag {lag}) | " if obs.teacher_input != ROLLOUTS.name else "")
             + (f"distilled {obs.distilled} (teacher lag {obs.teacher_backlog}) | " if obs.teacher_input else "")
             + f"trained {obs.trained} | "
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
