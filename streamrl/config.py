@@ -98,11 +98,12 @@ class TopicsConfig:
     policy: TopicConfig = field(default_factory=TopicConfig)  # streamrl.policy (compacted): the versions announced
     deadletter: TopicConfig = field(default_factory=TopicConfig)  # streamrl.deadletter: what failed for good, and why
     eval: TopicConfig = field(default_factory=TopicConfig)  # the eval stage's results (topics/eval.json)
+    distilled: TopicConfig = field(default_factory=TopicConfig)  # the teacher's annotated records (distillation)
 
     def validate(self) -> "TopicsConfig":
         """A ``ConfigError`` naming the field of a negative count (``load_config`` calls it, so
         a bad value fails at start)."""
-        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter", "eval"):
+        for name in ("prompts", "rollouts", "rewarded", "policy", "deadletter", "eval", "distilled"):
             configured = getattr(self, name).partitions
             if configured < 0:
                 raise ConfigError(f"config field 'topics.{name}.partitions': {configured}; a topic needs "
@@ -181,6 +182,7 @@ class RunConfig:
 
     launcher: str = "local"  # local | ray
     reward_members: int = 2  # processes in the reward consumer group (the start size when autoscaling)
+    teacher_members: int = 1  # processes in the teacher consumer group (distillation.enabled)
     rollout_workers: int = 1  # rollout worker processes (a consumer group on prompts)
     out_dir: str = "runs"  # each run writes <out_dir>/<run id>/ (logs, checkpoints, weights, plot)
     status_interval_s: float = 1.0  # how often the live status line is redrawn

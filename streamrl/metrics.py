@@ -276,3 +276,17 @@ ROLLOUT_SERVERS = Gauge("streamrl_rollout_servers",
                         "Rollout servers by state: on the learner's latest version, loading one, or out", ["state"])
 ROLLOUT_REQUESTS_ABORTED = Counter("streamrl_rollout_requests_aborted_total",
                                    "Requests aborted for a weight update and resubmitted (rollout.on_update abort)")
+
+
+# -- teacher (on-policy distillation) -----------------------------------------------------------
+# Its consumer lag is the common streamrl_consumer_lag_records{stage="teacher"}.
+TEACHER_ANNOTATED = Counter("streamrl_teacher_annotated_records_total",
+                            "Records the teacher annotated and handed on to the distilled topic", ["backend"])
+TEACHER_TOKENS = Counter("streamrl_teacher_annotated_tokens_total", "Response tokens the teacher annotated",
+                         ["backend"])
+TEACHER_FAILED = Counter("streamrl_teacher_failed_records_total",
+                         "Records the teacher failed on for good (dead-lettered)", ["reason"])
+TEACHER_BATCH_SECONDS = Histogram("streamrl_teacher_batch_seconds", "Time of one teacher forward pass (a batch)",
+                                  ["backend"], buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+TEACHER_BATCH_SIZE = Histogram("streamrl_teacher_batch_records", "Records per teacher forward pass", ["backend"],
+                               buckets=(1, 2, 4, 8, 16, 32, 64, 128))

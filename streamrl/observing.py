@@ -23,7 +23,7 @@ from streamrl import metrics
 from streamrl.bus import Bus, Consumer, Reader, TopicPartition
 from streamrl.launching import LagAutoscaler, Launcher
 from streamrl.plotting import pyplot, save
-from streamrl.records import DEADLETTER, EVAL, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
+from streamrl.records import DEADLETTER, DISTILLED, EVAL, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
 from streamrl.scorers.base import numeric_info
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,11 @@ class Observation:
     earlier: list[dict[str, int]] = field(default_factory=list)
     trained_base: int = 0
     started: float = field(default_factory=time.time)
+    # distillation: the teacher group's input topic ("rewarded" / "rollouts"; "": no teacher), the
+    # records it annotated and those it dead-lettered, by id
+    teacher_input: str = ""
+    distilled_ids: set[str] = field(default_factory=set)
+    teacher_dead: set[str] = field(default_factory=set)
     members: "MemberRecords" = field(default_factory=lambda: MemberRecords())
 
     @property
@@ -141,6 +146,16 @@ class Observation:
         if self.rollout_ids is not None:
             return len(self.rollout_ids - self.seen_ids - self.dead_ids.get(ROLLOUTS.name, set()))
         return self.rollouts - self.rewarded - self.dead(ROLLOUTS.name)
+
+    @property
+    def distilled(self) -> int:
+        return len(self.distilled_ids)
+
+    @property
+    def teacher_backlog(self) -> int:
+        """Records of the teacher's input neither annotated nor dead-lettered by it (yet)."""
+        taken = self.rewarded if self.teacher_input == REWARDED.name else self.rollouts
+        return max(0, taken - self.distilled - len(self.teacher_dead))
 
     @property
     def untrained(self) -> int:
@@ -190,11 +205,13 @@ class Observer:
     """Follows ``rewarded``, ``policy``, ``deadletter`` and ``eval`` from the beginning, and the
     end offsets of ``prompts`` and ``rollouts``, as a plain reader."""
 
-    def __init__(self, bus: Bus, reward_group: str = "", carried: Observation | None = None):
+    def __init__(self, bus: Bus, reward_group: str = "", carried: Observation | None = None,
+                 teacher_group: str = "", teacher_input: str = ""):
         self.bus = bus
-        self.reward_group = reward_group
+        self.reward_group, self.teacher_group = reward_group, teacher_group
         self.obs = carried or Observation()
-        self._reader = Reader(bus, [REWARDED, POLICY, DEADLETTER, EVAL], "run")
+        self.obs.teacher_input = teacher_input  # distillation: the teacher group's input ("": none)
+        self._reader = Reader(bus, [REWARDED, POLICY, DEADLETTER, EVAL] + ([DISTILLED] if teacher_input else []), "run")
         self._counted: dict[str, list[TopicPartition]] = {}  # prompts, rollouts: as the broker has them
         self._rollout_ends: dict[TopicPartition, int] = {}  # from the last poll
 
@@ -223,6 +240,8 @@ class Observer:
                     stats.last_scored = max(stats.last_scored, rec.scored_at)
                     source = rec.data_source if rec.data_source in obs.by_source or len(obs.by_source) < MAX_SOURCES else "(other)"
                     obs.by_source.setdefault(source, SourceStats()).add(rec.reward, rec.reward_info)
+                elif topic == DISTILLED.name:
+                    obs.distilled_ids.add(DISTILLED.decode(msg.value, self.bus.largest_record).id)
                 elif topic == POLICY.name:
                     pv = POLICY.decode(msg.value)
                     obs.versions[pv.version] = pv.created_at
@@ -232,6 +251,8 @@ class Observer:
                 elif topic == DEADLETTER.name:
                     letter = DEADLETTER.decode(msg.value, self.bus.largest_record)
                     obs.deadletters[letter.reason] += 1
+                    if letter.stage == "teacher":
+                        obs.teacher_dead.add(letter.record_id or f"{letter.source_partition}:{letter.source_offset}")
                     if letter.source_topic:
                         source = self.bus.config.short_topic(letter.source_topic)
                         obs.dead_ids[source].add(letter.record_id or f"{letter.source_partition}:{letter.source_offset}")
@@ -264,6 +285,14 @@ class Observer:
                         ids.add(f"{msg.partition}:{msg.offset}")  # unreadable: one of its own
         self.obs.rollout_ids = ids
         return ids
+
+    async def teacher_lag(self) -> int:
+        """The teacher group's consumer lag on its input: end offsets minus committed."""
+        topic = REWARDED if self.obs.teacher_input == REWARDED.name else ROLLOUTS
+        ends = await self._reader.end_offsets(await self._reader.partitions_of(topic))
+        async with self.bus.admin() as admin:
+            committed = await admin.committed(self.teacher_group, ends)
+        return sum(max(0, end - (committed.get(tp) or 0)) for tp, end in ends.items())
 
     async def reward_lag(self) -> int:
         """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""
@@ -348,7 +377,11 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
     dlq = sum(obs.deadletters.values())
     newest = max((v for v, s in obs.by_version.items() if s.records), default=0)
     return (f"version {obs.latest_version}/{target_versions} | prompts {obs.prompts} | "
-            f"rollouts {obs.rollouts} | rewarded {obs.rewarded} (lag {lag}) | trained {obs.trained} | "
+            f"rollouts {obs.rollouts} | "
+            # distillation without task rewards: no reward group, the teacher reads rollouts
+            + (f"rewarded {obs.rewarded} (lag {lag}) | " if obs.teacher_input != ROLLOUTS.name else "")
+            + (f"distilled {obs.distilled} (teacher lag {obs.teacher_backlog}) | " if obs.teacher_input else "")
+            + f"trained {obs.trained} | "
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
             f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
             + "".join(f" | {name} {curve[max(curve)]:.3f} (v{max(curve)})" for name, curve in sorted(obs.validation.items())

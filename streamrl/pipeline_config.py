@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from streamrl.archive.config import ArchiveConfig
 from streamrl.config import BusConfig, MetricsConfig, RunConfig, TopicsConfig, apply_override, config_errors
+from streamrl.distillation.config import DistillationConfig, TeacherConfig
 from streamrl.errors import ConfigError, StreamrlError
 from streamrl.evaluation.config import EvalConfig
 from streamrl.learner.config import LearnerConfig
@@ -49,6 +50,9 @@ class PipelineConfig:
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)  # validation while training (streamrl eval)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)  # TensorBoard, MLflow, W&B
+    # on-policy distillation (verl's section and names; the learner reads it as learner.distillation)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)  # the teacher stage (streamrl teacher)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> PipelineConfig:
@@ -173,6 +177,8 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     out.check(cfg.topics.validate)  # type: ignore[attr-defined]
     out.check(cfg.eval.validate)  # type: ignore[attr-defined]
     out.check(cfg.tracking.validate)  # type: ignore[attr-defined]
+    out.check(cfg.distillation.validate)  # type: ignore[attr-defined]
+    cfg.learner.distillation = cfg.distillation  # type: ignore[attr-defined]  # one object: the learner's view of it
     if cfg.eval.enabled and cfg.eval.every and not cfg.learner.keep_every:  # type: ignore[attr-defined]
         cfg.learner.keep_every = cfg.eval.every  # type: ignore[attr-defined]  # the versions it will load
     if cfg.feed.max_prompt_length and not cfg.feed.tokenizer:  # type: ignore[attr-defined]

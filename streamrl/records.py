@@ -38,6 +38,7 @@ PROMPT_SCHEMA = "streamrl.prompt/1"
 POLICY_SCHEMA = "streamrl.policy/1"
 DEADLETTER_SCHEMA = "streamrl.deadletter/1"
 EVAL_SCHEMA = "streamrl.eval/1"
+DISTILLED_SCHEMA = "streamrl.distilled/1"
 
 #: Records larger than this are refused at encode and sent to dead letters at decode. It matches
 #: the topics' ``max.message.bytes`` and the clients' request limits (see ``BusConfig``).
@@ -52,6 +53,8 @@ _ARRAY_DTYPES = {
     "response_ids": "int32",
     "response_logprobs": "float32",
     "response_mask": "uint8",
+    "teacher_logprobs": "float32",  # Distilled only
+    "teacher_ids": "int32",  # Distilled only
 }
 
 
@@ -229,6 +232,38 @@ class Rewarded(Trajectory):
 
 
 @dataclass(kw_only=True)
+class Distilled(Rewarded):
+    """A trajectory with the teacher's log-probs per response token (``streamrl.distilled``, the
+    teacher stage's output; the learner's input when ``distillation.enabled``). A rewarded record
+    with task rewards; without them (``use_task_rewards: false``) ``reward`` is 0 and ``scorer``
+    names none. ``teacher_topk`` 0: ``teacher_logprobs`` holds one log-prob per response token,
+    the teacher's of the sampled token (the KL-estimator losses); k: ``teacher_logprobs`` and
+    ``teacher_ids`` hold k per token, row-major (``forward_kl_topk``)."""
+
+    SCHEMA: ClassVar[str] = DISTILLED_SCHEMA
+
+    teacher_logprobs: TokenArray
+    teacher_ids: TokenArray | None = None
+    teacher_topk: int = 0
+    teacher: dict[str, Any] = field(default_factory=dict)  # {"model", "backend", "version"}
+    annotated_at: float = field(default_factory=_now)
+    schema: str = DISTILLED_SCHEMA
+
+    @classmethod
+    def annotate(cls, record: Trajectory, *, logprobs: np.ndarray, ids: np.ndarray | None, topk: int,
+                 teacher: dict[str, Any]) -> "Distilled":
+        """``record`` (rewarded, or a bare trajectory: reward 0, ``scorer`` none) with the
+        teacher's annotation."""
+        base = {f.name: getattr(record, f.name) for f in fields(Trajectory) if f.name != "schema"}
+        if isinstance(record, Rewarded):
+            base.update(reward=record.reward, reward_info=record.reward_info, scorer=record.scorer,
+                        scored_at=record.scored_at)
+        else:
+            base.update(reward=0.0, reward_info={"status": "no_task_reward"}, scorer={"name": "none", "version": "0"})
+        return cls(**base, teacher_logprobs=logprobs, teacher_ids=ids, teacher_topk=topk, teacher=teacher)
+
+
+@dataclass(kw_only=True)
 class Prompt(_Record):
     """One prompt for one epoch (``streamrl.prompts``); a rollout worker samples ``group_size``
     trajectories from it, all carrying its ``group_id``."""
@@ -351,7 +386,8 @@ REWARDED: Topic[Rewarded] = Topic("rewarded", Rewarded)
 POLICY: Topic[PolicyVersion] = Topic("policy", PolicyVersion)
 DEADLETTER: Topic[DeadLetter] = Topic("deadletter", DeadLetter)
 EVAL: Topic[EvalResult] = Topic("eval", EvalResult)
-TOPICS: tuple[Topic, ...] = (PROMPTS, ROLLOUTS, REWARDED, POLICY, DEADLETTER, EVAL)
+DISTILLED: Topic[Distilled] = Topic("distilled", Distilled)
+TOPICS: tuple[Topic, ...] = (PROMPTS, ROLLOUTS, REWARDED, POLICY, DEADLETTER, EVAL, DISTILLED)
 _TOPIC_OF: dict[type, Topic] = {t.record: t for t in TOPICS}
 
 
@@ -365,7 +401,7 @@ def topic_of(record: "_Record | type[_Record]") -> Topic:
 
 
 RECORD_TYPES: dict[str, type[_Record]] = {
-    cls.SCHEMA: cls for cls in (Trajectory, Rewarded, Prompt, PolicyVersion, DeadLetter, EvalResult)
+    cls.SCHEMA: cls for cls in (Trajectory, Rewarded, Prompt, PolicyVersion, DeadLetter, EvalResult, Distilled)
 }
 
 

@@ -21,7 +21,7 @@ import fastjsonschema
 
 from streamrl.packaged import packaged_dir
 
-TOPIC_NAMES = ("prompts", "rollouts", "rewarded", "policy", "deadletter", "eval")
+TOPIC_NAMES = ("prompts", "rollouts", "rewarded", "policy", "deadletter", "eval", "distilled")
 
 R = TypeVar("R")
 

@@ -321,6 +321,15 @@ def _same(key: str) -> Row:
     return mapped(key, key[:-2] if key.endswith(".*") else key, note="the same key")
 
 
+#: verl's distillation.distillation_loss keys, the same in streamrl.distillation.config
+_DISTILLATION_LOSS = ("loss_mode", "topk", "use_task_rewards", "distillation_loss_coef", "loss_max_clamp",
+                      "log_prob_min_clamp", "use_policy_gradient", "policy_loss_mode", "clip_ratio", "clip_ratio_low",
+                      "clip_ratio_high")
+CHUNKED_TOPK = ("verl's chunked top-k log-softmax, a memory trade-off at long context; the learner's top-k gather "
+                "changes no number")
+TEACHER_SCALE = ("the teacher's GPUs and replicas: here its consumer group (run.teacher_members, or KEDA on its lag), "
+                 "each member on teacher.device")
+
 # -- the table ------------------------------------------------------------------------------------
 
 _LEARNER_SAME = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "loss_scale_factor",
@@ -540,6 +549,22 @@ VERL_TABLE: tuple[Row, ...] = (
     ignored("reward_model.launch_reward_fn_async", "the reward stage always scores apart from the learner"),
     refused("reward_model.*", "verl's reward-model worker: a reward model is a reward.scorers entry of type model "
                               "here (configs/reward.example.yaml)"),
+    # -- on-policy distillation (docs/guides/distillation.md): the losses the same, the teacher a stage --
+    _same("distillation.enabled"),
+    *(_same(f"distillation.distillation_loss.{k}") for k in _DISTILLATION_LOSS),
+    ignored("distillation.distillation_loss.use_chunked*", CHUNKED_TOPK),  # (in verl after 0.9.1)
+    ignored("distillation.distillation_loss.chunked*", CHUNKED_TOPK),
+    mapped("distillation.teacher_models.teacher_model.model_path", "teacher.model"),
+    ignored("distillation.teacher_models.teacher_model.inference.*",
+            "verl's engine for the teacher, which verl launches: here teacher.backend (transformers in the stage, "
+            "or openai: vLLM servers of yours at teacher.servers, asked for prompt_logprobs)"),
+    ignored("distillation.teacher_models.teacher_model.num_replicas", TEACHER_SCALE),
+    ignored("distillation.teacher_models.teacher_model.key", "the default teacher's routing key: one teacher here"),
+    ignored("distillation.teacher_key", "the field that routes records between several teachers: one teacher here"),
+    ignored("distillation.n_gpus_per_node", TEACHER_SCALE),
+    ignored("distillation.nnodes", TEACHER_SCALE),
+    refused("distillation.teacher_models.*", "several teachers routed by a record field (verl's multi-teacher "
+                                             "distillation): one teacher group per run here"),
 )
 
 #: the first parts of keys that are verl's alone (a key under them that no row matches is unknown)

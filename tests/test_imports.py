@@ -216,7 +216,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("stage configs", ("streamrl.*.config",)),
     ("stages", ("streamrl.reward", "streamrl.reward.*", "streamrl.rollout", "streamrl.rollout.*",
                 "streamrl.learner", "streamrl.learner.*", "streamrl.archive", "streamrl.archive.*",
-                "streamrl.evaluation", "streamrl.evaluation.*")),
+                "streamrl.evaluation", "streamrl.evaluation.*", "streamrl.distillation", "streamrl.distillation.*")),
     # it composes every stage's section: a stage receives its own and the shared ones, and never
     # reaches up for the whole pipeline's (issue 41)
     # and the table of verl's keys it reads them through (stdlib only, the docs read it too)

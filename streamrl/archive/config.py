@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from streamrl.errors import ConfigError
 
 #: The topics an archive keeps (short names): what a replay reads after the broker is gone.
-ARCHIVED = ("rollouts", "rewarded", "deadletter")
+ARCHIVED = ("rollouts", "rewarded", "deadletter", "distilled")
+#: what an archive keeps unless configured (``streamrl run`` adds distilled with distillation on)
+DEFAULT_ARCHIVED = ("rollouts", "rewarded", "deadletter")
 
 
 @dataclass
@@ -21,7 +23,7 @@ class ArchiveConfig:
 
     enabled: bool = True  # streamrl run starts the archive stage
     uri: str = ""  # where the files go: a directory, file://, s3://, gs:// (env STREAMRL_ARCHIVE_URI)
-    topics: list[str] = field(default_factory=lambda: list(ARCHIVED))  # of rollouts, rewarded, deadletter
+    topics: list[str] = field(default_factory=lambda: list(DEFAULT_ARCHIVED))  # of rollouts, rewarded, deadletter, distilled
     group: str = ""  # consumer group; default <prefix>-archive
     # A file is closed (and its records committed) at this many bytes of records, or when its
     # oldest record has waited this long: the bound on how much a crash makes the archive re-read

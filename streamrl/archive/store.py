@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from streamrl.archive.config import ARCHIVED
 from streamrl.errors import Failure
-from streamrl.records import (_ARRAY_DTYPES, DEADLETTER_SCHEMA, REWARDED_SCHEMA, TRAJECTORY_SCHEMA,
+from streamrl.records import (_ARRAY_DTYPES, DEADLETTER_SCHEMA, DISTILLED_SCHEMA, REWARDED_SCHEMA, TRAJECTORY_SCHEMA,
                               pack_array)
 
 _LIST_TYPES = {"int32": pa.int32(), "float32": pa.float32(), "uint8": pa.uint8()}
@@ -51,6 +51,7 @@ _SCALARS = [f.name for f in SCHEMA if f.name not in _ARRAY_DTYPES and f.name != 
 
 #: The record schemas each topic holds (a replay topic may hold either record kind).
 EXPECTED = {"rollouts": (TRAJECTORY_SCHEMA, REWARDED_SCHEMA), "rewarded": (REWARDED_SCHEMA, TRAJECTORY_SCHEMA),
+            "distilled": (DISTILLED_SCHEMA,),
             "deadletter": (DEADLETTER_SCHEMA,)}
 # column -> (python types it takes, kinds of record that must have it)
 _TYPED = {"id": (str, "t"), "group_id": (str, "t"), "policy_version": (int, "t"), "data_source": (str, "t"),
@@ -132,7 +133,7 @@ def to_row(topic: str, partition: int, offset: int, timestamp_ms: int, value: by
     if kind not in EXPECTED.get(topic, ()):
         raise ArchiveError("archive_schema", f"schema {kind!r} on topic {topic}, expected "
                                              f"{' or '.join(EXPECTED.get(topic, ('?',)))}")
-    tags = "d" if kind == DEADLETTER_SCHEMA else ("tr" if kind == REWARDED_SCHEMA else "t")
+    tags = "d" if kind == DEADLETTER_SCHEMA else ("tr" if kind in (REWARDED_SCHEMA, DISTILLED_SCHEMA) else "t")
     scalars: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset,
                                "timestamp_ms": timestamp_ms if timestamp_ms is not None else -1}
     for name, (types, needed_by) in _TYPED.items():

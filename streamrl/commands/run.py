@@ -141,7 +141,7 @@ async def topic_contents(bus) -> dict[str, int]:
     """Records on each of the pipeline's topics (end offsets summed)."""
     from streamrl.bus import Reader
 
-    names = ["prompts", "rollouts", "rewarded", "policy", "deadletter"]
+    names = ["prompts", "rollouts", "rewarded", "policy", "deadletter", "distilled"]
     async with Reader(bus, names, "run") as reader:
         ends = await reader.end_offsets()
     out = dict.fromkeys(names, 0)
@@ -198,7 +198,8 @@ def resolve(args: argparse.Namespace, resume: str | None):
         else:
             cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
             cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
-    for check in (cfg.feed.validate, cfg.rollout.validate, cfg.learner.validate, lambda: validate_reward(cfg)):
+    for check in (cfg.feed.validate, cfg.rollout.validate, cfg.learner.validate, lambda: validate_reward(cfg),
+                  cfg.teacher.validate):
         resolution.check(check)
     return resolution
 
@@ -365,6 +366,13 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
     def start_reward() -> None:
         launcher.start(f"reward-{next(reward_ids)}", ["reward", *common], "reward")
 
+    teacher_ids = itertools.count()
+    distill = cfg.distillation if cfg.distillation.enabled else None
+    task_rewards = distill is None or distill.distillation_loss.use_task_rewards
+
+    def start_teacher() -> None:
+        launcher.start(f"teacher-{next(teacher_ids)}", ["teacher", *common], "teacher")
+
     def learner_ended() -> str:
         good = checkpoint.latest_good(out / "checkpoints")
         return "data_exhausted" if good and good[1].ended == "data_exhausted" else "done"
@@ -372,7 +380,9 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
     auto = cfg.run.autoscale
     scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
                            auto.window_s, auto.cooldown_s) if auto.max_members else None
-    observer = Observer(bus, reward_group=cfg.bus.group("reward", cfg.reward.group), carried=carried)
+    observer = Observer(bus, reward_group=cfg.bus.group("reward", cfg.reward.group), carried=carried,
+                        teacher_group=cfg.bus.group("teacher", cfg.teacher.group),
+                        teacher_input="" if distill is None else "rewarded" if task_rewards else "rollouts")
     watch = Watch(broker_exited=broker.exited if broker is not None else (lambda: None), bootstrap=bootstrap,
                   learner_ended=learner_ended, stall_warn_s=cfg.run.stall_warn_s,
                   stall_timeout_s=cfg.run.stall_timeout_s, unavailable_timeout_s=cfg.bus.unavailable_timeout_s)
@@ -381,14 +391,18 @@ async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None)
     try:
         launcher.start("learner", ["learner", *common], "learner")
         if archive:  # stopped after the others (launching.LAST): it reads what they wrote to the end
-            launcher.start("archive", ["archive", *common, f"archive.uri={archive}"], "archive")
+            keep = [] if distill is None or "distilled" in cfg.archive.topics else \
+                [f"archive.topics=[{','.join([*cfg.archive.topics, 'distilled'])}]"]  # the teacher's annotations too
+            launcher.start("archive", ["archive", *common, f"archive.uri={archive}", *keep], "archive")
         if cfg.eval.enabled:  # evaluates versions as they come; ends after the last one
             launcher.start("eval", ["eval", *common], "eval")
         if cfg.tracking.loggers:  # one process logs each version once (stopped last: reads to the end)
             launcher.start("track", ["track", *common, f"tracking.dir={cfg.tracking.dir or out / 'tracking'}",
                                      f"tracking.experiment={cfg.tracking.experiment or out.name}"], "track")
-        for _ in range(cfg.run.reward_members):
+        for _ in range(cfg.run.reward_members if task_rewards else 0):  # distillation alone: no reward group
             start_reward()
+        for _ in range(cfg.run.teacher_members if distill is not None else 0):
+            start_teacher()
         for i in range(cfg.run.rollout_workers):
             launcher.start(f"rollout-{i}", ["rollout", *common], "rollout")
         launcher.start("feed", ["feed", *common], "feed")
@@ -480,6 +494,15 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
     await asyncio.sleep(0.5)  # the members count a commit just after the broker has it
     await bounded(members.scrape(launcher, force=True), 10)
     await asyncio.to_thread(launcher.stop_all, None, rewards)
+    teachers = [n for n in names if n.startswith("teacher-")]
+    deadline = time.monotonic() + cfg.run.drain_timeout_s
+    while teachers and time.monotonic() < deadline:  # then the teacher group, likewise, on its input
+        await bounded(observer.poll(), 5)
+        lag = await bounded(observer.teacher_lag(), 5)
+        if lag is None or lag <= 0:
+            break
+        await asyncio.to_thread(launcher.supervise)
+    await asyncio.to_thread(launcher.stop_all, None, teachers)
     if "eval" in names:  # the run ends after the last version's evaluation (the stage then exits)
         await asyncio.to_thread(launcher.stop_all, None, ["learner"])
         deadline = time.monotonic() + cfg.eval.end_timeout_s

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
 
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
@@ -193,6 +194,9 @@ class LearnerConfig:
     # (reason ``no_logprobs`` / ``no_tokens``); ``recompute`` tokenises the text if needed and
     # takes the current policy's log-probs as the behaviour ones (on-policy by assumption).
     missing_logprobs: str = "error"
+    # on-policy distillation's loss: the pipeline's top-level ``distillation`` section (verl's
+    # keys), set here by load_config (a YAML sets it there, not under learner:)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
     # -- streaming ----------------------------------------------------------------------------
     max_staleness: int = 1  # train at version v only on records with v - policy_version <= this
@@ -302,6 +306,10 @@ class LearnerConfig:
             if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
                 raise ConfigError("config field 'learner.lora.target_modules': module names, or [all-linear] "
                                   f"(got {lora.target_modules!r})")
+        if self.distillation.enabled and not self.distillation.distillation_loss.use_task_rewards \
+                and self.filter_groups.enable:  # every reward is 0 then: every group would be filtered
+            raise ConfigError("config field 'learner.filter_groups.enable': needs task rewards "
+                              "(distillation.distillation_loss.use_task_rewards is false)")
         if self.weights_uri:
             from streamrl.weights_store import check_uri
 

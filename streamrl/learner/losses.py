@@ -522,3 +522,67 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the softmax over the last axis, per position."""
     logz = torch.logsumexp(logits, dim=-1)
     return logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+# -- distillation (verl's distillation.distillation_loss) -------------------------------------
+
+@dataclass
+class DistillationTerms:
+    """A distillation loss per token (``[B, T]``, before ``loss_max_clamp``) and its per-token
+    diagnostics (``student_mass`` / ``teacher_mass``: the probability the top-k holds)."""
+
+    losses: torch.Tensor
+    diagnostics: dict[str, torch.Tensor]
+
+
+def forward_kl_topk(student_topk_logp: torch.Tensor, teacher_topk_logp: torch.Tensor,
+                    log_prob_min_clamp: float | None = None) -> DistillationTerms:
+    """Forward KL(teacher || student) over the teacher's top-k tokens, ``sum_k p_t (log p_t -
+    log q_s)`` per token (``[B, T, K]`` in, ``[B, T]`` out). The top-k holds less than all the
+    mass, so the sum can be negative: clamped at 0, as verl does. ``log_prob_min_clamp`` bounds
+    both log-probs from below (a token the student gives ~0 would dominate the loss)."""
+    dtype = torch.promote_types(student_topk_logp.dtype, torch.float32)
+    student, teacher = student_topk_logp.to(dtype), teacher_topk_logp.to(dtype)
+    diagnostics = {"student_mass": student.detach().exp().sum(-1), "teacher_mass": teacher.exp().sum(-1)}
+    if log_prob_min_clamp is not None:
+        student, teacher = student.clamp_min(log_prob_min_clamp), teacher.clamp_min(log_prob_min_clamp)
+    kl = (teacher.exp() * (teacher - student)).sum(-1)
+    return DistillationTerms(kl.clamp_min(0.0), diagnostics)
+
+
+def estimator_distillation(student_logp: torch.Tensor, teacher_logp: torch.Tensor, mode: str) -> DistillationTerms:
+    """A single-sample KL estimate of KL(student || teacher) on the sampled token (verl's
+    estimator family, ``kl_penalty``'s names): the teacher's log-prob of each sampled token is all
+    it needs, so the teacher stage sends one number per token."""
+    return DistillationTerms(kl_penalty(student_logp, teacher_logp, mode), {})
+
+
+#: verl's ``distillation_loss.loss_mode`` names; ``streamrl.distillation.config.LOSS_MODES`` lists
+#: the same (torch-free), and says which need the teacher's top-k
+DISTILLATION_LOSSES: tuple[str, ...] = ("forward_kl_topk", *KL_TYPES)
+
+
+def distillation_loss(terms: DistillationTerms, mask: torch.Tensor, agg_mode: str, *,
+                      logp: torch.Tensor | None = None, old_logp: torch.Tensor | None = None,
+                      loss_max_clamp: float | None = None, use_policy_gradient: bool = False,
+                      clip_low: float = 0.2, clip_high: float = 0.2, **agg) -> torch.Tensor:
+    """The distillation loss of one micro-batch, aggregated as the policy loss is (``agg``: the
+    mini-batch's totals, so micro-batches and ranks add up to the whole). Directly (the per-token
+    loss backpropagated, as a supervised loss) or, with ``use_policy_gradient``, as PPO-clip with
+    the negative per-token loss as the advantage (verl's vanilla loss, dual clip at 3)."""
+    losses = terms.losses
+    if loss_max_clamp is not None:  # both sides: k1 can be negative
+        losses = losses.clamp(-loss_max_clamp, loss_max_clamp)
+    if not use_policy_gradient:
+        return aggregate(losses, mask, agg_mode, **agg)
+    if logp is None or old_logp is None:
+        raise ValueError("use_policy_gradient needs the student's current and old log-probs")
+    pl = ppo_clip_loss(logp, old_logp, -losses.detach(), clip_low=clip_low, clip_high=clip_high, clip_c=3.0)
+    return aggregate(pl.loss, mask, agg_mode, **agg)
+
+
+def combine_distillation(task_loss: torch.Tensor, distill: torch.Tensor, *, use_task_rewards: bool,
+                         coef: float) -> torch.Tensor:
+    """verl's combination: the task's loss plus ``coef`` times the distillation loss with task
+    rewards; without them, the distillation loss alone (its coefficient is 1 then)."""
+    return task_loss + coef * distill if use_task_rewards else distill

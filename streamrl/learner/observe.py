@@ -28,9 +28,9 @@ def observe_update(out: dict[str, float], n: int) -> None:
     metrics.LEARNER_RECORDS.labels("trained").inc(n)
     metrics.LEARNER_STEP_SECONDS.observe(out["step_seconds"])
     metrics.LEARNER_TOKENS.inc(out["tokens"])
-    for part in ("loss", "pg_loss", "kl"):
+    for part in ("loss", "pg_loss", "kl", "distillation/loss"):
         if part in out:
-            metrics.LEARNER_LOSS.labels(part).set(out[part])
+            metrics.LEARNER_LOSS.labels(part.replace("/", "_")).set(out[part])  # distillation_loss
     metrics.LEARNER_REWARD.labels("mean").set(out["reward_mean"])
     metrics.LEARNER_REWARD.labels("std").set(out["reward_std"])
     if "kl" in out:

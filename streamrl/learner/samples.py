@@ -55,10 +55,38 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
             raise RecordError("bad_tokens", f"{name} outside the vocabulary (size {vocab})")
     if logprobs is not None and not np.isfinite(logprobs).all():
         raise RecordError("bad_tokens", "response_logprobs has NaN or infinities")
-    return Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
-                  response_ids=response_ids, reward=float(record.reward),
-                  policy_version=record.policy_version, behaviour_logprobs=logprobs,
-                  response_mask=mask)
+    sample = Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
+                    response_ids=response_ids, reward=float(record.reward),
+                    policy_version=record.policy_version, behaviour_logprobs=logprobs,
+                    response_mask=mask)
+    if cfg.distillation.enabled:
+        teacher_arrays(sample, record, cfg, vocab)
+    return sample
+
+
+def teacher_arrays(sample: "Sample", record: Rewarded, cfg: "LearnerConfig", vocab: int) -> None:
+    """The teacher's annotation (``records.Distilled``) onto ``sample``, checked against the
+    loss's needs: one log-prob per response token for the KL estimators, ``topk`` per token and
+    their ids for ``forward_kl_topk``; ``RecordError("no_teacher" / "bad_teacher")`` otherwise."""
+    loss = cfg.distillation.distillation_loss
+    k = loss.topk if loss.use_topk else 0
+    logprobs = record.array("teacher_logprobs") if hasattr(record, "teacher_logprobs") else None
+    if logprobs is None:
+        raise RecordError("no_teacher", "no teacher_logprobs and distillation.enabled (is the teacher stage running, "
+                                        "and the learner reading its topic?)")
+    topk, n = int(getattr(record, "teacher_topk", 0)), len(sample.response_ids)
+    if topk != k:
+        raise RecordError("bad_teacher", f"teacher_topk {topk}, the loss {loss.loss_mode} needs {k}")
+    if len(logprobs) != n * max(k, 1) or not np.isfinite(logprobs).all():
+        raise RecordError("bad_teacher", f"{len(logprobs)} teacher_logprobs for {n} response tokens (top-{k}), "
+                                         "or not finite")
+    sample.teacher_logprobs, sample.teacher_topk = logprobs, k
+    if k:
+        ids = record.array("teacher_ids")
+        if ids is None or len(ids) != n * k or (len(ids) and (ids.min() < 0 or ids.max() >= vocab)):
+            raise RecordError("bad_teacher", f"teacher_ids missing, of the wrong length, or outside the vocabulary "
+                                             f"(size {vocab})")
+        sample.teacher_ids = ids
 
 
 def to_samples(records: list[Rewarded], cfg: "LearnerConfig", trainer: Any) -> list["Sample"]:

@@ -35,7 +35,7 @@ from streamrl.learner.config import LearnerConfig
 from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update, record_figures
 from streamrl.learner.samples import to_sample
 from streamrl.learner.versions import prune_weights, publish_base, read_latest_policy, start_line
-from streamrl.records import DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
+from streamrl.records import DISTILLED, REWARDED, DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
     from streamrl.rollout.config import FeedConfig, RolloutConfig
@@ -87,7 +87,9 @@ class Learner:
         self.assembler.load_state_dict(self.state.assembler)
         self.producer = bus.producer(STAGE)
         self.group = bus.config.group(STAGE, cfg.consumer_group)
-        self.consumer = bus.consumer(["rewarded"], self.group, STAGE,
+        # distillation: the teacher's topic (its records are rewarded ones with the teacher's log-probs)
+        self.source = DISTILLED if cfg.distillation.enabled else REWARDED
+        self.consumer = bus.consumer([self.source.name], self.group, STAGE,
                                      on_assigned=self._assigned, on_revoked=self._revoked)
         self.checkpointer = Checkpoint(self.consumer, self.producer)
         self._version_metrics: list[dict[str, float]] = []
@@ -316,7 +318,7 @@ class Learner:
         self._dirty = True
         record = None
         try:
-            record = Rewarded.decode(msg.value, self.bus.config.max_record_bytes)
+            record = self.source.decode(msg.value, self.bus.config.max_record_bytes)
             sample = self._sample(record)
         except RecordError as exc:
             await self._dead_letter(msg, exc.reason, exc.detail, getattr(record, "id", None))

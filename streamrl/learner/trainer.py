@@ -45,6 +45,11 @@ class Sample:
     policy_version: int
     behaviour_logprobs: np.ndarray | None = None  # None: recompute with the current weights
     response_mask: np.ndarray | None = None  # 1 where the policy produced the token
+    # distillation: the teacher's log-probs, one per response token (teacher_topk 0) or
+    # teacher_topk per token row-major with their ids (records.Distilled)
+    teacher_logprobs: np.ndarray | None = None
+    teacher_ids: np.ndarray | None = None
+    teacher_topk: int = 0
 
     @property
     def n_tokens(self) -> int:
@@ -64,6 +69,9 @@ class _Batch:
     mask: torch.Tensor  # [B, R] float: 1 for tokens to train on
     valid: torch.Tensor  # [B, R] bool: True for j < len(response)
     packed: dict[str, Any] | None = None  # packed: the forward's keywords (packing.forward_kwargs)
+    teacher_logprobs: torch.Tensor | None = None  # distillation: [B, R], or [B, R, K] with teacher_ids
+    teacher_ids: torch.Tensor | None = None  # forward_kl_topk: [B, R, K]
+    student_topk: torch.Tensor | None = None  # set by each forward with teacher_ids: the student's [B, R, K]
 
 
 class Trainer:
@@ -172,7 +180,25 @@ class Trainer:
     # -- tensors ------------------------------------------------------------------------------
     def _collate(self, samples: Sequence[Sample], packed: bool = False) -> _Batch:
         """The tensors of one forward pass (``packed``: one row without padding)."""
-        return self._collate_packed(samples) if packed else self._collate_padded(samples)
+        batch = self._collate_packed(samples) if packed else self._collate_padded(samples)
+        if self.cfg.distillation.enabled:
+            batch.teacher_logprobs, batch.teacher_ids = self._teacher(samples, batch.mask.shape[1])
+        return batch
+
+    def _teacher(self, samples: Sequence[Sample], width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The teacher's log-probs ``[B, R]`` (``[B, R, K]`` and their ids with the top-k loss);
+        zeros for a sample without them (the dummy: it trains nothing)."""
+        k = self.cfg.distillation.distillation_loss.topk if self.cfg.distillation.distillation_loss.use_topk else 0
+        shape = (len(samples), width, k) if k else (len(samples), width)
+        logprobs, ids = torch.zeros(shape), torch.zeros(shape, dtype=torch.long) if k else None
+        for i, s in enumerate(samples):
+            if s.teacher_logprobs is None:
+                continue
+            r = len(s.response_ids)
+            logprobs[i, :r] = _tensor(s.teacher_logprobs, np.float32).reshape((r, k) if k else (r,))
+            if ids is not None:
+                ids[i, :r] = _tensor(s.teacher_ids, np.int64).reshape(r, k)
+        return logprobs.to(self.device), None if ids is None else ids.to(self.device)
 
     def _collate_packed(self, samples: Sequence[Sample]) -> _Batch:
         from streamrl.learner import packing
@@ -228,8 +254,13 @@ class Trainer:
         # the stats of the real response tokens only (not of [B, R]'s padding), placed in [B, R]
         where = batch.valid.nonzero(as_tuple=True)
         rows = torch.zeros_like(where[0]) if batch.packed is not None else where[0]
-        logp, ent = self._token_stats(logits[rows, batch.positions[where]].float(), batch.response_ids[where], entropy)
+        picked = logits[rows, batch.positions[where]].float()
+        logp, ent = self._token_stats(picked, batch.response_ids[where], entropy)
         zeros = torch.zeros(batch.valid.shape, device=logp.device, dtype=logp.dtype)
+        if batch.teacher_ids is not None:
+            topk = self._topk_logprobs(picked, batch.teacher_ids[where])
+            blank = torch.zeros(batch.teacher_ids.shape, device=topk.device, dtype=topk.dtype)
+            batch.student_topk = blank.index_put(where, topk)
         return zeros.index_put(where, logp), None if ent is None else zeros.index_put(where, ent)
 
     def _token_stats(self, logits: torch.Tensor, targets: torch.Tensor,
@@ -244,6 +275,13 @@ class Trainer:
         with contextlib.nullcontext() if self.cfg.entropy_coeff else torch.no_grad():
             return logp, losses.entropy_from_logits(logits)
 
+    def _topk_logprobs(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The student's log-probs ``[N, K]`` of the teacher's top-k tokens ``ids`` (distillation's
+        ``forward_kl_topk``), at the rollout's temperature as the sampled tokens' are."""
+        if self.cfg.temperature != 1.0:
+            logits = logits / self.cfg.temperature
+        return logits.gather(-1, ids) - torch.logsumexp(logits, -1, keepdim=True)
+
     def _forward_chunked(self, model: Any, batch: _Batch, entropy: bool,
                          chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         from transformers import DynamicCache
@@ -254,6 +292,7 @@ class Trainer:
         key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         logp = torch.zeros(pos.shape, device=ids.device)
         ent = torch.zeros(pos.shape, device=ids.device) if entropy else None
+        topk = None if batch.teacher_ids is None else torch.zeros(batch.teacher_ids.shape[1:], device=ids.device)
         for lo in range(0, length, chunk):
             hi = min(lo + chunk, length)
             self.forward_tokens.append(hi - lo)
@@ -262,10 +301,15 @@ class Trainer:
             idx = ((pos >= lo) & (pos < hi)).nonzero().squeeze(-1)
             if idx.numel() == 0:
                 continue
-            lp, e = self._token_stats(out.logits[0, pos[idx] - lo].float(), targets[idx], entropy)
+            picked = out.logits[0, pos[idx] - lo].float()
+            lp, e = self._token_stats(picked, targets[idx], entropy)
             logp = logp.index_put((idx,), lp)
+            if topk is not None:
+                topk = topk.index_put((idx,), self._topk_logprobs(picked, batch.teacher_ids[0, idx]))
             if ent is not None:
                 ent = ent.index_put((idx,), e)
+        if topk is not None:
+            batch.student_topk = topk.unsqueeze(0)
         return logp.unsqueeze(0), None if ent is None else ent.unsqueeze(0)
 
     # -- the plan: who trains what, in which forward passes -----------------------------------
@@ -482,6 +526,9 @@ class Trainer:
                                           cfg.loss_agg_mode, **agg)
                     loss = loss + cfg.kl_coef * kl
                     add("kl", kl)
+                if cfg.distillation.enabled:  # verl's distillation_ppo_loss: with or instead of the task's
+                    old = current[u] if cfg.decoupled else behavs[u]
+                    loss = self._distillation_loss(loss, mb, logp, old, mask, agg, add, tok)
                 # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
                 # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
                 (loss * self.world if self.sharded else loss).backward()
@@ -521,6 +568,26 @@ class Trainer:
                    sequences=float(len(samples)), reward_mean=float(rewards.mean()),
                    reward_std=float(rewards.std()), step_seconds=time.perf_counter() - started)
         return out
+
+    def _distillation_loss(self, task_loss: torch.Tensor, mb: _Batch, logp: torch.Tensor, old: torch.Tensor,
+                           mask: torch.Tensor, agg: dict, add: Any, tok: dict) -> torch.Tensor:
+        """One micro-batch's loss with the teacher's (``learner.distillation``, verl's
+        ``distillation_loss``): aggregated over the mini-batch's totals like the policy loss, so
+        micro-batches and ranks add up to the whole; metrics as verl's ``distillation/*``."""
+        dl = self.cfg.distillation.distillation_loss
+        if dl.use_topk:
+            terms = losses.forward_kl_topk(mb.student_topk, mb.teacher_logprobs, dl.log_prob_min_clamp)
+        else:
+            terms = losses.estimator_distillation(logp, mb.teacher_logprobs, dl.loss_mode)
+        distill = losses.distillation_loss(terms, mask, self.cfg.loss_agg_mode, logp=logp, old_logp=old,
+                                           loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=dl.use_policy_gradient,
+                                           clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **agg)
+        add("distillation/loss", distill)
+        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), mb.mask, "token-mean", **tok))
+        for name, value in terms.diagnostics.items():
+            add(f"distillation/{name}", losses.aggregate(value.detach(), mb.mask, "token-mean", **tok))
+        return losses.combine_distillation(task_loss, distill, use_task_rewards=dl.use_task_rewards,
+                                           coef=dl.distillation_loss_coef)
 
     # -- state --------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, Any]:
@@ -672,7 +739,8 @@ def _single_process_dcp() -> Iterator[None]:
 
 # -- the wire format of mini-batches between ranks, and the ranks other than 0 -------------------
 _ARRAYS = (("prompt_ids", np.int64), ("response_ids", np.int64),
-           ("behaviour_logprobs", np.float32), ("response_mask", np.float32))
+           ("behaviour_logprobs", np.float32), ("response_mask", np.float32),
+           ("teacher_logprobs", np.float32), ("teacher_ids", np.int64))
 
 
 def encode_samples(samples: Sequence[Sample]) -> bytes:
@@ -680,7 +748,7 @@ def encode_samples(samples: Sequence[Sample]) -> bytes:
     header, blobs = [], []
     for s in samples:
         entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
-                                 "policy_version": s.policy_version}
+                                 "policy_version": s.policy_version, "teacher_topk": s.teacher_topk}
         for name, dtype in _ARRAYS:
             value = getattr(s, name)
             if value is None:

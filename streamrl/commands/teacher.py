@@ -1,0 +1,22 @@
+"""``streamrl teacher``: one member of the teacher consumer group (on-policy distillation; run
+more for more throughput: Kafka spreads the input's partitions over them)."""
+
+from __future__ import annotations
+
+import argparse
+
+from streamrl.commands.common import add_config_arguments, load
+
+HELP = "annotate trajectories with a teacher's log-probs into distilled (one member of the teacher group)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--group", default="", help="consumer group id (default: teacher.group)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from streamrl.distillation.stage import TeacherStage
+    from streamrl.runtime import serve_stage
+
+    return serve_stage(TeacherStage, load(args, teacher__group=args.group))
