@@ -13,6 +13,9 @@ Everything here stands in for *time*, never for code: the stages under test are 
   between ``low`` and ``high`` (the long tail of remote LLM judges). The draw is a hash of the
   request body, so the same trajectory costs the same in every run that scores it: the
   synchronous and the streaming runs pay for the same work.
+- ``serve_teacher``: a real aiohttp server speaking the OpenAI completions API with vLLM's
+  ``prompt_logprobs`` (what the teacher stage's ``openai`` backend calls), answering each
+  request (one record) after a fixed latency: the teacher's per-record cost.
 - ``FollowingBackend``: the rollout worker's ``OpenAIBackend`` that takes the learner's
   versions (what pointing ``vllm serve`` at each new version does), so trajectories carry the
   version they were generated with and the staleness bounds are exercised for real.
@@ -109,17 +112,44 @@ def serve_judge(port_queue: Any, low_s: float, high_s: float) -> None:
     _serve(port_queue, [("POST", "/v1/chat/completions", chat)])
 
 
+def serve_teacher(port_queue: Any, latency_s: float) -> None:
+    """An OpenAI completions server answering vLLM's ``prompt_logprobs`` for the prompt's token
+    ids after ``latency_s``: every position gets the prompt's own token (what vLLM always
+    includes) and ``prompt_logprobs`` other ids, with deterministic log-probs."""
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt, k = [int(t) for t in body["prompt"]], int(body.get("prompt_logprobs") or 0)
+        await asyncio.sleep(latency_s)
+        entries: list[Any] = [None]
+        for t in prompt[1:]:
+            entry = {str(t): {"logprob": -0.5, "rank": 1}}
+            others = [i for i in range(k + 1) if i != t][:k]
+            entry.update({str(i): {"logprob": -1.0 - 0.1 * r, "rank": r + 2} for r, i in enumerate(others)})
+            entries.append(entry)
+        return web.json_response({"id": "sim", "object": "text_completion", "model": body.get("model", ""),
+                                  "choices": [{"index": 0, "text": "x", "finish_reason": "length",
+                                               "prompt_logprobs": entries}]})
+
+    _serve(port_queue, [("POST", "/v1/completions", completions)])
+
+
 def _serve(port_queue: Any, routes: list[tuple[str, str, Any]]) -> None:
     from aiohttp import web
 
     async def models(_request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "sim", "object": "model"}]})
 
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     async def main() -> None:
         app = web.Application()
         for method, path, handler in routes:
             app.router.add_route(method, path, handler)
         app.router.add_get("/v1/models", models)
+        app.router.add_get("/health", health)  # the routers' health checks (vLLM's route)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()

@@ -29,6 +29,17 @@ Simulated costs (this machine has no GPU; see ``_sim``):
   their own devices) it would not; a fixed time keeps the bound exact and the comparison about
   the pipeline.
 
+With ``--teacher-members 1,2,4`` (on-policy distillation, ``docs/guides/distillation.md``) a
+teacher stage joins, in line after the reward group as ``streamrl run`` places it: a local OpenAI
+completions server answering vLLM's ``prompt_logprobs`` after ``--teacher-latency-ms`` per record
+(``_sim.serve_teacher``), reached through the teacher stage's ``openai`` backend, each member
+holding ``--teacher-concurrency`` records in flight (one GPU teacher's batch). The runs are then
+``sync`` (generate, score, annotate, train; annotating with the largest fleet's concurrency, the
+barrier's best case) and ``teachers M`` for each M: the streaming stages with M teacher members
+(``python -m streamrl teacher``), at the first ``--staleness``. The default teacher (0.1 s per
+record, 2 in flight) is the slowest stage with one member (3.2 s of its own per version), and
+no longer with two.
+
 Figures: seconds per version (the steady state: versions after ``--warmup``, so process start-up
 and group joins fall on neither side; the streaming stages other than the learner start once it
 has announced version 0, so generation gets no head start), ``speedup_vs_sync`` (synchronous over streaming seconds
@@ -38,6 +49,7 @@ stage's own throughput given its concurrency::
     generation = workers * prompts_in_flight * group_size / gen_latency      (trajectories/s)
     judge      = judge_concurrency / mean judge latency
     learner    = mini-batch / step_s
+    teacher    = members * teacher_concurrency / teacher_latency          (with --teacher-members)
 
 The default workload is balanced: per version of 64 trajectories (8 prompts x 8 samples),
 generation 2.0 s, judge 1.7 s, learner 1.6 s of their own time, so that what the barrier pays for
@@ -83,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-high-ms", type=float, default=400.0)
     parser.add_argument("--judge-concurrency", type=int, default=4)
     parser.add_argument("--step-s", type=float, default=0.4, help="the learner's time per mini-batch update")
+    parser.add_argument("--teacher-members", default="",
+                        help="teacher group sizes to run, e.g. 1,2,4 (on-policy distillation; default: no teacher)")
+    parser.add_argument("--teacher-latency-ms", type=float, default=100.0, help="the teacher's time per record")
+    parser.add_argument("--teacher-concurrency", type=int, default=2, help="records in flight per teacher member")
     parser.add_argument("--dataset", default=DATASET,
                         help="GSM8K-style dataset: gsm8k (from the hub) or a .jsonl/.parquet file")
 
@@ -101,6 +117,8 @@ class Workload:
     judge_high_s: float
     judge_concurrency: int
     step_s: float
+    teacher_latency_s: float = 0.0
+    teacher_concurrency: int = 0
 
     @property
     def batch(self) -> int:
@@ -115,12 +133,14 @@ class Workload:
     def judge(self) -> JudgeLatency:
         return JudgeLatency(self.judge_low_s, self.judge_high_s)
 
-    def bounds(self) -> dict[str, float]:
-        """Each stage's own throughput (trajectories/s) given its concurrency; ``bound`` is the
-        slowest."""
+    def bounds(self, teachers: int = 0) -> dict[str, float]:
+        """Each stage's own throughput (trajectories/s) given its concurrency (``teachers``
+        members of the teacher group, if any); ``bound`` is the slowest."""
         out = {"generation": self.workers * self.prompts_in_flight * self.group_size / self.gen_latency_s,
                "judge": self.judge_concurrency / self.judge.mean,
                "learner": self.groups_per_mini_batch * self.group_size / self.step_s}
+        if teachers:
+            out["teacher"] = teachers * self.teacher_concurrency / self.teacher_latency_s
         out["bound"] = min(out.values())
         return out
 
@@ -136,7 +156,8 @@ def workload_from(args: argparse.Namespace) -> Workload:
                     workers=args.workers,
                     prompts_in_flight=args.prompts_in_flight, gen_latency_s=args.gen_latency,
                     judge_low_s=args.judge_low_ms / 1000, judge_high_s=args.judge_high_ms / 1000,
-                    judge_concurrency=args.judge_concurrency, step_s=args.step_s)
+                    judge_concurrency=args.judge_concurrency, step_s=args.step_s,
+                    teacher_latency_s=args.teacher_latency_ms / 1000, teacher_concurrency=args.teacher_concurrency)
 
 
 def steady_seconds_per_version(ends: dict[int, float], warmup: int, versions: int) -> float:
@@ -157,18 +178,27 @@ class PipelineBench(harness.Bench):
         self.w = workload_from(args)
         read_rows(args.dataset, limit=1, field="--dataset")  # a bad name fails now, in one line
         self.stalenesses = [int(s) for s in str(args.staleness).split(",") if s.strip()]
-        self.variants = ["sync"] + [f"staleness {s}" for s in self.stalenesses]
+        self.teachers = [int(m) for m in str(args.teacher_members).split(",") if m.strip()]
+        if any(m < 1 for m in self.teachers) or (self.teachers and self.w.teacher_concurrency < 1):
+            raise SystemExit("streamrl bench pipeline: --teacher-members and --teacher-concurrency must be >= 1")
+        if self.teachers:
+            self.stalenesses = self.stalenesses[:1]
+            self.variants = ["sync"] + [f"teachers {m}" for m in self.teachers]
+        else:
+            self.variants = ["sync"] + [f"staleness {s}" for s in self.stalenesses]
         self.costs = Costs(step_s=self.w.step_s, following=True, fixed_step=True)
         self.stamp = time.strftime("%Y%m%d-%H%M%S")
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        from streamrl.bench._sim import SimServer, serve_generation, serve_judge
+        from streamrl.bench._sim import SimServer, serve_generation, serve_judge, serve_teacher
 
         w = self.w
         with SimServer(serve_generation, w.gen_latency_s) as gen, \
-                SimServer(serve_judge, w.judge_low_s, w.judge_high_s) as judge:
+                SimServer(serve_judge, w.judge_low_s, w.judge_high_s) as judge, \
+                SimServer(serve_teacher, w.teacher_latency_s) as teacher:
             self.urls = gen.url, judge.url
+            self.teacher_url = teacher.url
             yield
 
     def config(self, staleness: int, run_dir: Path) -> Any:
@@ -196,6 +226,11 @@ class PipelineBench(harness.Bench):
             judge={"urls": [judge_url], "concurrency": w.judge_concurrency, "timeout_s": 30.0,
                    "health_interval_s": 0.0, "max_tokens": 64})
         cfg.learner.group_timeout_s = 120.0
+        if self.teachers:  # in line after the reward group (use_task_rewards), the k3 estimator
+            cfg.distillation.enabled = True
+            t = cfg.teacher
+            t.backend, t.model, t.servers = "openai", "sim", [f"{self.teacher_url}/v1"]
+            t.max_in_flight, t.timeout_s = w.teacher_concurrency, 30.0
         return cfg
 
     async def measure(self, variant: str, round: int) -> dict[str, Any]:
@@ -208,13 +243,15 @@ class PipelineBench(harness.Bench):
             cfg = self.config(1, run_dir)
             self.prompts = list(build_prompts(cfg.feed))
             out = await run_sync(cfg, self.prompts, self.costs, versions=w.versions,
-                                 in_flight=w.workers * w.prompts_in_flight)
+                                 in_flight=w.workers * w.prompts_in_flight,
+                                 teacher_in_flight=max(self.teachers, default=0) * w.teacher_concurrency)
         else:
-            cfg = self.config(int(variant.split()[-1]), run_dir)
+            teachers = int(variant.split()[-1]) if self.teachers else 0
+            cfg = self.config(self.stalenesses[0] if teachers else int(variant.split()[-1]), run_dir)
             sync_s = self.runs["sync"][0]["s_per_version"]
             obs, state = await run_streaming(
                 "bench pipeline", cfg, write_config(cfg, run_dir / "pipeline.yaml"), self.prompts, run_dir, self.costs,
-                workers=w.workers, timeout_s=120 + 3 * w.versions * sync_s,
+                workers=w.workers, teachers=teachers, timeout_s=120 + 3 * w.versions * sync_s,
                 settled=lambda obs: obs.latest_version >= w.versions)
             out = {"ends": dict(obs.versions), "trained": state["trained_records"],
                    "deadletters": dict(obs.deadletters)}
@@ -222,6 +259,8 @@ class PipelineBench(harness.Bench):
         return out
 
     def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        if self.teachers:
+            return self.teacher_summary(runs)
         w, results = self.w, runs.single()
         bounds = w.bounds()
         sync_s = results["sync"]["s_per_version"]
@@ -250,19 +289,54 @@ class PipelineBench(harness.Bench):
             "workload": asdict(w),
         }
 
+    def teacher_summary(self, runs: harness.Runs) -> dict[str, Any]:
+        """With a teacher: seconds per version by teacher members, against the synchronous loop
+        and against each fleet's own bound."""
+        w, results = self.w, runs.single()
+        sync_s = results["sync"]["s_per_version"]
+        per = {m: results[f"teachers {m}"]["s_per_version"] for m in self.teachers}
+        bound_s = {m: w.batch / w.bounds(m)["bound"] for m in self.teachers}
+        return {
+            "teacher_members": self.teachers,
+            "max_staleness": self.stalenesses[0],
+            "sync_s_per_version": round(sync_s, 3),
+            "sync_teacher_members": max(self.teachers),
+            "streaming_s_per_version": {str(m): round(s, 3) for m, s in per.items()},
+            "speedup_vs_sync": {str(m): round(sync_s / s, 3) for m, s in per.items()},
+            "bound_s_per_version": {str(m): round(b, 3) for m, b in bound_s.items()},
+            "efficiency_vs_bound": {str(m): round(bound_s[m] / s, 3) for m, s in per.items()},
+            "bounds_per_s": {str(m): {k: round(v, 3) for k, v in w.bounds(m).items()} for m in self.teachers},
+            "sync_phases_s": {k: round(v, 3) for k, v in results["sync"]["phases_s"].items()},
+            "records": {n.replace(" ", "_"): r["trained"] for n, r in results.items()},
+            "deadletters": {n.replace(" ", "_"): sum(r["deadletters"].values())
+                            for n, r in results.items() if n != "sync"},
+            "workload": asdict(w),
+        }
+
+    def bounds_of(self, variant: str) -> dict[str, float]:
+        """The stage bounds a run is held to (its teacher fleet's, with a teacher)."""
+        if not self.teachers:
+            return self.w.bounds()
+        return self.w.bounds(max(self.teachers) if variant == "sync" else int(variant.split()[-1]))
+
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
-        w, bounds = self.w, self.w.bounds()
+        w = self.w
         sync_s = runs["sync"][0]["s_per_version"]
         print(f"workload: {w.versions} versions x {w.batch} trajectories; generation {w.gen_latency_s:g} s/request "
               f"x {w.workers * w.prompts_in_flight} prompts in flight; judge log-uniform "
               f"{w.judge_low_s * 1000:g}-{w.judge_high_s * 1000:g} ms (mean {w.judge.mean * 1000:.0f} ms) x "
               f"{w.judge_concurrency}; learner step {w.step_s:g} s")
-        print("stage bounds (trajectories/s): " + ", ".join(f"{k} {v:.1f}" for k, v in bounds.items()))
+        if self.teachers:
+            print(f"teacher: {w.teacher_latency_s * 1000:g} ms/record x {w.teacher_concurrency} in flight per member; "
+                  f"staleness {self.stalenesses[0]}; sync annotates with {max(self.teachers)} members' concurrency")
+        for name in runs if self.teachers else ["sync"]:
+            print(f"stage bounds (trajectories/s){f' {name}' if self.teachers else ''}: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in self.bounds_of(name).items()))
         rows = []
         for name, (r,) in runs.items():
             rate = w.batch / r["s_per_version"]
             rows.append([name, f"{r['s_per_version']:.2f}", f"{rate:.1f}", f"{sync_s / r['s_per_version']:.2f}",
-                         f"{rate / bounds['bound']:.2f}", r["trained"]])
+                         f"{rate / self.bounds_of(name)['bound']:.2f}", r["trained"]])
         print(harness.table(["run", "s/version", "traj/s", "speedup", "vs bound", "trained"], rows))
         print("synchronous phases per version (s): " + ", ".join(
             f"{k} {v:.2f}" for k, v in runs["sync"][0]["phases_s"].items()))
@@ -270,7 +344,7 @@ class PipelineBench(harness.Bench):
     def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:
         """Seconds per version for each run against the bound, and versions over time."""
         plt = pyplot()
-        bound_s = self.w.batch / self.w.bounds()["bound"]
+        bound_s = self.w.batch / self.bounds_of(list(runs)[-1])["bound"]
 
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
         names = list(runs)
