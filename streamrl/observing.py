@@ -142,7 +142,11 @@ class Observation:
     def unscored(self) -> int:
         """Trajectories neither rewarded nor dead-lettered by the reward stage (0 after a normal
         end): by id once the run has read ``rollouts`` (a record the producer sent twice is one
-        trajectory), by end offsets while it runs."""
+        trajectory), by end offsets while it runs. Without task rewards (the teacher reads
+        ``rollouts``, no reward group runs) nothing waits to be scored: 0, and ``records``
+        accounts for the rollouts by the teacher instead."""
+        if self.teacher_input == ROLLOUTS.name:
+            return 0
         if self.rollout_ids is not None:
             return len(self.rollout_ids - self.seen_ids - self.dead_ids.get(ROLLOUTS.name, set()))
         return self.rollouts - self.rewarded - self.dead(ROLLOUTS.name)
@@ -164,8 +168,20 @@ class Observation:
 
     def records(self) -> dict[str, int]:
         """This session's records, every one accounted for: rollouts = rewarded + dead_at_reward
-        + unscored, and rewarded = trained + dead_at_learner + untrained."""
+        + unscored, and rewarded = trained + dead_at_learner + untrained. Without task rewards
+        (no reward group: the teacher reads ``rollouts``) rollouts = distilled + dead_at_teacher
+        + undistilled, and distilled = trained + dead_at_learner + untrained."""
         rollouts = len(self.rollout_ids) if self.rollout_ids is not None else self.rollouts
+        if self.teacher_input == ROLLOUTS.name:
+            trained = self.trained - self.trained_base
+            dead_at_learner = self.dead(DISTILLED.name)
+            undistilled = (len(self.rollout_ids - self.distilled_ids - self.teacher_dead)
+                           if self.rollout_ids is not None else self.teacher_backlog)
+            return {"prompts": self.prompts, "rollouts": rollouts, "distilled": self.distilled,
+                    **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
+                    "trained": trained, "dead_at_teacher": len(self.teacher_dead),
+                    "dead_at_learner": dead_at_learner, "undistilled": undistilled,
+                    "untrained": max(0, self.distilled - trained - dead_at_learner)}
         return {"prompts": self.prompts, "rollouts": rollouts, "rewarded": self.rewarded,
                 **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
                 "trained": self.trained - self.trained_base, "dead_at_reward": self.dead(ROLLOUTS.name),

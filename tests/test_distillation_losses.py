@@ -152,6 +152,10 @@ def test_the_trainer_distils_the_same_over_any_micro_batches(mode, use_pg, task)
     (m4, p4), (m1, p1) = results
     assert m4["distillation/loss"] == pytest.approx(m1["distillation/loss"], rel=1e-5, abs=1e-6)
     assert abs(m4["distillation/loss"]) > 0
+    # verl's MIN / MAX metrics: the per-token loss's range, the same over any micro-batches
+    assert m4["distillation/loss_min"] == pytest.approx(m1["distillation/loss_min"], rel=1e-5, abs=1e-6)
+    assert m4["distillation/loss_max"] == pytest.approx(m1["distillation/loss_max"], rel=1e-5, abs=1e-6)
+    assert m4["distillation/loss_min"] < m4["distillation/loss_max"]
     if mode == "forward_kl_topk":
         assert 0 < m4["distillation/teacher_mass"] <= 0.9 + 1e-5 and 0 < m4["distillation/student_mass"] < 1
     assert len(p4) == len(p1) > 0

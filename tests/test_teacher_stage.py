@@ -165,3 +165,24 @@ def test_a_fleet_of_vllm_servers_through_prompt_logprobs_one_of_them_failing():
         assert d.teacher_topk == 2 and d.teacher["backend"] == "openai"
         np.testing.assert_allclose(d.array("teacher_logprobs").reshape(n, 2), [[-0.001, -0.002]] * n)
         assert d.array("teacher_ids").reshape(n, 2).tolist() == [[1, 2]] * n
+
+
+def test_without_task_rewards_the_run_counts_its_rollouts_as_distilled():
+    """No reward group runs without task rewards: the teacher takes ``rollouts``, so the run's
+    summary accounts for them as distilled (not as "unscored"), and nothing waits on scoring."""
+    from streamrl.commands.run import summary_line
+    from streamrl.observing import Observation
+
+    obs = Observation(teacher_input="rollouts", rollouts=10, trained=7,
+                      distilled_ids={f"t{i}" for i in range(8)}, teacher_dead={"t8"})
+    obs.dead_ids["distilled"].add("t7")
+    assert obs.unscored == 0
+    r = obs.records()
+    assert r["rollouts"] == r["distilled"] + r["dead_at_teacher"] + r["undistilled"] == 10
+    assert (r["distilled"], r["dead_at_teacher"], r["undistilled"]) == (8, 1, 1)
+    assert r["distilled"] == r["trained"] + r["dead_at_learner"] + r["untrained"] == 8
+    summary = {"ended": "done", "versions": 2, "reward_first": None, "reward_last": None, "records": r,
+               "deadletters": 2, "plot": "r.png", "by_data_source": {}}
+    line = summary_line(summary)
+    assert "unscored" not in line and "10 rollouts = 8 distilled + 1 dead-lettered + 1 undistilled, 7 trained" in line
+    assert "distillation alone" in line

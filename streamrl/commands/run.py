@@ -516,7 +516,8 @@ async def stop_in_order(launcher, observer, cfg, ended: str) -> None:
 def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
     """The run's last line on stderr: what failed, if anything, then what the run did: versions,
     rewards (overall and per data source, with the scorer's extra fields such as ``acc``), and
-    every rollout accounted for (rewarded + dead-lettered at the reward stage + left unscored)."""
+    every rollout accounted for (rewarded + dead-lettered at the reward stage + left unscored; without task
+    rewards, distilled + dead-lettered at the teacher + left undistilled)."""
     ended = summary["ended"]
     f = summary.get("failure") or {}
     if ended.startswith("failed:") or ended == "stalled":
@@ -529,14 +530,18 @@ def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
     else:
         head = f"run {ended}"
     if summary["reward_first"] is None:
-        reward = "no record rewarded"
+        reward = "distillation alone (no task rewards)" if "undistilled" in summary["records"] else "no record rewarded"
     else:
         reward = f"reward {summary['reward_first']} -> {summary['reward_last']}"
     sources = "; ".join(f"{ds}: " + ", ".join(f"{k} {v}" for k, v in stats.items() if k != "records")
                         for ds, stats in (summary.get("by_data_source") or {}).items())
     r = summary["records"]
-    accounted = (f"{r['rollouts']} rollouts = {r['rewarded']} rewarded + {r['dead_at_reward']} dead-lettered + "
-                 f"{r['unscored']} unscored" if "unscored" in r else f"{r['rewarded']} rewarded")
+    if "undistilled" in r:  # distillation without task rewards: the teacher, not a reward group, takes rollouts
+        accounted = (f"{r['rollouts']} rollouts = {r['distilled']} distilled + {r['dead_at_teacher']} dead-lettered + "
+                     f"{r['undistilled']} undistilled, {r['trained']} trained")
+    else:
+        accounted = (f"{r['rollouts']} rollouts = {r['rewarded']} rewarded + {r['dead_at_reward']} dead-lettered + "
+                     f"{r['unscored']} unscored" if "unscored" in r else f"{r['rewarded']} rewarded")
     validation = "; ".join(f"{name} {curve[max(curve, key=int)]} at v{max(curve, key=int)}"
                            for name, curve in (summary.get("validation_by_version") or {}).items() if curve)
     return (f"{head}: {summary['versions']} versions, {reward}"

@@ -492,9 +492,16 @@ class Trainer:
                 for u, g in enumerate(groups)]
         refs = self._reference_logprobs(units, chunks) if self.has_reference and cfg.kl_coef > 0 else None
         sums: dict[str, torch.Tensor] = {}
+        extremes: dict[str, tuple[str, torch.Tensor]] = {}  # verl's MIN / MAX metrics: name -> (op, value)
 
-        def add(name: str, value: torch.Tensor) -> None:
-            sums[name] = sums.get(name, 0.0) + value.detach().float()
+        def add(name: str, value: torch.Tensor, reduce: str = "sum") -> None:
+            value = value.detach().float()
+            if reduce == "sum":
+                sums[name] = sums.get(name, 0.0) + value
+            else:
+                prev = extremes.get(name)
+                pick = torch.minimum if reduce == "min" else torch.maximum
+                extremes[name] = (reduce, value if prev is None else pick(prev[1], value))
 
         scale = float(cfg.loss_scale_factor or max(len(m) for m in masks))
         agg = dict(total_tokens=total_tokens, total_seqs=total_seqs, scale=scale)
@@ -555,6 +562,13 @@ class Trainer:
             dist.all_reduce(totals)
         rewards = np.array([s.reward for s in samples], dtype=np.float64)
         out = {k: float(v) / cfg.ppo_epochs for k, v in zip(names, totals.cpu())}
+        for name, (op, value) in sorted(extremes.items()):  # every rank adds the same names (inf when empty)
+            if self.world > 1:
+                import torch.distributed as dist
+
+                dist.all_reduce(value, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+            if math.isfinite(float(value)):
+                out[name] = float(value)
         if reward_kl is not None:
             out.update(reward_kl_penalty=reward_kl, reward_kl_penalty_coeff=beta)
         valid = torch.cat([adv_all[i, :len(m)][torch.from_numpy(m) > 0] for i, m in enumerate(masks)])
@@ -584,6 +598,11 @@ class Trainer:
                                            clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **agg)
         add("distillation/loss", distill)
         add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), mb.mask, "token-mean", **tok))
+        # verl's distillation/loss_min and loss_max: the per-token loss before loss_max_clamp over
+        # the response tokens, reduced as MIN / MAX over micro-batches and ranks
+        valid = terms.losses.detach()[mb.mask > 0]
+        add("distillation/loss_min", valid.min() if valid.numel() else torch.tensor(math.inf, device=valid.device), "min")
+        add("distillation/loss_max", valid.max() if valid.numel() else torch.tensor(-math.inf, device=valid.device), "max")
         for name, value in terms.diagnostics.items():
             add(f"distillation/{name}", losses.aggregate(value.detach(), mb.mask, "token-mean", **tok))
         return losses.combine_distillation(task_loss, distill, use_task_rewards=dl.use_task_rewards,
