@@ -144,3 +144,18 @@ def test_the_bench_trains_both_sides_and_prints_its_figures(bootstrap, tmp_path,
             assert v["seconds"] > 0, name
     assert res["setup"]["task"] == "digits:rev" and res["setup"]["corrections"] == [True]
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_distill_sets_rl_alone_against_a_teacher_with_and_without_task_rewards(tmp_path):
+    """``--distill``: the synchronous run (whose final policy is the teacher), RL alone streamed,
+    and the same streamed with the teacher stage, with and without task rewards."""
+    s = setup(distill=True)
+    assert list(learning.variants(s)) == ["sync", "staleness 1 + correction", "distill + task rewards",
+                                          "distill alone"]
+    for task_rewards in (True, False):
+        cfg = learning.run_config(s, "127.0.0.1:9", tmp_path, "tiny", 0, 1, True, teacher="/teacher",
+                                  task_rewards=task_rewards)
+        assert cfg.distillation.enabled and cfg.teacher.model == "/teacher"
+        assert cfg.distillation.distillation_loss.use_task_rewards is task_rewards
+        cfg.distillation.validate(), cfg.teacher.validate()
+    assert not learning.run_config(s, "127.0.0.1:9", tmp_path, "tiny", 0, 1, True).distillation.enabled

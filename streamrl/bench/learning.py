@@ -87,6 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds added to each generation call (one prompt's group; a version's prompts are in flight at once)")
     parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds added to each score (a judge's round trip)")
     parser.add_argument("--step-latency", type=float, default=1.0, help="seconds added to each learner step (one per version)")
+    parser.add_argument("--distill", action="store_true",
+                        help="on-policy distillation against RL alone: the synchronous run's final policy as the "
+                             "teacher of a fresh student, streamed at the first --staleness/--correction with and "
+                             "without task rewards (issue 51)")
     parser.add_argument("--recipes", default="",
                         help=f"instead of the staleness grid, verl recipes streamed at the first --staleness and "
                              f"--correction: any of {','.join(RECIPES)} (issue 37)")
@@ -132,6 +136,7 @@ class Setup:
     judge_latency_s: float
     step_latency_s: float
     recipes: list[str] = field(default_factory=list)
+    distill: bool = False
 
     @property
     def batch(self) -> int:
@@ -154,13 +159,17 @@ def setup_from(args: argparse.Namespace) -> Setup:
                  lr=args.lr, entropy_coeff=args.entropy_coeff, lagged=args.lagged,
                  target=args.target or (0.15 if args.quick else 0.4), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
-                 step_latency_s=args.step_latency, recipes=recipes)
+                 step_latency_s=args.step_latency, recipes=recipes, distill=getattr(args, "distill", False))
 
 
 # -- one run ------------------------------------------------------------------------------------
 
 def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, staleness: int,
-               correction: bool, recipe: str = "") -> Any:
+               correction: bool, recipe: str = "", teacher: str = "", task_rewards: bool = True) -> Any:
+    """One run's pipeline config; ``teacher`` (a policy directory): on-policy distillation from it
+    (the k3 estimator, verl's default, in line after the reward group; ``task_rewards`` false: the
+    distillation loss alone, the teacher reading ``rollouts``, the reward group still scoring them
+    for the curve, unread by the learner)."""
     from streamrl.bench._stages import configure
     from streamrl.pipeline_config import load_config
     from streamrl.reward.config import ScorerSpec
@@ -181,6 +190,12 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
         apply_recipe(lc, recipe, r.max_new_tokens)
         if lc.filter_groups.enable:  # dynamic sampling spends prompts on groups it filters
             cfg.feed.limit *= 1 + max(lc.filter_groups.max_num_gen_batches, 1)
+    if teacher:
+        cfg.distillation.enabled = True
+        cfg.distillation.distillation_loss.use_task_rewards = task_rewards
+        t = cfg.teacher
+        t.backend, t.model, t.temperature = "transformers", teacher, r.temperature
+        t.batch_size, t.max_in_flight = 32, 4 * s.groups * s.group_size
     return cfg
 
 
@@ -207,7 +222,8 @@ async def run_streaming(s: Setup, cfg: Any, prompts: list, run_dir: Path) -> dic
         return obs.latest_version >= s.versions and last is not None and last.records >= s.batch
 
     obs, _ = await stages("bench learning", cfg, write_config(cfg, run_dir / "pipeline.yaml"), prompts, run_dir,
-                          costs(s), timeout_s=60 + 30 * s.versions,  # a machine shared with other work is slow
+                          costs(s), teachers=1 if cfg.distillation.enabled else 0,
+                          timeout_s=60 + 30 * s.versions,  # a machine shared with other work is slow
                           settled=settled)
     done = {v: st for v, st in obs.by_version.items() if st.records and v < s.versions}
     t0 = min(st.first_scored for st in done.values())
@@ -274,9 +290,11 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     # one colour per staleness, or per recipe when the bench compares recipes
     keys = [f"recipe {r}" for r in s.recipes] if s.recipes else sorted(s.staleness)
+    keys += ["distill + task rewards", "distill alone"] if s.distill else []
     colours = {k: plt.get_cmap("tab10")(i) for i, k in enumerate(keys)}
     for name, runs in results.items():
-        key = name if s.recipes and name.startswith("recipe") else runs[0].get("staleness")
+        key = name if (s.recipes and name.startswith("recipe")) or name.startswith("distill") \
+            else runs[0].get("staleness")
         colour = "#333333" if name == "sync" else colours.get(key, "#999999")
         lagged = runs[0].get("kind") == "lagged"
         style = LINE_STYLES[lagged, "correction" in name]
@@ -301,7 +319,11 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
 def variants(s: Setup) -> dict[str, tuple[str, int, bool, str]]:
     """name -> (kind: sync, streaming or lagged; staleness; the correction; recipe)."""
     out = {"sync": ("sync", 0, False, "")}
-    if s.recipes:  # verl's recipes, each streamed at one staleness
+    if s.distill:  # RL alone against distillation from the synchronous run's final policy, same budget
+        k, c = s.staleness[0], s.corrections[0]
+        out.update({f"staleness {k}{' + correction' if c else ''}": ("streaming", k, c, ""),
+                    "distill + task rewards": ("distill", k, c, ""), "distill alone": ("distill", k, c, "")})
+    elif s.recipes:  # verl's recipes, each streamed at one staleness
         out.update({f"recipe {r}": ("streaming", s.staleness[0], s.corrections[0], r) for r in s.recipes})
     else:
         out.update({f"staleness {k}{' + correction' if c else ''}": ("streaming", k, c, "")
@@ -325,6 +347,7 @@ class LearningBench(harness.Bench):
         self.variants, self.rounds = list(self.specs), self.s.seeds
         self.stamp = time.strftime("%Y%m%d-%H%M%S")
         self.policies: dict[int, str] = {}
+        self.teachers: dict[int, Path] = {}  # --distill: seed -> the synchronous run's final policy
 
     async def measure(self, name: str, seed: int) -> dict[str, Any]:
         from streamrl.rollout.feed import build_prompts
@@ -335,11 +358,14 @@ class LearningBench(harness.Bench):
             self.policies[seed] = str(digits.warm_start(self.out / "learning" / f"warm_start-seed{seed}", seed=seed))
         kind, k, correction, recipe = self.specs[name]
         run_dir = self.out / "learning" / f"{self.stamp}-seed{seed}-{name.replace(' + ', '-').replace(' ', '')}"
+        teacher = str(self.teachers[seed]) if kind == "distill" else ""
         cfg = run_config(s, self.bus.bootstrap_servers, run_dir, self.policies[seed], seed, max(k, 1), correction,
-                         recipe)
+                         recipe, teacher=teacher, task_rewards=name != "distill alone")
         prompts = list(build_prompts(cfg.feed))
         if kind == "sync":
             run = await run_sync(s, cfg, prompts)
+            # the teacher of the distillation variants: this seed's synchronous run's final policy
+            self.teachers[seed] = Path(cfg.learner.weights_dir) / f"v{s.versions}"
         elif kind == "lagged":
             run = await run_sync(replace(s, gen_latency_s=0.0, judge_latency_s=0.0, step_latency_s=0.0),
                                  cfg, prompts, lag=k)
