@@ -1,4 +1,4 @@
-"""verl users' launch scripts, unchanged: the overrides of 26 of verl's own example scripts
+"""verl users' launch scripts, unchanged: the overrides of 27 of verl's own example scripts
 (``tests/data/verl_scripts.json`` names each script's repository, commit and path) through
 ``streamrl run --dry-run``, in process; their numbers in the resolved config; every problem at
 once, each naming the key as typed; the feed's prompt-length limit with the policy's tokenizer;
@@ -345,3 +345,15 @@ def test_train_batch_size_alone_is_one_mini_batch_of_all_its_prompts():
     assert (cfg.learner.mini_batches_per_version, cfg.learner.groups_per_mini_batch) == (1, 32)
     cfg = load_config("local.yaml", ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
     assert (cfg.learner.mini_batches_per_version, cfg.learner.groups_per_mini_batch) == (4, 8)
+
+
+def test_the_on_policy_distillation_script_distils_as_its_author_wrote(tmp_path):
+    """verl's examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh (issue 51): its
+    ``distillation.*`` keys as they are, its teacher as the teacher stage's model, no reward group
+    (``use_task_rewards=False``)."""
+    cfg = resolved("opd_qwen3_8b_fsdp", tmp_path).config()
+    dl = cfg.distillation.distillation_loss
+    assert cfg.distillation.enabled and cfg.learner.distillation is cfg.distillation
+    assert (dl.loss_mode, dl.topk, dl.use_task_rewards, dl.use_policy_gradient) == ("k1", 64, False, True)
+    assert (dl.loss_max_clamp, dl.log_prob_min_clamp) == (10.0, -10.0)
+    assert cfg.teacher.model == "Qwen/Qwen3-32B" and cfg.learner.policy == "Qwen/Qwen3-8B"
