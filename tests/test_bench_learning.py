@@ -159,3 +159,31 @@ def test_distill_sets_rl_alone_against_a_teacher_with_and_without_task_rewards(t
         assert cfg.distillation.distillation_loss.use_task_rewards is task_rewards
         cfg.distillation.validate(), cfg.teacher.validate()
     assert not learning.run_config(s, "127.0.0.1:9", tmp_path, "tiny", 0, 1, True).distillation.enabled
+
+
+def test_the_rule_built_digits_teacher_knows_the_answer(tmp_path):
+    """``_sim.serve_digits_teacher``: vLLM's ``prompt_logprobs`` for "rev 48=" + a response: the
+    right answer's tokens (and end-of-sequence) likely, a wrong one not; through the teacher
+    stage's own parser."""
+    import aiohttp
+    import numpy as np
+
+    from streamrl.distillation.teacher import parse_prompt_logprobs
+    from streamrl.policy import load_policy, save_policy
+
+    _, tok = load_policy("tiny")
+    save_policy(_, tok, tmp_path / "tok")
+    prompt = tok("rev 48=", add_special_tokens=False)["input_ids"]
+
+    async def ask(url: str, response: list[int]) -> np.ndarray:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/completions", json={"prompt": prompt + response, "prompt_logprobs": 0}) as r:
+                entries = (await r.json())["choices"][0]["prompt_logprobs"]
+        return parse_prompt_logprobs(entries, np.array(prompt), np.array(response), 0).logprobs
+
+    with _sim.SimServer(_sim.serve_digits_teacher, str(tmp_path / "tok")) as srv:
+        good = tok("84", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        bad = tok("48", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        right, wrong = asyncio.run(ask(srv.url, good)), asyncio.run(ask(srv.url, bad))
+    assert np.allclose(right, np.log(0.97), atol=1e-6)
+    assert (wrong[:2] < np.log(0.01)).all() and np.isclose(wrong[2], np.log(0.97))

@@ -122,15 +122,13 @@ def test_bench_pipeline_teacher_members_tiny(bootstrap, tmp_path, capsys):
     rc = main(["bench", "pipeline", "--bootstrap-servers", bootstrap, "--versions", "3", "--warmup", "1",
                "--staleness", "1", "--group-size", "2", "--groups-per-version", "2", "--mini-batches", "2",
                "--gen-latency", "0.05", "--judge-low-ms", "5", "--judge-high-ms", "20", "--step-s", "0.05",
-               "--teacher-members", "1,2", "--teacher-latency-ms", "20", "--teacher-concurrency", "2",
+               "--teacher-members", "2", "--teacher-latency-ms", "20", "--teacher-concurrency", "2",
                "--out", str(tmp_path), "--dataset", str(gsm8k_path("train"))])
     assert rc == 0
     res = _last_json(capsys)
-    assert res["teacher_members"] == [1, 2]
+    assert res["teacher_members"] == [2]
     assert set(res["sync_phases_s"]) == {"generate", "score", "annotate", "train"}
     assert all(_positive(v) for v in res["sync_phases_s"].values())
-    for m in ("1", "2"):
-        assert _positive(res["streaming_s_per_version"][m]) and _positive(res["speedup_vs_sync"][m])
-        assert res["bounds_per_s"][m]["teacher"] == pytest.approx(int(m) * 2 / 0.02)
-    assert res["records"]["sync"] == 3 * 4 and res["records"]["teachers_1"] >= 3 * 4
-    assert res["deadletters"] == {"teachers_1": 0, "teachers_2": 0}
+    assert _positive(res["streaming_s_per_version"]["2"]) and _positive(res["speedup_vs_sync"]["2"])
+    assert res["bounds_per_s"]["2"]["teacher"] == pytest.approx(2 * 2 / 0.02)
+    assert res["records"]["sync"] == 3 * 4 and res["records"]["teachers_2"] >= 3 * 4

@@ -135,6 +135,59 @@ def serve_teacher(port_queue: Any, latency_s: float) -> None:
     _serve(port_queue, [("POST", "/v1/completions", completions)])
 
 
+def serve_digits_teacher(port_queue: Any, tokenizer_dir: str, p_right: float = 0.97) -> None:
+    """A rule-built teacher for the generated ``digits`` task (``streamrl.tasks.digits``: "rev
+    48=" answered "84" and end-of-sequence), as an OpenAI completions server answering vLLM's
+    ``prompt_logprobs``: after the prompt's "=", the teacher puts ``p_right`` on the right answer's
+    next character (then on end-of-sequence) and the rest evenly on the other tokens; the sampled
+    token's log-prob (``prompt_logprobs`` 0, the KL-estimator losses) is what it answers. A
+    teacher that solves the task, without training one."""
+    import math as _math
+
+    from aiohttp import web
+    from transformers import AutoTokenizer
+
+    from streamrl.tasks.digits import OPS
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab = len(tok)
+    right, wrong, idle = _math.log(p_right), _math.log((1 - p_right) / (vocab - 1)), -_math.log(vocab)
+
+    def expected(text: str) -> list[str] | None:
+        """The right response's tokens for a prompt "OP DIGITS=" (None: not the task's)."""
+        head, eq, _ = text.partition("=")
+        op, _, digits = head.rpartition(" ")
+        op = op.split()[-1] if op.split() else ""
+        if not eq or op not in OPS or not digits.isdigit():
+            return None
+        return list(OPS[op](digits)) + [tok.eos_token]
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        ids = [int(t) for t in body["prompt"]]
+        pieces = [p.replace("\u0120", " ") for p in tok.convert_ids_to_tokens(ids)]  # byte-level space
+        text = "".join(pieces)
+        eq = text.find("=")
+        answer = expected(text[:eq + 1]) if eq >= 0 else None
+        entries: list[Any] = [None]
+        seen = 0
+        for i, piece in enumerate(pieces):
+            if i:
+                j = seen - (eq + 1)  # the response position (pieces are single characters here)
+                if answer is None or j < 0:
+                    lp = idle
+                elif j < len(answer):
+                    lp = right if piece == answer[j] else wrong
+                else:
+                    lp = idle
+                entries.append({str(ids[i]): {"logprob": lp, "rank": 1}})
+            seen += len(piece)
+        return web.json_response({"choices": [{"index": 0, "text": "", "finish_reason": "length",
+                                               "prompt_logprobs": entries}]})
+
+    _serve(port_queue, [("POST", "/v1/completions", completions)])
+
+
 def _serve(port_queue: Any, routes: list[tuple[str, str, Any]]) -> None:
     from aiohttp import web
 

@@ -40,6 +40,15 @@ the reward stalls. With the weights one version behind (``--lagged``, seeds 0-2,
 are alike (0.77, 0.58, 0.51 against 0.59, 0.32, 0.83). With it the bench measured the bonus,
 not staleness.
 
+With ``--distill`` (issue 51), the variants are the synchronous loop, RL alone streamed at the
+first ``--staleness`` / ``--correction``, and the same with the teacher stage (one ``streamrl
+teacher`` member, verl's k3 loss, coefficient 1) with task rewards (the teacher in line after the
+reward group) and without them (the distillation loss alone: the records still go through the
+reward group, for the curve only). The teacher is ``--teacher rule``: a rule-built teacher that
+solves the task, 0.97 on the right answer's next token (``_sim.serve_digits_teacher``, a
+simulated vLLM ``prompt_logprobs`` server through the stage's ``openai`` backend); or ``sync``:
+the synchronous run's final policy, loaded by the stage (transformers).
+
 Per variant and seed: reward by version (the mean over the records that version generated),
 against wall time (from the run's first score) and against trained samples; the wall time and
 the samples to reach ``--target``; the final reward (mean of the last ``--final`` versions).
@@ -50,11 +59,12 @@ and, as the last line of stdout, one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from streamrl.bench import harness
 from streamrl.bench._sim import Costs
@@ -88,9 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds added to each score (a judge's round trip)")
     parser.add_argument("--step-latency", type=float, default=1.0, help="seconds added to each learner step (one per version)")
     parser.add_argument("--distill", action="store_true",
-                        help="on-policy distillation against RL alone: the synchronous run's final policy as the "
-                             "teacher of a fresh student, streamed at the first --staleness/--correction with and "
-                             "without task rewards (issue 51)")
+                        help="on-policy distillation against RL alone: a teacher (--teacher) and a fresh student, "
+                             "streamed at the first --staleness/--correction with and without task rewards (issue 51)")
+    parser.add_argument("--teacher", default="rule", choices=("rule", "sync"),
+                        help="--distill's teacher: rule, a rule-built teacher that solves the task (a simulated "
+                             "vLLM prompt_logprobs server, _sim.serve_digits_teacher); sync, the synchronous run's "
+                             "final policy (transformers, in the teacher stage)")
     parser.add_argument("--recipes", default="",
                         help=f"instead of the staleness grid, verl recipes streamed at the first --staleness and "
                              f"--correction: any of {','.join(RECIPES)} (issue 37)")
@@ -137,6 +150,7 @@ class Setup:
     step_latency_s: float
     recipes: list[str] = field(default_factory=list)
     distill: bool = False
+    teacher: str = "rule"  # --distill: rule (the task's answers) or sync (the synchronous run's final policy)
 
     @property
     def batch(self) -> int:
@@ -159,7 +173,8 @@ def setup_from(args: argparse.Namespace) -> Setup:
                  lr=args.lr, entropy_coeff=args.entropy_coeff, lagged=args.lagged,
                  target=args.target or (0.15 if args.quick else 0.4), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
-                 step_latency_s=args.step_latency, recipes=recipes, distill=getattr(args, "distill", False))
+                 step_latency_s=args.step_latency, recipes=recipes, distill=getattr(args, "distill", False),
+                 teacher=getattr(args, "teacher", "rule"))
 
 
 # -- one run ------------------------------------------------------------------------------------
@@ -194,7 +209,10 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
         cfg.distillation.enabled = True
         cfg.distillation.distillation_loss.use_task_rewards = task_rewards
         t = cfg.teacher
-        t.backend, t.model, t.temperature = "transformers", teacher, r.temperature
+        if teacher.startswith("http"):  # the rule-built teacher's server
+            t.backend, t.model, t.servers = "openai", "rule", [f"{teacher}/v1"]
+        else:
+            t.backend, t.model, t.temperature = "transformers", teacher, r.temperature
         t.batch_size, t.max_in_flight = 32, 4 * s.groups * s.group_size
     return cfg
 
@@ -319,7 +337,7 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
 def variants(s: Setup) -> dict[str, tuple[str, int, bool, str]]:
     """name -> (kind: sync, streaming or lagged; staleness; the correction; recipe)."""
     out = {"sync": ("sync", 0, False, "")}
-    if s.distill:  # RL alone against distillation from the synchronous run's final policy, same budget
+    if s.distill:  # RL alone against distillation from the teacher (--teacher), same budget
         k, c = s.staleness[0], s.corrections[0]
         out.update({f"staleness {k}{' + correction' if c else ''}": ("streaming", k, c, ""),
                     "distill + task rewards": ("distill", k, c, ""), "distill alone": ("distill", k, c, "")})
@@ -348,6 +366,13 @@ class LearningBench(harness.Bench):
         self.stamp = time.strftime("%Y%m%d-%H%M%S")
         self.policies: dict[int, str] = {}
         self.teachers: dict[int, Path] = {}  # --distill: seed -> the synchronous run's final policy
+        self.rule_teacher = ""  # --distill --teacher rule: the rule-built teacher server's URL
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            self.stack = stack  # the rule-built teacher's server, started with the first warm start
+            yield
 
     async def measure(self, name: str, seed: int) -> dict[str, Any]:
         from streamrl.rollout.feed import build_prompts
@@ -358,7 +383,12 @@ class LearningBench(harness.Bench):
             self.policies[seed] = str(digits.warm_start(self.out / "learning" / f"warm_start-seed{seed}", seed=seed))
         kind, k, correction, recipe = self.specs[name]
         run_dir = self.out / "learning" / f"{self.stamp}-seed{seed}-{name.replace(' + ', '-').replace(' ', '')}"
-        teacher = str(self.teachers[seed]) if kind == "distill" else ""
+        if kind == "distill" and s.teacher == "rule" and not self.rule_teacher:
+            from streamrl.bench._sim import SimServer, serve_digits_teacher
+
+            # the tokenizer is the tiny policy's, the same for every seed
+            self.rule_teacher = self.stack.enter_context(SimServer(serve_digits_teacher, self.policies[seed])).url
+        teacher = "" if kind != "distill" else self.rule_teacher if s.teacher == "rule" else str(self.teachers[seed])
         cfg = run_config(s, self.bus.bootstrap_servers, run_dir, self.policies[seed], seed, max(k, 1), correction,
                          recipe, teacher=teacher, task_rewards=name != "distill alone")
         prompts = list(build_prompts(cfg.feed))
