@@ -175,15 +175,18 @@ def test_the_rule_built_digits_teacher_knows_the_answer(tmp_path):
     save_policy(_, tok, tmp_path / "tok")
     prompt = tok("rev 48=", add_special_tokens=False)["input_ids"]
 
-    async def ask(url: str, response: list[int]) -> np.ndarray:
+    async def ask(url: str, response: list[int], k: int = 0):
         async with aiohttp.ClientSession() as s:
-            async with s.post(url + "/v1/completions", json={"prompt": prompt + response, "prompt_logprobs": 0}) as r:
+            async with s.post(url + "/v1/completions", json={"prompt": prompt + response, "prompt_logprobs": k}) as r:
                 entries = (await r.json())["choices"][0]["prompt_logprobs"]
-        return parse_prompt_logprobs(entries, np.array(prompt), np.array(response), 0).logprobs
+        out = parse_prompt_logprobs(entries, np.array(prompt), np.array(response), k)
+        return out if k else out.logprobs
 
     with _sim.SimServer(_sim.serve_digits_teacher, str(tmp_path / "tok")) as srv:
         good = tok("84", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         bad = tok("48", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         right, wrong = asyncio.run(ask(srv.url, good)), asyncio.run(ask(srv.url, bad))
+        top = asyncio.run(ask(srv.url, bad, 4))  # forward_kl_topk: the right token ranks first
+    assert top.ids[:, 0].tolist() == good and np.allclose(top.logprobs[:, 0], np.log(0.97), atol=1e-6)
     assert np.allclose(right, np.log(0.97), atol=1e-6)
     assert (wrong[:2] < np.log(0.01)).all() and np.isclose(wrong[2], np.log(0.97))

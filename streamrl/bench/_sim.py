@@ -169,18 +169,20 @@ def serve_digits_teacher(port_queue: Any, tokenizer_dir: str, p_right: float = 0
         text = "".join(pieces)
         eq = text.find("=")
         answer = expected(text[:eq + 1]) if eq >= 0 else None
+        k = int(body.get("prompt_logprobs") or 0)
         entries: list[Any] = [None]
         seen = 0
         for i, piece in enumerate(pieces):
             if i:
                 j = seen - (eq + 1)  # the response position (pieces are single characters here)
-                if answer is None or j < 0:
-                    lp = idle
-                elif j < len(answer):
-                    lp = right if piece == answer[j] else wrong
-                else:
-                    lp = idle
-                entries.append({str(ids[i]): {"logprob": lp, "rank": 1}})
+                want = answer[j] if answer is not None and 0 <= j < len(answer) else None
+                top = tok.convert_tokens_to_ids(want) if want is not None else None
+                # the top k (top-k losses): the right token first, then others at the rest's share
+                entry = {t: (right if t == top else wrong) if want is not None else idle
+                         for t in ([top] if top is not None else []) + [t for t in range(k + 1) if t != top]}
+                entry = dict(list(entry.items())[:max(k, 1)])
+                entry[ids[i]] = (right if ids[i] == top else wrong) if want is not None else idle
+                entries.append({str(t): {"logprob": lp, "rank": 1} for t, lp in entry.items()})
             seen += len(piece)
         return web.json_response({"choices": [{"index": 0, "text": "", "finish_reason": "length",
                                                "prompt_logprobs": entries}]})

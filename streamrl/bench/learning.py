@@ -100,6 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--distill", action="store_true",
                         help="on-policy distillation against RL alone: a teacher (--teacher) and a fresh student, "
                              "streamed at the first --staleness/--correction with and without task rewards (issue 51)")
+    parser.add_argument("--distill-loss", default="forward_kl_topk",
+                        help="--distill's distillation_loss.loss_mode (verl's names; k1 with the policy gradient; "
+                             "the top-k loss with topk 8)")
     parser.add_argument("--teacher", default="rule", choices=("rule", "sync"),
                         help="--distill's teacher: rule, a rule-built teacher that solves the task (a simulated "
                              "vLLM prompt_logprobs server, _sim.serve_digits_teacher); sync, the synchronous run's "
@@ -151,6 +154,7 @@ class Setup:
     recipes: list[str] = field(default_factory=list)
     distill: bool = False
     teacher: str = "rule"  # --distill: rule (the task's answers) or sync (the synchronous run's final policy)
+    distill_loss: str = "forward_kl_topk"  # --distill: verl's loss_mode
 
     @property
     def batch(self) -> int:
@@ -174,7 +178,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
                  target=args.target or (0.15 if args.quick else 0.4), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
                  step_latency_s=args.step_latency, recipes=recipes, distill=getattr(args, "distill", False),
-                 teacher=getattr(args, "teacher", "rule"))
+                 teacher=getattr(args, "teacher", "rule"), distill_loss=getattr(args, "distill_loss", "forward_kl_topk"))
 
 
 # -- one run ------------------------------------------------------------------------------------
@@ -207,7 +211,9 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
             cfg.feed.limit *= 1 + max(lc.filter_groups.max_num_gen_batches, 1)
     if teacher:
         cfg.distillation.enabled = True
-        cfg.distillation.distillation_loss.use_task_rewards = task_rewards
+        dl = cfg.distillation.distillation_loss
+        dl.use_task_rewards, dl.loss_mode, dl.topk = task_rewards, s.distill_loss, 8
+        dl.use_policy_gradient = s.distill_loss in ("k1", "kl")  # verl refuses k1 backpropagated directly
         t = cfg.teacher
         if teacher.startswith("http"):  # the rule-built teacher's server
             t.backend, t.model, t.servers = "openai", "rule", [f"{teacher}/v1"]
