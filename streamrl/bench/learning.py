@@ -178,7 +178,8 @@ def setup_from(args: argparse.Namespace) -> Setup:
                  target=args.target or (0.15 if args.quick else 0.4), final=args.final,
                  gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
                  step_latency_s=args.step_latency, recipes=recipes, distill=getattr(args, "distill", False),
-                 teacher=getattr(args, "teacher", "rule"), distill_loss=getattr(args, "distill_loss", "forward_kl_topk"))
+                 teacher=getattr(args, "teacher", "rule"),
+                 distill_loss=getattr(args, "distill_loss", "forward_kl_topk"))
 
 
 # -- one run ------------------------------------------------------------------------------------

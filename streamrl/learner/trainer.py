@@ -601,8 +601,9 @@ class Trainer:
         # verl's distillation/loss_min and loss_max: the per-token loss before loss_max_clamp over
         # the response tokens, reduced as MIN / MAX over micro-batches and ranks
         valid = terms.losses.detach()[mb.mask > 0]
-        add("distillation/loss_min", valid.min() if valid.numel() else torch.tensor(math.inf, device=valid.device), "min")
-        add("distillation/loss_max", valid.max() if valid.numel() else torch.tensor(-math.inf, device=valid.device), "max")
+        none = valid.new_tensor(math.inf)  # a rank without response tokens still joins the reduction
+        add("distillation/loss_min", valid.min() if valid.numel() else none, "min")
+        add("distillation/loss_max", valid.max() if valid.numel() else -none, "max")
         for name, value in terms.diagnostics.items():
             add(f"distillation/{name}", losses.aggregate(value.detach(), mb.mask, "token-mean", **tok))
         return losses.combine_distillation(task_loss, distill, use_task_rewards=dl.use_task_rewards,
