@@ -156,6 +156,7 @@ class ServerFleet:
         self.tag = uuid.uuid4().hex[:6]
         self._retiring: set[asyncio.Task] = set()  # unloads of adapters waiting for their requests
         self.aborted = 0  # requests aborted for an update and resubmitted
+        self.continued = 0  # requests cut for an update and continued from their partial response
         self.fatal: str | None = None  # why the fleet cannot follow the learner (a server without LoRA)
         self._changed = asyncio.Event()
         self._session: Any = None
@@ -322,7 +323,7 @@ class ServerFleet:
         m.base = base
         m.updating = True  # no new requests until it is on the version (those in flight go on)
         self._notify()
-        if self.on_update == "abort":
+        if self.on_update in ("abort", "partial"):  # partial: each continues after the load
             for t in list(m.inflight):
                 t.cancel()
         self.adapter_loads += 1
@@ -390,7 +391,7 @@ class ServerFleet:
         """No new requests to ``m``; then wait for (drain) or cancel (abort) those in flight."""
         m.updating = True
         self._notify()
-        if self.on_update == "abort":
+        if self.on_update in ("abort", "partial"):  # partial: each continues after the load
             for t in list(m.inflight):
                 t.cancel()
         while self.router.servers[m.url].outstanding > 0:
