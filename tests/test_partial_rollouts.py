@@ -250,3 +250,31 @@ def test_each_tokens_own_behaviour_logprob_weights_it():
     weight, _ = losses.importance_weight(prox, behav, torch.ones(1, 4), cap=10.0)
     assert weight[0, 0] == weight[0, 1] == pytest.approx(np.exp(0.3))
     assert weight[0, 2] == weight[0, 3] == pytest.approx(1.0)
+
+
+def test_a_multi_turn_episode_cut_in_its_second_turn_stamps_each_token():
+    """Turn 1 on v0, the user's feedback (given, mask 0), turn 2 started on v0 and continued on
+    v1: every response token has its version, the feedback the version before it, and the
+    trajectory is as old as its oldest token."""
+    from streamrl.rollout.episode_state import EpisodeState
+    from streamrl.rollout.multiturn import MultiTurn
+    from streamrl.rollout.trajectory import build_trajectory
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [9] * len(text.split())}
+
+    e = EpisodeState(index=0, messages=[{"role": "user", "content": "q"}], context=[1, 2], prompt_ids=[1, 2],
+                     token_level=True)
+    e.add_sample(Completion(text="a", prompt_ids=[1, 2], response_ids=[5, 6, 7], response_logprobs=[-0.1] * 3,
+                            finish_reason="stop", policy_version=0))
+    e.add_turn([({"role": "user", "content": "again"}, {"role": "user", "content": "again"})], "user: try again",
+               Tok())
+    e.add_sample(Completion(text="b", prompt_ids=None, response_ids=[8, 8, 8, 8], response_logprobs=[-0.2] * 4,
+                            finish_reason="stop", policy_version=0, token_versions=[(0, 1), (1, 3)]))
+    prompt = Prompt(group_id="g", group_size=1, data_source="gsm8k", prompt="q")
+    t = build_trajectory(prompt, 1, e, 0.0, MultiTurn.from_config(RolloutConfig()))
+    assert t.policy_version == 0
+    assert t.token_versions == [[0, 3 + 3 + 1], [1, 3]]  # turn 1, the 3 feedback tokens, turn 2's first; then v1
+    assert t.versions().per_token().tolist() == [0] * 7 + [1] * 3
+    assert e.mask == [1, 1, 1, 0, 0, 0, 1, 1, 1, 1]
