@@ -266,9 +266,11 @@ class ServerFleet:
     async def _update_loop(self, m: Member) -> None:
         while m.version != self.target:
             # any failure takes the server out of rotation and is retried, the target re-read
-            # each time (tenacity: retry_s, doubling, at most retry_max_s)
+            # each time (tenacity: retry_s, doubling, at most retry_max_s); a cancelled loop (the
+            # fleet closing) ends: tenacity would swallow the cancellation as a failure
             retrying = AsyncRetrying(wait=wait_exponential(multiplier=self.retry_s, max=self.retry_max_s),
-                                     retry=retry_if_not_exception_type(AdapterUnsupported), reraise=True,
+                                     retry=retry_if_not_exception_type((AdapterUnsupported, asyncio.CancelledError)),
+                                     reraise=True,
                                      before_sleep=lambda state: self._failed(m, state))
             try:
                 async for attempt in retrying:
