@@ -22,6 +22,9 @@ version its samples carry. A server never changes weights under a request: befor
 it stops taking new ones and either *drains* (waits for those in flight) or *aborts* them
 (cancels the HTTP requests, which vLLM and SGLang abort on disconnect; the fleet resubmits them,
 to a server that may be on the new version or an older allowed one). Only then does it load.
+``partial`` cuts them as ``abort`` does, and the backend continues each from the tokens it had
+streamed (``OpenAIBackend._complete_partial``): each token carries the version of the server
+that streamed it.
 
 **Updates** (``follow``) run per server in the background, all servers at once: SGLang ``POST
 /update_weights_from_disk {"model_path"}``; vLLM ``POST /collective_rpc {"method":
