@@ -28,12 +28,13 @@ from streamrl.records import DeadLetter, PolicyVersion, Prompt, RecordError, Rew
 from streamrl.rollout.backends import Backend, Completion, SamplingParams
 from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
-from streamrl.rollout.config import RolloutConfig
+from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
 from streamrl.rollout.worker import RolloutWorker
 from tests.helpers import AppServer, read_topic
 
 PROMPT = [11, 12, 13, 14]
-STOP_AT = 4 + 30  # the server ends a response when the context reaches this many tokens
+LENGTH = 30  # every response is this many tokens (prompt tokens are < 100, response tokens >= 100)
+STOP_AT = len(PROMPT) + LENGTH
 
 
 def token(context_len: int, version: int) -> int:
@@ -68,8 +69,9 @@ class TokenServer(AppServer):
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
-        context = list(body["prompt"])
-        assert all(isinstance(t, int) for t in context), "a continuation sends token ids"
+        prompt = body["prompt"]
+        context = [b % 100 for b in prompt.encode()] if isinstance(prompt, str) else list(prompt)
+        given = sum(1 for t in context if t < 100)  # the prompt's; the response's so far are >= 100
         version = self.version
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -79,11 +81,11 @@ class TokenServer(AppServer):
             assert self.version == version, "weights changed under a request"
             t = token(len(context), version)
             context.append(t)
-            done = len(context) >= STOP_AT
+            done = len(context) - given >= LENGTH
             choice = {"index": 0, "text": f"<{t}>", "finish_reason": "stop" if done else None,
                       "logprobs": {"tokens": [f"token_id:{t}"], "token_logprobs": [logprob(version)]}}
             if first:
-                choice["prompt_token_ids"] = list(body["prompt"])
+                choice["prompt_token_ids"] = context[:-1]
                 first = False
             await resp.write(b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n")
             if done:
@@ -139,6 +141,46 @@ def test_an_update_mid_response_continues_it_on_the_new_weights(tmp_path):
     # each continuation asked for what was left of the budget
     continuation = [r for r in server.requests if len(r["prompt"]) > len(PROMPT)][0]
     assert continuation["max_tokens"] == 64 - (len(continuation["prompt"]) - len(PROMPT))
+
+
+def test_the_rollout_worker_publishes_each_tokens_version(memory_bus, tmp_path):
+    """The worker on a server fleet with ``on_update: partial``: a version announced while a
+    group generates is loaded at once (not at the next prompt), and the group's records carry
+    the versions of their tokens, oldest as ``policy_version``."""
+    bus = memory_bus
+
+    async def go():
+        server = await TokenServer(rate=20).start()  # 1.5 s a response: the update lands inside it
+        cfg = RolloutConfig(backend="openai", group_size=2, on_update="partial", servers=[server.url],
+                            weights_prefixes=[str(tmp_path)],
+                            openai=OpenAIBackendConfig(model="policy", api_key_env="", update_api="sglang",
+                                                       health_interval_s=0))
+        worker = RolloutWorker(bus, cfg)
+        producer = bus.producer("learner")
+        await producer.start()
+        await producer.send_and_wait(PolicyVersion(version=0, weights_uri=None))
+        task = asyncio.create_task(worker.run())
+        try:
+            await producer.send_and_wait(Prompt(group_id="g0", group_size=2, data_source="gsm8k", prompt="1 + 1 =",
+                                                ground_truth="2"))
+            while not server.requests:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.15)
+            await producer.send_and_wait(PolicyVersion(version=1, weights_uri=str(tmp_path / "v1")))
+            return [Trajectory.decode(m.value) for m in await read_topic(bus, "rollouts", 2, timeout_s=30)]
+        finally:
+            await producer.stop()
+            worker.stop()
+            await task
+            await server.stop()
+
+    records = asyncio.run(go())
+    for r in records:
+        (v0, before), (v1, after) = r.token_versions
+        assert (v0, v1) == (0, 1) and before + after == LENGTH and r.policy_version == 0
+        ids, lps = expected(len(r.array("prompt_ids")), [(v0, before), (v1, after)])
+        assert r.array("response_ids").tolist() == ids
+        np.testing.assert_allclose(r.array("response_logprobs"), lps, rtol=1e-6)
 
 
 def test_the_local_backend_continues_between_decoding_chunks(tmp_path):
