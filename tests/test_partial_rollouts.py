@@ -320,3 +320,22 @@ def test_a_multi_turn_episode_cut_in_its_second_turn_stamps_each_token():
     assert t.token_versions == [[0, 3 + 3 + 1], [1, 3]]  # turn 1, the 3 feedback tokens, turn 2's first; then v1
     assert t.versions().per_token().tolist() == [0] * 7 + [1] * 3
     assert e.mask == [1, 1, 1, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_the_learner_reports_span_and_worst_staleness_under_verls_names():
+    from streamrl import metrics
+    from streamrl.learner.observe import mean_metrics, observe_staleness, record_figures
+    from streamrl.tracking.trackers import train_figures
+
+    old, spanning = rewarded(), rewarded(token_versions=[[3, 1], [5, 2]])
+    figures = record_figures([old, spanning], version=6)
+    assert figures["span_mean"] == 2.0 and figures["span_max"] == 3.0 and figures["staleness_worst"] == 3.0
+    summary = mean_metrics([figures, {**figures, "staleness_worst": 1.0}])
+    assert summary["staleness_worst"] == 3.0  # a version's worst mini-batch, not their mean
+    named = train_figures(summary)
+    assert named["streamrl/staleness/span_mean"] == 2.0 and named["streamrl/staleness/span_max"] == 3.0
+    assert named["streamrl/staleness/worst"] == 3.0
+    before = metrics.LEARNER_SPAN._sum.get()
+    observe_staleness([old, spanning], version=6)
+    assert metrics.LEARNER_SPAN._sum.get() - before == 1 + 3
+    assert metrics.LEARNER_WORST_STALENESS._value.get() == 3
