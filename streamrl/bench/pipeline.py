@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-s", type=float, default=0.4, help="the learner's time per mini-batch update")
     parser.add_argument("--dataset", default=DATASET,
                         help="GSM8K-style dataset: gsm8k (from the hub) or a .jsonl/.parquet file")
+    from streamrl.bench import on_update
+
+    on_update.add_arguments(parser)
 
 
 @dataclass
@@ -292,4 +295,8 @@ class PipelineBench(harness.Bench):
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.on_update:  # what a weight update costs the rollout server, by on_update (``on_update``)
+        from streamrl.bench.on_update import OnUpdateBench
+
+        return harness.run(OnUpdateBench(args))
     return harness.run(PipelineBench(args))

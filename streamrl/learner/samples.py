@@ -55,6 +55,7 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
             raise RecordError("bad_tokens", f"{name} outside the vocabulary (size {vocab})")
     if logprobs is not None and not np.isfinite(logprobs).all():
         raise RecordError("bad_tokens", "response_logprobs has NaN or infinities")
+    check_versions(record, n)
     sample = Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
                     response_ids=response_ids, reward=float(record.reward),
                     policy_version=record.policy_version, behaviour_logprobs=logprobs,
@@ -109,3 +110,18 @@ def tokenize(record: Rewarded, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
                      add_special_tokens=False).input_ids
     response = tok(record.response, add_special_tokens=False).input_ids
     return np.asarray(prompt, dtype=np.int64), np.asarray(response, dtype=np.int64)
+
+
+def check_versions(record: Rewarded, n_tokens: int) -> None:
+    """A partial rollout's ``token_versions`` must cover its ``n_tokens`` response tokens, and its
+    oldest run must be the ``policy_version`` every staleness bound counts: a record whose
+    versions say otherwise would be trained under a bound it does not meet. (The behaviour
+    log-probs are per token already: each is its own version's, whatever the runs say.)"""
+    if not record.token_versions:
+        return
+    runs = record.versions()
+    if runs.n_tokens != n_tokens:
+        raise RecordError("bad_tokens", f"token_versions cover {runs.n_tokens} tokens, the response has {n_tokens}")
+    if runs.oldest != record.policy_version:
+        raise RecordError("bad_tokens", f"policy_version {record.policy_version} is not the oldest token's "
+                          f"version ({runs.oldest})")
