@@ -1,5 +1,5 @@
 """verl users' launch scripts, unchanged: the overrides of 26 of verl's own example scripts
-(``tests/data/verl_scripts.json`` names each script's repository, commit and path) through
+(``tests/verl_scripts_data.py`` names each script's repository, commit and path) through
 ``streamrl run --dry-run``, in process; their numbers in the resolved config; every problem at
 once, each naming the key as typed; the feed's prompt-length limit with the policy's tokenizer;
 and one script run for real on CPU with the tiny policy and GSM8K parquet files."""
@@ -22,10 +22,11 @@ import yaml
 from streamrl.cli import main
 from streamrl.pipeline_config import resolve_config
 from streamrl.verl_keys import VERL_TABLE, find_row, markdown_table
+from tests.verl_scripts_data import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-SCRIPTS = json.loads((ROOT / "tests" / "data" / "verl_scripts.json").read_text())["scripts"]
+
 
 #: the scripts that do not start yet, and what each one's problem lines name (all of them)
 REFUSED = {
