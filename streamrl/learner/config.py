@@ -28,6 +28,9 @@ FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
+#: the losses whose objective fixes their aggregation whatever ``loss_agg_mode`` says (as verl
+#: 0.9.1's do): a config naming another mode is told so once at start (``start_notes``)
+FIXED_AGG_MODES = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
 INCOMPLETE_GROUPS = ("drop", "train")
 
 
@@ -218,6 +221,19 @@ class LearnerConfig:
     # file:///shared/dir) and announce that URI, for rollout workers on other nodes; empty: they
     # load weights_dir's path (streamrl.weights_store)
     weights_uri: str = ""
+
+    def start_notes(self) -> list[str]:
+        """What the learner says once at start about a config that trains another objective than
+        its words suggest (a loss that fixes its aggregation; GSPO's paper aggregation)."""
+        mode, agg = self.policy_loss.loss_mode, self.loss_agg_mode
+        fixed = FIXED_AGG_MODES.get(mode)
+        if fixed and fixed != agg:
+            return [f"policy_loss.loss_mode {mode} aggregates {fixed} whatever loss_agg_mode says "
+                    f"(as verl's does): loss_agg_mode {agg} applies to the entropy and KL terms only"]
+        if mode == "gspo" and agg != "seq-mean-token-mean":
+            return [f"policy_loss.loss_mode gspo aggregates by loss_agg_mode ({agg}), as verl 0.9.1 does; the "
+                    "GSPO paper's sequence-level objective is loss_agg_mode: seq-mean-token-mean"]
+        return []
 
     def validate(self) -> "LearnerConfig":
         """Raise ``ConfigError`` naming the first bad field."""

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from streamrl.learner.config import KL_TYPES, LOSS_AGG_MODES
+from streamrl.learner.config import FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES
 
 #: log-ratio clamp before exp(), as verl does, so one wild token cannot overflow.
 _LOG_RATIO_CLAMP = 20.0
@@ -288,7 +288,9 @@ def vanilla_loss(logp, old_logp, adv, mask, opt):
 @_loss("gspo")
 def gspo_loss(logp, old_logp, adv, mask, opt):
     """GSPO: one importance ratio per sequence, the geometric mean of its tokens' ratios, with the
-    gradient of each token's own log-prob; clipped as PPO (no dual clip)."""
+    gradient of each token's own log-prob; clipped as PPO (no dual clip). Aggregated by
+    ``loss_agg_mode`` as verl 0.9.1's is (the paper's objective is seq-mean-token-mean; an older
+    verl forced it): a config that leaves the default is told so at start."""
     log_ratio = logp - old_logp
     seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     ratio = torch.exp((logp - logp.detach() + seq.detach().unsqueeze(-1)).clamp(max=10.0))
@@ -321,7 +323,7 @@ def sapo_loss(logp, old_logp, adv, mask, opt):
     tau = torch.where(adv > 0, torch.as_tensor(opt.tau_pos, dtype=adv.dtype),
                       torch.as_tensor(opt.tau_neg, dtype=adv.dtype))
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
-    return _result(-gate * adv, None, log_ratio, agg_mode="seq-mean-token-mean")
+    return _result(-gate * adv, None, log_ratio, agg_mode=FIXED_AGG_MODES["sapo"])
 
 
 @_loss("geo_mean")
@@ -338,7 +340,7 @@ def geo_mean_loss(logp, old_logp, adv, mask, opt):
     seq_adv = (adv * mask).sum(-1) / (n + 1e-8)
     per_seq = -seq_adv * ratio
     return _result(per_seq.unsqueeze(-1).expand_as(logp), log_ratio != clamped, log_ratio,
-                   agg_mode="seq-mean-token-mean")
+                   agg_mode=FIXED_AGG_MODES["geo_mean"])
 
 
 @_loss("clip_cov")

@@ -72,6 +72,8 @@ class Learner:
         last = good[0] if good else None
         # weights, optimizer (DCP shards) from the checkpoint; in a group rank 0 names it to all
         self.trainer = Trainer(cfg, resume=str(last) if last else None)
+        for note in cfg.start_notes():  # once, at start
+            log.warning("learner: %s", note)
         if good is not None:
             self.state = good[1]
             log.warning("learner: resumed from %s at version %d", last, self.state.version)

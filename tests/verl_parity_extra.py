@@ -1,0 +1,97 @@
+"""Writes ``tests/verl_parity_extra_data.py``: what verl's own functions return for the parts
+issue 48 added (GSPO and the losses that fix their aggregation in every ``loss_agg_mode``, the
+learning-rate schedules, ...), for ``tests/test_learner_parity_extra.py`` to compare streamrl's
+against. Numbers are facts about verl; none of its code is in streamrl. Same inputs as
+``tests/verl_parity.py`` (its ``inputs``), same way to run it::
+
+    pip install --no-deps --target /tmp/verl-deps tensordict pyvers codetiming
+    PYTHONPATH=/tmp/verl-deps:. .venv/bin/python tests/verl_parity_extra.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from pathlib import Path
+
+import torch
+
+from tests.verl_parity import AGG_MODES, CASES, KNOBS, inputs
+
+OUT = Path(__file__).parent / "verl_parity_extra_data.py"
+
+#: the losses compared in every loss_agg_mode (verl 0.9.1: gspo follows it, sapo and geo_mean fix theirs)
+AGG_LOSSES = ["gspo", "sapo", "geo_mean", "vanilla"]
+#: learning-rate schedules: (lr_scheduler_type, lr_warmup_steps, lr_warmup_steps_ratio, min_lr_ratio, num_cycles, total)
+SCHEDULES = [("constant", 0, 0.0, 0.0, 0.5, 20), ("constant", 3, 0.0, 0.0, 0.5, 20), ("constant", -1, 0.25, 0.0, 0.5, 20),
+             ("cosine", 0, 0.0, 0.0, 0.5, 20), ("cosine", 4, 0.0, 0.1, 0.5, 20), ("cosine", -1, 0.1, 0.0, 1.5, 30),
+             ("cosine", 2, 0.0, 0.5, 0.25, 7)]
+
+
+def _actor(mode: str, agg: str, **more):
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    return ActorConfig(strategy="fsdp", clip_ratio=0.2, clip_ratio_low=KNOBS["clip_ratio_low"],
+                       clip_ratio_high=KNOBS["clip_ratio_high"], clip_ratio_c=KNOBS["clip_ratio_c"],
+                       tau_pos=KNOBS["tau_pos"], tau_neg=KNOBS["tau_neg"], ppo_mini_batch_size=8,
+                       ppo_micro_batch_size_per_gpu=8, rollout_n=1, loss_agg_mode=agg,
+                       policy_loss=PolicyLossConfig(loss_mode=mode), **more)
+
+
+def losses_in_every_mode(ca, t: dict) -> dict:
+    out: dict = {}
+    for mode in AGG_LOSSES:
+        for agg in AGG_MODES:
+            logp = t["logp"].clone().requires_grad_(True)
+            cfg = _actor(mode, agg, global_batch_info={"loss_scale_factor": 7} if agg.endswith("norm") else {})
+            loss, _ = ca.get_policy_loss_fn(mode)(old_log_prob=t["old_logp"], log_prob=logp,
+                                                  advantages=t["advantages"], response_mask=t["mask"],
+                                                  loss_agg_mode=agg, config=cfg)
+            loss.backward()
+            out[f"{mode}/{agg}"] = {"loss": float(loss), "grad": logp.grad.tolist()}
+    return out
+
+
+def schedules() -> list[dict]:
+    """Each schedule's learning rate at steps 0..total (verl's engine: warm-up steps from the
+    ratio when ``lr_warmup_steps`` <= 0; one scheduler step per training step)."""
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    out = []
+    for kind, warmup, ratio, min_lr, cycles, total in SCHEDULES:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        steps = warmup if warmup > 0 else int(ratio * total)
+        if kind == "constant":
+            sched = get_constant_schedule_with_warmup(opt, num_warmup_steps=steps)
+        else:
+            sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=steps, num_training_steps=total,
+                                                    min_lr_ratio=min_lr, num_cycles=cycles)
+        lrs = []
+        for _ in range(total + 1):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        out.append({"lr_scheduler_type": kind, "lr_warmup_steps": warmup, "lr_warmup_steps_ratio": ratio,
+                    "min_lr_ratio": min_lr, "num_cycles": cycles, "versions": total, "lr": 1e-3, "lrs": lrs})
+    return out
+
+
+def main() -> None:
+    import verl
+    from verl.trainer.ppo import core_algos as ca
+
+    source = Path(inspect.getfile(ca)).read_bytes()
+    out: dict = {"verl": verl.__version__, "core_algos_sha256": hashlib.sha256(source).hexdigest(),
+                 "knobs": KNOBS, "schedules": schedules(), "cases": {}}
+    for name, (sizes, T, seed) in CASES.items():
+        case = inputs(sizes, T, seed)
+        t = {k: torch.tensor(v, dtype=torch.float64) for k, v in case.items() if k != "index"}
+        out["cases"][name] = {"inputs": case, "agg_losses": losses_in_every_mode(ca, t)}
+    OUT.write_text(f'"""What verl {verl.__version__}\'s own functions returned (tests/verl_parity_extra.py wrote this;\n'
+                   f'tests/test_learner_parity_extra.py reads it)."""\n\nDATA = {json.dumps(out)!r}\n')
+    print(f"wrote {OUT} (verl {verl.__version__})")
+
+
+if __name__ == "__main__":
+    main()
