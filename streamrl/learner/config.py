@@ -127,6 +127,14 @@ class LearnerConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     lr: float = 1e-6  # AdamW's learning rate (verl's actor.optim.lr)
     weight_decay: float = 0.01  # AdamW's weight decay (verl's actor.optim.weight_decay)
+    # The learning-rate schedule over versions (verl's actor.optim.*; streamrl.learner.schedule):
+    # constant | cosine (verl's lr_scheduler_type, warmup_style its older name); cosine decays
+    # over learner.versions, which it needs
+    lr_scheduler_type: str = "constant"
+    lr_warmup_steps: int = -1  # versions of linear warm-up from 0; <= 0: lr_warmup_steps_ratio's
+    lr_warmup_steps_ratio: float = 0.0  # warm-up as a share of learner.versions
+    min_lr_ratio: float = 0.0  # cosine: the floor, a share of lr
+    num_cycles: float = 0.5  # cosine: waves over the run (0.5: one half-cosine down)
     clip_ratio_low: float = 0.2  # PPO clip below: ratio >= 1 - clip_ratio_low (verl)
     clip_ratio_high: float = 0.2  # PPO clip above: ratio <= 1 + clip_ratio_high (DAPO's clip-higher: 0.28)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (verl); 0 = off
@@ -248,7 +256,7 @@ class LearnerConfig:
                    "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
                    "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS,
                    "policy_loss.loss_mode": LOSS_MODES, "kl_ctrl.type": KL_CTRL_TYPES,
-                   "filter_groups.metric": FILTER_METRICS}
+                   "filter_groups.metric": FILTER_METRICS, "lr_scheduler_type": ("constant", "cosine")}
         for name, allowed in choices.items():
             section, _, key = name.rpartition(".")
             value = getattr(getattr(self, section) if section else self, key)
@@ -270,6 +278,13 @@ class LearnerConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
+        if (self.lr_scheduler_type == "cosine" or (self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0)) \
+                and not self.versions:
+            bad("versions", f"lr_scheduler_type {self.lr_scheduler_type} with lr_warmup_steps_ratio "
+                f"{self.lr_warmup_steps_ratio} counts versions towards a total: set learner.versions")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.lr_warmup_steps_ratio <= 1:
+            bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
+                f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
         if self.use_kl_in_reward and self.parallel.nproc * self.parallel.nnodes > 1:
             bad("use_kl_in_reward", "is built for one learner rank (learner.parallel.nproc 1) for now")
         if self.kl_ctrl.type == "adaptive" and self.kl_ctrl.horizon < 1:
@@ -334,6 +349,9 @@ VERL_KEYS = {
                               "kl_loss_type", "grad_clip")},
     f"{_ACTOR}optim.lr": "lr",
     f"{_ACTOR}optim.weight_decay": "weight_decay",
+    **{f"{_ACTOR}optim.{k}": k for k in ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio",
+                                         "min_lr_ratio", "num_cycles")},
+    f"{_ACTOR}optim.warmup_style": "lr_scheduler_type",  # verl's older name
     f"{_MODEL}lora_rank": "lora.rank",
     f"{_MODEL}lora_alpha": "lora.alpha",
     f"{_MODEL}target_modules": "lora.target_modules",  # a string ("all-linear") is a list of one

@@ -382,6 +382,7 @@ class Learner:
         observe_staleness([t.record for t in taken], self.version)
         for g in groups:
             metrics.LEARNER_GROUPS.labels("partial" if len(g.items) < g.items[0].group_size else "trained").inc()
+        self.trainer.set_version(self.version)  # the lr schedule's step
         out = await asyncio.to_thread(self.trainer.step, [t.sample for t in taken])
         for g in groups:
             self._group_done(g.group_id)

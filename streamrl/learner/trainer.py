@@ -121,6 +121,7 @@ class Trainer:
         # only what trains has gradients and AdamW states (with LoRA: the adapters alone)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.version: int | None = None  # the version being trained towards (+1): the lr schedule's step
         self._full_state: dict[str, Any] | None = None  # gathered once per version (weights + checkpoint)
         self._adapter: dict[str, Any] | None = None  # the adapter's, likewise (LoRA)
         self.forward_tokens: list[int] = []  # tokens of each forward pass of the last step (for tests/bench)
@@ -367,6 +368,18 @@ class Trainer:
         self.model.set_reshard_after_forward(not local)
 
     # -- the update ---------------------------------------------------------------------------
+    def set_version(self, version: int) -> None:
+        """The learning rate of the updates towards version ``version + 1`` on every rank
+        (``streamrl.learner.schedule``); called before each step, a no-op while it stays."""
+        if version == self.version:
+            return
+        from streamrl.learner.schedule import lr_at
+
+        self._lead("version", str(version).encode())
+        self.version = version
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.cfg, version)
+
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics
         (summed over the ranks: every rank normalises by the whole mini-batch's totals)."""
@@ -706,6 +719,8 @@ def follow(cfg: LearnerConfig) -> int:
             trainer.write_checkpoint(payload.decode())
         elif op == "base":
             trainer.save_base(payload.decode())
+        elif op == "version":
+            trainer.set_version(int(payload))
     import torch.distributed as dist
 
     dist.destroy_process_group()
