@@ -73,3 +73,76 @@ def test_the_schedule_runs_by_version_and_carries_across_a_resume(memory_bus, tm
     want = [schedule.lr_at(cfg, v) for v in range(4)]
     assert [announced[v + 1] for v in range(4)] == pytest.approx(want, rel=1e-6)
     assert want[0] == 0.0 and want[1] == cfg.lr and want[3] < want[2] < cfg.lr
+
+
+# -- rollout correction --------------------------------------------------------------------------
+
+CORRECTIONS = {
+    "decoupled-token-norm-rs": dict(rollout_is="token", rollout_is_threshold="1.2", rollout_is_batch_normalize=True,
+                                    rollout_rs="seq_mean_k3", rollout_rs_threshold="0.045"),
+    "decoupled-sequence-icepop": dict(rollout_is="sequence", rollout_is_threshold="0.01_100",
+                                      rollout_is_batch_normalize=True),
+    "bypass-reinforce": dict(bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_threshold="1.2",
+                             rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25"),
+    "bypass-ppo_clip": dict(bypass_mode=True, rollout_rs="seq_max_k2,token_k3", rollout_rs_threshold="0.5,0.05"),
+}
+
+
+def corrected_cfg(tmp_path, name: str, **kw) -> LearnerConfig:
+    from tests.test_learner_distributed import cfg as dist_cfg
+
+    c = dist_cfg(tmp_path, **kw)
+    for k, v in CORRECTIONS[name].items():
+        setattr(c.rollout_correction, k, v)
+    return c.validate()
+
+
+@pytest.mark.parametrize("name", sorted(CORRECTIONS))
+def test_rollout_correction_is_exact_over_micro_batches(tmp_path, name):
+    """One sequence a forward pass, padded, against eight a pass, packed: the same loss,
+    gradient norm, gradients and rollout_corr/* figures (the weights, rejection
+    and batch normaliser are the mini-batch's, as verl's on its batch)."""
+    import torch
+
+    from streamrl.learner.trainer import Trainer
+    from tests.helpers import batch
+
+    outs, states = [], []
+    for mb, packed in ((1, False), (8, True)):
+        torch.manual_seed(0)
+        trainer = Trainer(corrected_cfg(tmp_path, name, micro_batch_size=mb, use_remove_padding=packed))
+        outs.append(trainer.step(batch(3)))
+        states.append({k: p.grad.detach().clone() for k, p in trainer.model.named_parameters()})
+    one, many = outs
+    assert any(k.startswith("rollout_corr/rollout_rs") for k in one) == bool(CORRECTIONS[name].get("rollout_rs"))
+    assert 0 < one.get("rollout_corr/rollout_rs_masked_fraction", 0.5) < 1, one  # some rejected, not all
+    for k in ("loss", "pg_loss", "grad_norm", *[k for k in one if k.startswith("rollout_corr/")]):
+        assert many[k] == pytest.approx(one[k], rel=1e-4, abs=1e-6), k
+    for k in states[0]:
+        torch.testing.assert_close(states[1][k], states[0][k], rtol=1e-4, atol=1e-7, msg=k)
+
+
+def test_rollout_correction_keys_and_what_is_refused():
+    from streamrl.errors import ConfigError
+
+    for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                "rollout_rs_threshold", "bypass_mode", "loss_type"):
+        assert VERL_KEYS[f"algorithm.rollout_correction.{key}"] == f"rollout_correction.{key}"
+    for bad, match in ((dict(rollout_is="tokens"), "rollout_is"), (dict(rollout_rs="token_k4", rollout_rs_threshold="1"),
+                                                                   "rollout_rs"),
+                       (dict(rollout_rs="token_k2"), "rollout_rs_threshold"),
+                       (dict(rollout_is="token", rollout_is_threshold="2_1"), "rollout_is_threshold"),
+                       (dict(bypass_mode=True, rollout_is="token", rollout_is_batch_normalize=True), "bypass"),
+                       (dict(bypass_mode=True, loss_type="pg"), "loss_type")):
+        c = LearnerConfig()
+        for k, v in bad.items():
+            setattr(c.rollout_correction, k, v)
+        with pytest.raises(ConfigError, match=match):
+            c.validate()
+    c = LearnerConfig(decoupled=True)
+    c.rollout_correction.rollout_is = "token"
+    with pytest.raises(ConfigError, match="decoupled"):
+        c.validate()
+    c = LearnerConfig()
+    c.rollout_correction.bypass_mode, c.policy_loss.loss_mode = True, "gspo"
+    assert "loss_type ppo_clip" in c.validate().start_notes()[0]

@@ -65,3 +65,108 @@ def test_a_config_whose_loss_fixes_or_suggests_another_aggregation_is_told_once_
     assert "seq-mean-token-mean" in cfg.start_notes()[0]
     cfg.loss_agg_mode = "seq-mean-token-mean"
     assert cfg.start_notes() == []
+
+
+# -- rollout correction ------------------------------------------------------------------------
+
+def corr_case(case: str) -> tuple[dict, dict]:
+    return tensors(case), DATA["cases"][case]["rollout_correction"]
+
+
+def close_metrics(ours: dict, theirs: dict, what: str) -> None:
+    assert set(ours) == set(theirs), f"{what}: {sorted(set(ours) ^ set(theirs))}"
+    for k in theirs:
+        assert ours[k] == pytest.approx(theirs[k], rel=1e-6, abs=1e-9), f"{what} {k}: {ours[k]} vs {theirs[k]}"
+
+
+def test_the_registries_hold_verls_options():
+    from streamrl.learner import rollout_correction as rc
+
+    assert set(rc.IS_LEVELS) == {"token", "sequence"}
+    assert set(rc.RS_OPTIONS) == set(config.RS_OPTION_NAMES) and len(config.RS_OPTION_NAMES) == 11
+    tested = {o for c in DATA["cases"].values() for r in c["rollout_correction"]["rs"] for o in r["rollout_rs"].split(",")}
+    assert tested == set(config.RS_OPTION_NAMES)
+
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_rollout_is_weights_and_their_figures_equal_verls(case):
+    """Token and sequence level, truncated (TIS) and IcePop thresholds, with and without batch
+    normalisation."""
+    from streamrl.learner import rollout_correction as rc
+
+    t, want = corr_case(case)
+    for c in want["is"]:
+        what = f"{case} {c['rollout_is']} {c['rollout_is_threshold']} norm={c['rollout_is_batch_normalize']}"
+        w, m = rc.is_weights(t["logp"] - t["old_logp"], t["mask"], c["rollout_is"], c["rollout_is_threshold"],
+                             c["rollout_is_batch_normalize"])
+        close(w, c["weights"], what)
+        close_metrics(m, c["metrics"], what)
+
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_rollout_rs_masks_and_their_figures_equal_verls(case):
+    from streamrl.learner import rollout_correction as rc
+
+    t, want = corr_case(case)
+    for c in want["rs"]:
+        what = f"{case} {c['rollout_rs']} {c['rollout_rs_threshold']}"
+        kept, m = rc.rejection_mask(t["logp"] - t["old_logp"], t["mask"], c["rollout_rs"], c["rollout_rs_threshold"])
+        close(kept, c["mask"], what)
+        close_metrics(m, c["metrics"], what)
+    assert any(0 < r["metrics"]["rollout_rs_masked_fraction"] < 1 for r in want["rs"])  # the cases reject some
+
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_the_mismatch_figures_equal_verls(case):
+    from streamrl.learner import rollout_correction as rc
+
+    t, want = corr_case(case)
+    close_metrics(rc.offpolicy_metrics(t["logp"], t["old_logp"], t["mask"]), want["offpolicy"], case)
+
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_bypass_mode_losses_and_gradients_equal_verls_in_every_loss_agg_mode(case):
+    """ppo_clip and reinforce, with and without weights and rejection. verl's loss aggregates
+    over the mask left after rejection (its totals here, one micro-batch)."""
+    from streamrl.learner import losses
+    from streamrl.learner import rollout_correction as rc
+
+    t, want = corr_case(case)
+    for c in want["bypass"]:
+        cfg = config.RolloutCorrectionConfig(
+            rollout_is=c["rollout_is"], rollout_is_threshold=str(c["rollout_is_threshold"]), rollout_rs=c["rollout_rs"],
+            rollout_rs_threshold=None if c["rollout_rs_threshold"] is None else str(c["rollout_rs_threshold"]),
+            bypass_mode=True, loss_type=c["loss_type"])
+        what = f"{case} {c['loss_type']} is={c['rollout_is']} rs={c['rollout_rs']} {c['loss_agg_mode']}"
+        logp = t["logp"].clone().requires_grad_(True)
+        knobs = DATA["knobs"]
+        pl, mask = rc.bypass_loss(logp, t["old_logp"], t["advantages"], t["mask"], cfg, knobs["clip_ratio_low"],
+                                  knobs["clip_ratio_high"], knobs["clip_ratio_c"])
+        loss = losses.aggregate(pl.loss, mask, c["loss_agg_mode"], scale=7)
+        loss.backward()
+        close(loss, c["loss"], what)
+        close(logp.grad, c["grad"], f"{what} gradient")
+        corr = rc.correct(logp.detach(), t["old_logp"], t["mask"], cfg)
+        close_metrics(corr.metrics, c["metrics"], what)
+
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_decoupled_correction_is_the_loss_times_verls_weights_on_the_kept_tokens(case):
+    """Decoupled mode: verl's vanilla loss with ``rollout_is_weights`` on the rejection's mask;
+    the trainer passes the same to ``policy_loss``."""
+    from streamrl.learner import losses
+    from streamrl.learner import rollout_correction as rc
+
+    t, want = corr_case(case)
+    c = next(x for x in want["bypass"] if x["loss_type"] == "reinforce" and x["rollout_rs"] == "seq_mean_k3"
+             and x["loss_agg_mode"] == "token-mean")
+    cfg = config.RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold="1.2", rollout_rs="seq_mean_k3",
+                                         rollout_rs_threshold="0.03", loss_type="reinforce", bypass_mode=True)
+    corr = rc.correct(t["logp"], t["old_logp"], t["mask"], cfg)
+    logp = t["logp"].clone().requires_grad_(True)
+    # reinforce with old = logp's own values: -A log pi w, exactly what bypass's reinforce computes
+    pl = losses.policy_loss("gpg", logp, t["old_logp"], t["advantages"], corr.mask, losses.LossOptions(), corr.weights)
+    loss = losses.aggregate(pl.loss, corr.mask, "token-mean")
+    loss.backward()
+    close(loss, c["loss"], case)
+    close(logp.grad, c["grad"], f"{case} gradient")

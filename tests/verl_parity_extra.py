@@ -53,6 +53,58 @@ def losses_in_every_mode(ca, t: dict) -> dict:
     return out
 
 
+#: rollout correction: (rollout_is, rollout_is_threshold, rollout_is_batch_normalize)
+IS_CASES = [("token", 1.2, False), ("token", "0.8_1.25", False), ("token", 1.2, True), ("sequence", 1.5, False),
+            ("sequence", "0.6_1.6", False), ("sequence", 1.5, True)]
+#: (rollout_rs, rollout_rs_threshold): every option, a lone k1 bound, and two options chained
+RS_CASES = [("token_k1", "0.8_1.25"), ("token_k1", 1.3), ("token_k2", 0.02), ("token_k3", 0.02),
+            ("seq_sum_k1", "0.6_1.6"), ("seq_sum_k2", 0.1), ("seq_sum_k3", 0.1), ("seq_mean_k1", "0.9_1.1"),
+            ("seq_mean_k2", 0.03), ("seq_mean_k3", 0.03), ("seq_max_k2", 0.1), ("seq_max_k3", 0.1),
+            ("token_k1,seq_mean_k3", "0.8_1.25,0.03")]
+#: bypass mode: (loss_type, rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold), each in every agg mode
+BYPASS_CASES = [("ppo_clip", None, 2.0, None, None), ("ppo_clip", "token", 1.2, "seq_mean_k3", 0.03),
+                ("reinforce", "token", 1.2, "seq_mean_k3", 0.03), ("reinforce", "sequence", 1.5, "token_k1", "0.8_1.25"),
+                ("reinforce", None, 2.0, None, None)]
+
+
+def rollout_correction(t: dict) -> dict:
+    """verl's rollout_corr_helper on ``logp`` (the training policy) against ``old_logp`` (the
+    rollout's), and its bypass-mode loss."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo import core_algos as ca
+    from verl.trainer.ppo import rollout_corr_helper as rc
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    logp, behav, mask = t["logp"], t["old_logp"], t["mask"]
+    out: dict = {"is": [], "rs": [], "offpolicy": rc.compute_offpolicy_metrics(logp, behav, mask), "bypass": []}
+    for level, threshold, norm in IS_CASES:
+        w, m = rc.compute_rollout_correction_weights(logp - behav, mask, level, threshold, norm)
+        out["is"].append({"rollout_is": level, "rollout_is_threshold": threshold, "rollout_is_batch_normalize": norm,
+                          "weights": w.tolist(), "metrics": m})
+    for options, threshold in RS_CASES:
+        kept, m = rc.compute_rollout_rejection_mask(logp - behav, mask, options, threshold)
+        out["rs"].append({"rollout_rs": options, "rollout_rs_threshold": threshold, "mask": kept.tolist(),
+                          "metrics": m})
+    for loss_type, level, is_thr, rs, rs_thr in BYPASS_CASES:
+        for agg in AGG_MODES:
+            corr = RolloutCorrectionConfig(rollout_is=level, rollout_is_threshold=is_thr, rollout_rs=rs,
+                                           rollout_rs_threshold=rs_thr, bypass_mode=True, loss_type=loss_type)
+            cfg = ActorConfig(strategy="fsdp", clip_ratio=0.2, clip_ratio_low=KNOBS["clip_ratio_low"],
+                              clip_ratio_high=KNOBS["clip_ratio_high"], clip_ratio_c=KNOBS["clip_ratio_c"],
+                              ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, rollout_n=1, loss_agg_mode=agg,
+                              policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=corr),
+                              global_batch_info={"loss_scale_factor": 7} if agg.endswith("norm") else {})
+            x = logp.clone().requires_grad_(True)
+            loss, m = ca.get_policy_loss_fn("bypass_mode")(old_log_prob=behav, log_prob=x, advantages=t["advantages"],
+                                                           response_mask=mask, loss_agg_mode=agg, config=cfg)
+            loss.backward()
+            out["bypass"].append({"loss_type": loss_type, "rollout_is": level, "rollout_is_threshold": is_thr,
+                                  "rollout_rs": rs, "rollout_rs_threshold": rs_thr, "loss_agg_mode": agg,
+                                  "loss": float(loss), "grad": x.grad.tolist(),
+                                  "metrics": {k: v for k, v in m.items() if k.startswith("rollout_corr/")}})
+    return out
+
+
 def schedules() -> list[dict]:
     """Each schedule's learning rate at steps 0..total (verl's engine: warm-up steps from the
     ratio when ``lr_warmup_steps`` <= 0; one scheduler step per training step)."""
@@ -87,7 +139,8 @@ def main() -> None:
     for name, (sizes, T, seed) in CASES.items():
         case = inputs(sizes, T, seed)
         t = {k: torch.tensor(v, dtype=torch.float64) for k, v in case.items() if k != "index"}
-        out["cases"][name] = {"inputs": case, "agg_losses": losses_in_every_mode(ca, t)}
+        out["cases"][name] = {"inputs": case, "agg_losses": losses_in_every_mode(ca, t),
+                             "rollout_correction": rollout_correction(t)}
     OUT.write_text(f'"""What verl {verl.__version__}\'s own functions returned (tests/verl_parity_extra.py wrote this;\n'
                    f'tests/test_learner_parity_extra.py reads it)."""\n\nDATA = {json.dumps(out)!r}\n')
     print(f"wrote {OUT} (verl {verl.__version__})")

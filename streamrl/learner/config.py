@@ -32,6 +32,9 @@ MISSING_LOGPROBS = ("error", "recompute")
 #: 0.9.1's do): a config naming another mode is told so once at start (``start_notes``)
 FIXED_AGG_MODES = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
 INCOMPLETE_GROUPS = ("drop", "train")
+#: rollout correction's rejection options (``streamrl.learner.rollout_correction.RS_OPTIONS``)
+RS_OPTION_NAMES = ("token_k1", "seq_sum_k1", "seq_mean_k1", "token_k2", "seq_sum_k2", "seq_mean_k2",
+                   "token_k3", "seq_sum_k3", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
 
 @dataclass
@@ -81,6 +84,27 @@ class FilterGroupsConfig:
     # verl's bound on generation batches: here, at most this many mini-batches' worth of groups
     # filtered per version; past it a flat group is trained (its advantages are 0). 0: no bound
     max_num_gen_batches: int = 0
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (``streamrl.learner.rollout_correction``): importance
+    weights and rejection between the policy trained and the one that generated the records,
+    and the ``rollout_corr/*`` mismatch figures. Off while ``rollout_is``, ``rollout_rs`` and
+    ``bypass_mode`` are all unset."""
+
+    rollout_is: str | None = None  # token | sequence: the weights' level; null: no weights
+    rollout_is_threshold: str = "2.0"  # truncate above (TIS), or "lower_upper": zero outside (IcePop)
+    rollout_is_batch_normalize: bool = False  # weights divided by their mini-batch mean (not in bypass mode)
+    rollout_rs: str | None = None  # rejection: token_k1, seq_mean_k3, ... comma-separated; null: none
+    rollout_rs_threshold: str | None = None  # one bound for all options, or one per option (k1: "lower_upper")
+    # no recomputation: the behaviour log-probs stand in for the old policy's (verl's bypass mode)
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rollout_is or self.rollout_rs or self.bypass_mode)
 
 
 @dataclass
@@ -156,6 +180,7 @@ class LearnerConfig:
     kl_penalty: str = "kl"  # the KL estimator of use_kl_in_reward (kl_loss_type's choices)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     tau_pos: float = 1.0  # sapo's gate for positive advantages
     tau_neg: float = 1.05  # ... and for the others
     entropy_coeff: float = 0.0  # entropy bonus in the loss (verl's actor.entropy_coeff); 0: none
@@ -230,6 +255,34 @@ class LearnerConfig:
     # load weights_dir's path (streamrl.weights_store)
     weights_uri: str = ""
 
+    def _validate_rollout_correction(self) -> None:
+        rc = self.rollout_correction
+
+        def bad(name: str, why: str) -> None:
+            raise ConfigError(f"config field 'learner.rollout_correction.{name}': {why} "
+                              f"(got {getattr(rc, name)!r})")
+
+        if rc.rollout_is not in (None, "token", "sequence"):
+            bad("rollout_is", "token, sequence or null")
+        if rc.loss_type not in ("ppo_clip", "reinforce"):
+            bad("loss_type", "ppo_clip or reinforce")
+        if rc.enabled:
+            try:
+                parse_is_threshold(rc.rollout_is_threshold)
+            except ValueError as exc:
+                bad("rollout_is_threshold", str(exc))
+            if rc.rollout_rs:
+                try:
+                    parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+                except ValueError as exc:
+                    bad("rollout_rs", str(exc))
+            if self.decoupled:
+                bad("rollout_is", "rollout correction and learner.decoupled are two ways of the same correction: "
+                    "choose one")
+            if rc.bypass_mode and rc.rollout_is_batch_normalize:
+                bad("rollout_is_batch_normalize", "bypass mode weighs each micro-batch with the live policy, "
+                    "so a mini-batch mean is not known: use it with bypass_mode false")
+
     def start_notes(self) -> list[str]:
         """What the learner says once at start about a config that trains another objective than
         its words suggest (a loss that fixes its aggregation; GSPO's paper aggregation)."""
@@ -238,6 +291,10 @@ class LearnerConfig:
         if fixed and fixed != agg:
             return [f"policy_loss.loss_mode {mode} aggregates {fixed} whatever loss_agg_mode says "
                     f"(as verl's does): loss_agg_mode {agg} applies to the entropy and KL terms only"]
+        rc = self.rollout_correction
+        if rc.bypass_mode and mode != "vanilla":
+            return [f"rollout_correction.bypass_mode trains loss_type {rc.loss_type} (as verl's), not "
+                    f"policy_loss.loss_mode {mode}"]
         if mode == "gspo" and agg != "seq-mean-token-mean":
             return [f"policy_loss.loss_mode gspo aggregates by loss_agg_mode ({agg}), as verl 0.9.1 does; the "
                     "GSPO paper's sequence-level objective is loss_agg_mode: seq-mean-token-mean"]
@@ -285,6 +342,7 @@ class LearnerConfig:
         if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.lr_warmup_steps_ratio <= 1:
             bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
                 f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
+        self._validate_rollout_correction()
         if self.use_kl_in_reward and self.parallel.nproc * self.parallel.nnodes > 1:
             bad("use_kl_in_reward", "is built for one learner rank (learner.parallel.nproc 1) for now")
         if self.kl_ctrl.type == "adaptive" and self.kl_ctrl.horizon < 1:
@@ -326,6 +384,46 @@ class LearnerConfig:
         return self
 
 
+def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
+    """``2.0`` (truncate above, TIS) or ``"0.5_2.0"`` (zero outside, IcePop): ``(upper, lower)``."""
+    text = str(spec).strip()
+    lower, _, upper = text.rpartition("_") if "_" in text else ("", "", text)
+    up, low = float(upper), (float(lower) if lower else None)
+    if up <= 0 or (low is not None and not 0 < low <= up):
+        raise ValueError(f"rollout_is_threshold {spec!r}: a positive upper bound, or 'lower_upper' with "
+                         "0 < lower <= upper")
+    return up, low
+
+
+def parse_rs(options: str, threshold: str | float | None) -> dict[str, tuple[float | None, float]]:
+    """``rollout_rs`` (comma-separated, each once) with its ``rollout_rs_threshold`` (one for all,
+    or one per option): option -> ``(lower, upper)``; k1 options take ``"lower_upper"`` (a lone
+    upper ``u`` means ``1/u _ u``), the others an upper bound."""
+    names = list(dict.fromkeys(o.strip() for o in str(options).split(",") if o.strip()))
+    bad = [n for n in names if n not in RS_OPTION_NAMES]
+    if not names or bad:
+        raise ValueError(f"rollout_rs {options!r}: comma-separated options of {', '.join(RS_OPTION_NAMES)}")
+    if threshold is None:
+        raise ValueError("rollout_rs needs rollout_rs_threshold")
+    specs = [s.strip() for s in str(threshold).split(",") if s.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"rollout_rs_threshold {threshold!r}: one threshold, or one per rollout_rs option")
+    specs = specs * len(names) if len(specs) == 1 else specs
+    out: dict[str, tuple[float | None, float]] = {}
+    for name, spec in zip(names, specs):
+        if name.endswith("k1"):
+            low_s, _, up_s = spec.rpartition("_") if "_" in spec else (str(1.0 / float(spec)), "", spec)
+            low, up = float(low_s), float(up_s)
+            if not 0 < low <= up:
+                raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: 0 < lower <= upper")
+            out[name] = (low, up)
+        else:
+            if "_" in spec or float(spec) <= 0:
+                raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: one positive upper bound")
+            out[name] = (None, float(spec))
+    return out
+
+
 # -- a verl config's keys ----------------------------------------------------------------------
 
 #: verl's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) and its LoRA keys
@@ -352,6 +450,9 @@ VERL_KEYS = {
     **{f"{_ACTOR}optim.{k}": k for k in ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio",
                                          "min_lr_ratio", "num_cycles")},
     f"{_ACTOR}optim.warmup_style": "lr_scheduler_type",  # verl's older name
+    **{f"algorithm.rollout_correction.{k}": f"rollout_correction.{k}" for k in (
+        "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
+        "bypass_mode", "loss_type")},
     f"{_MODEL}lora_rank": "lora.rank",
     f"{_MODEL}lora_alpha": "lora.alpha",
     f"{_MODEL}target_modules": "lora.target_modules",  # a string ("all-linear") is a list of one

@@ -356,6 +356,53 @@ class Trainer:
         per_seq = kl.sum(-1) / (torch.tensor([float(m.sum()) for m in masks]) + 1e-8)
         return kl, float(per_seq.mean())
 
+    def _rows(self, samples: Sequence[Sample], groups: list[list[Sample]], per_unit: list[torch.Tensor]
+              ) -> torch.Tensor:
+        """Per-unit ``[b, R_u]`` tensors of this rank as the mini-batch's ``[B, R]`` in ``samples``'
+        order, whole on every rank (summed over the ranks: each sample is on one)."""
+        row = {s.id: k for k, s in enumerate(samples)}
+        width = max(max(len(s.response_ids) for s in samples), 1)
+        full = torch.zeros((len(samples), width), device=self.device)
+        for u, g in enumerate(groups):
+            for i, s in enumerate(g):
+                if s.id in row:
+                    n = min(width, per_unit[u].shape[1])
+                    full[row[s.id], :n] = per_unit[u][i, :n].float()
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(full)
+        return full
+
+    def _mask_rows(self, masks: Sequence[np.ndarray]) -> torch.Tensor:
+        full = torch.zeros((len(masks), max(max(len(m) for m in masks), 1)), device=self.device)
+        for i, m in enumerate(masks):
+            full[i, :len(m)] = torch.from_numpy(np.asarray(m, np.float32)).to(self.device)
+        return full
+
+    def _correction(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
+                    current: list[torch.Tensor], behavs: list[torch.Tensor]) -> tuple[Any, list[tuple]]:
+        """verl's decoupled rollout correction on the whole mini-batch (every rank alike): the
+        weights and kept-token mask of each unit of this rank."""
+        from streamrl.learner import rollout_correction
+
+        corr = rollout_correction.correct(self._rows(samples, groups, current), self._rows(samples, groups, behavs),
+                                          self._mask_rows(masks), self.cfg.rollout_correction)
+        row = {s.id: k for k, s in enumerate(samples)}
+        out = []
+        for u, g in enumerate(groups):
+            width = current[u].shape[1]
+            w = torch.ones_like(current[u]) if corr.weights is None else torch.zeros_like(current[u])
+            m = torch.zeros_like(current[u])
+            for i, s in enumerate(g):
+                if s.id in row:
+                    n = min(width, corr.mask.shape[1])
+                    m[i, :n] = corr.mask[row[s.id], :n]
+                    if corr.weights is not None:
+                        w[i, :n] = corr.weights[row[s.id], :n]
+            out.append((w, m))
+        return corr, out
+
     def _set_accumulation(self, local: bool, last: bool) -> None:
         """FSDP2 between micro-batches. Every pass syncs (ZeRO-3: gather for each forward,
         reduce-scatter after each backward) unless a rank chunks a long sequence: its passes
@@ -398,7 +445,9 @@ class Trainer:
             groups, chunks = groups + [[self._dummy()]], chunks + [0]
         units = self._collate_units(groups, chunks)
         current = None
-        if cfg.decoupled or any(s.behaviour_logprobs is None for s in samples):
+        rc = cfg.rollout_correction
+        rc_decoupled = rc.enabled and not rc.bypass_mode  # verl's decoupled mode: pi_old recomputed
+        if cfg.decoupled or rc_decoupled or any(s.behaviour_logprobs is None for s in samples):
             current = self._unit_logprobs(self.model, units, chunks)  # the proximal policy (AReaL)
         behavs = []
         for u, g in enumerate(groups):
@@ -435,6 +484,18 @@ class Trainer:
             clip_cov_ub=cfg.policy_loss.clip_cov_ub, kl_cov_ratio=cfg.policy_loss.kl_cov_ratio,
             ppo_kl_coef=cfg.policy_loss.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
         tok = dict(total_tokens=total_tokens)
+        corrected, corr_metrics, live = None, {}, None
+        if rc_decoupled:  # the weights and rejection of the whole mini-batch, as verl's on its batch
+            from streamrl.learner import rollout_correction
+
+            corr, corrected = self._correction(samples, masks, groups, current, behavs)
+            corr_metrics = corr.metrics
+            kept = corr.mask
+            agg.update(total_tokens=kept.sum().clamp(min=1.0), total_seqs=(kept.sum(-1) > 0).sum().clamp(min=1))
+        elif rc.bypass_mode:
+            from streamrl.learner import rollout_correction
+
+            live = [None] * len(units)  # the live log-probs of the first epoch, for rollout_corr/*
         grad_norm, skipped = 0.0, 0
         for _ in range(cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -442,7 +503,15 @@ class Trainer:
                 self._set_accumulation(local, last=u == len(units) - 1)
                 logp, ent = self._forward(self.model, mb, entropy=True, chunk=chunks[u])
                 adv = advs[u]
-                if cfg.decoupled:  # the trust region around the proximal policy, weighted back to the behaviour one
+                if corrected is not None:  # verl's rollout correction, decoupled: clip around pi_old, weighted
+                    weight, mask = corrected[u]
+                    pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, current[u], adv, mask, opt, weight)
+                elif live is not None:  # ... bypass: the behaviour log-probs are pi_old
+                    if live[u] is None:
+                        live[u] = logp.detach()
+                    pl, mask = rollout_correction.bypass_loss(logp, behavs[u], adv, mb.mask, rc, cfg.clip_ratio_low,
+                                                              cfg.clip_ratio_high, cfg.clip_ratio_c)
+                elif cfg.decoupled:  # the trust region around the proximal policy, weighted back to the behaviour one
                     weight, mask = losses.importance_weight(current[u], behavs[u], mb.mask, cap=cfg.is_cap,
                                                             mode=cfg.is_mode)
                     pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, current[u], adv, mask, opt, weight)
@@ -491,6 +560,10 @@ class Trainer:
                        advantages_min=float(valid.min()))
         if reward_kl is not None:  # verl's critic/rewards: the score less the KL penalty
             out.update(rewards_mean=float(rewards.mean()) - beta * reward_kl)
+        if live is not None:  # bypass: the mismatch of the policy at the mini-batch's start (first epoch)
+            full = [self._rows(samples, groups, x) for x in (live, behavs)]
+            corr_metrics = rollout_correction.correct(full[0], full[1], self._mask_rows(masks), rc).metrics
+        out.update(corr_metrics)
         out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
                    sequences=float(len(samples)), reward_mean=float(rewards.mean()),
