@@ -146,3 +146,36 @@ def test_rollout_correction_keys_and_what_is_refused():
     c = LearnerConfig()
     c.rollout_correction.bypass_mode, c.policy_loss.loss_mode = True, "gspo"
     assert "loss_type ppo_clip" in c.validate().start_notes()[0]
+
+
+# -- GDPO ----------------------------------------------------------------------------------------
+
+def test_gdpo_reads_its_components_from_reward_info_and_reports_them(tmp_path):
+    """A scorer's dict result puts its fields in reward_info: adv_estimator gdpo trains on
+    the named ones (verl's gdpo/<key>/mean, std figures), and a record without one is refused
+    alone, naming the field."""
+    from streamrl.errors import ConfigError
+    from streamrl.learner.samples import to_sample
+    from streamrl.learner.trainer import Trainer, decode_samples, encode_samples
+    from streamrl.records import RecordError
+
+    with pytest.raises(ConfigError, match="gdpo_reward_keys"):
+        learner_cfg(tmp_path, adv_estimator="gdpo").validate()
+    with pytest.raises(ConfigError, match="gdpo_reward_weights"):
+        learner_cfg(tmp_path, adv_estimator="gdpo", gdpo_reward_keys=["a"], gdpo_reward_weights=[1, 2]).validate()
+    assert VERL_KEYS["algorithm.gdpo_reward_keys"] == "gdpo_reward_keys"
+    cfg = learner_cfg(tmp_path, adv_estimator="gdpo", gdpo_reward_keys=["format", "acc"],
+                      gdpo_reward_weights=[0.5, 1.0], micro_batch_size=2).validate()
+    trainer = Trainer(cfg)
+    records = group("a", size=3) + group("b", size=3)
+    for i, r in enumerate(records):
+        r.reward_info = {"format": i % 2 == 0, "acc": float(i % 3) / 2, "status": "ok"}
+    samples = [to_sample(r, cfg, trainer.model.config.vocab_size, trainer.tokenizer) for r in records]
+    assert samples[0].reward_components == [1.0, 0.0] and samples[5].reward_components == [0.0, 1.0]
+    assert decode_samples(encode_samples(samples))[5].reward_components == [0.0, 1.0]  # to the other ranks
+    out = trainer.step(samples)
+    assert out["gdpo/format/mean"] == pytest.approx(0.5) and out["gdpo/acc/std"] > 0
+    records[0].reward_info = {"format": 1.0}
+    with pytest.raises(RecordError, match="acc") as caught:
+        to_sample(records[0], cfg, trainer.model.config.vocab_size, trainer.tokenizer)
+    assert caught.value.reason == "no_reward_component"

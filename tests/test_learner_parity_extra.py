@@ -170,3 +170,17 @@ def test_decoupled_correction_is_the_loss_times_verls_weights_on_the_kept_tokens
     loss.backward()
     close(loss, c["loss"], case)
     close(logp.grad, c["grad"], f"{case} gradient")
+
+
+# -- GDPO --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_gdpo_equals_verls(case):
+    """Three components (one flat in a group), equal and given weights; the components are
+    read in fp32 as verl reads them."""
+    t, want = tensors(case), DATA["cases"][case]["gdpo"]
+    comps = torch.tensor(list(zip(*want["components"].values())), dtype=torch.float64)
+    for c in want["advantages"]:
+        opt = losses.AdvantageOptions(reward_components=comps, gdpo_reward_weights=c["weights"] or ())
+        ours = losses.ADV_ESTIMATORS["gdpo"](torch.zeros_like(t["mask"]), t["mask"], t["index"], opt)
+        close(ours, c["advantages"], f"{case} gdpo weights={c['weights']}")

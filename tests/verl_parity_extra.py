@@ -105,6 +105,41 @@ def rollout_correction(t: dict) -> dict:
     return out
 
 
+#: GDPO: weights per case (None: verl's equal weights)
+GDPO_WEIGHTS = [None, [1.0, 0.3, 2.0]]
+
+
+def gdpo(t: dict, index: list[str], seed: int) -> dict:
+    """verl's ``compute_gdpo_outcome_advantage`` on three reward components (a binary format
+    reward, a graded accuracy, a gaussian one; one group flat in the first), read as verl reads
+    them (``non_tensor_batch``, each on its response's last token)."""
+    import numpy as np
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo import core_algos as ca
+
+    mask = t["mask"]
+    B, T = mask.shape
+    g = torch.Generator().manual_seed(seed + 100)
+    comps = {"format": (torch.rand(B, generator=g) > 0.4).double(),
+             "accuracy": torch.randint(0, 3, (B,), generator=g).double() / 2,
+             "length": torch.randn(B, generator=g, dtype=torch.float64)}
+    first = index.count(index[0])
+    comps["format"][:first] = 1.0  # the first group has no variance in it
+    lengths = (T - torch.flip(mask, [1]).argmax(1))  # the response's real length (its last kept token + 1)
+    P = 3
+    attention = torch.cat([torch.ones(B, P, dtype=torch.long), (torch.arange(T)[None, :] < lengths[:, None]).long()], 1)
+    out = {"components": {k: v.tolist() for k, v in comps.items()}, "advantages": []}
+    for weights in GDPO_WEIGHTS:
+        algo = AlgoConfig(norm_adv_by_std_in_grpo=True, gdpo_reward_keys=list(comps),
+                          gdpo_reward_weights=weights)
+        adv, _ = ca.get_adv_estimator_fn("gdpo")(
+            token_level_rewards=torch.zeros_like(mask), response_mask=mask, index=np.array(index, dtype=object),
+            config=algo, non_tensor_batch={k: v.numpy() for k, v in comps.items()},
+            batch={"prompts": torch.zeros(B, P), "attention_mask": attention})
+        out["advantages"].append({"weights": weights, "advantages": adv.tolist()})
+    return out
+
+
 def schedules() -> list[dict]:
     """Each schedule's learning rate at steps 0..total (verl's engine: warm-up steps from the
     ratio when ``lr_warmup_steps`` <= 0; one scheduler step per training step)."""
@@ -140,7 +175,8 @@ def main() -> None:
         case = inputs(sizes, T, seed)
         t = {k: torch.tensor(v, dtype=torch.float64) for k, v in case.items() if k != "index"}
         out["cases"][name] = {"inputs": case, "agg_losses": losses_in_every_mode(ca, t),
-                             "rollout_correction": rollout_correction(t)}
+                             "rollout_correction": rollout_correction(t),
+                             "gdpo": gdpo(t, case["index"], seed)}
     OUT.write_text(f'"""What verl {verl.__version__}\'s own functions returned (tests/verl_parity_extra.py wrote this;\n'
                    f'tests/test_learner_parity_extra.py reads it)."""\n\nDATA = {json.dumps(out)!r}\n')
     print(f"wrote {OUT} (verl {verl.__version__})")

@@ -19,7 +19,7 @@ from streamrl.errors import ConfigError
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
 #: where torch is not installed); tests/test_learner_parity.py checks the two agree
 ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "ppo")
+                  "reinforce_plus_plus_baseline", "ppo", "gdpo")
 LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm")
@@ -148,6 +148,10 @@ class LearnerConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO
     gamma: float = 1.0  # REINFORCE++'s discount (verl's algorithm.gamma)
+    # GDPO (adv_estimator gdpo): the reward components, fields of each record's reward_info (a
+    # scorer's dict result), each normalised within its group, summed with these weights (empty: 1 each)
+    gdpo_reward_keys: list[str] = field(default_factory=list)
+    gdpo_reward_weights: list[float] = field(default_factory=list)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     lr: float = 1e-6  # AdamW's learning rate (verl's actor.optim.lr)
     weight_decay: float = 0.01  # AdamW's weight decay (verl's actor.optim.weight_decay)
@@ -343,6 +347,10 @@ class LearnerConfig:
             bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
                 f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
         self._validate_rollout_correction()
+        if self.adv_estimator == "gdpo" and not self.gdpo_reward_keys:
+            bad("gdpo_reward_keys", "adv_estimator gdpo names the reward components it normalises (reward_info fields)")
+        if self.gdpo_reward_weights and len(self.gdpo_reward_weights) != len(self.gdpo_reward_keys):
+            bad("gdpo_reward_weights", f"one weight per gdpo_reward_keys entry ({len(self.gdpo_reward_keys)})")
         if self.use_kl_in_reward and self.parallel.nproc * self.parallel.nnodes > 1:
             bad("use_kl_in_reward", "is built for one learner rank (learner.parallel.nproc 1) for now")
         if self.kl_ctrl.type == "adaptive" and self.kl_ctrl.horizon < 1:
@@ -436,6 +444,8 @@ VERL_KEYS = {
     "algorithm.adv_estimator": "adv_estimator",
     "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std_in_grpo",
     "algorithm.gamma": "gamma",
+    "algorithm.gdpo_reward_keys": "gdpo_reward_keys",
+    "algorithm.gdpo_reward_weights": "gdpo_reward_weights",
     "algorithm.use_kl_in_reward": "use_kl_in_reward",
     "algorithm.kl_penalty": "kl_penalty",
     **{f"algorithm.kl_ctrl.{k}": f"kl_ctrl.{k}" for k in ("type", "kl_coef", "horizon", "target_kl")},

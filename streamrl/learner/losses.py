@@ -37,6 +37,10 @@ class AdvantageOptions:
     norm_adv_by_std_in_grpo: bool = True
     gamma: float = 1.0  # REINFORCE++'s discount
     eps: float = 1e-6
+    # GDPO: each sample's reward components [B, K] (``gdpo_reward_keys`` read from reward_info)
+    # and their weights (empty: 1 each); None: the reward alone
+    reward_components: torch.Tensor | None = None
+    gdpo_reward_weights: Sequence[float] = ()
 
 
 def _estimator(name: str) -> Callable[[Estimator], Estimator]:
@@ -180,6 +184,23 @@ def whitened_advantages(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tenso
     if rewards.numel() < 2:
         return rewards - rewards.mean()
     return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
+@_estimator("gdpo")
+def gdpo_estimator(rewards, mask, group_ids, opt):
+    """GDPO: each reward component normalised within its group on its own (GRPO's advantage per
+    component, so a dominant one cannot drown the others), their weighted sum, whitened over the
+    mini-batch's tokens."""
+    if opt.reward_components is not None:  # read in fp32, as verl reads them from the batch
+        comps = opt.reward_components.to(device=rewards.device, dtype=torch.float32)
+    else:
+        comps = rewards.sum(-1, keepdim=True)
+    weights = torch.tensor(list(opt.gdpo_reward_weights) or [1.0] * comps.shape[1], dtype=torch.float32)
+    total = torch.zeros(comps.shape[0], dtype=comps.dtype, device=rewards.device)
+    for k in range(comps.shape[1]):
+        total = total + weights[k].to(comps.dtype) * grpo_advantages(
+            comps[:, k], group_ids, norm_by_std=opt.norm_adv_by_std_in_grpo, eps=opt.eps)
+    return masked_whiten(_per_token(total, mask), mask) * mask
 
 
 @_estimator("ppo")

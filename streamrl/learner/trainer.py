@@ -41,6 +41,7 @@ class Sample:
     policy_version: int
     behaviour_logprobs: np.ndarray | None = None  # None: recompute with the current weights
     response_mask: np.ndarray | None = None  # 1 where the policy produced the token
+    reward_components: list[float] | None = None  # GDPO: gdpo_reward_keys' values from reward_info
 
     @property
     def n_tokens(self) -> int:
@@ -335,7 +336,12 @@ class Trainer:
         rewards = losses.token_rewards(torch.tensor([s.reward for s in samples], dtype=torch.float32), mask)
         if kl is not None:
             rewards = rewards - self.kl_ctrl.value * kl * mask
-        opt = losses.AdvantageOptions(norm_adv_by_std_in_grpo=self.cfg.norm_adv_by_std_in_grpo, gamma=self.cfg.gamma)
+        comps = None
+        if self.cfg.adv_estimator == "gdpo":
+            comps = torch.tensor([s.reward_components if s.reward_components is not None else [s.reward]
+                                  for s in samples], dtype=torch.float32)
+        opt = losses.AdvantageOptions(norm_adv_by_std_in_grpo=self.cfg.norm_adv_by_std_in_grpo, gamma=self.cfg.gamma,
+                                      reward_components=comps, gdpo_reward_weights=self.cfg.gdpo_reward_weights)
         return losses.ADV_ESTIMATORS[self.cfg.adv_estimator](rewards, mask, [s.group_id for s in samples], opt)
 
     def _reward_kl(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
@@ -564,6 +570,10 @@ class Trainer:
             full = [self._rows(samples, groups, x) for x in (live, behavs)]
             corr_metrics = rollout_correction.correct(full[0], full[1], self._mask_rows(masks), rc).metrics
         out.update(corr_metrics)
+        if cfg.adv_estimator == "gdpo":  # verl's gdpo/<key>/mean, std
+            comps = np.array([s.reward_components for s in samples], dtype=np.float64)
+            for k, key in enumerate(cfg.gdpo_reward_keys):
+                out.update({f"gdpo/{key}/mean": float(comps[:, k].mean()), f"gdpo/{key}/std": float(comps[:, k].std())})
         out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
                    sequences=float(len(samples)), reward_mean=float(rewards.mean()),
@@ -729,6 +739,8 @@ def encode_samples(samples: Sequence[Sample]) -> bytes:
     for s in samples:
         entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
                                  "policy_version": s.policy_version}
+        if s.reward_components is not None:
+            entry["reward_components"] = s.reward_components
         for name, dtype in _ARRAYS:
             value = getattr(s, name)
             if value is None:
