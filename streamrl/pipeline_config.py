@@ -108,6 +108,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     cfg.topics.validate()  # type: ignore[attr-defined]
     cfg.eval.validate()  # type: ignore[attr-defined]
     cfg.tracking.validate()  # type: ignore[attr-defined]
+    if cfg.learner.adv_estimator == "remax":  # type: ignore[attr-defined]  # ReMax's greedy baseline per group
+        cfg.rollout.greedy_baseline = True  # type: ignore[attr-defined]
     if cfg.eval.enabled and cfg.eval.every and not cfg.learner.keep_every:  # type: ignore[attr-defined]
         cfg.learner.keep_every = cfg.eval.every  # type: ignore[attr-defined]  # the versions it will load
     return cfg  # type: ignore[return-value]

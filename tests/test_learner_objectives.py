@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 
+import numpy as np
 import pytest
 
 from streamrl.learner import checkpoint, schedule
@@ -179,3 +180,52 @@ def test_gdpo_reads_its_components_from_reward_info_and_reports_them(tmp_path):
     with pytest.raises(RecordError, match="acc") as caught:
         to_sample(records[0], cfg, trainer.model.config.vocab_size, trainer.tokenizer)
     assert caught.value.reason == "no_reward_component"
+
+
+# -- ReMax ---------------------------------------------------------------------------------------
+
+def test_remax_greedy_baseline_travels_with_its_group_and_is_never_trained_on(memory_bus, tmp_path):
+    """The rollout worker adds one greedy response marked ``baseline`` to each group (the
+    group's size counts it; its id is its own); the record passes the topics' schemas; the
+    learner trains the other members only, each with the baseline's reward as its baseline."""
+    from streamrl.learner.stage import Learner, remax_baselines
+    from streamrl.pipeline_config import load_config
+    from streamrl.records import Prompt, Rewarded, Trajectory
+    from streamrl.rollout.config import RolloutConfig
+    from streamrl.rollout.worker import RolloutWorker
+
+    assert load_config(overrides=["learner.adv_estimator=remax"]).rollout.greedy_baseline
+    worker = RolloutWorker(memory_bus, RolloutConfig(group_size=3, greedy_baseline=True, max_new_tokens=6,
+                                                     follow_policy=False))
+    prompt = Prompt(group_id="p1", group_size=3, data_source="test", prompt="12+3=")
+    out = asyncio.run(worker.handle(prompt, None))
+    assert len(out) == 4 and all(t.group_size == 4 for t in out)
+    [base] = [t for t in out if t.baseline]
+    assert base.id == "p1-baseline" and len({t.id for t in out}) == 4
+    again = asyncio.run(worker.handle(prompt, None))  # greedy: the same response again
+    assert [t.response for t in again if t.baseline] == [base.response]
+    assert Trajectory.decode(base.encode()).baseline is True  # valid against topics/rollouts.json
+    assert "baseline" not in out[0].encode().decode()  # a sample carries no such field
+    scored = Rewarded.from_trajectory(base, reward=0.25, reward_info={}, scorer={"name": "t"})
+    assert Rewarded.decode(scored.encode()).baseline is True  # ... and topics/rewarded.json
+
+    cfg = learner_cfg(tmp_path, adv_estimator="remax", groups_per_mini_batch=1, versions=1)
+    records = group("r", size=4, rewards=[1.0, 0.0, 1.0, 0.5])
+    records[3].baseline = True
+    seen = []
+    learner = Learner(memory_bus, cfg)
+    real_step = learner.trainer.step
+    learner.trainer.step = lambda samples: seen.append(list(samples)) or real_step(samples)
+
+    async def run():
+        task = asyncio.create_task(learner.run())
+        await publish(memory_bus, records)
+        await asyncio.wait_for(task, 60)
+
+    asyncio.run(run())
+    [trained] = seen
+    assert sorted(s.id for s in trained) == ["r-0", "r-1", "r-2"]
+    assert all(s.reward_baseline == 0.5 for s in trained)
+    adv = learner.trainer.advantages(trained, [np.ones(len(s.response_ids), np.float32) for s in trained])
+    assert [float(a[0]) for a in adv] == pytest.approx([0.5, -0.5, 0.5])
+    assert remax_baselines([[]], True) == []

@@ -184,3 +184,13 @@ def test_gdpo_equals_verls(case):
         opt = losses.AdvantageOptions(reward_components=comps, gdpo_reward_weights=c["weights"] or ())
         ours = losses.ADV_ESTIMATORS["gdpo"](torch.zeros_like(t["mask"]), t["mask"], t["index"], opt)
         close(ours, c["advantages"], f"{case} gdpo weights={c['weights']}")
+
+
+# -- ReMax -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_remax_equals_verls(case):
+    t, want = tensors(case), DATA["cases"][case]["remax"]
+    opt = losses.AdvantageOptions(reward_baselines=torch.tensor(want["baselines"], dtype=torch.float64))
+    ours = losses.ADV_ESTIMATORS["remax"](losses.token_rewards(t["scores"], t["mask"]), t["mask"], t["index"], opt)
+    close(ours, want["advantages"], f"{case} remax")

@@ -140,6 +140,24 @@ def gdpo(t: dict, index: list[str], seed: int) -> dict:
     return out
 
 
+def remax(t: dict, index: list[str], seed: int) -> dict:
+    """verl's ``compute_remax_outcome_advantage``: each score on its response's last token less
+    the group's greedy response's reward (one per group)."""
+    from verl.trainer.ppo import core_algos as ca
+
+    mask = t["mask"]
+    g = torch.Generator().manual_seed(seed + 200)
+    groups = list(dict.fromkeys(index))
+    per_group = torch.rand(len(groups), generator=g, dtype=torch.float64)
+    baselines = torch.stack([per_group[groups.index(i)] for i in index])
+    last = mask.shape[1] - 1 - torch.flip(mask, [1]).argmax(1)
+    rewards = torch.zeros_like(mask)
+    rewards[torch.arange(len(last)), last] = t["scores"]
+    adv, returns = ca.get_adv_estimator_fn("remax")(token_level_rewards=rewards, reward_baselines=baselines,
+                                                    response_mask=mask)
+    return {"baselines": baselines.tolist(), "advantages": adv.tolist(), "returns": returns.tolist()}
+
+
 def schedules() -> list[dict]:
     """Each schedule's learning rate at steps 0..total (verl's engine: warm-up steps from the
     ratio when ``lr_warmup_steps`` <= 0; one scheduler step per training step)."""
@@ -176,7 +194,7 @@ def main() -> None:
         t = {k: torch.tensor(v, dtype=torch.float64) for k, v in case.items() if k != "index"}
         out["cases"][name] = {"inputs": case, "agg_losses": losses_in_every_mode(ca, t),
                              "rollout_correction": rollout_correction(t),
-                             "gdpo": gdpo(t, case["index"], seed)}
+                             "gdpo": gdpo(t, case["index"], seed), "remax": remax(t, case["index"], seed)}
     OUT.write_text(f'"""What verl {verl.__version__}\'s own functions returned (tests/verl_parity_extra.py wrote this;\n'
                    f'tests/test_learner_parity_extra.py reads it)."""\n\nDATA = {json.dumps(out)!r}\n')
     print(f"wrote {OUT} (verl {verl.__version__})")

@@ -19,7 +19,7 @@ from streamrl.errors import ConfigError
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
 #: where torch is not installed); tests/test_learner_parity.py checks the two agree
 ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "ppo", "gdpo")
+                  "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax")
 LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm")

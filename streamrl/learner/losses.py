@@ -41,6 +41,8 @@ class AdvantageOptions:
     # and their weights (empty: 1 each); None: the reward alone
     reward_components: torch.Tensor | None = None
     gdpo_reward_weights: Sequence[float] = ()
+    # ReMax: each sample's baseline [B], the reward of its group's greedy response
+    reward_baselines: torch.Tensor | None = None
 
 
 def _estimator(name: str) -> Callable[[Estimator], Estimator]:
@@ -201,6 +203,16 @@ def gdpo_estimator(rewards, mask, group_ids, opt):
         total = total + weights[k].to(comps.dtype) * grpo_advantages(
             comps[:, k], group_ids, norm_by_std=opt.norm_adv_by_std_in_grpo, eps=opt.eps)
     return masked_whiten(_per_token(total, mask), mask) * mask
+
+
+@_estimator("remax")
+def remax_estimator(rewards, mask, group_ids, opt):
+    """ReMax: the return to go less the reward of the group's greedy response (the baseline, a
+    record of its own that is never trained on)."""
+    if opt.reward_baselines is None:
+        raise ValueError("remax needs each sample's baseline (the group's greedy response's reward)")
+    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    return returns - opt.reward_baselines.to(device=rewards.device, dtype=rewards.dtype).unsqueeze(-1) * mask
 
 
 @_estimator("ppo")

@@ -42,6 +42,7 @@ class Sample:
     behaviour_logprobs: np.ndarray | None = None  # None: recompute with the current weights
     response_mask: np.ndarray | None = None  # 1 where the policy produced the token
     reward_components: list[float] | None = None  # GDPO: gdpo_reward_keys' values from reward_info
+    reward_baseline: float | None = None  # ReMax: the reward of the group's greedy response
 
     @property
     def n_tokens(self) -> int:
@@ -340,8 +341,13 @@ class Trainer:
         if self.cfg.adv_estimator == "gdpo":
             comps = torch.tensor([s.reward_components if s.reward_components is not None else [s.reward]
                                   for s in samples], dtype=torch.float32)
+        baselines = None
+        if self.cfg.adv_estimator == "remax":
+            baselines = torch.tensor([s.reward if s.reward_baseline is None else s.reward_baseline for s in samples],
+                                     dtype=torch.float32)
         opt = losses.AdvantageOptions(norm_adv_by_std_in_grpo=self.cfg.norm_adv_by_std_in_grpo, gamma=self.cfg.gamma,
-                                      reward_components=comps, gdpo_reward_weights=self.cfg.gdpo_reward_weights)
+                                      reward_components=comps, gdpo_reward_weights=self.cfg.gdpo_reward_weights,
+                                      reward_baselines=baselines)
         return losses.ADV_ESTIMATORS[self.cfg.adv_estimator](rewards, mask, [s.group_id for s in samples], opt)
 
     def _reward_kl(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
@@ -739,8 +745,9 @@ def encode_samples(samples: Sequence[Sample]) -> bytes:
     for s in samples:
         entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
                                  "policy_version": s.policy_version}
-        if s.reward_components is not None:
-            entry["reward_components"] = s.reward_components
+        for name in ("reward_components", "reward_baseline"):  # (optional: absent when None)
+            if getattr(s, name) is not None:
+                entry[name] = getattr(s, name)
         for name, dtype in _ARRAYS:
             value = getattr(s, name)
             if value is None:
