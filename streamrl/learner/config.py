@@ -19,7 +19,7 @@ from streamrl.errors import ConfigError
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
 #: where torch is not installed); tests/test_learner_parity.py checks the two agree
 ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax")
+                  "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax", "gae")
 LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm")
@@ -108,6 +108,21 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class CriticConfig:
+    """verl's ``critic.*``: the value model of ``adv_estimator: gae`` (``streamrl.learner.critic``),
+    trained in the learner's processes beside the policy, FSDP2-sharded as it is, with its own
+    AdamW and checkpoint (``critic_dcp/``)."""
+
+    model: str = ""  # its weights (verl's critic.model.path): "" the policy's; a fresh value head on top
+    lr: float = 1e-5  # verl's critic.optim.lr
+    weight_decay: float = 0.01  # verl's critic.optim.weight_decay
+    cliprange_value: float = 0.5  # the prediction is clipped to the update's values +- this in the loss
+    grad_clip: float = 1.0  # max gradient norm (verl's critic.grad_clip / optim.clip_grad); 0: off
+    ppo_epochs: int = 0  # passes over each mini-batch; 0: learner.ppo_epochs
+    loss_agg_mode: str = ""  # the value loss's aggregation; "": learner.loss_agg_mode
+
+
+@dataclass
 class LoraConfig:
     """LoRA (``streamrl.learner.lora``): the policy wrapped with PEFT, only the adapters trained
     (gradients, AdamW states) and published each version; the frozen base is loaded once, in
@@ -147,7 +162,9 @@ class LearnerConfig:
     # whitened over the mini-batch (streamrl's, no critic; docs/guides/objective.md)
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO
-    gamma: float = 1.0  # REINFORCE++'s discount (verl's algorithm.gamma)
+    gamma: float = 1.0  # REINFORCE++'s and GAE's discount (verl's algorithm.gamma)
+    lam: float = 1.0  # GAE's lambda (verl's algorithm.lam)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # adv_estimator gae's value model
     # GDPO (adv_estimator gdpo): the reward components, fields of each record's reward_info (a
     # scorer's dict result), each normalised within its group, summed with these weights (empty: 1 each)
     gdpo_reward_keys: list[str] = field(default_factory=list)
@@ -309,9 +326,6 @@ class LearnerConfig:
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")
 
-        if self.adv_estimator == "gae":
-            raise ConfigError("config field 'learner.adv_estimator': gae needs a critic, which streamrl does not "
-                              "train yet (one of " + ", ".join(ADV_ESTIMATORS) + ")")
         kl_types = [k + plus for k in KL_TYPES for plus in ("", "+")]
         choices = {"adv_estimator": ADV_ESTIMATORS, "loss_agg_mode": LOSS_AGG_MODES,
                    "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
@@ -347,6 +361,18 @@ class LearnerConfig:
             bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
                 f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
         self._validate_rollout_correction()
+        if self.adv_estimator == "gae":
+            critic = self.critic
+            if critic.loss_agg_mode not in ("",) + LOSS_AGG_MODES:
+                raise ConfigError(f"config field 'learner.critic.loss_agg_mode': one of {', '.join(LOSS_AGG_MODES)} "
+                                  f"or empty (got {critic.loss_agg_mode!r})")
+            if not critic.lr > 0 or critic.cliprange_value < 0 or critic.grad_clip < 0 or critic.ppo_epochs < 0:
+                raise ConfigError("config field 'learner.critic': lr > 0, cliprange_value, grad_clip and ppo_epochs "
+                                  f">= 0 (got {critic!r})")
+            if self.lora.enabled:
+                bad("adv_estimator", "gae's critic is a full model: not with learner.lora")
+        if not 0 <= self.lam <= 1:
+            bad("lam", "GAE's lambda is in [0, 1]")
         if self.adv_estimator == "gdpo" and not self.gdpo_reward_keys:
             bad("gdpo_reward_keys", "adv_estimator gdpo names the reward components it normalises (reward_info fields)")
         if self.gdpo_reward_weights and len(self.gdpo_reward_weights) != len(self.gdpo_reward_keys):
@@ -444,6 +470,11 @@ VERL_KEYS = {
     "algorithm.adv_estimator": "adv_estimator",
     "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std_in_grpo",
     "algorithm.gamma": "gamma",
+    "algorithm.lam": "lam",
+    **{f"critic.{k}": f"critic.{k}" for k in ("cliprange_value", "grad_clip", "ppo_epochs", "loss_agg_mode")},
+    **{f"critic.optim.{k}": f"critic.{k}" for k in ("lr", "weight_decay")},
+    "critic.optim.clip_grad": "critic.grad_clip",
+    "critic.model.path": "critic.model",
     "algorithm.gdpo_reward_keys": "gdpo_reward_keys",
     "algorithm.gdpo_reward_weights": "gdpo_reward_weights",
     "algorithm.use_kl_in_reward": "use_kl_in_reward",
@@ -469,7 +500,7 @@ VERL_KEYS = {
     f"{_MODEL}use_remove_padding": "use_remove_padding",
 }
 _READ_TOGETHER = (f"{_ACTOR}use_kl_loss", f"{_ACTOR}kl_loss_coef", f"{_ACTOR}clip_ratio")
-VERL_PREFIXES = ("algorithm.", _ACTOR, _MODEL)
+VERL_PREFIXES = ("algorithm.", _ACTOR, _MODEL, "critic.")
 
 
 def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any]]:

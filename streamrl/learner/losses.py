@@ -43,6 +43,9 @@ class AdvantageOptions:
     gdpo_reward_weights: Sequence[float] = ()
     # ReMax: each sample's baseline [B], the reward of its group's greedy response
     reward_baselines: torch.Tensor | None = None
+    # GAE: the critic's values [B, T] at the update, and lambda (verl's algorithm.lam)
+    values: torch.Tensor | None = None
+    lam: float = 1.0
 
 
 def _estimator(name: str) -> Callable[[Estimator], Estimator]:
@@ -213,6 +216,56 @@ def remax_estimator(rewards, mask, group_ids, opt):
         raise ValueError("remax needs each sample's baseline (the group's greedy response's reward)")
     returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
     return returns - opt.reward_baselines.to(device=rewards.device, dtype=rewards.dtype).unsqueeze(-1) * mask
+
+
+def gae_advantages_returns(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                           lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (verl's ``compute_gae_advantage_return``): TD errors
+    ``r_t + gamma V_{t+1} - V_t`` summed back with ``gamma lam``, skipping tokens the policy did
+    not produce (their value and TD error are carried over); returns are advantages + values
+    (the critic's targets); the advantages are then whitened over the mini-batch's tokens."""
+    with torch.no_grad():
+        next_value = torch.zeros_like(values[:, 0])
+        last = torch.zeros_like(values[:, 0])
+        out = []
+        for t in reversed(range(rewards.shape[-1])):
+            delta = rewards[:, t] + gamma * next_value - values[:, t]
+            running = delta + gamma * lam * last
+            next_value = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_value
+            last = running * mask[:, t] + (1 - mask[:, t]) * last
+            out.append(last)
+        advantages = torch.stack(out[::-1], dim=1)
+        returns = advantages + values
+        return masked_whiten(advantages, mask), returns
+
+
+@_estimator("gae")
+def gae_estimator(rewards, mask, group_ids, opt):
+    """PPO's estimator with a critic: GAE on the critic's values at the update (``opt.values``)."""
+    if opt.values is None:
+        raise ValueError("gae needs the critic's values")
+    return gae_advantages_returns(rewards, opt.values.to(rewards.dtype), mask, opt.gamma, opt.lam)[0]
+
+
+def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+               cliprange_value: float, mode: str = "token-mean", **totals) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``compute_value_loss``: half the larger of the squared errors of the prediction and
+    of the prediction clipped to ``values +- cliprange_value`` (the values at the update),
+    aggregated by ``mode`` (``totals``: the mini-batch's, as ``aggregate`` takes them); and the
+    tokens where the clipped one was larger (``vf_clipfrac``)."""
+    clipped = torch.maximum(torch.minimum(vpreds, values + cliprange_value), values - cliprange_value)
+    loss1, loss2 = (vpreds - returns) ** 2, (clipped - returns) ** 2
+    return 0.5 * aggregate(torch.maximum(loss1, loss2), mask, mode, **totals), (loss2 > loss1).float()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """verl's ``critic/vf_explained_var``: ``1 - var(returns - values) / var(returns)`` over the
+    trained tokens."""
+    keep = mask > 0
+    v, r = values[keep], returns[keep]
+    if r.numel() < 2:
+        return float("nan")
+    return float(1.0 - torch.var(r - v) / (torch.var(r) + 1e-5))
 
 
 @_estimator("ppo")

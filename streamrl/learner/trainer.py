@@ -120,6 +120,12 @@ class Trainer:
             if self.reference is not None:
                 distributed.shard(self.reference, cfg, trainable=False)
         self.model.train()
+        self.critic = None  # adv_estimator gae's value model (streamrl.learner.critic)
+        if cfg.adv_estimator == "gae":
+            from streamrl.learner.critic import Critic
+
+            self.critic = Critic(cfg, self.device, self.sharded)
+        self._returns: torch.Tensor | None = None  # GAE's returns of the last advantages() (the critic's targets)
         # only what trains has gradients and AdamW states (with LoRA: the adapters alone)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -327,10 +333,11 @@ class Trainer:
                 np.zeros(0, np.float32) for s in samples]
 
     def advantages(self, samples: Sequence[Sample], masks: Sequence[np.ndarray],
-                   kl: torch.Tensor | None = None) -> torch.Tensor:
+                   kl: torch.Tensor | None = None, values: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token advantages ``[B, longest response]`` of the mini-batch by
         ``cfg.adv_estimator``, from each reward on its response's last token, less
-        ``kl_ctrl``'s coefficient times ``kl`` per token (``use_kl_in_reward``)."""
+        ``kl_ctrl``'s coefficient times ``kl`` per token (``use_kl_in_reward``); ``values``: the
+        critic's ``[B, longest response]`` (``gae``, whose returns it keeps for the critic)."""
         mask = torch.zeros((len(samples), max(max(len(m) for m in masks), 1)), dtype=torch.float32)
         for i, m in enumerate(masks):
             mask[i, :len(m)] = torch.from_numpy(m)
@@ -347,7 +354,11 @@ class Trainer:
                                      dtype=torch.float32)
         opt = losses.AdvantageOptions(norm_adv_by_std_in_grpo=self.cfg.norm_adv_by_std_in_grpo, gamma=self.cfg.gamma,
                                       reward_components=comps, gdpo_reward_weights=self.cfg.gdpo_reward_weights,
-                                      reward_baselines=baselines)
+                                      reward_baselines=baselines, lam=self.cfg.lam,
+                                      values=None if values is None else values.cpu())
+        if values is not None:
+            self._returns = losses.gae_advantages_returns(rewards, values.cpu().to(rewards.dtype), mask,
+                                                          self.cfg.gamma, self.cfg.lam)[1]
         return losses.ADV_ESTIMATORS[self.cfg.adv_estimator](rewards, mask, [s.group_id for s in samples], opt)
 
     def _reward_kl(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
@@ -470,14 +481,18 @@ class Trainer:
                 else:
                     behav[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
             behavs.append(behav)
-        reward_kl = None
+        reward_kl, values = None, None
+        if self.critic is not None:  # the critic's values at the update, whole on every rank
+            critic_units = [self._collate(g, packed=False) for g in groups]
+            old_values = self.critic.values(critic_units)
+            values = self._rows(samples, groups, old_values)
         if cfg.use_kl_in_reward:
             kl_tokens, reward_kl = self._reward_kl(samples, masks, groups, units, chunks, current)
             beta = self.kl_ctrl.value
-            adv_all = self.advantages(samples, masks, kl_tokens)
+            adv_all = self.advantages(samples, masks, kl_tokens, values=values)
             self.kl_ctrl.update(reward_kl, len(samples))
         else:
-            adv_all = self.advantages(samples, masks)
+            adv_all = self.advantages(samples, masks, values=values)
         adv_of = {s.id: adv_all[i] for i, s in enumerate(samples)}
         advs = [torch.stack([adv_of[s.id][:units[u].mask.shape[1]] if s.id in adv_of else
                              torch.zeros(units[u].mask.shape[1]) for s in g]).to(self.device)
@@ -496,6 +511,18 @@ class Trainer:
             clip_cov_ub=cfg.policy_loss.clip_cov_ub, kl_cov_ratio=cfg.policy_loss.kl_cov_ratio,
             ppo_kl_coef=cfg.policy_loss.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
         tok = dict(total_tokens=total_tokens)
+        critic_out: dict[str, float] = {}
+        if self.critic is not None:  # its update on the returns, before the policy's (as verl's)
+            row = {x.id: k for k, x in enumerate(samples)}
+            rets = [torch.stack([self._returns[row[x.id], :b.mask.shape[1]] if x.id in row else
+                                 torch.zeros(b.mask.shape[1]) for x in g]).to(self.device)
+                    for g, b in zip(groups, critic_units)]
+            grad = self.critic.update(critic_units, rets, old_values, agg, tok, self.world, add)
+            trained = self._mask_rows(masks).cpu() > 0
+            critic_out = {"critic/grad_norm": grad, "critic/lr": float(self.critic.optimizer.param_groups[0]["lr"]),
+                          "critic/vf_explained_var": losses.explained_variance(values.cpu(), self._returns, trained),
+                          "critic/values/mean": float(values.cpu()[trained].mean()),
+                          "critic/returns/mean": float(self._returns[trained].mean())}
         corrected, corr_metrics, live = None, {}, None
         if rc_decoupled:  # the weights and rejection of the whole mini-batch, as verl's on its batch
             from streamrl.learner import rollout_correction
@@ -576,6 +603,10 @@ class Trainer:
             full = [self._rows(samples, groups, x) for x in (live, behavs)]
             corr_metrics = rollout_correction.correct(full[0], full[1], self._mask_rows(masks), rc).metrics
         out.update(corr_metrics)
+        if self.critic is not None:  # its sums are over its own epochs
+            epochs = cfg.critic.ppo_epochs or cfg.ppo_epochs
+            out.update({k: v * cfg.ppo_epochs / epochs for k, v in out.items() if k.startswith("critic/")})
+            out.update(critic_out)
         if cfg.adv_estimator == "gdpo":  # verl's gdpo/<key>/mean, std
             comps = np.array([s.reward_components for s in samples], dtype=np.float64)
             for k, key in enumerate(cfg.gdpo_reward_keys):
@@ -691,6 +722,8 @@ class Trainer:
             state["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
         with _single_process_dcp():
             dcp.save(state, checkpoint_id=str(directory / "dcp"))
+            if self.critic is not None:  # its weights and AdamW states, sharded as the policy's
+                self.critic.save(directory / "critic_dcp")
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Model and optimizer state from a checkpoint's ``dcp/`` (written by any number of
@@ -715,6 +748,9 @@ class Trainer:
                     state = {"model": get_model_state_dict(self.model, options=options)}
                     dcp.load(state, checkpoint_id=path)
                     set_model_state_dict(self.model, state["model"], options=options)
+            if self.critic is not None and (directory / "critic_dcp").is_dir():
+                with _single_process_dcp():
+                    self.critic.load(directory / "critic_dcp")
         elif (directory / "optimizer.pt").is_file():
             self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
                                                       weights_only=True))
