@@ -194,3 +194,35 @@ def test_remax_equals_verls(case):
     opt = losses.AdvantageOptions(reward_baselines=torch.tensor(want["baselines"], dtype=torch.float64))
     ours = losses.ADV_ESTIMATORS["remax"](losses.token_rewards(t["scores"], t["mask"]), t["mask"], t["index"], opt)
     close(ours, want["advantages"], f"{case} remax")
+
+
+# -- GAE and the critic's value loss -------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_gae_equals_verls(case):
+    """Token rewards on every token (a penalty) and the score on the last, a masked token inside
+    a response (its value and TD error carried over), three (gamma, lambda)."""
+    t, want = tensors(case), DATA["cases"][case]["gae"]
+    rewards, values = (torch.tensor(want[k], dtype=torch.float64) for k in ("rewards", "values"))
+    for c in want["gae"]:
+        adv, ret = losses.gae_advantages_returns(rewards, values, t["mask"], c["gamma"], c["lam"])
+        close(adv, c["advantages"], f"{case} gae {c['gamma']} {c['lam']} advantages")
+        close(ret, c["returns"], f"{case} gae {c['gamma']} {c['lam']} returns")
+        opt = losses.AdvantageOptions(gamma=c["gamma"], lam=c["lam"], values=values)
+        close(losses.ADV_ESTIMATORS["gae"](rewards, t["mask"], t["index"], opt), c["advantages"], f"{case} registry")
+
+
+@pytest.mark.parametrize("case", sorted(DATA["cases"]))
+def test_the_value_loss_and_its_gradient_equal_verls_in_every_loss_agg_mode(case):
+    t, want = tensors(case), DATA["cases"][case]["gae"]
+    values = torch.tensor(want["values"], dtype=torch.float64)
+    returns = torch.tensor(want["gae"][1]["returns"], dtype=torch.float64)
+    assert set(want["value_loss"]) == set(config.LOSS_AGG_MODES)
+    for agg, theirs in want["value_loss"].items():
+        vpreds = torch.tensor(want["vpreds"], dtype=torch.float64, requires_grad=True)
+        loss, clipped = losses.value_loss(vpreds, returns, values, t["mask"], DATA["cliprange_value"], agg, scale=7)
+        loss.backward()
+        close(loss, theirs["loss"], f"{case} {agg} vf_loss")
+        close(vpreds.grad, theirs["grad"], f"{case} {agg} gradient")
+        close(losses.aggregate(clipped, t["mask"], "token-mean"), theirs["clipfrac"], f"{case} {agg} vf_clipfrac")
+    assert any(v["clipfrac"] > 0 for v in want["value_loss"].values())  # the clip is exercised

@@ -158,6 +158,40 @@ def remax(t: dict, index: list[str], seed: int) -> dict:
     return {"baselines": baselines.tolist(), "advantages": adv.tolist(), "returns": returns.tolist()}
 
 
+#: GAE: (gamma, lam)
+GAE_CASES = [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)]
+CLIPRANGE_VALUE = 0.2
+
+
+def gae_and_value_loss(t: dict, seed: int) -> dict:
+    """verl's ``compute_gae_advantage_return`` (token rewards with a KL-like penalty on every
+    token, values of a critic) and ``compute_value_loss`` in every loss_agg_mode, with its
+    gradient."""
+    from verl.trainer.ppo import core_algos as ca
+
+    mask = t["mask"]
+    g = torch.Generator().manual_seed(seed + 300)
+    values = torch.randn(mask.shape, generator=g, dtype=torch.float64) * 0.5 * mask
+    last = mask.shape[1] - 1 - torch.flip(mask, [1]).argmax(1)
+    rewards = -0.01 * torch.rand(mask.shape, generator=g, dtype=torch.float64) * mask
+    rewards[torch.arange(len(last)), last] += t["scores"]
+    out: dict = {"values": values.tolist(), "rewards": rewards.tolist(), "gae": [], "value_loss": {}}
+    for gamma, lam in GAE_CASES:
+        adv, ret = ca.get_adv_estimator_fn("gae")(token_level_rewards=rewards, values=values, response_mask=mask,
+                                                  gamma=gamma, lam=lam)
+        out["gae"].append({"gamma": gamma, "lam": lam, "advantages": adv.tolist(), "returns": ret.tolist()})
+    returns = torch.tensor(out["gae"][1]["returns"], dtype=torch.float64)
+    vpreds0 = values + torch.randn(mask.shape, generator=g, dtype=torch.float64) * 0.3
+    out["vpreds"] = vpreds0.tolist()
+    for agg in AGG_MODES:
+        vpreds = vpreds0.clone().requires_grad_(True)
+        loss, clipfrac = ca.compute_value_loss(vpreds, returns, values, mask, CLIPRANGE_VALUE, loss_agg_mode=agg,
+                                               loss_scale_factor=7 if agg.endswith("norm") else None)
+        loss.backward()
+        out["value_loss"][agg] = {"loss": float(loss), "grad": vpreds.grad.tolist(), "clipfrac": float(clipfrac)}
+    return out
+
+
 def schedules() -> list[dict]:
     """Each schedule's learning rate at steps 0..total (verl's engine: warm-up steps from the
     ratio when ``lr_warmup_steps`` <= 0; one scheduler step per training step)."""
@@ -188,13 +222,14 @@ def main() -> None:
 
     source = Path(inspect.getfile(ca)).read_bytes()
     out: dict = {"verl": verl.__version__, "core_algos_sha256": hashlib.sha256(source).hexdigest(),
-                 "knobs": KNOBS, "schedules": schedules(), "cases": {}}
+                 "knobs": KNOBS, "cliprange_value": CLIPRANGE_VALUE, "schedules": schedules(), "cases": {}}
     for name, (sizes, T, seed) in CASES.items():
         case = inputs(sizes, T, seed)
         t = {k: torch.tensor(v, dtype=torch.float64) for k, v in case.items() if k != "index"}
         out["cases"][name] = {"inputs": case, "agg_losses": losses_in_every_mode(ca, t),
                              "rollout_correction": rollout_correction(t),
-                             "gdpo": gdpo(t, case["index"], seed), "remax": remax(t, case["index"], seed)}
+                             "gdpo": gdpo(t, case["index"], seed), "remax": remax(t, case["index"], seed),
+                             "gae": gae_and_value_loss(t, seed)}
     OUT.write_text(f'"""What verl {verl.__version__}\'s own functions returned (tests/verl_parity_extra.py wrote this;\n'
                    f'tests/test_learner_parity_extra.py reads it)."""\n\nDATA = {json.dumps(out)!r}\n')
     print(f"wrote {OUT} (verl {verl.__version__})")
