@@ -66,7 +66,7 @@ VERL_NAMES = {
 }
 
 
-VERL_PREFIXES = ("rollout_corr/", "critic/")
+VERL_PREFIXES = ("rollout_corr/", "critic/", "gdpo/")
 
 
 def train_figures(metrics: dict[str, float]) -> dict[str, float]:
