@@ -7,6 +7,8 @@ BENCHMARKS.md, added to the site each time it is built, so they never go stale i
   "Configuration".
 - ``benchmarks/results.md``: BENCHMARKS.md (the figures stay at the root, where the benches'
   authors add them), its image paths made relative to the page.
+- ``<!-- generated: NAME -->`` in a hand-written page: replaced by the snippet ``NAME`` that
+  ``reference_pages.snippets`` makes from the code (the verl guide's table of keys).
 - Guides in ``OPTIONAL_PAGES`` stay in the nav of ``mkdocs.yml`` but are left out while their
   file does not exist yet (strict mode fails on a nav entry without a file).
 """
@@ -32,6 +34,8 @@ BENCHMARKS_PAGE = "benchmarks/results.md"
 OPTIONAL_PAGES = ("guides/lora.md", "guides/validation.md")
 
 _generated: dict[str, str] = {}
+_snippets: dict[str, str] = {}
+SNIPPET = re.compile(r"<!-- generated: ([\w-]+) -->")
 
 
 def benchmarks_page() -> str:
@@ -77,7 +81,10 @@ def reference() -> dict[str, str]:
 
 def on_config(config: Any) -> Any:
     _generated.clear()
-    _generated.update(reference())
+    _snippets.clear()
+    made = reference()
+    _snippets.update(made.pop("_snippets", {}))
+    _generated.update(made)
     _generated[BENCHMARKS_PAGE] = benchmarks_page()
     config_pages = [p for p in _generated if p.startswith(CONFIG_DIR + "/")
                     and not p.endswith("/index.md")]
@@ -92,3 +99,12 @@ def on_files(files: Any, config: Any) -> Any:
             files.remove(existing)
         files.append(File.generated(config, path, content=text))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    def snippet(match: "re.Match[str]") -> str:
+        if match.group(1) not in _snippets:
+            raise PluginError(f"{page.file.src_path}: no generated snippet {match.group(1)!r} (docs/reference_pages.py)")
+        return _snippets[match.group(1)]
+
+    return SNIPPET.sub(snippet, markdown)

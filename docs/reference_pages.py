@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = "reference/config"
 CLI_PAGE = "reference/cli.md"
 METRICS_PAGE = "reference/metrics.md"
+SNIPPETS = "_snippets"  # the key of the snippets in --json's output (not a page)
 
 #: free-form mappings (``dict[str, Any]`` in their dataclass) whose keys another dataclass
 #: checks when the stage starts: documented as that dataclass's section
@@ -413,6 +414,18 @@ def metrics_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: parts of hand-written pages made from the code: ``<!-- generated: NAME -->`` in the page
+#: (``docs/hooks.py`` puts them in when the site is built)
+def snippets() -> dict[str, str]:
+    """``{NAME: Markdown}``: the verl guide's table of keys, from ``streamrl.verl_keys.VERL_TABLE``
+    (the table the parser and ``streamrl run --dry-run`` read)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from streamrl.verl_keys import markdown_table
+
+    return {"verl-keys": markdown_table()}
+
+
 def pages() -> dict[str, str]:
     """Every generated page, ``{site path: Markdown}``."""
     if str(ROOT) not in sys.path:  # this checkout's streamrl, whatever else is installed
@@ -422,7 +435,7 @@ def pages() -> dict[str, str]:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--json"]:  # what docs/hooks.py reads, from a fresh interpreter each build
-        print(json.dumps(pages()))
+        print(json.dumps({**pages(), SNIPPETS: snippets()}))
         sys.exit(0)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "site-reference")
     for rel, text in pages().items():

@@ -10,23 +10,26 @@ checkers only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from streamrl.archive.config import ArchiveConfig
 from streamrl.config import BusConfig, MetricsConfig, RunConfig, TopicsConfig, apply_override, config_errors
-from streamrl.errors import ConfigError
+from streamrl.errors import ConfigError, StreamrlError
 from streamrl.evaluation.config import EvalConfig
-from streamrl.learner.config import VERL_PREFIXES, LearnerConfig, verl_overrides
+from streamrl.learner.config import LearnerConfig
 from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
                                     apply_verl_keys)
 from streamrl.rollout.config import FeedConfig, RolloutConfig
 from streamrl.tracking.config import TrackingConfig
+from streamrl.verl_keys import MAPPED, KeyOutcome, _show, is_verl_key, problem_lines, read_verl_keys
 
-__all__ = ["PipelineConfig", "load_config"]
+__all__ = ["PipelineConfig", "Resolution", "load_config", "resolve_config"]
 
 
 @dataclass
@@ -48,105 +51,153 @@ class PipelineConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)  # TensorBoard, MLflow, W&B
 
 
-#: verl's trainer, data and validation keys -> this config's (the objective's are the learner's:
-#: ``streamrl.learner.config.VERL_KEYS``); any other key under these prefixes is refused, named
-_VAL = "actor_rollout_ref.rollout.val_kwargs."
-PIPELINE_VERL_KEYS = {
-    "data.train_files": "feed.dataset",
-    "data.val_files": "eval.dataset",
-    "trainer.test_freq": "eval.every",
-    "trainer.val_before_train": "eval.before_train",
-    **{_VAL + k: f"eval.{k}" for k in ("n", "do_sample", "temperature", "top_p")},
-    "trainer.logger": "tracking.loggers",
-    "trainer.project_name": "tracking.project",
-    "trainer.experiment_name": "tracking.experiment",
-    "trainer.total_training_steps": "learner.versions",
-    "trainer.total_epochs": "feed.epochs",
-    "trainer.save_freq": "learner.checkpoint_every",
-}
-PIPELINE_VERL_PREFIXES = ("data.", "trainer.", _VAL)
-
-
-def _verl_value(key: str, value: Any) -> Any:
-    """A verl value in this config's terms: ``test_freq``/``save_freq`` -1 (off) is 0, a logger
-    given as one name is a list, and a list of one file is that file."""
-    if key in ("trainer.test_freq", "trainer.save_freq") and isinstance(value, int) and value < 0:
-        return 0
-    if key == "trainer.logger" and isinstance(value, str):
-        return [value]
-    if key in ("data.train_files", "data.val_files") and isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            raise ConfigError(f"config field {key!r}: streamrl reads one file per dataset (got {len(value)}); "
-                              f"put the data sources' rows in one file (each row keeps its data_source)")
-        return value[0]
-    return value
-
-
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> PipelineConfig:
     """Defaults <- YAML file <- ``key.path=value`` overrides, checked against ``PipelineConfig``.
-    A bad value fails naming its field and where it came from: the file, or the command line.
-    ``path`` is a file, or the name of a packaged config (``local.yaml``)."""
-    merged = OmegaConf.structured(PipelineConfig)
-    if path:
-        from streamrl.packaged import resolve_config
+    Every problem fails at once, one line each, naming its field and where it came from: the
+    file, or the command line (a verl key as it was typed). ``path`` is a file, or the name of a
+    packaged config (``local.yaml``)."""
+    return resolve_config(path, overrides).config()
 
-        path = resolve_config(str(path))
-        with config_errors(f" in {path}"):
-            raw = OmegaConf.load(path)
-            for top in ("algorithm", "actor_rollout_ref", "data", "trainer"):  # verl's: _apply_verl_objective
-                raw.pop(top, None)
-            merged = OmegaConf.merge(merged, raw)
-    merged, overrides = _apply_verl_objective(merged, overrides, path)
-    before = _scorer_identities(merged)
+
+@dataclass
+class Resolution:
+    """A config as resolved from a file and overrides: the config (None when it cannot be
+    built), what each verl key given became (``streamrl.verl_keys``), and every problem found,
+    one line each."""
+
+    cfg: Optional[PipelineConfig]
+    verl: list[KeyOutcome] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    # streamrl key -> the verl key (as typed, with its value) that set it: a check that fails on
+    # the streamrl key names the key the user typed
+    origin: dict[str, str] = field(default_factory=dict)
+
+    def blame(self, message: str) -> str:
+        """``message`` with the verl key (as typed) that set each field it names."""
+        named = [key for key in self.origin if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message)]
+        named = [k for k in named if not any(k != o and k in o for o in named)]  # the longest names only
+        if not named:
+            return message
+        return f"{message} [from verl's {', '.join(dict.fromkeys(self.origin[k] for k in named))}]"
+
+    def check(self, what: Callable[[], Any]) -> Any:
+        """Run one check; a ``StreamrlError`` becomes a problem (blamed), not an exception."""
+        try:
+            return what()
+        except StreamrlError as exc:
+            self.problems.append(self.blame(str(exc)))
+            return None
+
+    def error(self) -> Optional[ConfigError]:
+        if not self.problems:
+            return None
+        if len(self.problems) == 1:
+            return ConfigError(self.problems[0])
+        return ConfigError(f"{len(self.problems)} problems in the config:\n  " + "\n  ".join(self.problems))
+
+    def config(self) -> PipelineConfig:
+        """The config, or ``ConfigError`` listing every problem."""
+        error = self.error()
+        if error is not None:
+            raise error
+        assert self.cfg is not None
+        return self.cfg
+
+
+_VERL_FILE_SECTIONS = ("algorithm", "actor_rollout_ref", "data", "trainer", "critic")
+
+
+def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Resolution:
+    """``load_config``'s work, collecting every problem instead of stopping at the first (see
+    ``Resolution``): verl's keys first (a verl config's sections in the file, then the command
+    line's, through ``streamrl.verl_keys.VERL_TABLE``), then streamrl's own overrides."""
+    out = Resolution(None)
+    merged = OmegaConf.structured(PipelineConfig)
+    given: list[tuple[str, Any]] = []
+    if path:
+        from streamrl.packaged import resolve_config as packaged
+
+        path = packaged(str(path))
+        try:
+            with config_errors(f" in {path}"):
+                raw = OmegaConf.load(path)
+                for top in _VERL_FILE_SECTIONS:
+                    if top in raw:
+                        given += _flatten(OmegaConf.to_container(raw.pop(top)), top)
+                merged = OmegaConf.merge(merged, raw)
+        except ConfigError as exc:
+            out.problems.append(str(exc))
+            return out
+    rest = []
     for override in overrides:
-        with config_errors(f" on the command line ({override})"):
-            merged = apply_override(merged, override)
-    merged = _drop_stale_kwargs(merged, before, overrides)
-    with config_errors(f" in {path}" if path else ""):
-        cfg = OmegaConf.to_object(merged)
-    apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model)  # type: ignore[attr-defined]
-    cfg.topics.validate()  # type: ignore[attr-defined]
-    cfg.eval.validate()  # type: ignore[attr-defined]
-    cfg.tracking.validate()  # type: ignore[attr-defined]
+        key, _, value = override.partition("=")
+        if is_verl_key(key.strip()):
+            typed = key.strip()
+            try:
+                parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"{typed.lstrip('+')}={value}"]))
+                given += [(("+" * (len(typed) - len(typed.lstrip("+")))) + k, v) for k, v in _flatten(parsed, "")]
+            except OmegaConfBaseException as exc:
+                out.problems.append(f"{override}: cannot read it ({str(exc).splitlines()[0]})")
+        else:
+            rest.append(override)
+    out.verl = read_verl_keys(given)
+    out.problems += problem_lines(out.verl)
+    for outcome in out.verl:
+        if outcome.kind != MAPPED:
+            continue
+        for key, value in outcome.sets.items():
+            out.origin[key] = f"{outcome.typed}={_show(outcome.value)}"
+            try:
+                with config_errors(""):
+                    OmegaConf.update(merged, key, value, merge=True)
+            except ConfigError as exc:
+                out.problems.append(f"{outcome.typed}={_show(outcome.value)}: {str(exc).split(': ', 1)[-1]} "
+                                    f"(as {key})")
+    before = _scorer_identities(merged)
+    for override in rest:
+        try:
+            with config_errors(f" on the command line ({override})"):
+                merged = apply_override(merged, override)
+        except ConfigError as exc:
+            out.problems.append(str(exc))
+    merged = _drop_stale_kwargs(merged, before, rest)
+    _derive(merged, out.verl, rest)
+    try:
+        with config_errors(f" in {path}" if path else ""):
+            cfg = OmegaConf.to_object(merged)
+    except ConfigError as exc:
+        out.problems.append(out.blame(str(exc)))
+        return out
+    out.cfg = cfg  # type: ignore[assignment]
+    out.check(lambda: apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model))  # type: ignore[attr-defined]
+    out.check(cfg.topics.validate)  # type: ignore[attr-defined]
+    out.check(cfg.eval.validate)  # type: ignore[attr-defined]
+    out.check(cfg.tracking.validate)  # type: ignore[attr-defined]
     if cfg.learner.adv_estimator == "remax":  # type: ignore[attr-defined]  # ReMax's greedy baseline per group
         cfg.rollout.greedy_baseline = True  # type: ignore[attr-defined]
     if cfg.eval.enabled and cfg.eval.every and not cfg.learner.keep_every:  # type: ignore[attr-defined]
         cfg.learner.keep_every = cfg.eval.every  # type: ignore[attr-defined]  # the versions it will load
-    return cfg  # type: ignore[return-value]
+    if cfg.feed.max_prompt_length and not cfg.feed.tokenizer:  # type: ignore[attr-defined]
+        cfg.feed.tokenizer = cfg.rollout.policy  # type: ignore[attr-defined]  # the policy's, as verl counts
+    return out
 
 
-def _apply_verl_objective(merged: DictConfig, overrides: Sequence[str], path: Any) -> tuple[DictConfig, list[str]]:
-    """A verl config's keys (in the file, then on the command line): the objective's
-    (``algorithm.*``, ``actor_rollout_ref.actor.*``) onto ``learner``
-    (``streamrl.learner.config.VERL_KEYS``), the trainer's, data's and validation's onto their
-    sections (``PIPELINE_VERL_KEYS``); returns the config and the overrides that are not verl's."""
-    given: list[tuple[str, Any]] = []
-    if path:
-        raw = OmegaConf.load(path)
-        for top in ("algorithm", "actor_rollout_ref", "data", "trainer"):
-            if top in raw:
-                given += _flatten(OmegaConf.to_container(raw[top]), top)
-    rest = []
-    for override in overrides:
-        key = override.split("=", 1)[0].strip()
-        if key.startswith(VERL_PREFIXES + PIPELINE_VERL_PREFIXES):
-            given += _flatten(OmegaConf.to_container(OmegaConf.from_dotlist([override])), "")
-        else:
-            rest.append(override)
-    objective = []
-    for verl_key, value in given:
-        if verl_key in PIPELINE_VERL_KEYS:
-            with config_errors(f" (from verl's {verl_key})"):
-                OmegaConf.update(merged, PIPELINE_VERL_KEYS[verl_key], _verl_value(verl_key, value), merge=False)
-        elif verl_key.startswith(PIPELINE_VERL_PREFIXES):
-            raise ConfigError(f"config field {verl_key!r}: not one of the verl keys streamrl maps (README, "
-                              f"'Coming from verl', lists them)")
-        else:
-            objective.append((verl_key, value))
-    for verl_key, key, value in verl_overrides(objective):
-        with config_errors(f" (from verl's {verl_key})"):
-            OmegaConf.update(merged, f"learner.{key}", value, merge=True)
-    return merged, rest
+def _derive(merged: DictConfig, verl: list[KeyOutcome], rest: Sequence[str]) -> None:
+    """What verl's batch keys imply beside the keys they set: the rollout workers' staleness
+    gate counts a version's trajectories (prompts per version x samples per prompt), unless the
+    command line sets it."""
+    batch = {"data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.rollout.n"}
+    if not any(o.key in batch and o.kind == MAPPED for o in verl):
+        return
+    if any(o.split("=", 1)[0].strip() == "rollout.trajectories_per_version" for o in rest):
+        return
+    try:
+        learner, feed = merged.learner, merged.feed
+        per_version = int(learner.groups_per_mini_batch) * int(learner.mini_batches_per_version) * int(feed.group_size)
+    except (OmegaConfBaseException, TypeError, ValueError):
+        return  # a bad value, reported where it was set
+    if int(merged.rollout.trajectories_per_version or 0):  # the gate is on: it follows the batch
+        merged.rollout.trajectories_per_version = per_version
 
 
 def _flatten(tree: Any, prefix: str) -> list[tuple[str, Any]]:

@@ -46,6 +46,23 @@ def tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: in
     return Qwen2ForCausalLM(config)
 
 
+def load_tokenizer(spec: str) -> Any:
+    """The tokenizer of policy ``spec`` (``tiny`` or a local directory) alone: the feed counts
+    prompt tokens with it (``feed.max_prompt_length``)."""
+    from streamrl.errors import ConfigError, need
+
+    need("transformers", "cpu", "feed.max_prompt_length")
+    if spec == TINY_SPEC:
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    path = Path(spec.removeprefix("file://"))
+    if not path.is_dir():
+        raise ConfigError(f"config field 'feed.tokenizer': {spec!r} is no directory (the policy's tokenizer "
+                          f"counts prompt tokens for feed.max_prompt_length)")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for ``spec`` (``tiny`` or a local directory), in eval mode on
     ``device``."""

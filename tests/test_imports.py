@@ -219,7 +219,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "streamrl.evaluation", "streamrl.evaluation.*")),
     # it composes every stage's section: a stage receives its own and the shared ones, and never
     # reaches up for the whole pipeline's (issue 41)
-    ("pipeline config", ("streamrl.pipeline_config",)),
+    # and the table of verl's keys it reads them through (stdlib only, the docs read it too)
+    ("pipeline config", ("streamrl.pipeline_config", "streamrl.verl_keys")),
     ("runtime and tools over the stages", ("streamrl.runtime", "streamrl.runtime.*", "streamrl.launching", "streamrl.ray_placement",
                                            "streamrl.ray_launcher", "streamrl.observing", "streamrl.replay",
                                            "streamrl.replay.*", "streamrl.testing", "streamrl.testing.*",

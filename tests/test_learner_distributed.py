@@ -123,7 +123,7 @@ def test_packed_micro_batches_match_padded(tmp_path, budget):
     samples = batch(5, n=10, long=190)
     kw = dict(decoupled=True, kl_coef=0.1, max_tokens_per_micro_batch=budget)
     padded = Trainer(cfg(tmp_path, use_remove_padding=False, **kw))
-    packed = Trainer(cfg(tmp_path, **kw))
+    packed = Trainer(cfg(tmp_path, use_remove_padding=True, **kw))
     assert packed.packed and not padded.packed
     for a, b in zip(padded.logprobs(samples), packed.logprobs(samples)):
         torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-5)
@@ -139,6 +139,86 @@ def test_packed_micro_batches_match_padded(tmp_path, budget):
     else:
         assert sum(packed.forward_tokens[:passes]) == sum(lengths)
     assert sum(packed.forward_tokens) < sum(padded.forward_tokens)
+
+
+def test_uniform_lengths_pack_as_a_view_and_match_padded(tmp_path):
+    """The default task's shape (issue 52): every sequence the same length, so the packed row is
+    a [count, length] batch as it is (no gather); log-probs, loss and gradients are padding's."""
+    import numpy as np
+
+    from streamrl.learner import packing
+
+    from streamrl.learner.trainer import Sample
+
+    rng = np.random.default_rng(9)
+    samples = [Sample(id=f"u{i}", group_id=f"g{i // 4}", reward=float(rng.random()), policy_version=0,
+                      prompt_ids=rng.integers(0, 256, 7), response_ids=rng.integers(0, 256, 3),
+                      behaviour_logprobs=rng.normal(-5.5, 0.3, 3).astype(np.float32)) for i in range(12)]
+    padded = Trainer(cfg(tmp_path, use_remove_padding=False, micro_batch_size=64))
+    packed = Trainer(cfg(tmp_path, use_remove_padding=True, micro_batch_size=64))
+    assert packed.packed and not padded.packed
+    _, cu, _ = packing.layout([10] * 12, "cpu")
+    assert packing._plan(cu).uniform == 10
+    for a, b in zip(padded.logprobs(samples), packed.logprobs(samples)):
+        torch.testing.assert_close(torch.from_numpy(b), torch.from_numpy(a), rtol=1e-5, atol=1e-5)
+    a, b = padded.step(samples), packed.step(samples)
+    assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
+    for (name, pa), pb in zip(padded.model.named_parameters(), packed.model.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-5, atol=1e-5 * float(pa.grad.abs().max()), msg=name)
+
+
+def test_length_buckets_bound_the_padded_attention():
+    """Packed attention without flash-attn runs one SDPA call per bucket: every sequence in
+    exactly one, each bucket's padded square within BUCKET_WASTE of its own squares, uniform
+    lengths in one bucket, RL's log-uniform mix (32 to 2,048) in a few, not one per sequence."""
+    import numpy as np
+
+    from streamrl.learner.packing import BUCKET_WASTE, buckets
+
+    assert buckets([10] * 64) == [list(range(64))]
+    rng = np.random.default_rng(0)
+    lengths = [int(np.exp(rng.uniform(np.log(32), np.log(2049)))) for _ in range(64)]
+    groups = buckets(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(64))
+    for g in groups:
+        longest = max(lengths[i] for i in g)
+        assert longest == lengths[g[0]]
+        assert len(g) * longest ** 2 <= BUCKET_WASTE * sum(lengths[i] ** 2 for i in g)
+    assert 2 < len(groups) < 32, len(groups)
+
+
+def test_use_remove_padding_auto_true_false(tmp_path, monkeypatch, caplog):
+    """auto (the default) packs where the model can and pads where it cannot, saying which and
+    why; true is obeyed or refused at start naming the field; verl's ``True`` is true."""
+    from transformers import Qwen2ForCausalLM
+
+    assert LearnerConfig().use_remove_padding == "auto"
+    assert LearnerConfig(use_remove_padding="True").validate().use_remove_padding == "true"
+    assert LearnerConfig(use_remove_padding=False).validate().use_remove_padding == "false"
+    with pytest.raises(ConfigError, match="learner.use_remove_padding"):
+        LearnerConfig(use_remove_padding="sometimes").validate()
+    caplog.set_level("INFO", logger="streamrl.learner.trainer")
+    auto = Trainer(cfg(tmp_path, micro_batch_size=64))
+    assert auto.packed
+    assert ("packed micro-batches (learner.use_remove_padding=auto): mini-batches whose padded micro-batches "
+            "would hold >= 20% padding, the others padded; attention by SDPA") in caplog.text
+    # auto decides per mini-batch: a little padding (1 token of 120) trains padded, much packed
+    little = batch(3, n=12)
+    for i, s in enumerate(little):
+        s.prompt_ids, s.response_ids = s.prompt_ids[:1].repeat(7), s.response_ids[:1].repeat(3 - (i == 0))
+        s.behaviour_logprobs = s.behaviour_logprobs[:1].repeat(len(s.response_ids))
+    auto.step(little)
+    assert auto.forward_tokens == [120]
+    mixed = batch(4, n=12)
+    auto.step(mixed)
+    assert auto.forward_tokens == [sum(len(s.prompt_ids) + len(s.response_ids) for s in mixed)]
+    caplog.clear()
+    monkeypatch.setattr(Qwen2ForCausalLM, "_supports_attention_backend", False)
+    caplog.clear()
+    assert not Trainer(cfg(tmp_path)).packed
+    assert "padded micro-batches (learner.use_remove_padding=auto): Qwen2ForCausalLM cannot pack" in caplog.text
+    with pytest.raises(ConfigError, match="'learner.use_remove_padding': true, but Qwen2ForCausalLM cannot pack"):
+        Trainer(cfg(tmp_path, use_remove_padding=True))
 
 
 def test_a_model_that_cannot_pack_trains_padded(tmp_path, monkeypatch):

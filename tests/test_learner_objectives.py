@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from streamrl.learner import checkpoint, schedule
-from streamrl.learner.config import VERL_KEYS, LearnerConfig
+from streamrl.learner.config import LearnerConfig
 from streamrl.learner.stage import Learner
 from streamrl.records import PolicyVersion
 from tests import verl_parity_extra_data
@@ -24,6 +24,15 @@ from tests.helpers import learner_cfg, publish, read_topic, wait_for
 from tests.test_learner_stage import group
 
 DATA = json.loads(verl_parity_extra_data.DATA)
+
+
+def verl(key: str, value) -> dict:
+    """What verl's ``key=value`` sets here (``streamrl.verl_keys``' table)."""
+    from streamrl.verl_keys import MAPPED, read_verl_keys
+
+    [outcome] = read_verl_keys([(key, value)])
+    assert outcome.kind == MAPPED, (key, outcome.kind, outcome.why)
+    return outcome.sets
 
 
 @pytest.mark.parametrize("sched", DATA["schedules"], ids=lambda s: "{lr_scheduler_type}-{lr_warmup_steps}-"
@@ -40,9 +49,10 @@ def test_the_lr_at_each_version_equals_verls_scheduler(sched):
 
 def test_verls_optim_keys_map_and_a_schedule_that_needs_a_total_asks_for_versions():
     prefix = "actor_rollout_ref.actor.optim."
-    for key in ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio", "min_lr_ratio", "num_cycles"):
-        assert VERL_KEYS[prefix + key] == key
-    assert VERL_KEYS[prefix + "warmup_style"] == "lr_scheduler_type"
+    for key, value in (("lr_scheduler_type", "cosine"), ("lr_warmup_steps", 3), ("lr_warmup_steps_ratio", 0.1),
+                       ("min_lr_ratio", 0.1), ("num_cycles", 1.5)):
+        assert verl(prefix + key, value) == {f"learner.{key}": value}
+    assert verl(prefix + "warmup_style", "cosine") == {"learner.lr_scheduler_type": "cosine"}
     from streamrl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="learner.versions"):
@@ -89,6 +99,8 @@ CORRECTIONS = {
                                       rollout_is_batch_normalize=True),
     "bypass-reinforce": dict(bypass_mode=True, loss_type="reinforce", rollout_is="token", rollout_is_threshold="1.2",
                              rollout_rs="token_k1", rollout_rs_threshold="0.8_1.25"),
+    "bypass-reinforce-sequence-norm": dict(bypass_mode=True, loss_type="reinforce", rollout_is="sequence",
+                                           rollout_is_threshold="3.0", rollout_is_batch_normalize=True),
     "bypass-ppo_clip": dict(bypass_mode=True, rollout_rs="seq_max_k2,token_k3", rollout_rs_threshold="0.5,0.05"),
 }
 
@@ -132,12 +144,11 @@ def test_rollout_correction_keys_and_what_is_refused():
 
     for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
                 "rollout_rs_threshold", "bypass_mode", "loss_type"):
-        assert VERL_KEYS[f"algorithm.rollout_correction.{key}"] == f"rollout_correction.{key}"
+        assert verl(f"algorithm.rollout_correction.{key}", 1) == {f"learner.rollout_correction.{key}": 1}
     for bad, match in ((dict(rollout_is="tokens"), "rollout_is"), (dict(rollout_rs="token_k4", rollout_rs_threshold="1"),
                                                                    "rollout_rs"),
                        (dict(rollout_rs="token_k2"), "rollout_rs_threshold"),
                        (dict(rollout_is="token", rollout_is_threshold="2_1"), "rollout_is_threshold"),
-                       (dict(bypass_mode=True, rollout_is="token", rollout_is_batch_normalize=True), "bypass"),
                        (dict(bypass_mode=True, loss_type="pg"), "loss_type")):
         c = LearnerConfig()
         for k, v in bad.items():
@@ -168,7 +179,7 @@ def test_gdpo_reads_its_components_from_reward_info_and_reports_them(tmp_path):
         learner_cfg(tmp_path, adv_estimator="gdpo").validate()
     with pytest.raises(ConfigError, match="gdpo_reward_weights"):
         learner_cfg(tmp_path, adv_estimator="gdpo", gdpo_reward_keys=["a"], gdpo_reward_weights=[1, 2]).validate()
-    assert VERL_KEYS["algorithm.gdpo_reward_keys"] == "gdpo_reward_keys"
+    assert verl("algorithm.gdpo_reward_keys", ["a"]) == {"learner.gdpo_reward_keys": ["a"]}
     cfg = learner_cfg(tmp_path, adv_estimator="gdpo", gdpo_reward_keys=["format", "acc"],
                       gdpo_reward_weights=[0.5, 1.0], micro_batch_size=2).validate()
     trainer = Trainer(cfg)
@@ -378,3 +389,39 @@ def test_remax_with_rollout_correction_and_a_cosine_lr_learns_end_to_end(tmp_pat
                                                                        lr_scheduler_type="cosine", min_lr_ratio=0.5),
                                                           versions - 1), rel=1e-6)
     assert {"rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl"} <= set(figures)
+
+
+def test_verls_ppo_remax_rollout_correction_and_schedule_scripts_train_what_they_say(tmp_path):
+    """verl's own example scripts (``tests/data/verl_scripts.json``), once refused for want of
+    issue 48, resolve to its parts: PPO's critic keys, ReMax's greedy baseline, the rollout
+    correction example (bypass, REINFORCE, sequence weights batch-normalised), GSPO's warm-up."""
+    import os
+
+    from streamrl.pipeline_config import resolve_config
+    from tests.test_verl_scripts import SCRIPTS, with_reward_files
+
+    def resolved(name: str):
+        overrides = SCRIPTS[name]["overrides"]
+        with_reward_files(overrides, tmp_path)
+        here = os.getcwd()
+        os.chdir(tmp_path)
+        try:
+            return resolve_config("local.yaml", overrides)
+        finally:
+            os.chdir(here)
+
+    ppo = resolved("ppo_deepseek7b")
+    assert ppo.problems == []
+    learner = ppo.cfg.learner
+    assert learner.adv_estimator == "gae" and learner.critic.lr == 1e-5
+    assert learner.critic.model == "deepseek-ai/deepseek-llm-7b-chat"
+    remax = resolved("remax")  # (its KL in the reward on 8 learner ranks is refused apart)
+    assert remax.cfg.learner.adv_estimator == "remax" and remax.cfg.rollout.greedy_baseline
+    rc = resolved("rollout_correction")
+    assert rc.problems == []
+    c = rc.cfg.learner.rollout_correction
+    assert (c.rollout_is, c.rollout_is_threshold, c.rollout_is_batch_normalize, c.bypass_mode, c.loss_type,
+            c.rollout_rs) == ("sequence", "2.0", True, True, "reinforce", None)
+    rc.cfg.learner.validate()
+    gspo = resolved("gspo")
+    assert gspo.problems == [] and gspo.cfg.learner.lr_warmup_steps_ratio == 0.05

@@ -240,5 +240,5 @@ def test_verl_lora_keys_map_onto_learner_lora(tmp_path):
         LearnerConfig(lora=LoraConfig(rank=8, dropout=1.5)).validate()
     with pytest.raises(ConfigError, match="learner.lora.target_modules"):
         Trainer(LearnerConfig(lora=LoraConfig(rank=8, target_modules=["no_such_proj"])).validate())
-    with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
-        load_config(None, ["actor_rollout_ref.model.path=/models/x"])
+    cfg = load_config(None, ["actor_rollout_ref.model.path=/models/x"])  # verl's: the policy of both
+    assert cfg.learner.policy == cfg.rollout.policy == "/models/x"

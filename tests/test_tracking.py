@@ -104,7 +104,9 @@ def test_mlflow_has_every_figure_once(run):
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=(tracking_dir(run) / "mlruns").resolve().as_uri())
+    from streamrl.tracking.trackers import mlflow_store_uri
+
+    client = MlflowClient(tracking_uri=mlflow_store_uri(tracking_dir(run)))  # the run's default store
     experiment = client.get_experiment_by_name("streamrl-tests")
     [found] = client.search_runs([experiment.experiment_id])
     assert found.info.run_name == "killed-twice"

@@ -6,6 +6,11 @@ PyTorch/transformers loop over the same mini-batches (``streamrl.bench.bare``), 
 run with the four measured in turn on each mini-batch: the learner's tokens/s as a ratio to
 bare's on the same path, and packed tokens/s as a ratio to padded.
 
+``--shapes``: packed against padded on the default task's shape (the tiny policy, 256 sequences
+of 8 to 10 tokens, ``configs/local.yaml``'s micro-batches and epochs) and on the RL-shaped one
+(``mini``, log-uniform 32 to 2,048 response tokens), in one run: where packing pays and where
+it must not cost (issue 52).
+
 ``--models``: what one update costs per 1k response tokens, for the tiny policy of the local
 default and a small one (hidden 512, 8 layers, ~19M parameters), side by side on one
 mini-batch shape.
@@ -80,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", choices=["", *sorted(MODELS), "m120", "qwen0.5b"],
                         help="the model (default: small for --nproc, mini against bare)")
     parser.add_argument("--models", action="store_true", help="tiny vs small: cost per 1k response tokens")
+    parser.add_argument("--shapes", action="store_true",
+                        help="packed vs padded on the default task's shape (tiny policy, digits lengths) and on "
+                             "the RL-shaped one (mini, log-uniform lengths), in one run")
     parser.add_argument("--response-min", type=int, default=32, help="shortest response (against bare)")
     parser.add_argument("--response-max", type=int, default=2048, help="longest response (against bare)")
     parser.add_argument("--max-tokens", type=int, default=0,
@@ -455,9 +463,79 @@ def lora(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``--shapes``: (model, sequences per mini-batch, micro_batch_size, ppo_epochs, prompt tokens,
+#: response tokens (lo, hi), drawn uniformly or log-uniformly)
+SHAPES = {"digits": ("tiny", 256, 64, 4, 7, (1, 3), "uniform"),  # configs/local.yaml's learner
+          "rl": ("mini", 16, 8, 1, 32, (32, 2048), "log-uniform")}
+
+
+def shape_samples(shape: str, seed: int) -> list:
+    """One mini-batch of ``shape`` (``SHAPES``): the default task's (a 7-byte prompt, 1 to 3
+    response tokens: two digits and end-of-sequence, or fewer) or RL's long mixed lengths."""
+    import numpy as np
+
+    from streamrl.learner.trainer import Sample
+
+    _, n, _, _, prompt, (lo, hi), draw = SHAPES[shape]
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        r = int(rng.integers(lo, hi + 1)) if draw == "uniform" else int(np.exp(rng.uniform(np.log(lo), np.log(hi + 1))))
+        out.append(Sample(id=f"{seed}-{i:03d}", group_id=f"{seed}-{i // 16}", reward=float(rng.random()),
+                          policy_version=0, prompt_ids=rng.integers(0, 256, prompt),
+                          response_ids=rng.integers(0, 256, r),
+                          behaviour_logprobs=rng.normal(-5.5, 0.3, r).astype(np.float32)))
+    return out
+
+
+def shapes(args: argparse.Namespace) -> int:
+    """The learner's step packed against padded on each of ``SHAPES``, the two paths alternating
+    on the same mini-batches (which goes first alternates too); the first mini-batch warms up."""
+    import torch
+
+    from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.trainer import Trainer
+
+    torch.set_num_threads(args.threads)
+    steps = args.steps or (3 if args.quick else 8)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape, (model, _, mbs, epochs, *_rest) in SHAPES.items():
+            policy = build_policy(model, Path(tmp) / model, args.device)
+            trainers = {path: Trainer(LearnerConfig(device=args.device, dtype=args.dtype, lr=1e-5, micro_batch_size=mbs,
+                                                    ppo_epochs=epochs, use_remove_padding=path == "packed").validate(),
+                                      policy=policy) for path in ("padded", "packed")}
+            times: dict[str, list[float]] = {"padded": [], "packed": []}
+            for k in range(steps + 1):
+                samples = shape_samples(shape, k)
+                for path in (("padded", "packed") if k % 2 else ("packed", "padded")):
+                    started = clock()
+                    trainers[path].step(samples)
+                    _sync(args.device)
+                    times[path].append(clock() - started)
+            tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in shape_samples(shape, 0))
+            med = {path: statistics.median(t[1:]) for path, t in times.items()}
+            r = results[shape] = {"model": model, "tokens_per_step": tokens, "padded_step_s": round(med["padded"], 4),
+                                  "packed_step_s": round(med["packed"], 4),
+                                  "packed_over_padded": round(med["padded"] / med["packed"], 3)}
+            print(f"{shape:6s} ({model}, {tokens} tokens a step): padded {r['padded_step_s']:.3f} s, packed "
+                  f"{r['packed_step_s']:.3f} s: packed {r['packed_over_padded']:.3f}x padded's speed",
+                  file=sys.stderr, flush=True)
+    summary = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "clock": args.clock,
+               "steps": steps, "shapes": results,
+               **{f"{shape}_packed_over_padded": r["packed_over_padded"] for shape, r in results.items()}}
+    print(json.dumps(summary), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
+    if args.shapes:
+        return shapes(args)
     if args.lora:
         return lora(args)
     if args.nproc:

@@ -19,6 +19,7 @@ BENCHES = {
     "ablation": "streamrl.bench.ablation",
     "archive": "streamrl.bench.archive",
     "learning": "streamrl.bench.learning",
+    "run": "streamrl.bench.run",
 }
 
 

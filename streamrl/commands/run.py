@@ -22,6 +22,7 @@ from pathlib import Path
 
 from streamrl.commands.common import add_bootstrap_argument
 from streamrl.errors import StreamrlError
+from streamrl.verl_keys import ignored_line
 
 HELP = "run the whole pipeline (embedded broker by default) and print a JSON summary"
 DEFAULT_CONFIG = "local.yaml"  # the packaged embedded default (streamrl.packaged)
@@ -37,11 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", nargs="?", const="auto", metavar="RUN_DIR",
                         help="continue a stopped run (run.resume): RUN_DIR, or the newest unfinished one "
                              "under run.out_dir")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="resolve and check the config without starting anything (no broker, model download or "
+                             "network): print it as YAML, then what each verl key given became; exit 0 where "
+                             "`streamrl run` would start, 2 otherwise, listing every problem")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.commands.common import load
     from streamrl.errors import need
     from streamrl.packaged import resolve_config
     from streamrl.runtime import Runtime, open_broker
@@ -55,21 +59,14 @@ def main(args: argparse.Namespace) -> int:
         elif resume.endswith((".yaml", ".yml")) and args.config == DEFAULT_CONFIG:
             args.config, resume = resume, "auto"
     args.config = str(resolve_config(args.config).resolve())  # the stages get the same file, by path
-    cfg = load(args)
-    if args.run_dir:
-        cfg.run.out_dir = args.run_dir
-    if resume is not None:
-        cfg.run.resume = resume
+    resolution = resolve(args, resume)
+    if getattr(args, "dry_run", False):
+        return dry_run(resolution)
+    cfg = resolution.config()  # every problem at once, each naming its key as typed
+    accepted = ignored_line(resolution.verl)
+    if accepted:
+        print(f"run: verl keys accepted as not applicable here: {accepted}", file=sys.stderr, flush=True)
     need("torch", "cpu", "streamrl run")  # the learner and the transformers rollout backend
-    if args.launcher:
-        cfg.run.launcher = args.launcher
-    if args.autoscale:
-        low, _, high = args.autoscale.partition(":")
-        if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
-            raise StreamrlError(f"--autoscale wants MIN:MAX with 1 <= MIN <= MAX, got {args.autoscale!r}")
-        cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
-        cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
-    validate_stages(cfg)
     out, state = choose_run_dir(cfg, required=resume is not None)  # absolute: stages run elsewhere
     new = state is None
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -176,20 +173,87 @@ async def check_topics(bus, state, out: Path) -> bool:
     return False
 
 
-def validate_stages(cfg) -> None:
-    """Every stage's section checked as that stage checks it at its start, and the reward
-    stage's scorer table built (user functions loaded, signatures checked) and closed, before
-    the broker or any stage starts: a bad field is one line and exit 2 here, not a stage that
-    fails 15 s later. Nothing heavy loads (no policy, dataset or reward-model weights). Under
-    Ray with ``run.ray.working_dir`` the stages run in that directory, so relative scorer paths
-    are resolved from it."""
+def resolve(args: argparse.Namespace, resume: str | None):
+    """The run's config as ``streamrl.pipeline_config.Resolution``: the file and overrides, the
+    command line's own flags, then every stage's checks (``validate_stages``), each problem
+    collected, none raised."""
+    from streamrl.pipeline_config import resolve_config as resolve_pipeline
+
+    resolution = resolve_pipeline(args.config, args.overrides or ())
+    cfg = resolution.cfg
+    if cfg is None:
+        return resolution
+    if args.bootstrap_servers:
+        cfg.bus.bootstrap_servers = args.bootstrap_servers
+    if args.run_dir:
+        cfg.run.out_dir = args.run_dir
+    if resume is not None:
+        cfg.run.resume = resume
+    if args.launcher:
+        cfg.run.launcher = args.launcher
+    if args.autoscale:
+        low, _, high = args.autoscale.partition(":")
+        if not (low.isdigit() and high.isdigit() and 1 <= int(low) <= int(high)):
+            resolution.problems.append(f"--autoscale wants MIN:MAX with 1 <= MIN <= MAX, got {args.autoscale!r}")
+        else:
+            cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
+            cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
+    for check in (cfg.feed.validate, cfg.rollout.validate, cfg.learner.validate, lambda: validate_reward(cfg)):
+        resolution.check(check)
+    return resolution
+
+
+def dry_run(resolution) -> int:
+    """``--dry-run``: the resolved config as YAML on stdout, then (as YAML comments) what each
+    verl key given became and the run's length; every problem on stderr, one line each. 0
+    where ``streamrl run`` would start, 2 otherwise."""
+    from streamrl.config import to_yaml
+
+    if resolution.cfg is not None:
+        print(to_yaml(resolution.cfg), end="")
+        if resolution.verl:
+            print(f"# verl keys given: {len(resolution.verl)}")
+            for outcome in resolution.verl:
+                print(f"#   {outcome.line()}")
+        for note in run_length(resolution.cfg):
+            print(f"# {note}")
+    sys.stdout.flush()
+    if resolution.problems:
+        error = resolution.error()
+        print(f"streamrl run: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_length(cfg) -> list[str]:
+    """How long the run is: ``learner.versions``, or, where it ends with the data (verl's
+    ``total_epochs`` alone), the versions the data makes when the dataset can be read here
+    (a local file or a generated task: no download)."""
+    from streamrl.tasks import is_task
+
+    per_version = cfg.learner.groups_per_mini_batch * cfg.learner.mini_batches_per_version
+    if cfg.learner.versions:
+        return [f"the run: {cfg.learner.versions} versions of {per_version} prompts x {cfg.feed.group_size} samples"]
+    specs = [cfg.feed.dataset, *cfg.feed.more_datasets]
+    if not all(Path(s).is_file() or is_task(s) for s in specs):
+        return [f"the run: until the data ends ({cfg.feed.epochs} epochs of {', '.join(specs)}, not read here), "
+                f"{per_version} prompts x {cfg.feed.group_size} samples per version"]
+    from streamrl.rollout.feed import read_feed_rows
+
+    rows = len(read_feed_rows(cfg.feed))
+    versions = -(-rows * cfg.feed.epochs // per_version)
+    return [f"the run: until the data ends: {rows} rows x {cfg.feed.epochs} epochs / {per_version} prompts per "
+            f"version = {versions} versions (before max_prompt_length's filter)"]
+
+
+def validate_reward(cfg) -> None:
+    """The reward stage's scorer table built (user functions loaded, signatures checked) and
+    closed. Under Ray with ``run.ray.working_dir`` the stages run in that directory, so relative
+    scorer paths are resolved from it."""
     import os
 
     from streamrl.reward.table import build_table
 
-    cfg.feed.validate()
-    cfg.rollout.validate()
-    cfg.learner.validate()
     here = os.getcwd()
     working_dir = os.path.expanduser(cfg.run.ray.working_dir) if cfg.run.launcher == "ray" else ""
     if working_dir and os.path.isdir(working_dir):
@@ -200,6 +264,17 @@ def validate_stages(cfg) -> None:
         os.chdir(here)
     if table.runner is not None:
         table.runner.close()
+
+
+def validate_stages(cfg) -> None:
+    """Every stage's section checked as that stage checks it at its start, and the reward
+    stage's scorer table built and closed, before the broker or any stage starts: a bad field
+    is one line and exit 2 here, not a stage that fails 15 s later. Nothing heavy loads (no
+    policy, dataset or reward-model weights). ``resolve`` does the same, collecting."""
+    cfg.feed.validate()
+    cfg.rollout.validate()
+    cfg.learner.validate()
+    validate_reward(cfg)
 
 
 def warm_start(cfg, directory: Path) -> list[str]:

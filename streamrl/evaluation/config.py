@@ -20,6 +20,7 @@ class EvalConfig:
     # The validation set, read as the feed reads its dataset (a file, gsm8k:test, a generated
     # task such as digits@1). Empty: no eval stage (streamrl run starts one when it is set)
     dataset: str = ""
+    more_datasets: list[str] = field(default_factory=list)  # read after dataset, as one (verl's val_files as a list)
     # The rows' data_source (picks the scorer and names the val-core/<data_source>/ figures);
     # empty: feed.data_source's, or each row's own when that is empty too (verl's parquet rows)
     data_source: str = ""

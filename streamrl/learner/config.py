@@ -3,8 +3,8 @@
 Names follow verl where verl has one (``adv_estimator``, ``policy_loss.loss_mode``,
 ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
 ``use_kl_in_reward``, ``kl_ctrl``, ``filter_groups``, ``entropy_coeff``, ``grad_clip``,
-``ppo_epochs``, ``norm_adv_by_std_in_grpo``), and ``VERL_KEYS`` maps a verl config's own keys
-(``algorithm.*``, ``actor_rollout_ref.actor.*``) onto them, so a verl user can read it; the streaming parts (staleness,
+``ppo_epochs``, ``norm_adv_by_std_in_grpo``), and ``streamrl.verl_keys.VERL_TABLE`` maps a verl config's
+own keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) onto them, so a verl user can read it; the streaming parts (staleness,
 groups, mini-batches per version, checkpoints) are streamrl's own. ``validate`` runs at start and
 names the field that is wrong.
 """
@@ -12,7 +12,6 @@ names the field that is wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
 
 from streamrl.errors import ConfigError
 
@@ -35,6 +34,16 @@ INCOMPLETE_GROUPS = ("drop", "train")
 #: rollout correction's rejection options (``streamrl.learner.rollout_correction.RS_OPTIONS``)
 RS_OPTION_NAMES = ("token_k1", "seq_sum_k1", "seq_mean_k1", "token_k2", "seq_sum_k2", "seq_mean_k2",
                    "token_k3", "seq_sum_k3", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+REMOVE_PADDING = ("auto", "true", "false")
+
+
+def remove_padding_mode(value: Any) -> str:
+    """``learner.use_remove_padding`` as one of ``REMOVE_PADDING`` (a YAML or verl boolean, or a
+    string in any case: verl's scripts write ``True``)."""
+    mode = str(value).strip().lower()
+    if mode not in REMOVE_PADDING:
+        raise ConfigError(f"config field 'learner.use_remove_padding': one of auto, true, false (got {value!r})")
+    return mode
 
 
 @dataclass
@@ -95,7 +104,7 @@ class RolloutCorrectionConfig:
 
     rollout_is: str | None = None  # token | sequence: the weights' level; null: no weights
     rollout_is_threshold: str = "2.0"  # truncate above (TIS), or "lower_upper": zero outside (IcePop)
-    rollout_is_batch_normalize: bool = False  # weights divided by their mini-batch mean (not in bypass mode)
+    rollout_is_batch_normalize: bool = False  # weights divided by their mean over the mini-batch
     rollout_rs: str | None = None  # rejection: token_k1, seq_mean_k3, ... comma-separated; null: none
     rollout_rs_threshold: str | None = None  # one bound for all options, or one per option (k1: "lower_upper")
     # no recomputation: the behaviour log-probs stand in for the old policy's (verl's bypass mode)
@@ -221,8 +230,10 @@ class LearnerConfig:
     # Padding-free micro-batches (verl's actor_rollout_ref.model.use_remove_padding): the
     # sequences of a forward pass end to end in one row, each with its own position ids and
     # attention kept inside it (streamrl.learner.packing); log-probs, losses and gradients are
-    # the padded path's. On where the model can pack (checked at start), else padded.
-    use_remove_padding: bool = True
+    # the padded path's. auto: packed where the model can pack (checked at start), else padded,
+    # the start line says which and why; true: packed, or refused at start where the model
+    # cannot; false: padded.
+    use_remove_padding: str = "auto"
     # FSDP2 mixed precision (N > 1 or CUDA): the dtype of the gathered parameters in forward /
     # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.
     # "": no mixed precision.
@@ -264,7 +275,8 @@ class LearnerConfig:
 
     # -- outputs ------------------------------------------------------------------------------
     checkpoint_dir: str = "runs/learner/checkpoints"  # streamrl run: <run>/checkpoints; shared by every rank
-    checkpoint_every: int = 1  # versions between checkpoints (offsets are committed with them)
+    # versions between checkpoints (offsets are committed with them); 0: at the end only (verl's save_freq -1)
+    checkpoint_every: int = 1
     keep_checkpoints: int = 2  # the newest is loaded on restart; an older one if it is unreadable
     keep_weights: int = 4  # v<N> directories kept (rollout workers load the newest few)
     # v<N> directories kept besides those, for N a multiple of this (and 0): the eval stage loads
@@ -300,9 +312,6 @@ class LearnerConfig:
             if self.decoupled:
                 bad("rollout_is", "rollout correction and learner.decoupled are two ways of the same correction: "
                     "choose one")
-            if rc.bypass_mode and rc.rollout_is_batch_normalize:
-                bad("rollout_is_batch_normalize", "bypass mode weighs each micro-batch with the live policy, "
-                    "so a mini-batch mean is not known: use it with bypass_mode false")
 
     def start_notes(self) -> list[str]:
         """What the learner says once at start about a config that trains another objective than
@@ -337,17 +346,18 @@ class LearnerConfig:
             value = getattr(getattr(self, section) if section else self, key)
             if value not in allowed:
                 raise ConfigError(f"config field 'learner.{name}': one of {', '.join(allowed)} (got {value!r})")
+        self.use_remove_padding = remove_padding_mode(self.use_remove_padding)
         positive = ("lr", "temperature", "is_cap", "max_abs_reward")
         for name in positive:
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
         at_least_one = ("groups_per_mini_batch", "mini_batches_per_version", "ppo_epochs",
-                        "micro_batch_size", "dedup_window", "checkpoint_every", "keep_checkpoints",
+                        "micro_batch_size", "dedup_window", "keep_checkpoints",
                         "keep_weights")
         for name in at_least_one:
             if getattr(self, name) < 1:
                 bad(name, "must be >= 1")
-        non_negative = ("keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
+        non_negative = ("checkpoint_every", "keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
                         "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
         for name in non_negative:
@@ -455,78 +465,4 @@ def parse_rs(options: str, threshold: str | float | None) -> dict[str, tuple[flo
             if "_" in spec or float(spec) <= 0:
                 raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: one positive upper bound")
             out[name] = (None, float(spec))
-    return out
-
-
-# -- a verl config's keys ----------------------------------------------------------------------
-
-#: verl's objective keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) and its LoRA keys
-#: (``actor_rollout_ref.model.lora_rank`` ...) -> this section's,
-#: same meaning; ``use_kl_loss``, ``kl_loss_coef`` and ``clip_ratio`` are read together in
-#: ``verl_overrides``. Any other key under those two prefixes is refused, naming it.
-_ACTOR = "actor_rollout_ref.actor."
-_MODEL = "actor_rollout_ref.model."
-VERL_KEYS = {
-    "algorithm.adv_estimator": "adv_estimator",
-    "algorithm.norm_adv_by_std_in_grpo": "norm_adv_by_std_in_grpo",
-    "algorithm.gamma": "gamma",
-    "algorithm.lam": "lam",
-    **{f"critic.{k}": f"critic.{k}" for k in ("cliprange_value", "grad_clip", "ppo_epochs", "loss_agg_mode")},
-    **{f"critic.optim.{k}": f"critic.{k}" for k in ("lr", "weight_decay")},
-    "critic.optim.clip_grad": "critic.grad_clip",
-    "critic.model.path": "critic.model",
-    "algorithm.gdpo_reward_keys": "gdpo_reward_keys",
-    "algorithm.gdpo_reward_weights": "gdpo_reward_weights",
-    "algorithm.use_kl_in_reward": "use_kl_in_reward",
-    "algorithm.kl_penalty": "kl_penalty",
-    **{f"algorithm.kl_ctrl.{k}": f"kl_ctrl.{k}" for k in ("type", "kl_coef", "horizon", "target_kl")},
-    **{f"algorithm.filter_groups.{k}": f"filter_groups.{k}" for k in ("enable", "metric", "max_num_gen_batches")},
-    **{f"{_ACTOR}policy_loss.{k}": f"policy_loss.{k}" for k in ("loss_mode", "clip_cov_ratio", "clip_cov_lb",
-                                                                "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")},
-    **{_ACTOR + k: k for k in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode",
-                              "loss_scale_factor", "entropy_coeff", "ppo_epochs", "tau_pos", "tau_neg",
-                              "kl_loss_type", "grad_clip")},
-    f"{_ACTOR}optim.lr": "lr",
-    f"{_ACTOR}optim.weight_decay": "weight_decay",
-    **{f"{_ACTOR}optim.{k}": k for k in ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio",
-                                         "min_lr_ratio", "num_cycles")},
-    f"{_ACTOR}optim.warmup_style": "lr_scheduler_type",  # verl's older name
-    **{f"algorithm.rollout_correction.{k}": f"rollout_correction.{k}" for k in (
-        "rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
-        "bypass_mode", "loss_type")},
-    f"{_MODEL}lora_rank": "lora.rank",
-    f"{_MODEL}lora_alpha": "lora.alpha",
-    f"{_MODEL}target_modules": "lora.target_modules",  # a string ("all-linear") is a list of one
-    f"{_MODEL}use_remove_padding": "use_remove_padding",
-}
-_READ_TOGETHER = (f"{_ACTOR}use_kl_loss", f"{_ACTOR}kl_loss_coef", f"{_ACTOR}clip_ratio")
-VERL_PREFIXES = ("algorithm.", _ACTOR, _MODEL, "critic.")
-
-
-def verl_overrides(given: Iterable[tuple[str, Any]]) -> list[tuple[str, str, Any]]:
-    """``(verl key, learner key, value)`` for a verl config's objective keys, in the order given
-    (a later one wins). verl's KL loss is on when ``use_kl_loss`` is (its coefficient
-    ``kl_loss_coef``, 0.001 by default), off when it is false; ``clip_ratio`` sets the low and
-    high clips that are not given. ``ConfigError`` names a key it does not know."""
-    out, together = [], {}
-    given = list(given)
-    for key, value in given:
-        if key in VERL_KEYS:
-            if VERL_KEYS[key] == "lora.target_modules" and isinstance(value, str):
-                value = [value]
-            out.append((key, VERL_KEYS[key], value))
-        elif key in _READ_TOGETHER:
-            together[key] = value
-        else:
-            raise ConfigError(f"config field {key!r}: not one of the verl keys streamrl maps "
-                              f"(docs/guides/verl.md lists them)")
-    use_kl = together.get(f"{_ACTOR}use_kl_loss")
-    if use_kl is not None:
-        coef = together.get(f"{_ACTOR}kl_loss_coef", 0.001) if use_kl else 0.0
-        out.append((f"{_ACTOR}use_kl_loss", "kl_coef", coef))
-    clip = together.get(f"{_ACTOR}clip_ratio")
-    if clip is not None:
-        named = {k for k, _ in given}
-        out += [(f"{_ACTOR}clip_ratio", side, clip) for side in ("clip_ratio_low", "clip_ratio_high")
-                if _ACTOR + side not in named]
     return out

@@ -10,22 +10,25 @@ How attention stays inside a sequence: the model runs with the attention impleme
 ``streamrl_varlen`` (registered in transformers' ``AttentionInterface``), which reads the
 boundaries (``cu_seq_lens_q``, transformers' own keyword for packed sequences) and runs causal
 attention on each sequence: varlen flash-attention on CUDA in bf16/fp16 where ``flash_attn`` is
-installed, else torch's SDPA per sequence. Without those boundaries (a padded or KV-cached pass:
+installed, else torch's SDPA on buckets of similar lengths. Without those boundaries (a padded or KV-cached pass:
 a long sequence run in chunks, a model that cannot pack) it is exactly transformers' SDPA.
 
 Whether a model can pack is checked, not assumed (``enable``): a model whose attention does not
 go through transformers' attention interface, or whose forward does not take prepared masks,
 fails the check's two-sequence comparison with the padded forward and trains padded.
+
+Without flash-attn (the CPU, or CUDA without the package), attention runs as SDPA on buckets of
+similar lengths (``buckets``): one call per sequence made many short sequences slower than
+padding, one padded call over all of them wastes a long tail's square.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
-log = logging.getLogger(__name__)
 
 ATTENTION = "streamrl_varlen"
 _REGISTERED = False
@@ -61,13 +64,104 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
         return _flash(query, key, value, cu, int(kwargs.get("max_length_q") or 0), dropout, scaling), None
+    return _bucketed_sdpa(module, query, key, value, cu, dropout, scaling), None
+
+
+#: ``learner.use_remove_padding: auto`` packs a mini-batch whose padded micro-batches would hold at
+#: least this share of padding. Measured on 2 CPU threads (``streamrl bench learner --shapes`` and
+#: sweeps of response lengths on the tiny policy): packed and padded steps are within noise of each
+#: other up to ~10-20% padding (packing's gathers cost what it saves), packing wins from there
+#: (0.82x the time at 38%, 0.2-0.4x on RL's long mixed lengths).
+AUTO_MIN_PADDING = 0.2
+
+#: a bucket's attention may cost at most this many times the sum of its sequences' own squares
+#: (padded to the bucket's longest): short sequences of similar lengths share one call, a long
+#: tail gets calls of its own
+BUCKET_WASTE = 2.0
+
+
+def buckets(lengths: Sequence[int], waste: float = BUCKET_WASTE) -> list[list[int]]:
+    """Indices of ``lengths`` in groups whose padded attention (``count x longest**2``) stays
+    within ``waste`` times the sum of their own squares: longest first, a sequence joins the
+    current group while that holds. Uniform lengths make one group; RL's log-uniform mixes a few."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    out: list[list[int]] = []
+    own = 0
+    for i in order:
+        if out:
+            longest = lengths[out[-1][0]] ** 2
+            if (len(out[-1]) + 1) * longest <= waste * (own + lengths[i] ** 2):
+                out[-1].append(i)
+                own += lengths[i] ** 2
+                continue
+        out.append([i])
+        own = lengths[i] ** 2
+    return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where each bucket's sequences sit in the packed row: ``index`` ``[count, longest]`` (the
+    pad slot ``T`` past a sequence's end), ``valid`` its mask, ``inverse`` the permutation from
+    the buckets' valid rows, concatenated, back to the packed order."""
+
+    index: list[torch.Tensor]
+    valid: list[torch.Tensor]
+    inverse: torch.Tensor
+    uniform: int = 0  # every sequence this many tokens: the row is a [count, uniform] batch as it is
+
+
+_LAST_PLAN: tuple[torch.Tensor, _Plan] | None = None  # every layer of one forward shares ``cu``
+
+
+def _plan(cu: torch.Tensor) -> _Plan:
+    global _LAST_PLAN
+    if _LAST_PLAN is not None and _LAST_PLAN[0] is cu:
+        return _LAST_PLAN[1]
     bounds = cu.tolist()
+    starts, lengths = bounds[:-1], [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
+    total, index, valid, rows = bounds[-1], [], [], []
+    if len(set(lengths)) == 1:
+        plan = _Plan([], [], cu, uniform=lengths[0])
+        _LAST_PLAN = (cu, plan)
+        return plan
+    for group in buckets(lengths):
+        start = torch.tensor([starts[i] for i in group], device=cu.device)[:, None]
+        n = torch.tensor([lengths[i] for i in group], device=cu.device)[:, None]
+        steps = torch.arange(lengths[group[0]], device=cu.device)[None, :]
+        mask = steps < n
+        at = torch.where(mask, start + steps, total)
+        index.append(at)
+        valid.append(mask)
+        rows.append(at[mask])
+    plan = _Plan(index, valid, torch.argsort(torch.cat(rows)))
+    _LAST_PLAN = (cu, plan)
+    return plan
+
+
+def _bucketed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   cu: torch.Tensor, dropout: float, scaling: float | None) -> torch.Tensor:
+    """Causal attention within each packed sequence, one SDPA call per bucket (``buckets``): the
+    bucket's sequences gathered into a right-padded batch, and their valid rows put back in
+    packed order. Right padding needs no mask: a causal query never sees the keys past it.
+    Measured (``streamrl bench learner --shapes``): one call per sequence made the default
+    task's many short sequences 1.8x slower than padding; buckets keep packing's gain on RL's
+    long mixed lengths and cost what padding does on short uniform ones."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    plan = _plan(cu)
+    if plan.uniform:  # a view, no copy: [1, heads, count * n, dim] -> [count, heads, n, dim]
+        heads, n = query.shape[1], plan.uniform
+        q, k, v = (t[0].unflatten(1, (-1, n)).transpose(0, 1) for t in (query, key, value))
+        out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)
+        return out.reshape(1, -1, heads, out.shape[-1])
+    pad = [torch.cat([t[0], t.new_zeros(t.shape[1], 1, t.shape[3])], dim=1) for t in (query, key, value)]
     outs = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        out, _ = sdpa_attention_forward(module, query[:, :, lo:hi], key[:, :, lo:hi], value[:, :, lo:hi], None,
-                                        dropout=dropout, scaling=scaling, is_causal=True)
-        outs.append(out)
-    return torch.cat(outs, dim=1), None
+    for index, valid in zip(plan.index, plan.valid):
+        q, k, v = (t[:, index].transpose(0, 1) for t in pad)  # [count, heads, longest, dim]
+        out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)
+        outs.append(out[valid])  # [valid tokens, heads, dim]
+    return torch.cat(outs).index_select(0, plan.inverse).unsqueeze(0)
 
 
 def _flash_varlen() -> Any:
@@ -92,9 +186,10 @@ def _flash(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu: torc
 def layout(lengths: list[int], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``(position_ids [1, T], cu_seq_lens [n + 1] int32, longest)`` of sequences of ``lengths``
     packed in this order."""
-    position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(device)
+    n = torch.tensor(lengths)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    cu[1:] = torch.cumsum(n, 0)
+    position_ids = (torch.arange(int(cu[-1])) - torch.repeat_interleave(cu[:-1].long(), n)).unsqueeze(0).to(device)
     return position_ids, cu.to(device), max(lengths)
 
 
@@ -107,29 +202,32 @@ def forward_kwargs(model: Any, position_ids: torch.Tensor, cu: torch.Tensor, lon
             "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
-def enable(model: Any) -> bool:
+def enable(model: Any) -> str:
     """Switch ``model`` to ``streamrl_varlen`` when it can pack, checked on two short sequences
-    (packed log-probs against the padded forward's); else leave it as it was and say why."""
+    (packed log-probs against the padded forward's): ``""`` when it packs, else why not (the
+    model left as it was)."""
     name = type(model).__name__
     if "sliding_attention" in set(getattr(model.config, "layer_types", None) or ()):
-        log.warning("learner: %s has sliding-window layers, which streamrl_varlen does not window: "
-                    "micro-batches stay padded (learner.use_remove_padding)", name)
-        return False
+        return f"{name} has sliding-window layers, which streamrl_varlen does not window"
     if not register() or not getattr(model, "_supports_attention_backend", False):
-        log.warning("learner: %s cannot pack sequences (no transformers attention interface): "
-                    "micro-batches stay padded (learner.use_remove_padding)", name)
-        return False
+        return f"{name} cannot pack sequences (no transformers attention interface)"
     before = model.config._attn_implementation
     try:
         model.set_attn_implementation(ATTENTION)
         ok, error = _check(model)
     except Exception as exc:  # an architecture whose forward does not take what packing passes
         ok, error = False, repr(exc)
-    if not ok:
-        model.set_attn_implementation(before)
-        log.warning("learner: %s: packed forward differs from the padded one (%s): micro-batches stay "
-                    "padded (learner.use_remove_padding)", name, error)
-    return ok
+    if ok:
+        return ""
+    model.set_attn_implementation(before)
+    return f"{name}: packed forward differs from the padded one ({error})"
+
+
+def kernel(device: torch.device, dtype: torch.dtype) -> str:
+    """Which attention a packed forward runs here (for the learner's start line)."""
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _flash_varlen() is not None:
+        return "flash-attn's varlen kernel"
+    return f"SDPA, one call per bucket of similar lengths (padded attention <= {BUCKET_WASTE:g}x their own)"
 
 
 def _check(model: Any) -> tuple[bool, str]:

@@ -313,15 +313,16 @@ def correct(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
 
 def bypass_loss(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: RolloutCorrectionConfig, clip_low: float = 0.2, clip_high: float = 0.2,
-                clip_c: float = 3.0) -> tuple["PolicyLoss", torch.Tensor]:
+                clip_c: float = 3.0, is_norm: torch.Tensor | None = None) -> tuple["PolicyLoss", torch.Tensor]:
     """verl's ``bypass_mode`` loss per token, and the mask to aggregate it with (rejected tokens
     0). The weights and the rejection are of the live ``pi / pi_rollout`` (no gradient):
     ``ppo_clip`` is PPO-clip with ``pi_rollout`` as the old policy and no weight (the ratio is
-    it); ``reinforce`` is ``-w A log pi``."""
+    it); ``reinforce`` is ``-w A log pi``. ``is_norm``: the batch normaliser, the mini-batch's
+    (``rollout_is_batch_normalize``; without it, this call's tensors')."""
     from streamrl.learner import losses
 
     with torch.no_grad():
-        corr = correct(logp.detach(), rollout_logp, mask, cfg)
+        corr = correct(logp.detach(), rollout_logp, mask, cfg, is_norm)
     if cfg.loss_type == "reinforce":
         w = corr.weights if corr.weights is not None else torch.ones_like(logp)
         return losses.PolicyLoss(loss=-advantages * logp * w, clipped=torch.zeros_like(logp),

@@ -458,7 +458,7 @@ class Learner:
         self._version_metrics = []
         self.state.summary = summary
         metrics.LEARNER_VERSION.set(self.version)
-        if self.version % self.cfg.checkpoint_every == 0:
+        if self.cfg.checkpoint_every and self.version % self.cfg.checkpoint_every == 0:
             await self._checkpoint()
         await self._announce(self.version, summary)
         await self._drop(self.assembler.purge_stale(self.version))

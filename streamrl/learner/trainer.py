@@ -13,6 +13,7 @@ import contextlib
 import copy
 import inspect
 import json
+import logging
 import math
 import signal
 import time
@@ -24,9 +25,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from streamrl.errors import ConfigError
 from streamrl.learner import losses, microbatch
-from streamrl.learner.config import LearnerConfig
+from streamrl.learner.config import LearnerConfig, remove_padding_mode
 from streamrl.policy import load_policy
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -109,7 +113,8 @@ class Trainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.packed = cfg.use_remove_padding and self._enable_packing()
+        self.remove_padding = remove_padding_mode(cfg.use_remove_padding)
+        self.packed = self._enable_packing(self.remove_padding)  # the model can pack (and may: not false)
         if self.lora:
             from streamrl.learner import lora
 
@@ -136,17 +141,34 @@ class Trainer:
         if resume:
             self.load_checkpoint(resume)
 
-    def _enable_packing(self) -> bool:
-        """Padding-free micro-batches where the model (and the KL reference) can pack (checked
-        before sharding, so every rank decides alike on its own copy)."""
+    def _enable_packing(self, mode: str) -> bool:
+        """Padding-free micro-batches (``learner.use_remove_padding``) where the model (and the KL
+        reference) can pack, checked before sharding so every rank decides alike on its own copy;
+        says which path the learner takes and why (with ``auto``, each mini-batch is then packed
+        or padded by ``_packs``)."""
         from streamrl.learner import packing
 
+        if mode == "false":
+            log.info("learner: padded micro-batches (learner.use_remove_padding=false)")
+            return False
         models = [self.model] + ([self.reference] if self.reference is not None else [])
         before = [m.config._attn_implementation for m in models]
-        if not all(packing.enable(m) for m in models):
+        why = ""
+        for m in models:
+            why = why or packing.enable(m)
+        if why:
             for m, impl in zip(models, before):  # both or neither: one plan serves the two
                 m.set_attn_implementation(impl)
+            if mode == "true":
+                raise ConfigError(f"config field 'learner.use_remove_padding': true, but {why}; set it to auto "
+                                  "(packs where the model can) or false")
+            log.info("learner: padded micro-batches (learner.use_remove_padding=auto): %s", why)
             return False
+        when = ("every mini-batch" if mode == "true" else
+                f"mini-batches whose padded micro-batches would hold >= {packing.AUTO_MIN_PADDING:.0%} padding, "
+                "the others padded")
+        log.info("learner: packed micro-batches (learner.use_remove_padding=%s): %s; attention by %s", mode, when,
+                 packing.kernel(self.device, getattr(torch, self.cfg.dtype)))
         return True
 
     def _lead(self, op: str, payload: Any) -> None:
@@ -257,16 +279,18 @@ class Trainer:
         return logp.unsqueeze(0), None if ent is None else ent.unsqueeze(0)
 
     # -- the plan: who trains what, in which forward passes -----------------------------------
-    def _plan(self, samples: Sequence[Sample]) -> tuple[list[list[Sample]], list[int], bool]:
+    def _plan(self, samples: Sequence[Sample]) -> tuple[list[list[Sample]], list[int], bool, bool]:
         """This rank's micro-batches (samples; padded with a 1-token dummy so every rank runs
-        as many), their chunk sizes (0: one pass), and whether any rank chunks a sequence."""
+        as many), their chunk sizes (0: one pass), whether any rank chunks a sequence, and whether
+        they are packed (``_packs``: every rank decides alike from the lengths)."""
         cfg = self.cfg
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         shares = microbatch.balance(lengths, self.world) if self.world > 1 else [list(range(len(samples)))]
         budget = cfg.max_tokens_per_micro_batch
+        packed = self._packs(lengths)
         plans = []
         for share in shares:
-            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size, packed=self.packed)
+            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size, packed=packed)
             plans.append([(tuple(share[j] for j in mb.indices), mb.chunks) for mb in mbs])
         if cfg.gradient_checkpointing:  # HF turns the KV cache off under checkpointing: one pass
             plans = [[(idx, 1) for idx, _ in plan] for plan in plans]
@@ -276,12 +300,27 @@ class Trainer:
         dummy = self._dummy()
         out = [[samples[i] for i in idx] for idx, _ in mine] + [[dummy]] * (units - len(mine))
         chunks = [budget if c > 1 else 0 for _, c in mine] + [0] * (units - len(mine))
-        return out, chunks, chunked
+        return out, chunks, chunked, packed
 
-    def _collate_units(self, groups: list[list[Sample]], chunks: list[int]) -> list[_Batch]:
-        """Each unit's tensors: packed when the trainer packs, except a chunked sequence (one
+    def _packs(self, lengths: Sequence[int]) -> bool:
+        """Whether a mini-batch of sequences of ``lengths`` trains packed: always where packing is
+        on (``use_remove_padding`` true), never where it is off or the model cannot pack; with
+        ``auto``, where its padded micro-batches would hold at least ``packing.AUTO_MIN_PADDING``
+        of padding (below that packing has little to remove, and its gathers cost about as much)."""
+        from streamrl.learner import packing
+
+        if not self.packed or self.remove_padding == "true":
+            return self.packed
+        cfg = self.cfg
+        padded = sum(sum(lengths[i] for i in mb.indices) if mb.chunks > 1 else
+                     len(mb.indices) * max(lengths[i] for i in mb.indices)
+                     for mb in microbatch.split(lengths, cfg.max_tokens_per_micro_batch, cfg.micro_batch_size))
+        return 1 - sum(lengths) / max(padded, 1) >= packing.AUTO_MIN_PADDING
+
+    def _collate_units(self, groups: list[list[Sample]], chunks: list[int], packed: bool) -> list[_Batch]:
+        """Each unit's tensors: packed when the plan packs, except a chunked sequence (one
         sequence, no padding either way; its passes keep a KV cache, which packing has not)."""
-        return [self._collate(g, packed=self.packed and not c) for g, c in zip(groups, chunks)]
+        return [self._collate(g, packed=packed and not c) for g, c in zip(groups, chunks)]
 
     def _dummy(self) -> Sample:
         """A sequence that trains nothing (mask 0): runs the collectives of a pass on a rank
@@ -324,8 +363,8 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            units, chunks, _ = self._plan(samples)
-            lps = self._unit_logprobs(self.model, self._collate_units(units, chunks), chunks)
+            units, chunks, _, packed = self._plan(samples)
+            lps = self._unit_logprobs(self.model, self._collate_units(units, chunks, packed), chunks)
         finally:
             self.model.train(was_training)
         found = {s.id: lp[i].cpu().numpy() for u, lp in zip(units, lps) for i, s in enumerate(u)}
@@ -463,14 +502,16 @@ class Trainer:
                  np.asarray(s.response_mask, np.float32) for s in samples]
         total_tokens = torch.tensor(max(1.0, float(sum(m.sum() for m in masks))), device=self.device)
         total_seqs = torch.tensor(max(1, sum(int(m.sum() > 0) for m in masks)), device=self.device)
-        groups, chunks, local = self._plan(samples)
+        groups, chunks, local, packed = self._plan(samples)
         if local:
             groups, chunks = groups + [[self._dummy()]], chunks + [0]
-        units = self._collate_units(groups, chunks)
+        units = self._collate_units(groups, chunks, packed)
         current = None
         rc = cfg.rollout_correction
         rc_decoupled = rc.enabled and not rc.bypass_mode  # verl's decoupled mode: pi_old recomputed
-        if cfg.decoupled or rc_decoupled or any(s.behaviour_logprobs is None for s in samples):
+        # (bypass mode with a batch normaliser: the mini-batch's weights at its start, one pass more)
+        rc_prepass = rc.bypass_mode and bool(rc.rollout_is) and rc.rollout_is_batch_normalize
+        if cfg.decoupled or rc_decoupled or rc_prepass or any(s.behaviour_logprobs is None for s in samples):
             current = self._unit_logprobs(self.model, units, chunks)  # the proximal policy (AReaL)
         behavs = []
         for u, g in enumerate(groups):
@@ -535,6 +576,12 @@ class Trainer:
             from streamrl.learner import rollout_correction
 
             live = [None] * len(units)  # the live log-probs of the first epoch, for rollout_corr/*
+            is_norm = None
+            if rc_prepass:  # the mean weight over the whole mini-batch (every rank alike)
+                full_behav, full_mask = self._rows(samples, groups, behavs), self._mask_rows(masks)
+                weights, _ = rollout_correction.is_weights(self._rows(samples, groups, current) - full_behav, full_mask,
+                                                           rc.rollout_is, rc.rollout_is_threshold)
+                is_norm = rollout_correction.is_weight_mean(weights, full_mask, rc.rollout_is)
         grad_norm, skipped = 0.0, 0
         for _ in range(cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -549,7 +596,7 @@ class Trainer:
                     if live[u] is None:
                         live[u] = logp.detach()
                     pl, mask = rollout_correction.bypass_loss(logp, behavs[u], adv, mb.mask, rc, cfg.clip_ratio_low,
-                                                              cfg.clip_ratio_high, cfg.clip_ratio_c)
+                                                              cfg.clip_ratio_high, cfg.clip_ratio_c, is_norm)
                 elif cfg.decoupled:  # the trust region around the proximal policy, weighted back to the behaviour one
                     weight, mask = losses.importance_weight(current[u], behavs[u], mb.mask, cap=cfg.is_cap,
                                                             mode=cfg.is_mode)
@@ -601,7 +648,7 @@ class Trainer:
             out.update(rewards_mean=float(rewards.mean()) - beta * reward_kl)
         if live is not None:  # bypass: the mismatch of the policy at the mini-batch's start (first epoch)
             full = [self._rows(samples, groups, x) for x in (live, behavs)]
-            corr_metrics = rollout_correction.correct(full[0], full[1], self._mask_rows(masks), rc).metrics
+            corr_metrics = rollout_correction.correct(full[0], full[1], self._mask_rows(masks), rc, is_norm).metrics
         out.update(corr_metrics)
         if self.critic is not None:  # its sums are over its own epochs
             epochs = cfg.critic.ppo_epochs or cfg.ppo_epochs

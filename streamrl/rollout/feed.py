@@ -53,10 +53,10 @@ def group_id(data_source: str, epoch: int, index: int, prompt: Any) -> str:
     return h.hexdigest()[:32]
 
 
-def is_verl_row(row: dict[str, Any]) -> bool:
-    """A row as verl's preprocessing writes it: a chat-list ``prompt`` and a
-    ``reward_model`` holding ``ground_truth`` (beside ``data_source`` and ``extra_info``)."""
-    prompt, reward_model = row.get("prompt"), row.get("reward_model")
+def is_verl_row(row: dict[str, Any], prompt_key: str = "prompt") -> bool:
+    """A row as verl's preprocessing writes it: a chat-list ``prompt`` (``feed.prompt_key``) and
+    a ``reward_model`` holding ``ground_truth`` (beside ``data_source`` and ``extra_info``)."""
+    prompt, reward_model = row.get(prompt_key), row.get("reward_model")
     return (isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt)
             and isinstance(reward_model, dict) and "ground_truth" in reward_model)
 
@@ -99,11 +99,11 @@ def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
     """One dataset row as a prompt. The row's ``extra_info`` is copied whole into the prompt's,
     so verl's per-sample fields (``interaction_kwargs``, ``tools_kwargs``) reach the rollout
     worker's interactions and tools as the dataset wrote them."""
-    verl = cfg.format == "verl" or (cfg.format == "auto" and is_verl_row(row))
-    if verl and not is_verl_row(row):
+    verl = cfg.format == "verl" or (cfg.format == "auto" and is_verl_row(row, cfg.prompt_key))
+    if verl and not is_verl_row(row, cfg.prompt_key):
         raise FeedError(f"{where}: " + _unmapped(row, cfg, "not in verl's format"))
     try:
-        prompt, truth = (row["prompt"], _verl_truth(row)) if verl else _template_fields(row, cfg)
+        prompt, truth = (row[cfg.prompt_key], _verl_truth(row)) if verl else _template_fields(row, cfg)
     except KeyError as exc:
         raise FeedError(f"{where}: " + _unmapped(row, cfg, f"no field {exc}")) from None
     except (ValueError, IndexError, TypeError) as exc:
@@ -125,13 +125,26 @@ def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
                   epoch=epoch)
 
 
+def read_feed_rows(cfg: FeedConfig) -> list[tuple[dict[str, Any], str]]:
+    """The rows of ``feed.dataset`` then of each of ``feed.more_datasets`` (verl reads a list of
+    files as one), ``feed.limit`` in all, each with where it is (for messages)."""
+    out: list[tuple[dict[str, Any], str]] = []
+    for spec in [cfg.dataset, *cfg.more_datasets]:
+        left = cfg.limit - len(out) if cfg.limit else 0
+        if cfg.limit and left <= 0:
+            break
+        out += [(row, f"{describe(spec)} row {i + 1}") for i, row in enumerate(read_rows(spec, left))]
+    return out
+
+
 def build_prompts(cfg: FeedConfig) -> Iterator[Prompt]:
-    """Every prompt of the feed, epoch by epoch. All rows are converted before the first is
-    yielded, so a bad row stops the feed before anything is published."""
+    """Every prompt of the feed, epoch by epoch. All rows are converted (and, with
+    ``max_prompt_length``, measured) before the first is yielded, so a bad row stops the feed
+    before anything is published."""
     cfg.validate()
-    rows = read_rows(cfg.dataset, cfg.limit)
-    base = [row_to_prompt(row, i, cfg.start_epoch, cfg, f"{describe(cfg.dataset)} row {i + 1}")
-            for i, row in enumerate(rows)]
+    base = [row_to_prompt(row, i, cfg.start_epoch, cfg, where) for i, (row, where) in enumerate(read_feed_rows(cfg))]
+    if cfg.max_prompt_length:
+        base = fit_prompt_length(base, cfg)
     for epoch in range(cfg.start_epoch, cfg.start_epoch + cfg.epochs):
         order = list(range(len(base)))
         if cfg.shuffle:
@@ -140,6 +153,35 @@ def build_prompts(cfg: FeedConfig) -> Iterator[Prompt]:
             p = base[i]
             yield dataclasses.replace(p, epoch=epoch, created_at=time.time(),
                                       group_id=group_id(p.data_source, epoch, i, p.prompt))
+
+
+def fit_prompt_length(prompts: list[Prompt], cfg: FeedConfig) -> list[Prompt]:
+    """verl's ``max_prompt_length`` as its dataset applies it: a prompt's tokens are counted
+    through the chat template of the policy's tokenizer (``feed.tokenizer``); a longer one is
+    dropped (``filter_overlong_prompts``), or cut (``truncation`` left / right / middle: the
+    prompt becomes that text, template included, as verl feeds the cut ids), or stops the feed
+    naming it (``error``)."""
+    from streamrl.policy import load_tokenizer
+    from streamrl.rollout.chat import ChatRenderer
+
+    tokenizer = load_tokenizer(cfg.tokenizer or "tiny")
+    render, limit, out = ChatRenderer(tokenizer), cfg.max_prompt_length, []
+    for p in prompts:
+        ids = tokenizer(render.prompt_text(p.prompt), add_special_tokens=False)["input_ids"]
+        if len(ids) <= limit:
+            out.append(p)
+        elif cfg.filter_overlong_prompts:
+            continue
+        elif cfg.truncation == "error":
+            raise FeedError(f"prompt {p.extra_info.get('index')} has {len(ids)} tokens, more than "
+                            f"feed.max_prompt_length ({limit}, verl's data.max_prompt_length): set "
+                            f"data.filter_overlong_prompts=True or data.truncation=left|right|middle")
+        else:
+            half = limit // 2
+            cut = {"left": ids[-limit:], "right": ids[:limit],
+                   "middle": ids[:half] + ids[len(ids) - (limit - half):]}[cfg.truncation]
+            out.append(dataclasses.replace(p, prompt=tokenizer.decode(cut)))
+    return out
 
 
 def feed_group_ids(cfg: FeedConfig) -> set[str]:

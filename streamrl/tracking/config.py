@@ -19,10 +19,10 @@ class TrackingConfig:
     loggers: list[str] = field(default_factory=list)
     project: str = "streamrl"  # the project (verl's trainer.project_name): a W&B project, an MLflow experiment
     experiment: str = ""  # the run's name (verl's trainer.experiment_name); empty: the run directory's name
-    # Where tensorboard, the MLflow file store and W&B write; empty: <run dir>/tracking
+    # Where tensorboard, the MLflow store and W&B write; empty: <run dir>/tracking
     dir: str = ""
     # MLflow: a tracking server (http://...) or store URI; empty: MLFLOW_TRACKING_URI, else a
-    # file store under dir (mlruns/)
+    # SQLite store under dir (mlruns.db, as verl; a file store, mlruns/, without SQLAlchemy)
     mlflow_tracking_uri: str = ""
     # W&B: online | offline (no network; `wandb sync` uploads later); empty: WANDB_MODE, else
     # online. The API key comes from WANDB_API_KEY (never from a config, never logged)

@@ -133,14 +133,26 @@ def mlflow_key(key: str) -> str:
     return _MLFLOW_BAD.sub("_", re.sub(r"/+", "/", key.replace("@", "_at_")))
 
 
+def mlflow_store_uri(directory: Path) -> str:
+    """MLflow's store when neither ``tracking.mlflow_tracking_uri`` nor ``MLFLOW_TRACKING_URI``
+    names one: as verl, a SQLite store in the run's directory (``sqlite:///.../mlruns.db``; MLflow
+    3 keeps the file store in maintenance mode and its client refuses to read one unless
+    ``MLFLOW_ALLOW_FILE_STORE`` is set). SQLite needs SQLAlchemy and Alembic (the ``mlflow`` extra
+    brings them, mlflow-skinny alone does not): without them, a file store in ``mlruns/``."""
+    import importlib.util
+
+    if all(importlib.util.find_spec(m) is not None for m in ("sqlalchemy", "alembic")):
+        return f"sqlite:///{(directory / 'mlruns.db').resolve()}"
+    return (directory / "mlruns").resolve().as_uri()
+
+
 class _MLflow:
     def __init__(self, ctx: "_Context") -> None:
         _need("mlflow", "mlflow")
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        uri = ctx.cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
-            (ctx.directory / "mlruns").resolve().as_uri()
+        uri = ctx.cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow_store_uri(ctx.directory)
         if uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for it: a local run is fine
         self.mlflow = MlflowClient(tracking_uri=uri)
