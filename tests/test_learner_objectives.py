@@ -346,27 +346,29 @@ def test_the_critic_on_two_ranks_matches_one_and_resumes_on_another_rank_count(t
 
 # -- end to end ------------------------------------------------------------------------------------
 
-#: ReMax with verl's rollout correction and a warm-up/cosine lr, as verl's keys say them
-E2E = ["algorithm.adv_estimator=remax", "algorithm.rollout_correction.rollout_is=token",
-       "algorithm.rollout_correction.rollout_is_threshold=2.0", "algorithm.rollout_correction.rollout_rs=seq_mean_k3",
-       "algorithm.rollout_correction.rollout_rs_threshold=0.05", "actor_rollout_ref.actor.optim.lr_warmup_steps=2",
-       "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.min_lr_ratio=0.5"]
+#: PPO with a critic, verl's rollout correction and a warm-up/cosine lr, as verl's keys say them
+#: (the critic at the actor's lr: verl's 1e-5 is for 7B models, not the tiny policy)
+E2E = ["algorithm.adv_estimator=gae", "algorithm.lam=1.0", "critic.optim.lr=0.002", "critic.cliprange_value=0.5",
+       "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0",
+       "algorithm.rollout_correction.rollout_rs=seq_mean_k3", "algorithm.rollout_correction.rollout_rs_threshold=0.05",
+       "actor_rollout_ref.actor.optim.lr_warmup_steps=2", "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+       "actor_rollout_ref.actor.optim.min_lr_ratio=0.5"]
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_remax_with_rollout_correction_and_a_cosine_lr_learns_end_to_end(tmp_path):
-    """``streamrl run`` on the real broker, the embedded default's digits task: every group
-    carries its greedy baseline through the rollout and reward stages, the learner trains the
-    others (16 x 16 a version) with the correction's figures, the lr follows verl's schedule, and
-    the reward climbs. (PPO with a critic: ``streamrl bench learning --recipes ppo``, and the
-    two-rank resume above.)"""
+def test_ppo_with_a_critic_rollout_correction_and_a_cosine_lr_learn_end_to_end(tmp_path):
+    """``streamrl run`` on the real broker, the embedded default's digits task, with a verl PPO
+    script's keys: the learner trains a critic beside the policy (critic/* figures, its shards in
+    every checkpoint), corrects each mini-batch as verl's rollout correction does (rollout_corr/*),
+    follows verl's lr schedule, and the reward climbs. (ReMax's greedy baseline through the
+    stages: ``test_remax_greedy_baseline_travels_with_its_group_and_is_never_trained_on``.)"""
     import subprocess
     import sys
 
     from tests.helpers import ROOT, last_json_line
 
-    versions = 20
+    versions = 40
     proc = subprocess.Popen([sys.executable, "-m", "streamrl", "run", "configs/local.yaml", f"run.out_dir={tmp_path}",
                              "run.reward_members=1", f"learner.versions={versions}", "feed.limit=800",
                              "feed.dataset=digits:rev", *E2E], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -375,20 +377,18 @@ def test_remax_with_rollout_correction_and_a_cosine_lr_learns_end_to_end(tmp_pat
     assert proc.returncode == 0, err[-3000:]
     summary = last_json_line(out)
     assert summary["ended"] == "done" and summary["versions"] == versions, summary
-    records = summary["records"]
-    assert records["rollouts"] >= versions * 16 * 17  # each group's 16 samples and its greedy baseline
-    assert records["trained"] >= versions * 16 * 17  # (the baseline counts as finished with, never trained)
     by_version = [r for _, r in sorted((int(v), r) for v, r in summary["reward_by_version"].items())]
     first, last = sum(by_version[:3]) / 3, sum(by_version[-5:]) / 5
     assert last >= first + 0.1, by_version
-    state = checkpoint.load_state(checkpoint.latest(Path(summary["out"]) / "checkpoints"))
-    assert state.version == versions
+    latest = checkpoint.latest(Path(summary["out"]) / "checkpoints")
+    state = checkpoint.load_state(latest)
+    assert state.version == versions and (latest / "critic_dcp" / ".metadata").is_file()
     figures = state.summary
-    assert figures["sequences"] == 16 * 16  # the baselines left out of the update
     assert figures["lr"] == pytest.approx(schedule.lr_at(LearnerConfig(lr=0.002, versions=versions, lr_warmup_steps=2,
                                                                        lr_scheduler_type="cosine", min_lr_ratio=0.5),
                                                           versions - 1), rel=1e-6)
-    assert {"rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl"} <= set(figures)
+    assert {"critic/vf_loss", "critic/vf_explained_var", "critic/vpred_mean", "critic/vf_clipfrac",
+            "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl"} <= set(figures)
 
 
 def test_verls_ppo_remax_rollout_correction_and_schedule_scripts_train_what_they_say(tmp_path):
