@@ -209,7 +209,9 @@ def test_remax_greedy_baseline_travels_with_its_group_and_is_never_trained_on(me
     from streamrl.rollout.config import RolloutConfig
     from streamrl.rollout.worker import RolloutWorker
 
-    assert load_config(overrides=["learner.adv_estimator=remax"]).rollout.greedy_baseline
+    remax = load_config("local.yaml", ["learner.adv_estimator=remax"])
+    # the gate counts each group's baseline: a version's 16 groups of 16 still fit under its bound
+    assert remax.rollout.greedy_baseline and remax.rollout.trajectories_per_version == 16 * 17
     worker = RolloutWorker(memory_bus, RolloutConfig(group_size=3, greedy_baseline=True, max_new_tokens=6,
                                                      follow_policy=False))
     prompt = Prompt(group_id="p1", group_size=3, data_source="test", prompt="12+3=")
