@@ -177,7 +177,7 @@ class LearnerConfig:
     # GDPO (adv_estimator gdpo): the reward components, fields of each record's reward_info (a
     # scorer's dict result), each normalised within its group, summed with these weights (empty: 1 each)
     gdpo_reward_keys: list[str] = field(default_factory=list)
-    gdpo_reward_weights: list[float] = field(default_factory=list)
+    gdpo_reward_weights: list[float] = field(default_factory=list)  # one per gdpo_reward_keys entry; empty: 1 each
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     lr: float = 1e-6  # AdamW's learning rate (verl's actor.optim.lr)
     weight_decay: float = 0.01  # AdamW's weight decay (verl's actor.optim.weight_decay)
