@@ -136,7 +136,11 @@ def _batch(value: Any, given: Given) -> dict[str, Any]:
     """verl's train_batch_size prompts per step, in ppo_mini_batch_size mini-batches: here one
     version of train_batch_size / ppo_mini_batch_size optimizer steps."""
     prompts = _int(value, "prompts per step, an integer >= 1")
-    mini = _int(given.get(f"{_ACTOR}ppo_mini_batch_size", prompts), "an integer >= 1")
+    if f"{_ACTOR}ppo_mini_batch_size" not in given:  # one mini-batch of all the step's prompts
+        if prompts < 1:
+            raise ValueError(f"prompts per step, an integer >= 1 (got {value!r})")
+        return {"learner.mini_batches_per_version": 1, "learner.groups_per_mini_batch": prompts}
+    mini = _int(given[f"{_ACTOR}ppo_mini_batch_size"], "an integer >= 1")
     if prompts < 1 or mini < 1 or prompts % mini:
         raise ValueError(f"a multiple of actor_rollout_ref.actor.ppo_mini_batch_size ({mini}), as verl requires "
                          f"(got {value!r})")

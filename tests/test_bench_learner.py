@@ -44,3 +44,30 @@ def test_bench_learner_lora_reports_ratios_to_full_fine_tuning(tmp_path):
     assert 0 < summary["r8_optimizer_over_full"] < 1 and lora["trainable_m"] < full["trainable_m"]
     assert lora["optimizer_bytes"] == 2 * lora["gradient_bytes"]  # AdamW's two moments, adapters only
     assert summary["r8_step_over_full"] > 0
+
+
+def test_bench_learner_shapes_measures_the_default_runs_learner_and_rls(tmp_path):
+    """``--shapes`` (issue 52): the default task's shape is configs/local.yaml's learner (its
+    micro-batches, epochs, mini-batch of groups x group size) and digits' lengths; both shapes
+    report packed against padded from the same mini-batches."""
+    from streamrl.bench.learner import SHAPES, shape_samples
+    from streamrl.pipeline_config import load_config
+
+    cfg = load_config("local.yaml")
+    model, sequences, mbs, epochs, prompt, (lo, hi), _ = SHAPES["digits"]
+    assert (model, mbs, epochs) == (cfg.learner.policy, cfg.learner.micro_batch_size, cfg.learner.ppo_epochs)
+    assert sequences == cfg.learner.groups_per_mini_batch * cfg.feed.group_size
+    assert hi == cfg.rollout.max_new_tokens and prompt == len("inc 48=")
+    lengths = {len(s.response_ids) for s in shape_samples("digits", 0)}
+    assert lengths == set(range(lo, hi + 1))
+    out = tmp_path / "shapes.json"
+    proc = subprocess.run([sys.executable, "-m", "streamrl", "bench", "learner", "--shapes", "--steps", "1",
+                           "--threads", "1", "--clock", "cpu", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = last_json_line(proc.stdout)
+    assert summary == json.loads(out.read_text())
+    for shape in SHAPES:
+        r = summary["shapes"][shape]
+        assert r["padded_step_s"] > 0 and r["packed_step_s"] > 0
+        assert summary[f"{shape}_packed_over_padded"] == r["packed_over_padded"] > 0

@@ -332,3 +332,14 @@ def test_a_verl_script_runs_for_real_on_cpu(tmp_path):
     assert 0 < kept < 24 and records["prompts"] == kept * 15  # the script's 15 epochs, all fed
     assert summary["validation_by_version"], summary  # val_files: the eval stage ran
     assert Path(summary["out"]).parent == tmp_path / "runs"
+
+
+def test_train_batch_size_alone_is_one_mini_batch_of_all_its_prompts():
+    """Without ``ppo_mini_batch_size`` a verl step is one mini-batch of ``train_batch_size``
+    prompts: a version here of that many groups, not the config's own mini-batch size."""
+    from streamrl.pipeline_config import load_config
+
+    cfg = load_config("local.yaml", ["data.train_batch_size=32"])
+    assert (cfg.learner.mini_batches_per_version, cfg.learner.groups_per_mini_batch) == (1, 32)
+    cfg = load_config("local.yaml", ["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
+    assert (cfg.learner.mini_batches_per_version, cfg.learner.groups_per_mini_batch) == (4, 8)

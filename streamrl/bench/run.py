@@ -62,23 +62,23 @@ def export_tree(ref: str, repo: Path, into: Path) -> Path:
 
 
 def figures(run_dir: Path) -> dict[str, float]:
-    """Seconds per version after the warm start and rollouts per second, from a run's
-    ``observation.json`` (``versions``: version -> when it was announced; ``by_version``:
-    version -> [rollouts, ...])."""
+    """Seconds per version after the warm start and rollouts per second, from the observation a
+    run keeps (``runs/<id>/observation.json``, read as ``streamrl run`` reads it on a resume:
+    when each version was announced, how many rollouts each version generated), and the last
+    version's mean reward."""
+    from streamrl.observing import Observation
+
     files = sorted(run_dir.glob("runs/*/observation.json"))
     if not files:
         raise RuntimeError(f"no runs/*/observation.json under {run_dir}: the run did not get far (see its logs)")
-    obs = json.loads(files[-1].read_text())
-    announced = {int(v): float(t) for v, t in obs["versions"].items()}
-    last = max(announced)
-    if last < 2 or 1 not in announced:
-        raise RuntimeError(f"{files[-1]}: versions {sorted(announced)}, too few to time")
-    span = announced[last] - announced[1]
-    rollouts = sum(int(row[0]) for v, row in obs["by_version"].items() if 1 <= int(v) < last)
-    summary = json.loads(files[-1].with_name("summary.json").read_text()) if files[-1].with_name(
-        "summary.json").exists() else {}
+    obs = Observation.carried_over(json.loads(files[-1].read_text()), trained_base=0)
+    last = max(obs.versions, default=0)
+    if last < 2 or 1 not in obs.versions:
+        raise RuntimeError(f"{files[-1]}: versions {sorted(obs.versions)}, too few to time")
+    span = obs.versions[last] - obs.versions[1]
+    rollouts = sum(s.records for v, s in obs.by_version.items() if 1 <= v < last)
     return {"versions": last, "s_per_version": span / (last - 1), "rollouts_per_s": rollouts / span,
-            "reward_last": float(summary.get("reward_last", float("nan")))}
+            "reward_last": obs.by_version[last].mean if last in obs.by_version else float("nan")}
 
 
 class RunBench(harness.Bench):

@@ -12,6 +12,7 @@ names the field that is wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamrl.errors import ConfigError
 

@@ -74,23 +74,28 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 #: (0.82x the time at 38%, 0.2-0.4x on RL's long mixed lengths).
 AUTO_MIN_PADDING = 0.2
 
-#: a bucket's attention may cost at most this many times the sum of its sequences' own squares
-#: (padded to the bucket's longest): short sequences of similar lengths share one call, a long
-#: tail gets calls of its own
-BUCKET_WASTE = 2.0
+#: a bucket's padded attention may cost at most this many times the sum of its sequences' own
+#: squares (padded to the bucket's longest), and a bucket whose longest is at most ``SHORT_TOKENS``
+#: takes any shorter sequence: for short sequences a call costs more than the padding saved.
+#: Measured on the ``mini`` model, 1 thread, RL's log-uniform 32-2,048 mix: seconds a step 0.94
+#: (1.0: equal lengths only), 1.00 (1.25), 1.15 (1.5), 1.32 (2.0)
+BUCKET_WASTE = 1.25
+SHORT_TOKENS = 32
 
 
-def buckets(lengths: Sequence[int], waste: float = BUCKET_WASTE) -> list[list[int]]:
-    """Indices of ``lengths`` in groups whose padded attention (``count x longest**2``) stays
-    within ``waste`` times the sum of their own squares: longest first, a sequence joins the
-    current group while that holds. Uniform lengths make one group; RL's log-uniform mixes a few."""
+def buckets(lengths: Sequence[int], waste: float | None = None) -> list[list[int]]:
+    """Indices of ``lengths`` in groups, each one SDPA call: longest first, a sequence joins the
+    current group while the group's longest is at most ``SHORT_TOKENS`` or its padded attention
+    (``count x longest**2``) stays within ``waste`` (``BUCKET_WASTE``) times the sum of their own
+    squares. Short sequences make one group; RL's long log-uniform mixes about one per sequence."""
+    waste = BUCKET_WASTE if waste is None else waste
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     out: list[list[int]] = []
     own = 0
     for i in order:
         if out:
-            longest = lengths[out[-1][0]] ** 2
-            if (len(out[-1]) + 1) * longest <= waste * (own + lengths[i] ** 2):
+            longest = lengths[out[-1][0]]
+            if longest <= SHORT_TOKENS or (len(out[-1]) + 1) * longest ** 2 <= waste * (own + lengths[i] ** 2):
                 out[-1].append(i)
                 own += lengths[i] ** 2
                 continue
@@ -100,15 +105,25 @@ def buckets(lengths: Sequence[int], waste: float = BUCKET_WASTE) -> list[list[in
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """Where each bucket's sequences sit in the packed row: ``index`` ``[count, longest]`` (the
-    pad slot ``T`` past a sequence's end), ``valid`` its mask, ``inverse`` the permutation from
-    the buckets' valid rows, concatenated, back to the packed order."""
+class _Bucket:
+    """One SDPA call: a lone sequence as a slice of the packed row (``span``, a view: no copy),
+    or several gathered into a right-padded batch (``index`` ``[count, longest]`` into the row,
+    the pad slot ``T`` past each one's end; ``valid`` its mask)."""
 
-    index: list[torch.Tensor]
-    valid: list[torch.Tensor]
-    inverse: torch.Tensor
-    uniform: int = 0  # every sequence this many tokens: the row is a [count, uniform] batch as it is
+    span: tuple[int, int] | None = None
+    index: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The buckets of one packed row, and ``inverse``: the permutation from their output rows,
+    concatenated, back to the packed order. ``uniform``: every sequence that many tokens, so the
+    row is a ``[count, uniform]`` batch as it is (no buckets)."""
+
+    buckets: list[_Bucket]
+    inverse: torch.Tensor | None = None
+    uniform: int = 0
 
 
 _LAST_PLAN: tuple[torch.Tensor, _Plan] | None = None  # every layer of one forward shares ``cu``
@@ -120,47 +135,57 @@ def _plan(cu: torch.Tensor) -> _Plan:
         return _LAST_PLAN[1]
     bounds = cu.tolist()
     starts, lengths = bounds[:-1], [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
-    total, index, valid, rows = bounds[-1], [], [], []
     if len(set(lengths)) == 1:
-        plan = _Plan([], [], cu, uniform=lengths[0])
-        _LAST_PLAN = (cu, plan)
-        return plan
-    for group in buckets(lengths):
-        start = torch.tensor([starts[i] for i in group], device=cu.device)[:, None]
-        n = torch.tensor([lengths[i] for i in group], device=cu.device)[:, None]
-        steps = torch.arange(lengths[group[0]], device=cu.device)[None, :]
-        mask = steps < n
-        at = torch.where(mask, start + steps, total)
-        index.append(at)
-        valid.append(mask)
-        rows.append(at[mask])
-    plan = _Plan(index, valid, torch.argsort(torch.cat(rows)))
+        plan = _Plan([], uniform=lengths[0])
+    else:
+        out, rows = [], []
+        for group in buckets(lengths):
+            if len(group) == 1:
+                lo, hi = starts[group[0]], starts[group[0]] + lengths[group[0]]
+                out.append(_Bucket(span=(lo, hi)))
+                rows.append(torch.arange(lo, hi, device=cu.device))
+                continue
+            start = torch.tensor([starts[i] for i in group], device=cu.device)[:, None]
+            n = torch.tensor([lengths[i] for i in group], device=cu.device)[:, None]
+            steps = torch.arange(lengths[group[0]], device=cu.device)[None, :]
+            mask = steps < n
+            at = torch.where(mask, start + steps, bounds[-1])
+            out.append(_Bucket(index=at, valid=mask))
+            rows.append(at[mask])
+        plan = _Plan(out, torch.argsort(torch.cat(rows)))
     _LAST_PLAN = (cu, plan)
     return plan
 
 
 def _bucketed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    cu: torch.Tensor, dropout: float, scaling: float | None) -> torch.Tensor:
-    """Causal attention within each packed sequence, one SDPA call per bucket (``buckets``): the
-    bucket's sequences gathered into a right-padded batch, and their valid rows put back in
-    packed order. Right padding needs no mask: a causal query never sees the keys past it.
-    Measured (``streamrl bench learner --shapes``): one call per sequence made the default
-    task's many short sequences 1.8x slower than padding; buckets keep packing's gain on RL's
-    long mixed lengths and cost what padding does on short uniform ones."""
+    """Causal attention within each packed sequence, one SDPA call per bucket (``buckets``): a
+    lone sequence sliced from the row, several gathered into a right-padded batch (right padding
+    needs no mask: a causal query never sees the keys past it); the outputs put back in packed
+    order. Measured (``streamrl bench learner --shapes``): one call per sequence made the default
+    task's many short sequences 1.8x slower than padding; buckets cost what padding does there
+    and keep packing's gain on RL's long mixed lengths."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
 
     plan = _plan(cu)
     if plan.uniform:  # a view, no copy: [1, heads, count * n, dim] -> [count, heads, n, dim]
         heads, n = query.shape[1], plan.uniform
-        q, k, v = (t[0].unflatten(1, (-1, n)).transpose(0, 1) for t in (query, key, value))
-        out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)
+        out = attend(*(t[0].unflatten(1, (-1, n)).transpose(0, 1) for t in (query, key, value)))
         return out.reshape(1, -1, heads, out.shape[-1])
-    pad = [torch.cat([t[0], t.new_zeros(t.shape[1], 1, t.shape[3])], dim=1) for t in (query, key, value)]
+    padded = None  # the row with a zero slot at its end, where a gather points past a sequence
     outs = []
-    for index, valid in zip(plan.index, plan.valid):
-        q, k, v = (t[:, index].transpose(0, 1) for t in pad)  # [count, heads, longest, dim]
-        out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)
-        outs.append(out[valid])  # [valid tokens, heads, dim]
+    for b in plan.buckets:
+        if b.span is not None:
+            lo, hi = b.span
+            outs.append(attend(query[:, :, lo:hi], key[:, :, lo:hi], value[:, :, lo:hi])[0])
+            continue
+        if padded is None:
+            padded = [torch.cat([t[0], t.new_zeros(t.shape[1], 1, t.shape[3])], dim=1) for t in (query, key, value)]
+        out = attend(*(t[:, b.index].transpose(0, 1) for t in padded))  # [count, longest, heads, dim]
+        outs.append(out[b.valid])  # [its tokens, heads, dim]
     return torch.cat(outs).index_select(0, plan.inverse).unsqueeze(0)
 
 
