@@ -416,10 +416,9 @@ class Learner:
         observe_staleness([t.record for t in taken], self.version)
         for g in groups:
             metrics.LEARNER_GROUPS.labels("partial" if len(g.items) < g.items[0].group_size else "trained").inc()
-        self.trainer.set_version(self.version)  # the lr schedule's step
         trained = remax_baselines([[t for t in (i.payload for i in g.items)] for g in groups],
                                   self.cfg.adv_estimator == "remax")
-        out = await asyncio.to_thread(self.trainer.step, [t.sample for t in trained])
+        out = await asyncio.to_thread(self._step, [t.sample for t in trained])
         for g in groups:
             self._group_done(g.group_id)
         if out.get("skipped_steps"):  # a non-finite gradient: the update was not applied
@@ -442,6 +441,12 @@ class Learner:
         self._version_metrics.append({**figures, **out})
         if self.state.mini_batches >= self.cfg.mini_batches_per_version:
             await self._finish_version()
+
+    def _step(self, samples: list[Any]) -> dict[str, float]:
+        """The update, in the thread every collective call runs in: the lr schedule's step (the
+        version), then the mini-batch."""
+        self.trainer.set_version(self.version)
+        return self.trainer.step(samples)
 
     async def _finish_version(self) -> None:
         self.state.version += 1
