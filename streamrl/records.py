@@ -201,6 +201,9 @@ class Trajectory(_Record):
     turns: list[dict[str, Any]] | None = None
     timings: dict[str, float] | None = None  # e.g. generation_started_at, generation_s
     lineage: str | None = None  # the training line of the weights that generated it (PolicyVersion)
+    # ReMax (learner.adv_estimator remax): the group's greedy response, scored like the others;
+    # its reward is the group's baseline and it is never trained on. None/absent: a sample
+    baseline: bool | None = None
     created_at: float = field(default_factory=_now)
     schema: str = TRAJECTORY_SCHEMA
 

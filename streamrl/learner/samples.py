@@ -59,7 +59,7 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
     sample = Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
                     response_ids=response_ids, reward=float(record.reward),
                     policy_version=record.policy_version, behaviour_logprobs=logprobs,
-                    response_mask=mask)
+                    response_mask=mask, reward_components=reward_components(record, cfg))
     if cfg.distillation.enabled:
         teacher_arrays(sample, record, cfg, vocab)
     return sample
@@ -88,6 +88,24 @@ def teacher_arrays(sample: "Sample", record: Rewarded, cfg: "LearnerConfig", voc
             raise RecordError("bad_teacher", f"teacher_ids missing, of the wrong length, or outside the vocabulary "
                                              f"(size {vocab})")
         sample.teacher_ids = ids
+
+
+def reward_components(record: Rewarded, cfg: "LearnerConfig") -> list[float] | None:
+    """GDPO's components (``learner.gdpo_reward_keys``) from the record's ``reward_info``, where a
+    scorer's dict result puts its fields; ``RecordError`` when one is missing or not a number."""
+    if cfg.adv_estimator != "gdpo":
+        return None
+    info = record.reward_info or {}
+    out = []
+    for key in cfg.gdpo_reward_keys:
+        value = info.get(key)
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise RecordError("no_reward_component", f"reward_info[{key!r}] is {value!r}: adv_estimator gdpo needs "
+                              "a number (a scorer returning a dict with that field)")
+        out.append(float(value))
+    return out
 
 
 def to_samples(records: list[Rewarded], cfg: "LearnerConfig", trainer: Any) -> list["Sample"]:

@@ -136,6 +136,10 @@ class RolloutConfig:
     max_new_tokens: int = 256  # per assistant turn
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # nucleus sampling; 1: off
+    # ReMax: one greedy response more per prompt, marked ``baseline`` (its reward is the group's
+    # baseline, never trained on); the group's group_size counts it. On by itself where
+    # learner.adv_estimator is remax (pipeline config)
+    greedy_baseline: bool = False
     max_in_flight: int = 4  # prompts this worker works on at once; their generations share batches
     max_batch_rows: int = 0  # most sequences in one engine call; 0: transformers 64, vllm 1024
     follow_policy: bool = True  # watch the policy topic and load new versions

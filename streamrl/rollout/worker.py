@@ -224,7 +224,8 @@ class RolloutWorker:
     async def handle(self, prompt: Prompt, msg: Message) -> list[Trajectory | DeadLetter]:
         metrics.ROLLOUT_PROMPTS.labels(self._label).inc()
         n = self.cfg.group_size or prompt.group_size
-        gate_s = await self.gate.acquire(n)
+        n_all = n + 1 if self.cfg.greedy_baseline else n  # (ReMax's greedy response counts in the gate)
+        gate_s = await self.gate.acquire(n_all)
         load_s = 0.0
 
         async def before_turn() -> None:
@@ -238,7 +239,7 @@ class RolloutWorker:
             trajectories = await self._generate(prompt, n, before_turn)
             took = time.monotonic() - started
         except BaseException:
-            self.gate.release(n)
+            self.gate.release(n_all)
             raise
         # the reservation is released trajectory by trajectory as the broker acknowledges them
         # (``_delivered``): only then do they count in the topic's end offsets
@@ -293,11 +294,24 @@ class RolloutWorker:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await run_group(prompt, n, self.backend, self.params, self.renderer,
-                                           self.multi_turn, before_turn)
+                    out = await run_group(prompt, n, self.backend, self.params, self.renderer,
+                                          self.multi_turn, before_turn)
+                    if self.cfg.greedy_baseline:
+                        out += await self._greedy_baseline(prompt, n, before_turn)
+                        for t in out:
+                            t.group_size = n + 1
+                    return out
         except BackendError as exc:
             raise Failure("backend_error", str(exc)) from None
         raise AssertionError("unreachable")
+
+    async def _greedy_baseline(self, prompt: Prompt, n: int, before_turn: Any) -> list[Trajectory]:
+        """ReMax's baseline: one greedy response to the prompt, marked ``baseline``, in the group
+        (whose ``group_size`` then counts it: the learner waits for it as for any member)."""
+        greedy = dataclasses.replace(self.params, temperature=0.0)
+        [base] = await run_group(prompt, 1, self.backend, greedy, self.renderer, self.multi_turn, before_turn)
+        base.id, base.baseline = f"{prompt.group_id}-baseline", True
+        return [base]
 
     async def _wait_unless_stopping(self, seconds: float) -> None:
         try:
