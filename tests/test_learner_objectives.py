@@ -19,8 +19,7 @@ from streamrl.learner.config import LearnerConfig
 from streamrl.learner.stage import Learner
 from streamrl.records import PolicyVersion
 from tests import verl_parity_extra_data
-from tests.helpers import learner_cfg, publish, read_topic, wait_for
-from tests.test_learner_stage import group
+from tests.helpers import group, learner_cfg, publish, read_topic, wait_for
 
 DATA = json.loads(verl_parity_extra_data.DATA)
 
@@ -108,9 +107,7 @@ CORRECTIONS = {
 
 
 def corrected_cfg(tmp_path, name: str, **kw) -> LearnerConfig:
-    from tests.test_learner_distributed import cfg as dist_cfg
-
-    c = dist_cfg(tmp_path, **kw)
+    c = LearnerConfig(**{**dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0, checkpoint_dir=str(tmp_path)), **kw}).validate()
     for k, v in CORRECTIONS[name].items():
         setattr(c.rollout_correction, k, v)
     return c.validate()
@@ -402,7 +399,8 @@ def test_verls_ppo_remax_rollout_correction_and_schedule_scripts_train_what_they
     import os
 
     from streamrl.pipeline_config import resolve_config
-    from tests.test_verl_scripts import SCRIPTS, with_reward_files
+    from tests.helpers import with_reward_files
+    from tests.verl_scripts_data import SCRIPTS
 
     def resolved(name: str):
         overrides = SCRIPTS[name]["overrides"]

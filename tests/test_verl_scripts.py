@@ -22,6 +22,7 @@ import yaml
 from streamrl.cli import main
 from streamrl.pipeline_config import resolve_config
 from streamrl.verl_keys import VERL_TABLE, find_row, markdown_table
+from tests.helpers import with_reward_files
 from tests.verl_scripts_data import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +39,6 @@ REFUSED = {
     "reinforce_pp_baseline": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=16"]],
 }
 
-REWARD_FILE = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
 
 
 def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
@@ -51,15 +51,6 @@ def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
     finally:
         os.chdir(here)
     return code, out.getvalue(), err.getvalue()
-
-
-def with_reward_files(overrides: list[str], where: Path) -> None:
-    """A script's reward file where the script names it (a user runs it from their checkout)."""
-    for o in overrides:
-        key, _, value = o.partition("=")
-        if key.lstrip("+").endswith("custom_reward_function.path"):
-            (where / value).parent.mkdir(parents=True, exist_ok=True)
-            (where / value).write_text(REWARD_FILE)
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

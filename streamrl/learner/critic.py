@@ -26,7 +26,6 @@ from streamrl.learner import losses
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
-    from streamrl.learner.trainer import _Batch
 
 
 def value_model(cfg: "LearnerConfig", device: str) -> Any:
@@ -65,7 +64,7 @@ class Critic:
         c = cfg.critic
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
 
-    def forward(self, batch: "_Batch") -> torch.Tensor:
+    def forward(self, batch: Any) -> torch.Tensor:  # batch: the trainer's _Batch (not imported: no circle)
         """Values ``[B, R]``: the value at the position that predicts each response token (the
         state before it, as verl's ``values[:, -R - 1:-1]``); 0 on padding."""
         out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[..., 0].float()
@@ -74,10 +73,10 @@ class Critic:
         return zeros.index_put(where, out[where[0], batch.positions[where]])
 
     @torch.no_grad()
-    def values(self, units: list["_Batch"]) -> list[torch.Tensor]:
+    def values(self, units: list[Any]) -> list[torch.Tensor]:
         return [self.forward(b) for b in units]
 
-    def update(self, units: list["_Batch"], returns: list[torch.Tensor], old_values: list[torch.Tensor],
+    def update(self, units: list[Any], returns: list[torch.Tensor], old_values: list[torch.Tensor],
                agg: dict[str, Any], tok: dict[str, Any], world: int,
                add: Callable[[str, torch.Tensor], None]) -> float:
         """``critic.ppo_epochs`` AdamW steps on the clipped value loss over the mini-batch
