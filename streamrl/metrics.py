@@ -131,6 +131,11 @@ LEARNER_CLIP_FRACTION = Gauge("streamrl_learner_clip_fraction", "Tokens whose ra
 LEARNER_STALENESS = Histogram("streamrl_learner_staleness_versions",
                               "Learner version minus policy_version of trained records",
                               buckets=(0, 1, 2, 3, 4, 6, 8, 16, 32))
+LEARNER_SPAN = Histogram("streamrl_learner_span_versions",
+                         "Policy versions a trained record's tokens span, oldest to newest (partial rollouts; 1: one)",
+                         buckets=(1, 2, 3, 4, 6, 8, 16))
+LEARNER_WORST_STALENESS = Gauge("streamrl_learner_worst_staleness_versions",
+                                "Learner version minus the oldest token's version in the last mini-batch")
 LEARNER_STALENESS_SECONDS = Histogram(
     "streamrl_learner_staleness_seconds",
     "Age of trained records by part: generation, reward (created -> scored), learner (scored -> taken)",
@@ -274,6 +279,12 @@ ROLLOUT_SERVERS_OUT = Gauge("streamrl_rollout_servers_out",
                             "Rollout servers out of rotation (update failed or ejected by health checks)")
 ROLLOUT_SERVERS = Gauge("streamrl_rollout_servers",
                         "Rollout servers by state: on the learner's latest version, loading one, or out", ["state"])
+ROLLOUT_REQUESTS_CONTINUED = Counter("streamrl_rollout_requests_continued_total",
+                                     "Responses interrupted by a weight update and continued from their "
+                                     "partial response on the new weights (rollout.on_update: partial)")
+ROLLOUT_SPAN_DROPPED = Counter("streamrl_rollout_span_dropped_trajectories_total",
+                               "Trajectories finished but dead-lettered stale: their tokens span more "
+                               "than rollout.max_span versions")
 ROLLOUT_REQUESTS_ABORTED = Counter("streamrl_rollout_requests_aborted_total",
                                    "Requests aborted for a weight update and resubmitted (rollout.on_update abort)")
 

@@ -128,6 +128,7 @@ class Observation:
     distilled_ids: set[str] = field(default_factory=set)
     teacher_dead: set[str] = field(default_factory=set)
     members: "MemberRecords" = field(default_factory=lambda: MemberRecords())
+    span_max: int = 1  # the most versions one rewarded record's tokens span (partial rollouts)
 
     @property
     def latest_version(self) -> int:
@@ -249,6 +250,8 @@ class Observer:
                         continue  # at-least-once: a redelivered record counts once
                     obs.seen_ids.add(rec.id)
                     obs.rewarded += 1
+                    if rec.token_versions:
+                        obs.span_max = max(obs.span_max, rec.versions().span)
                     stats = obs.by_version[rec.policy_version]
                     stats.records += 1
                     stats.reward_sum += rec.reward
@@ -400,6 +403,7 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
             + f"trained {obs.trained} | "
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
             f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
+            + (f" | span max {obs.span_max} versions" if obs.span_max > 1 else "")
             + "".join(f" | {name} {curve[max(curve)]:.3f} (v{max(curve)})" for name, curve in sorted(obs.validation.items())
                       if curve)
             + (f" | per member: {obs.members.text()}" if obs.members.text() else "")

@@ -179,11 +179,23 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     out.check(cfg.tracking.validate)  # type: ignore[attr-defined]
     out.check(cfg.distillation.validate)  # type: ignore[attr-defined]
     cfg.learner.distillation = cfg.distillation  # type: ignore[attr-defined]  # one object: the learner's view of it
+    if cfg.learner.adv_estimator == "remax" and not cfg.rollout.greedy_baseline:  # type: ignore[attr-defined]
+        _greedy_baseline(cfg)
     if cfg.eval.enabled and cfg.eval.every and not cfg.learner.keep_every:  # type: ignore[attr-defined]
         cfg.learner.keep_every = cfg.eval.every  # type: ignore[attr-defined]  # the versions it will load
     if cfg.feed.max_prompt_length and not cfg.feed.tokenizer:  # type: ignore[attr-defined]
         cfg.feed.tokenizer = cfg.rollout.policy  # type: ignore[attr-defined]  # the policy's, as verl counts
     return out
+
+
+def _greedy_baseline(cfg: PipelineConfig) -> None:
+    """ReMax (``learner.adv_estimator: remax``): the rollout workers add a greedy response to each
+    group, and the staleness gate, which counts trajectories, counts it (one more a group) so that
+    a version's groups still fit under its bound."""
+    cfg.rollout.greedy_baseline = True
+    n = cfg.rollout.group_size or cfg.feed.group_size
+    if cfg.rollout.trajectories_per_version and n:
+        cfg.rollout.trajectories_per_version += cfg.rollout.trajectories_per_version // n
 
 
 def _derive(merged: DictConfig, verl: list[KeyOutcome], rest: Sequence[str]) -> None:

@@ -195,9 +195,15 @@ class Trajectory(_Record):
     response_ids: TokenArray | None = None
     response_logprobs: TokenArray | None = None
     response_mask: TokenArray | None = None  # 1 where the policy produced the token (multi-turn)
+    # partial rollouts: each response token's policy version as runs [[version, n_tokens], ...]
+    # (``VersionRuns``); None: every token is policy_version's
+    token_versions: list[list[int]] | None = None
     turns: list[dict[str, Any]] | None = None
     timings: dict[str, float] | None = None  # e.g. generation_started_at, generation_s
     lineage: str | None = None  # the training line of the weights that generated it (PolicyVersion)
+    # ReMax (learner.adv_estimator remax): the group's greedy response, scored like the others;
+    # its reward is the group's baseline and it is never trained on. None/absent: a sample
+    baseline: bool | None = None
     created_at: float = field(default_factory=_now)
     schema: str = TRAJECTORY_SCHEMA
 
@@ -210,6 +216,65 @@ class Trajectory(_Record):
         ``response_mask``), or None when the producer sent none."""
         value = getattr(self, name)
         return None if value is None else unpack_array(value, _ARRAY_DTYPES[name], name)
+
+    def versions(self) -> "VersionRuns":
+        """The policy versions of its response tokens (one run of ``policy_version`` without
+        ``token_versions``: a record of a producer that does not stamp tokens)."""
+        if self.token_versions:
+            return VersionRuns.of(self.token_versions)
+        ids = self.array("response_ids")
+        return VersionRuns([(self.policy_version, 0 if ids is None else len(ids))])
+
+
+@dataclass(frozen=True)
+class VersionRuns:
+    """Which policy version produced each response token, as runs ``(version, n_tokens)`` in
+    token order: a response continued across weight updates (``rollout.on_update: partial``)
+    has one run per version it was generated on. The record field ``token_versions`` carries
+    them; ``oldest`` is the record's ``policy_version`` (what every staleness bound counts), and
+    ``span`` the versions from the oldest token to the newest (1: one version)."""
+
+    runs: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, runs: Sequence[Sequence[int]]) -> "VersionRuns":
+        return cls([(int(v), int(n)) for v, n in runs])
+
+    def extend(self, version: int, n_tokens: int) -> None:
+        """``n_tokens`` more tokens of ``version`` (merged into the last run when it is the same;
+        no tokens, no run: a version that produced nothing is not spanned)."""
+        if not n_tokens:
+            return
+        if self.runs and self.runs[-1][0] == version:
+            self.runs[-1] = (version, self.runs[-1][1] + n_tokens)
+        else:
+            self.runs.append((version, n_tokens))
+
+    @property
+    def oldest(self) -> int:
+        return min(v for v, _ in self.runs)
+
+    @property
+    def newest(self) -> int:
+        return max(v for v, _ in self.runs)
+
+    @property
+    def span(self) -> int:
+        return self.newest - self.oldest + 1
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(n for _, n in self.runs)
+
+    def per_token(self) -> np.ndarray:
+        """One version per token (int64)."""
+        return np.repeat(np.asarray([v for v, _ in self.runs], dtype=np.int64),
+                         np.asarray([n for _, n in self.runs], dtype=np.int64))
+
+    def as_field(self) -> list[list[int]] | None:
+        """The record field: None when every token is of one version (the field is then left out)."""
+        runs = [[v, n] for v, n in self.runs if n]
+        return runs if len({v for v, _ in runs}) > 1 else None
 
 
 @dataclass(kw_only=True)

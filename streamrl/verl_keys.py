@@ -81,12 +81,10 @@ def refused(key: str, missing: str, harmless: tuple[Any, ...] = ()) -> Row:
 
 # -- reasons shared by several rows (one line each in a report) --------------------------------
 
-CRITIC = ("a critic (a value model trained beside the policy, for adv_estimator=gae): streamrl trains none yet; "
-          "use a critic-free estimator (grpo, rloo, reinforce_plus_plus, ...)")
-REMAX = "ReMax's greedy baseline rollout (adv_estimator=remax): streamrl generates none yet"
-ROLLOUT_CORRECTION = ("verl's rollout correction (importance sampling / rejection between the rollout and "
-                      "training policies): not built yet; streamrl's own is learner.decoupled with learner.is_cap")
-LR_SCHEDULE = "a learning-rate schedule (warm-up, decay): streamrl's learner keeps learner.lr constant"
+CRITIC = "the critic's other machinery (its own micro-batches, FSDP, schedules): the critic runs the learner's"
+CRITIC_WARMUP = ("a critic warm-up (the critic trained alone for the first steps): streamrl trains the critic and "
+                 "the policy from the first version")
+CRITIC_LR_SCHEDULE = "a learning-rate schedule for the critic: its lr is learner.critic.lr, constant"
 MULTIMODAL = "images and videos in the prompts: the feed and the rollout workers read text only"
 MEGATRON = "Megatron's parallelism and checkpoints: the learner shards with FSDP2 (learner.parallel)"
 REF_PASS = ("the reference model's log-prob pass (its micro-batches, offload, parallelism): the learner computes "
@@ -131,11 +129,7 @@ _VERL_DEFAULTS = {f"{_ACTOR}ppo_max_token_len_per_gpu": 16384, f"{_ACTOR}kl_loss
 
 
 def _adv_estimator(value: Any, given: Given) -> dict[str, Any]:
-    if value == "gae":
-        raise Refused(CRITIC)
-    if value == "remax":
-        raise Refused(REMAX)
-    return {"learner.adv_estimator": value}
+    return {"learner.adv_estimator": value}  # gae trains a critic, remax adds a greedy baseline (issue 48)
 
 
 def _batch(value: Any, given: Given) -> dict[str, Any]:
@@ -277,7 +271,7 @@ def _resume_mode(value: Any, given: Given) -> dict[str, Any]:
 
 def _critic_warmup(value: Any, given: Given) -> dict[str, Any]:
     if _int(value) > 0:
-        raise Refused(CRITIC)
+        raise Refused(CRITIC_WARMUP)
     return {}
 
 
@@ -338,7 +332,8 @@ _LEARNER_SAME = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_
 VERL_TABLE: tuple[Row, ...] = (
     # -- algorithm ---------------------------------------------------------------------------------
     mapped("algorithm.adv_estimator", "learner.adv_estimator", read=_adv_estimator,
-           note="gae (a critic) and remax are refused until streamrl has them"),
+           note="gae trains a critic in the learner's processes (learner.critic); remax turns "
+                "rollout.greedy_baseline on"),
     mapped("algorithm.norm_adv_by_std_in_grpo", "learner.norm_adv_by_std_in_grpo"),
     mapped("algorithm.gamma", "learner.gamma"),
     mapped("algorithm.use_kl_in_reward", "learner.use_kl_in_reward"),
@@ -346,8 +341,11 @@ VERL_TABLE: tuple[Row, ...] = (
     *(mapped(f"algorithm.kl_ctrl.{k}", f"learner.kl_ctrl.{k}") for k in ("type", "kl_coef", "horizon", "target_kl")),
     *(mapped(f"algorithm.filter_groups.{k}", f"learner.filter_groups.{k}")
       for k in ("enable", "metric", "max_num_gen_batches")),
-    ignored("algorithm.lam", "GAE's lambda, read only with a critic (adv_estimator=gae)"),
-    refused("algorithm.rollout_correction.*", ROLLOUT_CORRECTION),
+    mapped("algorithm.lam", "learner.lam", note="GAE's lambda (adv_estimator=gae)"),
+    mapped("algorithm.rollout_correction.*", "learner.rollout_correction",
+           note="verl's rollout correction, decoupled or bypass; rollout_corr/* figures"),
+    *(mapped(f"algorithm.{k}", f"learner.{k}", note="GDPO's reward components (reward_info fields)")
+      for k in ("gdpo_reward_keys", "gdpo_reward_weights")),
     refused("algorithm.pf_ppo.*", "verl's PF-PPO reweighting of samples"),
     ignored("algorithm.use_pf_ppo", "verl's PF-PPO switch; refused with its algorithm.pf_ppo.* settings when on"),
     # -- the actor's objective --------------------------------------------------------------------
@@ -361,12 +359,11 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped(f"{_ACTOR}kl_loss_coef", "learner.kl_coef", read=_kl_loss_coef, note="read with use_kl_loss"),
     mapped(f"{_ACTOR}optim.lr", "learner.lr"),
     mapped(f"{_ACTOR}optim.weight_decay", "learner.weight_decay"),
-    refused(f"{_ACTOR}optim.lr_warmup_steps", LR_SCHEDULE, harmless=(-1, 0)),
-    refused(f"{_ACTOR}optim.lr_warmup_steps_ratio", LR_SCHEDULE, harmless=(0, 0.0)),
-    refused(f"{_ACTOR}optim.warmup_style", LR_SCHEDULE, harmless=("constant",)),
-    refused(f"{_ACTOR}optim.lr_scheduler_type", LR_SCHEDULE, harmless=("constant",)),
-    refused(f"{_ACTOR}optim.min_lr_ratio", LR_SCHEDULE, harmless=(0, 0.0, None)),
-    refused(f"{_ACTOR}optim.num_cycles", LR_SCHEDULE, harmless=(0.5,)),
+    *(mapped(f"{_ACTOR}optim.{k}", f"learner.{k}", note="the lr schedule, counted in versions")
+      for k in ("lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type", "num_cycles")),
+    mapped(f"{_ACTOR}optim.warmup_style", "learner.lr_scheduler_type", note="lr_scheduler_type's older name"),
+    mapped(f"{_ACTOR}optim.min_lr_ratio", "learner.min_lr_ratio",
+           read=lambda v, g: {"learner.min_lr_ratio": 0.0 if v is None else v}, note="null: 0"),
     ignored(f"{_ACTOR}optim.total_training_steps", "filled in by verl's trainer"),
     # -- batch shape ---------------------------------------------------------------------------------
     mapped("data.train_batch_size", "learner.mini_batches_per_version", read=_batch,
@@ -458,7 +455,33 @@ VERL_TABLE: tuple[Row, ...] = (
     ignored(f"{_ROLLOUT}trace.*", "verl's rollout tracing"),
     ignored(f"{_ROLLOUT}prompt_length", "filled in by verl from data.max_prompt_length"),
     ignored(f"{_ROLLOUT}response_length", "filled in by verl from data.max_response_length"),
-    # -- the critic (issue 48) -------------------------------------------------------------------------
+    # -- the critic (issue 48: adv_estimator=gae) ----------------------------------------------------------
+    mapped("critic.model.path", "learner.critic.model", note="its weights; a fresh value head on top"),
+    *(mapped(f"critic.optim.{k}", f"learner.critic.{k}") for k in ("lr", "weight_decay")),
+    mapped("critic.optim.clip_grad", "learner.critic.grad_clip"),
+    *(mapped(f"critic.{k}", f"learner.critic.{k}") for k in ("cliprange_value", "grad_clip", "ppo_epochs",
+                                                               "loss_agg_mode")),
+    *(refused(f"critic.optim.{k}", CRITIC_LR_SCHEDULE, harmless=h) for k, h in (
+        ("lr_warmup_steps", (-1, 0)), ("lr_warmup_steps_ratio", (0, 0.0)), ("warmup_style", ("constant",)),
+        ("lr_scheduler_type", ("constant",)), ("min_lr_ratio", (0, 0.0, None)), ("num_cycles", (0.5,)))),
+    ignored("critic.optim.total_training_steps", "filled in by verl's trainer"),
+    *(ignored(f"critic.{k}", "the critic runs the learner's micro-batches (learner.micro_batch_size, "
+                             "max_tokens_per_micro_batch) and mini-batches")
+      for k in ("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", "ppo_mini_batch_size", "use_dynamic_bsz",
+                "ppo_max_token_len_per_gpu", "forward_micro_batch_size", "forward_micro_batch_size_per_gpu",
+                "forward_max_token_len_per_gpu", "rollout_n")),
+    ignored("critic.model.use_remove_padding", "the critic's forward passes are padded; the same values"),
+    ignored("critic.model.enable_gradient_checkpointing", "the critic follows learner.gradient_checkpointing"),
+    ignored("critic.model.fsdp_config.*", FSDP_TUNING),
+    ignored("critic.model.tokenizer_path", "the critic reads the policy's token ids"),
+    ignored("critic.model.trust_remote_code", "models load with transformers' own classes"),
+    ignored("critic.model.external_lib", "verl's import of a model's library"),
+    ignored("critic.strategy", "verl's FSDP or Megatron: the critic is FSDP2, as the learner"),
+    ignored("critic.enable", "the critic is on with adv_estimator=gae"),
+    ignored("critic.profiler.*", PROFILER),
+    ignored("critic.checkpoint.*", "a streamrl checkpoint always holds the critic (critic_dcp/)"),
+    ignored("critic.megatron.*", MEGATRON),
+    ignored("critic.ulysses_sequence_parallel_size", SEQ_PARALLEL),
     refused("critic.*", CRITIC),
     # -- data ---------------------------------------------------------------------------------------------
     mapped("data.train_files", "feed.dataset", "feed.more_datasets", "feed.limit",

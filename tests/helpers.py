@@ -493,3 +493,68 @@ async def announced(bus, learner, version: int):
         await asyncio.sleep(0.05)
         latest = await read_latest_policy(bus)
     return latest
+
+
+# -- the learner's test records (tests/test_learner_stage.py and the objectives' tests) -------------
+
+_POLICY = {}
+
+
+def tiny():
+    """The tiny policy at its initial weights (what the learner starts from with seed 0)."""
+    from streamrl.policy import load_policy
+
+    if "m" not in _POLICY:
+        _POLICY["m"] = load_policy("tiny")
+    return _POLICY["m"]
+
+
+def behaviour_logprobs(model, prompt_ids, response_ids) -> np.ndarray:
+    """Plain forward: log p(response token | everything before it)."""
+    import torch
+
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+    p = len(prompt_ids)
+    return np.array([logp[p - 1 + j, t].item() for j, t in enumerate(response_ids)], dtype=np.float32)
+
+
+def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: bool = True,
+          tokens: bool = True, seed: int = 0) -> list[Rewarded]:
+    """``size`` rewarded records of one group with real token ids and behaviour log-probs."""
+    model, tok = tiny()
+    rng = np.random.default_rng(abs(hash((gid, seed))) % 2**32)
+    prompt = f"q{gid}:"
+    prompt_ids = tok(prompt, add_special_tokens=False).input_ids
+    out = []
+    for i in range(size):
+        response_ids = [int(x) for x in rng.integers(65, 91, size=3 + i)]
+        response = tok.decode(response_ids)
+        reward = float(rewards[i]) if rewards is not None else float(i % 2)
+        now = time.time()
+        rec = Rewarded(id=f"{gid}-{i}", group_id=gid, group_size=size, policy_version=version,
+                       data_source="test", prompt=prompt, response=response,
+                       prompt_ids=prompt_ids if tokens else None,
+                       response_ids=response_ids if tokens else None,
+                       response_logprobs=behaviour_logprobs(model, prompt_ids, response_ids)
+                       if (logprobs and tokens) else None,
+                       timings={"generation_started_at": now - 0.5}, created_at=now - 0.2,
+                       reward=reward, reward_info={}, scorer={"name": "test"}, scored_at=now)
+        out.append(rec)
+    return out
+
+
+# -- verl's launch scripts (tests/test_verl_scripts.py and the objectives' tests) ------------------
+
+#: a reward file where a script names one (its score does not matter to a dry run)
+REWARD_FILE = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
+
+
+def with_reward_files(overrides: list[str], where: Path) -> None:
+    """A script's reward file where the script names it (a user runs it from their checkout)."""
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+").endswith("custom_reward_function.path"):
+            (where / value).parent.mkdir(parents=True, exist_ok=True)
+            (where / value).write_text(REWARD_FILE)

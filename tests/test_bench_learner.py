@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT, last_json_line
 
 
@@ -46,6 +48,7 @@ def test_bench_learner_lora_reports_ratios_to_full_fine_tuning(tmp_path):
     assert summary["r8_step_over_full"] > 0
 
 
+@pytest.mark.slow
 def test_bench_learner_shapes_measures_the_default_runs_learner_and_rls(tmp_path):
     """``--shapes`` (issue 52): the default task's shape is configs/local.yaml's learner (its
     micro-batches, epochs, mini-batch of groups x group size) and digits' lengths; both shapes

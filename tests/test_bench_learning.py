@@ -72,6 +72,26 @@ def test_recipes_set_the_learner_keys_their_verl_configs_set(tmp_path):
         learner.validate()
 
 
+def test_issue_48_recipes_ppo_remax_and_rollout_corrected_grpo(tmp_path):
+    """PPO trains a critic (gae), ReMax's workers add a greedy baseline per group (the gate
+    counts it), and the rollout-corrected GRPO uses verl's correction in place of AReaL's."""
+    s = setup(recipes="grpo,ppo,remax,grpo_rc")
+    cfgs = {r: learning.run_config(s, "127.0.0.1:1", tmp_path / r, "tiny", 0, 1, True, r) for r in s.recipes}
+    assert cfgs["ppo"].learner.adv_estimator == "gae" and cfgs["ppo"].learner.critic.lr > 0
+    assert cfgs["remax"].rollout.greedy_baseline and not cfgs["grpo"].rollout.greedy_baseline
+    assert cfgs["remax"].rollout.trajectories_per_version == s.groups * (s.group_size + 1)
+    rc = cfgs["grpo_rc"].learner
+    assert rc.rollout_correction.rollout_is == "token" and not rc.decoupled and cfgs["grpo"].learner.decoupled
+    for c in cfgs.values():
+        c.learner.validate()
+    runs = {"sync": [run([0.1, 0.2, 0.3], [1.0, 2.0, 3.0])], "recipe grpo": [run([0.1, 0.3, 0.6], [1.0, 3.0, 5.0])],
+            "recipe ppo": [run([0.1, 0.4, 0.7], [1.0, 4.0, 7.0])]}
+    summary = learning.LearningBench.summary(Namespace(s=s), runs)
+    assert summary["cost_vs_grpo_ppo"] == 1.4  # 3.5 s a version against 2.5
+    t = summary["variants"]["recipe grpo"]
+    assert t["seconds_per_version"] == 2.5
+
+
 def test_sync_pays_the_latencies_with_the_stages_concurrency():
     async def calls(limit, n, latency_s):
         started = time.monotonic()

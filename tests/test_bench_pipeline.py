@@ -132,3 +132,24 @@ def test_bench_pipeline_teacher_members_tiny(bootstrap, tmp_path, capsys):
     assert _positive(res["streaming_s_per_version"]["2"]) and _positive(res["speedup_vs_sync"]["2"])
     assert res["bounds_per_s"]["2"]["teacher"] == pytest.approx(2 * 2 / 0.02)
     assert res["records"]["sync"] == 3 * 4 and res["records"]["teachers_2"] >= 3 * 4
+
+
+def test_bench_pipeline_on_update_tiny(tmp_path, capsys):
+    """``--on-update``: the rollout server under weight updates, the real fleet in each mode
+    (simulated server, no broker). Drain throws nothing away, abort throws away what it cut,
+    partial continues what it cut (a few tokens per cut at most: those decoded after the last
+    streamed chunk) and its responses span versions."""
+    rc = main(["bench", "pipeline", "--on-update", "drain,abort,partial", "--versions", "3", "--warmup", "1",
+               "--per-version", "8", "--slots", "4", "--token-ms", "0.5", "--min-tokens", "16",
+               "--max-tokens", "512", "--load-s", "0.05", "--update-step-s", "0.05", "--out", str(tmp_path)])
+    assert rc == 0
+    res = _last_json(capsys)
+    assert set(res["s_per_version"]) == {"drain", "abort", "partial"}
+    assert all(_positive(v) for v in res["s_per_version"].values())
+    assert res["throughput_vs_drain"]["drain"] == 1.0
+    assert res["tokens_thrown_away"]["drain"] == 0 and res["aborted"]["abort"] > 0
+    assert res["tokens_thrown_away"]["abort"] > 0
+    assert res["continued"]["partial"] > 0 and res["aborted"]["partial"] == 0
+    assert res["tokens_thrown_away"]["partial"] <= 16 * res["continued"]["partial"]
+    assert res["span_max"]["drain"] == res["span_max"]["abort"] == 1 <= res["span_max"]["partial"]
+    assert _is_png(res["plot"])

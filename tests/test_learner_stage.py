@@ -27,51 +27,7 @@ from streamrl.learner.stage import Learner
 from streamrl.policy import load_policy
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded
 from streamrl.testing import run_stage
-from tests.helpers import learner_cfg, publish, read_topic, wait_for
-
-_POLICY = {}
-
-
-def tiny():
-    """The tiny policy at its initial weights (what the learner starts from with seed 0)."""
-    if "m" not in _POLICY:
-        _POLICY["m"] = load_policy("tiny")
-    return _POLICY["m"]
-
-
-def behaviour_logprobs(model, prompt_ids, response_ids) -> np.ndarray:
-    """Plain forward: log p(response token | everything before it)."""
-    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
-    p = len(prompt_ids)
-    return np.array([logp[p - 1 + j, t].item() for j, t in enumerate(response_ids)], dtype=np.float32)
-
-
-def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: bool = True,
-          tokens: bool = True, seed: int = 0) -> list[Rewarded]:
-    """``size`` rewarded records of one group with real token ids and behaviour log-probs."""
-    model, tok = tiny()
-    rng = np.random.default_rng(abs(hash((gid, seed))) % 2**32)
-    prompt = f"q{gid}:"
-    prompt_ids = tok(prompt, add_special_tokens=False).input_ids
-    out = []
-    for i in range(size):
-        response_ids = [int(x) for x in rng.integers(65, 91, size=3 + i)]
-        response = tok.decode(response_ids)
-        reward = float(rewards[i]) if rewards is not None else float(i % 2)
-        now = time.time()
-        rec = Rewarded(id=f"{gid}-{i}", group_id=gid, group_size=size, policy_version=version,
-                       data_source="test", prompt=prompt, response=response,
-                       prompt_ids=prompt_ids if tokens else None,
-                       response_ids=response_ids if tokens else None,
-                       response_logprobs=behaviour_logprobs(model, prompt_ids, response_ids)
-                       if (logprobs and tokens) else None,
-                       timings={"generation_started_at": now - 0.5}, created_at=now - 0.2,
-                       reward=reward, reward_info={}, scorer={"name": "test"}, scored_at=now)
-        out.append(rec)
-    return out
-
+from tests.helpers import group, learner_cfg, publish, read_topic, tiny, wait_for
 
 def params(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

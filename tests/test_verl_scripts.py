@@ -1,5 +1,5 @@
 """verl users' launch scripts, unchanged: the overrides of 27 of verl's own example scripts
-(``tests/data/verl_scripts.json`` names each script's repository, commit and path) through
+(``tests/verl_scripts_data.py`` names each script's repository, commit and path) through
 ``streamrl run --dry-run``, in process; their numbers in the resolved config; every problem at
 once, each naming the key as typed; the feed's prompt-length limit with the policy's tokenizer;
 and one script run for real on CPU with the tiny policy and GSM8K parquet files."""
@@ -22,27 +22,23 @@ import yaml
 from streamrl.cli import main
 from streamrl.pipeline_config import resolve_config
 from streamrl.verl_keys import VERL_TABLE, find_row, markdown_table
+from tests.helpers import with_reward_files
+from tests.verl_scripts_data import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-SCRIPTS = json.loads((ROOT / "tests" / "data" / "verl_scripts.json").read_text())["scripts"]
+
 
 #: the scripts that do not start yet, and what each one's problem lines name (all of them)
 REFUSED = {
     "grpo_qwen2_5_vl_7b": [["data.image_key"]],  # multimodal
-    "ppo_deepseek7b": [["algorithm.adv_estimator=gae", "critic.model.path", "a critic"]],  # issue 48
-    "ppo_gemma": [["algorithm.adv_estimator=gae", "critic.optim.lr", "a critic"]],
-    "remax": [["algorithm.adv_estimator=remax"], ["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=8"]],
-    "rollout_correction": [["algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_rs"]],
-    "gspo": [["actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.05", "learning-rate schedule"]],
-    "dapo_qwen2_5_32b": [["actor_rollout_ref.actor.optim.lr_warmup_steps=10", "learning-rate schedule"]],
+    "remax": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=8"]],
     # KL in the reward is built for one learner rank; the scripts' GPUs are the learner's ranks
     "rloo_qwen2_7b": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=8"]],
     "reinforce_pp": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=16"]],
     "reinforce_pp_baseline": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=16"]],
 }
 
-REWARD_FILE = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
 
 
 def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
@@ -55,15 +51,6 @@ def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
     finally:
         os.chdir(here)
     return code, out.getvalue(), err.getvalue()
-
-
-def with_reward_files(overrides: list[str], where: Path) -> None:
-    """A script's reward file where the script names it (a user runs it from their checkout)."""
-    for o in overrides:
-        key, _, value = o.partition("=")
-        if key.lstrip("+").endswith("custom_reward_function.path"):
-            (where / value).parent.mkdir(parents=True, exist_ok=True)
-            (where / value).write_text(REWARD_FILE)
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
@@ -123,9 +110,10 @@ def test_the_grpo_script_trains_the_run_its_author_wrote(tmp_path):
 
 def test_the_dapo_recipe_carries_its_numbers(tmp_path):
     r = resolved("dapo_qwen2_5_32b", tmp_path)  # verl-recipe dapo/run_dapo_qwen2.5_32b.sh
-    assert len(r.problems) == 1 and "lr_warmup_steps=10" in r.problems[0]  # issue 48's, until it lands
+    assert r.problems == []
     cfg = r.cfg
     learner = cfg.learner
+    assert (learner.lr_warmup_steps, learner.lr_scheduler_type) == (10, "constant")  # issue 48
     assert (learner.groups_per_mini_batch, learner.mini_batches_per_version, cfg.feed.group_size) == (32, 16, 16)
     assert (cfg.feed.max_prompt_length, cfg.feed.truncation, cfg.rollout.max_new_tokens) == (2048, "left", 20480)
     assert (learner.clip_ratio_low, learner.clip_ratio_high, learner.clip_ratio_c) == (0.2, 0.28, 10.0)
@@ -228,7 +216,9 @@ def test_keys_that_change_nothing_are_named_together_and_the_table_drives_the_gu
 NOT_IN_VERL_0_9 = {"actor_rollout_ref.model.torch_dtype", "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
                    "actor_rollout_ref.rollout.update_weights_bucket_megabytes", "trainer.use_legacy_worker_impl",
                    "trainer.profile_steps", "reward.launch_reward_fn_async", "reward_model.launch_reward_fn_async",
-                   *(f"reward_model.overlong_buffer.{k}" for k in ("enable", "len", "penalty_factor", "log"))}
+                   *(f"reward_model.overlong_buffer.{k}" for k in ("enable", "len", "penalty_factor", "log")),
+                   # GDPO's: fields of verl 0.9.1's AlgoConfig (trainer/config/algorithm.py), not in its yaml
+                   "algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights"}
 
 
 def test_the_tables_keys_are_verls():

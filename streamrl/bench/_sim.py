@@ -8,6 +8,8 @@ Everything here stands in for *time*, never for code: the stages under test are 
   and the ``n`` samples of a request share it. Answers are deterministic in (prompt, sample
   index), with token ids (bytes of the text, inside the tiny policy's vocabulary) and
   log-probs, so the learner can take them as they are.
+- ``serve_tokens``: the same API with RL's length mix, a per-token cost, decoding slots and a
+  weight load of fixed cost (``bench pipeline --on-update``: drain, abort, partial).
 - ``serve_judge``: a real aiohttp server speaking the OpenAI chat API (what ``JudgeScorer``
   calls). Each answer waits a latency drawn from ``JudgeLatency``: fixed, or log-uniform
   between ``low`` and ``high`` (the long tail of remote LLM judges). The draw is a hash of the
@@ -36,6 +38,8 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import orjson
 
 from streamrl.rollout.backends import Completion, PromptInput, SamplingParams
 from streamrl.rollout.backends.openai_server import OpenAIBackend
@@ -92,6 +96,105 @@ def serve_generation(port_queue: Any, latency_s: float) -> None:
                                   "choices": choices})
 
     _serve(port_queue, [("POST", "/v1/completions", completions)])
+
+
+def serve_tokens(port_queue: Any, token_s: float, load_s: float, slots: int, min_tokens: int,
+                 max_tokens: int) -> None:
+    """An OpenAI completions server with RL's length mix (``bench pipeline --on-update``): each
+    response is log-uniform between ``min_tokens`` and ``max_tokens`` long (a hash of its
+    prompt), ``slots`` requests decode at once at ``token_s`` per token each (continuous
+    batching; more wait for a slot), streamed (``stream``: a chunk per ``TICK`` tokens) or
+    whole, and ``POST /update_weights_from_disk`` takes ``load_s`` with nothing decoding.
+
+    A prompt is text (``"prompt ..."``: its bytes are its token ids, all < 256) or token ids (a
+    continuation: the prompt's ids, then the response's so far, all >= 256), so a continued
+    response keeps its length. A client that goes away (an abort, or a partial rollout cut for
+    an update) ends its request at the next tick; the tokens decoded and never delivered are
+    ``lost``. ``POST /stats`` answers tokens decoded, lost, slot-seconds busy and the time
+    (``{"reset": true}`` zeroes them)."""
+    from aiohttp import web
+
+    tick = 16
+    latency = JudgeLatency(float(min_tokens), float(max_tokens))
+    free = asyncio.Semaphore(slots)
+    loading = asyncio.Event()
+    loading.set()  # set: not loading
+    stats = {"tokens": 0, "lost": 0, "busy_slot_s": 0.0}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body["prompt"]
+        ids = list(prompt.encode()) if isinstance(prompt, str) else [int(t) for t in prompt]
+        original = [t for t in ids if t < 256]
+        done = len(ids) - len(original)
+        length = int(latency.draw(unit(bytes(original))))
+        todo = max(0, min(int(body.get("max_tokens", 16)), length - done))
+        stream = bool(body.get("stream"))
+        resp: web.StreamResponse | None = None
+        if stream:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+        produced: list[int] = []
+        await loading.wait()
+        async with free:
+            started = time.monotonic()
+            try:
+                while len(produced) < todo:
+                    step = min(tick, todo - len(produced))
+                    await asyncio.sleep(step * token_s)
+                    new = [256 + (done + len(produced) + i) % 30000 for i in range(step)]
+                    produced += new
+                    stats["tokens"] += step
+                    finished = len(produced) >= todo
+                    reason = ("stop" if done + len(produced) >= length else "length") if finished else None
+                    if resp is not None:
+                        choice = {"index": 0, "text": "x" * step, "finish_reason": reason,
+                                  "logprobs": {"tokens": [f"token_id:{t}" for t in new],
+                                               "token_logprobs": [-1.0] * step}}
+                        if len(produced) == step:  # the first chunk: the prompt's ids, as vLLM sends them
+                            choice["prompt_token_ids"] = ids
+                        try:
+                            await resp.write(b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n")
+                        except (ConnectionError, RuntimeError):
+                            stats["lost"] += step
+                            return resp
+                    elif request.transport is None or request.transport.is_closing():
+                        stats["lost"] += len(produced)
+                        return web.Response()
+            except asyncio.CancelledError:
+                stats["lost"] += len(produced) if resp is None else 0
+                raise
+            finally:
+                stats["busy_slot_s"] += time.monotonic() - started
+        if resp is not None:
+            if not todo:
+                await resp.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}\n\n')
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        reason = "stop" if done + len(produced) >= length else "length"
+        return web.json_response({"choices": [{"index": 0, "text": "x" * len(produced), "finish_reason": reason,
+                                               "token_ids": produced, "prompt_token_ids": ids,
+                                               "logprobs": {"token_logprobs": [-1.0] * len(produced)}}]})
+
+    async def load(request: web.Request) -> web.Response:
+        loading.clear()
+        try:
+            await asyncio.sleep(load_s)
+        finally:
+            loading.set()
+        return web.json_response({"success": True})
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def report(request: web.Request) -> web.Response:
+        body = await request.json()
+        if body.get("reset"):
+            stats.update(tokens=0, lost=0, busy_slot_s=0.0)
+        return web.json_response({**stats, "at": time.monotonic()})
+
+    _serve(port_queue, [("POST", "/v1/completions", completions), ("POST", "/update_weights_from_disk", load),
+                        ("GET", "/health", health), ("POST", "/stats", report)])
 
 
 def serve_judge(port_queue: Any, low_s: float, high_s: float) -> None:

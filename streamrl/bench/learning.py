@@ -122,6 +122,14 @@ RECIPES: dict[str, dict[str, Any]] = {
     "gspo": {"policy_loss.loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-mean", "clip_ratio_low": 3e-4,
              "clip_ratio_high": 4e-4},
     "rloo": {"adv_estimator": "rloo"},
+    # issue 48: PPO with a critic (verl's default estimator; the critic at the actor's lr on this
+    # small task), ReMax (a greedy baseline per group), and GRPO with verl's rollout correction
+    # (decoupled: token-level TIS at 2 and sequences whose mean k3 divergence from the rollout
+    # policy passes 0.05 rejected; it replaces learner.decoupled)
+    "ppo": {"adv_estimator": "gae", "lam": 1.0, "critic.lr": 2e-3, "critic.cliprange_value": 0.5},
+    "remax": {"adv_estimator": "remax"},
+    "grpo_rc": {"rollout_correction.rollout_is": "token", "rollout_correction.rollout_is_threshold": "2.0",
+                "rollout_correction.rollout_rs": "seq_mean_k3", "rollout_correction.rollout_rs_threshold": "0.05"},
 }
 
 
@@ -210,6 +218,11 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
         apply_recipe(lc, recipe, r.max_new_tokens)
         if lc.filter_groups.enable:  # dynamic sampling spends prompts on groups it filters
             cfg.feed.limit *= 1 + max(lc.filter_groups.max_num_gen_batches, 1)
+        if lc.rollout_correction.enabled:  # verl's correction in place of AReaL's (one of the two)
+            lc.decoupled = False
+        if lc.adv_estimator == "remax":  # one greedy response more per group, which the gate counts
+            r.greedy_baseline = True
+            r.trajectories_per_version = s.groups * (s.group_size + 1)
     if teacher:
         cfg.distillation.enabled = True
         dl = cfg.distillation.distillation_loss
@@ -300,7 +313,10 @@ def summarise(runs: list[dict[str, Any]], s: Setup) -> dict[str, Any]:
             # dynamic sampling (the dapo recipe): groups filtered, per version
             "filtered_groups_per_version": round(statistics.fmean(r.get("filtered_groups", 0) for r in runs)
                                                  / s.versions, 2),
-            "seconds": round(statistics.fmean(max(r["seen"].values()) for r in runs), 2) if timed else None}
+            "seconds": round(statistics.fmean(max(r["seen"].values()) for r in runs), 2) if timed else None,
+            # wall time per version (the critic's cost: as a ratio to GRPO's, ``cost_vs_grpo_*``)
+            "seconds_per_version": (round(statistics.fmean(max(r["seen"].values()) / max(len(r["seen"]) - 1, 1)
+                                                           for r in runs), 3) if timed else None)}
 
 
 #: (lagged, corrected) -> line style
@@ -428,6 +444,10 @@ class LearningBench(harness.Bench):
                 # None where either side never reached the target, or synchronous training started there
                 ratios[f"{what}_to_target_vs_sync_{key}"] = (round(mine / theirs, 3) if mine is not None and theirs
                                                              else None)
+        grpo = table.get("recipe grpo", {}).get("seconds_per_version")
+        for name, t in table.items():  # each recipe's seconds per version against GRPO's (the critic's cost)
+            if name.startswith("recipe ") and name != "recipe grpo" and grpo and t["seconds_per_version"]:
+                ratios[f"cost_vs_grpo_{name.split()[1]}"] = round(t["seconds_per_version"] / grpo, 3)
         return {"target": s.target, **ratios, "variants": table, "setup": asdict(s)}
 
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
@@ -437,10 +457,12 @@ class LearningBench(harness.Bench):
               f"target {s.target:g}")
         dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         print(harness.table(
-            ["variant", "final (min..max)", "s to target", "samples", "reached", "run s", "dead", "filtered/v"],
+            ["variant", "final (min..max)", "s to target", "samples", "reached", "run s", "s/version", "dead",
+             "filtered/v"],
             [[name, f"{t['final_reward']:.3f} ({t['final_min']:.2f}..{t['final_max']:.2f})",
               dash(t["seconds_to_target"], ".1f"), dash(t["samples_to_target"], ""), t["reached"],
-              dash(t["seconds"], ".1f"), t["dead_lettered"], f"{t['filtered_groups_per_version']:.2f}"]
+              dash(t["seconds"], ".1f"), dash(t["seconds_per_version"], ".2f"), t["dead_lettered"],
+              f"{t['filtered_groups_per_version']:.2f}"]
              for name, t in summary["variants"].items()]))
 
     def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:

@@ -101,6 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--teacher-concurrency", type=int, default=2, help="records in flight per teacher member")
     parser.add_argument("--dataset", default=DATASET,
                         help="GSM8K-style dataset: gsm8k (from the hub) or a .jsonl/.parquet file")
+    from streamrl.bench import on_update
+
+    on_update.add_arguments(parser)
 
 
 @dataclass
@@ -366,4 +369,8 @@ class PipelineBench(harness.Bench):
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.on_update:  # what a weight update costs the rollout server, by on_update (``on_update``)
+        from streamrl.bench.on_update import OnUpdateBench
+
+        return harness.run(OnUpdateBench(args))
     return harness.run(PipelineBench(args))

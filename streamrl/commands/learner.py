@@ -8,6 +8,8 @@ process is already a rank and goes straight to its role."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from streamrl.commands.common import add_config_arguments, load
 
@@ -35,7 +37,13 @@ def main(args: argparse.Namespace) -> int:
     if not group.leader:
         from streamrl.learner.trainer import follow
 
-        return follow(cfg)
+        code = follow(cfg)
+        # A follower has nothing left to write once its group is gone. It leaves without the
+        # interpreter's teardown, whose C++ destructors now and then abort a rank that stopped
+        # cleanly ("terminate called without an active exception", seen on a loaded machine).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     try:
         return serve_stage(Learner, pipeline)
     finally:

@@ -20,7 +20,7 @@ from streamrl.errors import ConfigError
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
 #: where torch is not installed); tests/test_learner_parity.py checks the two agree
 ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "ppo")
+                  "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax", "gae")
 LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
                   "seq-mean-token-sum-norm")
@@ -29,7 +29,13 @@ FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
+#: the losses whose objective fixes their aggregation whatever ``loss_agg_mode`` says (as verl
+#: 0.9.1's do): a config naming another mode is told so once at start (``start_notes``)
+FIXED_AGG_MODES = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
 INCOMPLETE_GROUPS = ("drop", "train")
+#: rollout correction's rejection options (``streamrl.learner.rollout_correction.RS_OPTIONS``)
+RS_OPTION_NAMES = ("token_k1", "seq_sum_k1", "seq_mean_k1", "token_k2", "seq_sum_k2", "seq_mean_k2",
+                   "token_k3", "seq_sum_k3", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 REMOVE_PADDING = ("auto", "true", "false")
 
 
@@ -92,6 +98,42 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (``streamrl.learner.rollout_correction``): importance
+    weights and rejection between the policy trained and the one that generated the records,
+    and the ``rollout_corr/*`` mismatch figures. Off while ``rollout_is``, ``rollout_rs`` and
+    ``bypass_mode`` are all unset."""
+
+    rollout_is: str | None = None  # token | sequence: the weights' level; null: no weights
+    rollout_is_threshold: str = "2.0"  # truncate above (TIS), or "lower_upper": zero outside (IcePop)
+    rollout_is_batch_normalize: bool = False  # weights divided by their mean over the mini-batch
+    rollout_rs: str | None = None  # rejection: token_k1, seq_mean_k3, ... comma-separated; null: none
+    rollout_rs_threshold: str | None = None  # one bound for all options, or one per option (k1: "lower_upper")
+    # no recomputation: the behaviour log-probs stand in for the old policy's (verl's bypass mode)
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rollout_is or self.rollout_rs or self.bypass_mode)
+
+
+@dataclass
+class CriticConfig:
+    """verl's ``critic.*``: the value model of ``adv_estimator: gae`` (``streamrl.learner.critic``),
+    trained in the learner's processes beside the policy, FSDP2-sharded as it is, with its own
+    AdamW and checkpoint (``critic_dcp/``)."""
+
+    model: str = ""  # its weights (verl's critic.model.path): "" the policy's; a fresh value head on top
+    lr: float = 1e-5  # verl's critic.optim.lr
+    weight_decay: float = 0.01  # verl's critic.optim.weight_decay
+    cliprange_value: float = 0.5  # the prediction is clipped to the update's values +- this in the loss
+    grad_clip: float = 1.0  # max gradient norm (verl's critic.grad_clip / optim.clip_grad); 0: off
+    ppo_epochs: int = 0  # passes over each mini-batch; 0: learner.ppo_epochs
+    loss_agg_mode: str = ""  # the value loss's aggregation; "": learner.loss_agg_mode
+
+
+@dataclass
 class LoraConfig:
     """LoRA (``streamrl.learner.lora``): the policy wrapped with PEFT, only the adapters trained
     (gradients, AdamW states) and published each version; the frozen base is loaded once, in
@@ -131,10 +173,24 @@ class LearnerConfig:
     # whitened over the mini-batch (streamrl's, no critic; docs/guides/objective.md)
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO
-    gamma: float = 1.0  # REINFORCE++'s discount (verl's algorithm.gamma)
+    gamma: float = 1.0  # REINFORCE++'s and GAE's discount (verl's algorithm.gamma)
+    lam: float = 1.0  # GAE's lambda (verl's algorithm.lam)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # adv_estimator gae's value model
+    # GDPO (adv_estimator gdpo): the reward components, fields of each record's reward_info (a
+    # scorer's dict result), each normalised within its group, summed with these weights (empty: 1 each)
+    gdpo_reward_keys: list[str] = field(default_factory=list)
+    gdpo_reward_weights: list[float] = field(default_factory=list)  # one per gdpo_reward_keys entry; empty: 1 each
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     lr: float = 1e-6  # AdamW's learning rate (verl's actor.optim.lr)
     weight_decay: float = 0.01  # AdamW's weight decay (verl's actor.optim.weight_decay)
+    # The learning-rate schedule over versions (verl's actor.optim.*; streamrl.learner.schedule):
+    # constant | cosine (verl's lr_scheduler_type, warmup_style its older name); cosine decays
+    # over learner.versions, which it needs
+    lr_scheduler_type: str = "constant"
+    lr_warmup_steps: int = -1  # versions of linear warm-up from 0; <= 0: lr_warmup_steps_ratio's
+    lr_warmup_steps_ratio: float = 0.0  # warm-up as a share of learner.versions
+    min_lr_ratio: float = 0.0  # cosine: the floor, a share of lr
+    num_cycles: float = 0.5  # cosine: waves over the run (0.5: one half-cosine down)
     clip_ratio_low: float = 0.2  # PPO clip below: ratio >= 1 - clip_ratio_low (verl)
     clip_ratio_high: float = 0.2  # PPO clip above: ratio <= 1 + clip_ratio_high (DAPO's clip-higher: 0.28)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (verl); 0 = off
@@ -156,6 +212,7 @@ class LearnerConfig:
     kl_penalty: str = "kl"  # the KL estimator of use_kl_in_reward (kl_loss_type's choices)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     tau_pos: float = 1.0  # sapo's gate for positive advantages
     tau_neg: float = 1.05  # ... and for the others
     entropy_coeff: float = 0.0  # entropy bonus in the loss (verl's actor.entropy_coeff); 0: none
@@ -236,20 +293,59 @@ class LearnerConfig:
     # load weights_dir's path (streamrl.weights_store)
     weights_uri: str = ""
 
+    def _validate_rollout_correction(self) -> None:
+        rc = self.rollout_correction
+
+        def bad(name: str, why: str) -> None:
+            raise ConfigError(f"config field 'learner.rollout_correction.{name}': {why} "
+                              f"(got {getattr(rc, name)!r})")
+
+        if rc.rollout_is not in (None, "token", "sequence"):
+            bad("rollout_is", "token, sequence or null")
+        if rc.loss_type not in ("ppo_clip", "reinforce"):
+            bad("loss_type", "ppo_clip or reinforce")
+        if rc.enabled:
+            try:
+                parse_is_threshold(rc.rollout_is_threshold)
+            except ValueError as exc:
+                bad("rollout_is_threshold", str(exc))
+            if rc.rollout_rs:
+                try:
+                    parse_rs(rc.rollout_rs, rc.rollout_rs_threshold)
+                except ValueError as exc:
+                    bad("rollout_rs", str(exc))
+            if self.decoupled:
+                bad("rollout_is", "rollout correction and learner.decoupled are two ways of the same correction: "
+                    "choose one")
+
+    def start_notes(self) -> list[str]:
+        """What the learner says once at start about a config that trains another objective than
+        its words suggest (a loss that fixes its aggregation; GSPO's paper aggregation)."""
+        mode, agg = self.policy_loss.loss_mode, self.loss_agg_mode
+        fixed = FIXED_AGG_MODES.get(mode)
+        if fixed and fixed != agg:
+            return [f"policy_loss.loss_mode {mode} aggregates {fixed} whatever loss_agg_mode says "
+                    f"(as verl's does): loss_agg_mode {agg} applies to the entropy and KL terms only"]
+        rc = self.rollout_correction
+        if rc.bypass_mode and mode != "vanilla":
+            return [f"rollout_correction.bypass_mode trains loss_type {rc.loss_type} (as verl's), not "
+                    f"policy_loss.loss_mode {mode}"]
+        if mode == "gspo" and agg != "seq-mean-token-mean":
+            return [f"policy_loss.loss_mode gspo aggregates by loss_agg_mode ({agg}), as verl 0.9.1 does; the "
+                    "GSPO paper's sequence-level objective is loss_agg_mode: seq-mean-token-mean"]
+        return []
+
     def validate(self) -> "LearnerConfig":
         """Raise ``ConfigError`` naming the first bad field."""
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")
 
-        if self.adv_estimator == "gae":
-            raise ConfigError("config field 'learner.adv_estimator': gae needs a critic, which streamrl does not "
-                              "train yet (one of " + ", ".join(ADV_ESTIMATORS) + ")")
         kl_types = [k + plus for k in KL_TYPES for plus in ("", "+")]
         choices = {"adv_estimator": ADV_ESTIMATORS, "loss_agg_mode": LOSS_AGG_MODES,
                    "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
                    "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS,
                    "policy_loss.loss_mode": LOSS_MODES, "kl_ctrl.type": KL_CTRL_TYPES,
-                   "filter_groups.metric": FILTER_METRICS}
+                   "filter_groups.metric": FILTER_METRICS, "lr_scheduler_type": ("constant", "cosine")}
         for name, allowed in choices.items():
             section, _, key = name.rpartition(".")
             value = getattr(getattr(self, section) if section else self, key)
@@ -272,6 +368,30 @@ class LearnerConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
+        if (self.lr_scheduler_type == "cosine" or (self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0)) \
+                and not self.versions:
+            bad("versions", f"lr_scheduler_type {self.lr_scheduler_type} with lr_warmup_steps_ratio "
+                f"{self.lr_warmup_steps_ratio} counts versions towards a total: set learner.versions")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.lr_warmup_steps_ratio <= 1:
+            bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
+                f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
+        self._validate_rollout_correction()
+        if self.adv_estimator == "gae":
+            critic = self.critic
+            if critic.loss_agg_mode not in ("",) + LOSS_AGG_MODES:
+                raise ConfigError(f"config field 'learner.critic.loss_agg_mode': one of {', '.join(LOSS_AGG_MODES)} "
+                                  f"or empty (got {critic.loss_agg_mode!r})")
+            if not critic.lr > 0 or critic.cliprange_value < 0 or critic.grad_clip < 0 or critic.ppo_epochs < 0:
+                raise ConfigError("config field 'learner.critic': lr > 0, cliprange_value, grad_clip and ppo_epochs "
+                                  f">= 0 (got {critic!r})")
+            if self.lora.enabled:
+                bad("adv_estimator", "gae's critic is a full model: not with learner.lora")
+        if not 0 <= self.lam <= 1:
+            bad("lam", "GAE's lambda is in [0, 1]")
+        if self.adv_estimator == "gdpo" and not self.gdpo_reward_keys:
+            bad("gdpo_reward_keys", "adv_estimator gdpo names the reward components it normalises (reward_info fields)")
+        if self.gdpo_reward_weights and len(self.gdpo_reward_weights) != len(self.gdpo_reward_keys):
+            bad("gdpo_reward_weights", f"one weight per gdpo_reward_keys entry ({len(self.gdpo_reward_keys)})")
         if self.use_kl_in_reward and self.parallel.nproc * self.parallel.nnodes > 1:
             bad("use_kl_in_reward", "is built for one learner rank (learner.parallel.nproc 1) for now")
         if self.kl_ctrl.type == "adaptive" and self.kl_ctrl.horizon < 1:
@@ -315,3 +435,43 @@ class LearnerConfig:
 
             check_uri(self.weights_uri, "learner.weights_uri")
         return self
+
+
+def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
+    """``2.0`` (truncate above, TIS) or ``"0.5_2.0"`` (zero outside, IcePop): ``(upper, lower)``."""
+    text = str(spec).strip()
+    lower, _, upper = text.rpartition("_") if "_" in text else ("", "", text)
+    up, low = float(upper), (float(lower) if lower else None)
+    if up <= 0 or (low is not None and not 0 < low <= up):
+        raise ValueError(f"rollout_is_threshold {spec!r}: a positive upper bound, or 'lower_upper' with "
+                         "0 < lower <= upper")
+    return up, low
+
+
+def parse_rs(options: str, threshold: str | float | None) -> dict[str, tuple[float | None, float]]:
+    """``rollout_rs`` (comma-separated, each once) with its ``rollout_rs_threshold`` (one for all,
+    or one per option): option -> ``(lower, upper)``; k1 options take ``"lower_upper"`` (a lone
+    upper ``u`` means ``1/u _ u``), the others an upper bound."""
+    names = list(dict.fromkeys(o.strip() for o in str(options).split(",") if o.strip()))
+    bad = [n for n in names if n not in RS_OPTION_NAMES]
+    if not names or bad:
+        raise ValueError(f"rollout_rs {options!r}: comma-separated options of {', '.join(RS_OPTION_NAMES)}")
+    if threshold is None:
+        raise ValueError("rollout_rs needs rollout_rs_threshold")
+    specs = [s.strip() for s in str(threshold).split(",") if s.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"rollout_rs_threshold {threshold!r}: one threshold, or one per rollout_rs option")
+    specs = specs * len(names) if len(specs) == 1 else specs
+    out: dict[str, tuple[float | None, float]] = {}
+    for name, spec in zip(names, specs):
+        if name.endswith("k1"):
+            low_s, _, up_s = spec.rpartition("_") if "_" in spec else (str(1.0 / float(spec)), "", spec)
+            low, up = float(low_s), float(up_s)
+            if not 0 < low <= up:
+                raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: 0 < lower <= upper")
+            out[name] = (low, up)
+        else:
+            if "_" in spec or float(spec) <= 0:
+                raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: one positive upper bound")
+            out[name] = (None, float(spec))
+    return out

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: the commands rank 0 sends the followers
-OPS = ("init", "step", "logprobs", "weights", "checkpoint", "stop", "base")
+OPS = ("init", "step", "logprobs", "weights", "checkpoint", "stop", "base", "version")
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from streamrl.learner.config import KL_TYPES, LOSS_AGG_MODES
+from streamrl.learner.config import FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES
 
 #: log-ratio clamp before exp(), as verl does, so one wild token cannot overflow.
 _LOG_RATIO_CLAMP = 20.0
@@ -37,6 +37,15 @@ class AdvantageOptions:
     norm_adv_by_std_in_grpo: bool = True
     gamma: float = 1.0  # REINFORCE++'s discount
     eps: float = 1e-6
+    # GDPO: each sample's reward components [B, K] (``gdpo_reward_keys`` read from reward_info)
+    # and their weights (empty: 1 each); None: the reward alone
+    reward_components: torch.Tensor | None = None
+    gdpo_reward_weights: Sequence[float] = ()
+    # ReMax: each sample's baseline [B], the reward of its group's greedy response
+    reward_baselines: torch.Tensor | None = None
+    # GAE: the critic's values [B, T] at the update, and lambda (verl's algorithm.lam)
+    values: torch.Tensor | None = None
+    lam: float = 1.0
 
 
 def _estimator(name: str) -> Callable[[Estimator], Estimator]:
@@ -182,6 +191,83 @@ def whitened_advantages(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tenso
     return (rewards - rewards.mean()) / (rewards.std() + eps)
 
 
+@_estimator("gdpo")
+def gdpo_estimator(rewards, mask, group_ids, opt):
+    """GDPO: each reward component normalised within its group on its own (GRPO's advantage per
+    component, so a dominant one cannot drown the others), their weighted sum, whitened over the
+    mini-batch's tokens."""
+    if opt.reward_components is not None:  # read in fp32, as verl reads them from the batch
+        comps = opt.reward_components.to(device=rewards.device, dtype=torch.float32)
+    else:
+        comps = rewards.sum(-1, keepdim=True)
+    weights = torch.tensor(list(opt.gdpo_reward_weights) or [1.0] * comps.shape[1], dtype=torch.float32)
+    total = torch.zeros(comps.shape[0], dtype=comps.dtype, device=rewards.device)
+    for k in range(comps.shape[1]):
+        total = total + weights[k].to(comps.dtype) * grpo_advantages(
+            comps[:, k], group_ids, norm_by_std=opt.norm_adv_by_std_in_grpo, eps=opt.eps)
+    return masked_whiten(_per_token(total, mask), mask) * mask
+
+
+@_estimator("remax")
+def remax_estimator(rewards, mask, group_ids, opt):
+    """ReMax: the return to go less the reward of the group's greedy response (the baseline, a
+    record of its own that is never trained on)."""
+    if opt.reward_baselines is None:
+        raise ValueError("remax needs each sample's baseline (the group's greedy response's reward)")
+    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    return returns - opt.reward_baselines.to(device=rewards.device, dtype=rewards.dtype).unsqueeze(-1) * mask
+
+
+def gae_advantages_returns(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                           lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (verl's ``compute_gae_advantage_return``): TD errors
+    ``r_t + gamma V_{t+1} - V_t`` summed back with ``gamma lam``, skipping tokens the policy did
+    not produce (their value and TD error are carried over); returns are advantages + values
+    (the critic's targets); the advantages are then whitened over the mini-batch's tokens."""
+    with torch.no_grad():
+        next_value = torch.zeros_like(values[:, 0])
+        last = torch.zeros_like(values[:, 0])
+        out = []
+        for t in reversed(range(rewards.shape[-1])):
+            delta = rewards[:, t] + gamma * next_value - values[:, t]
+            running = delta + gamma * lam * last
+            next_value = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_value
+            last = running * mask[:, t] + (1 - mask[:, t]) * last
+            out.append(last)
+        advantages = torch.stack(out[::-1], dim=1)
+        returns = advantages + values
+        return masked_whiten(advantages, mask), returns
+
+
+@_estimator("gae")
+def gae_estimator(rewards, mask, group_ids, opt):
+    """PPO's estimator with a critic: GAE on the critic's values at the update (``opt.values``)."""
+    if opt.values is None:
+        raise ValueError("gae needs the critic's values")
+    return gae_advantages_returns(rewards, opt.values.to(rewards.dtype), mask, opt.gamma, opt.lam)[0]
+
+
+def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+               cliprange_value: float, mode: str = "token-mean", **totals) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``compute_value_loss``: half the larger of the squared errors of the prediction and
+    of the prediction clipped to ``values +- cliprange_value`` (the values at the update),
+    aggregated by ``mode`` (``totals``: the mini-batch's, as ``aggregate`` takes them); and the
+    tokens where the clipped one was larger (``vf_clipfrac``)."""
+    clipped = torch.maximum(torch.minimum(vpreds, values + cliprange_value), values - cliprange_value)
+    loss1, loss2 = (vpreds - returns) ** 2, (clipped - returns) ** 2
+    return 0.5 * aggregate(torch.maximum(loss1, loss2), mask, mode, **totals), (loss2 > loss1).float()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """verl's ``critic/vf_explained_var``: ``1 - var(returns - values) / var(returns)`` over the
+    trained tokens."""
+    keep = mask > 0
+    v, r = values[keep], returns[keep]
+    if r.numel() < 2:
+        return float("nan")
+    return float(1.0 - torch.var(r - v) / (torch.var(r) + 1e-5))
+
+
 @_estimator("ppo")
 def ppo_estimator(rewards, mask, group_ids, opt):
     return _per_token(whitened_advantages(rewards.sum(-1)).to(rewards.dtype), mask)
@@ -288,7 +374,9 @@ def vanilla_loss(logp, old_logp, adv, mask, opt):
 @_loss("gspo")
 def gspo_loss(logp, old_logp, adv, mask, opt):
     """GSPO: one importance ratio per sequence, the geometric mean of its tokens' ratios, with the
-    gradient of each token's own log-prob; clipped as PPO (no dual clip)."""
+    gradient of each token's own log-prob; clipped as PPO (no dual clip). Aggregated by
+    ``loss_agg_mode`` as verl 0.9.1's is (the paper's objective is seq-mean-token-mean; an older
+    verl forced it): a config that leaves the default is told so at start."""
     log_ratio = logp - old_logp
     seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     ratio = torch.exp((logp - logp.detach() + seq.detach().unsqueeze(-1)).clamp(max=10.0))
@@ -321,7 +409,7 @@ def sapo_loss(logp, old_logp, adv, mask, opt):
     tau = torch.where(adv > 0, torch.as_tensor(opt.tau_pos, dtype=adv.dtype),
                       torch.as_tensor(opt.tau_neg, dtype=adv.dtype))
     gate = torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau)
-    return _result(-gate * adv, None, log_ratio, agg_mode="seq-mean-token-mean")
+    return _result(-gate * adv, None, log_ratio, agg_mode=FIXED_AGG_MODES["sapo"])
 
 
 @_loss("geo_mean")
@@ -338,7 +426,7 @@ def geo_mean_loss(logp, old_logp, adv, mask, opt):
     seq_adv = (adv * mask).sum(-1) / (n + 1e-8)
     per_seq = -seq_adv * ratio
     return _result(per_seq.unsqueeze(-1).expand_as(logp), log_ratio != clamped, log_ratio,
-                   agg_mode="seq-mean-token-mean")
+                   agg_mode=FIXED_AGG_MODES["geo_mean"])
 
 
 @_loss("clip_cov")

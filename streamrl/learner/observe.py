@@ -14,13 +14,18 @@ def observe_staleness(records: list[Rewarded], version: int) -> None:
     """How old each trained record is: versions behind ``version``, and the seconds it spent in
     generation, in the reward stage and waiting for the learner."""
     now = time.time()
+    worst = 0
     for r in records:
         metrics.LEARNER_STALENESS.observe(max(0, version - r.policy_version))
+        metrics.LEARNER_SPAN.observe(r.versions().span)
+        worst = max(worst, version - r.policy_version)
         gen = generation_seconds(r)
         if gen is not None:
             metrics.LEARNER_STALENESS_SECONDS.labels("generation").observe(gen)
         metrics.LEARNER_STALENESS_SECONDS.labels("reward").observe(max(0.0, r.scored_at - r.created_at))
         metrics.LEARNER_STALENESS_SECONDS.labels("learner").observe(max(0.0, now - r.scored_at))
+    if records:
+        metrics.LEARNER_WORST_STALENESS.set(worst)
 
 
 def observe_update(out: dict[str, float], n: int) -> None:
@@ -56,21 +61,27 @@ def record_figures(records: list[Rewarded], version: int, now: float | None = No
     (``streamrl.tracking.VERL_NAMES``): scores (``critic/score``; ``critic/rewards`` are the same
     unless the KL is in the reward, which the trainer reports apart), response and prompt
     lengths in tokens (the clip ratio: responses that ended at the length limit), how many
-    versions behind they were, and how long the reward stage took (created -> scored)."""
+    versions behind they were (counted from each record's oldest token; ``staleness_worst``, the
+    mini-batch's oldest token, is a version summary's worst mini-batch), how many versions their
+    tokens span (partial rollouts: ``span_mean``, ``span_max``; 1 for a response of one version),
+    and how long the reward stage took (created -> scored)."""
     if not records:
         return {}
     now = time.time() if now is None else now
     scores = [float(r.reward) for r in records]
     responses = [_length(r, "response_ids", r.response) for r in records]
     prompts = [_length(r, "prompt_ids", r.prompt) for r in records]
-    staleness = [max(0, version - r.policy_version) for r in records]
+    staleness = [max(0, version - r.policy_version) for r in records]  # policy_version: the oldest token's
+    spans = [r.versions().span for r in records]
     clipped = [(r.extra_info or {}).get("finish_reason") == "length" for r in records]
     out = {}
     for name, vals in (("score", scores), ("rewards", scores), ("response_length", responses),
                        ("prompt_length", prompts)):
         out.update({f"{name}_mean": sum(vals) / len(vals), f"{name}_max": max(vals), f"{name}_min": min(vals)})
     out.update(response_length_clip_ratio=sum(clipped) / len(records), staleness_mean=sum(staleness) / len(records),
-               staleness_max=float(max(staleness)), total_tokens=float(sum(responses) + sum(prompts)),
+               staleness_max=float(max(staleness)), staleness_worst=float(max(staleness)),
+               span_mean=sum(spans) / len(spans), span_max=float(max(spans)),
+               total_tokens=float(sum(responses) + sum(prompts)),
                reward_lag_s=sum(max(0.0, r.scored_at - r.created_at) for r in records) / len(records))
     return {k: float(v) for k, v in out.items()}
 
@@ -95,7 +106,7 @@ def mean_metrics(items: list[dict[str, float]]) -> dict[str, float]:
             continue
         if k in SUMMED:
             out[k] = float(sum(vals))
-        elif k.endswith("_max"):
+        elif k.endswith(("_max", "_worst")):
             out[k] = float(max(vals))
         elif k.endswith("_min"):
             out[k] = float(min(vals))

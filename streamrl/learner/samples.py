@@ -55,10 +55,11 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
             raise RecordError("bad_tokens", f"{name} outside the vocabulary (size {vocab})")
     if logprobs is not None and not np.isfinite(logprobs).all():
         raise RecordError("bad_tokens", "response_logprobs has NaN or infinities")
+    check_versions(record, n)
     sample = Sample(id=record.id, group_id=record.group_id, prompt_ids=prompt_ids,
                     response_ids=response_ids, reward=float(record.reward),
                     policy_version=record.policy_version, behaviour_logprobs=logprobs,
-                    response_mask=mask)
+                    response_mask=mask, reward_components=reward_components(record, cfg))
     if cfg.distillation.enabled:
         teacher_arrays(sample, record, cfg, vocab)
     return sample
@@ -89,6 +90,24 @@ def teacher_arrays(sample: "Sample", record: Rewarded, cfg: "LearnerConfig", voc
         sample.teacher_ids = ids
 
 
+def reward_components(record: Rewarded, cfg: "LearnerConfig") -> list[float] | None:
+    """GDPO's components (``learner.gdpo_reward_keys``) from the record's ``reward_info``, where a
+    scorer's dict result puts its fields; ``RecordError`` when one is missing or not a number."""
+    if cfg.adv_estimator != "gdpo":
+        return None
+    info = record.reward_info or {}
+    out = []
+    for key in cfg.gdpo_reward_keys:
+        value = info.get(key)
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise RecordError("no_reward_component", f"reward_info[{key!r}] is {value!r}: adv_estimator gdpo needs "
+                              "a number (a scorer returning a dict with that field)")
+        out.append(float(value))
+    return out
+
+
 def to_samples(records: list[Rewarded], cfg: "LearnerConfig", trainer: Any) -> list["Sample"]:
     """Records as ``trainer``'s samples, by the learner's own conversion and checks: the
     synchronous loops of ``streamrl bench`` train exactly what the learner stage would."""
@@ -109,3 +128,18 @@ def tokenize(record: Rewarded, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
                      add_special_tokens=False).input_ids
     response = tok(record.response, add_special_tokens=False).input_ids
     return np.asarray(prompt, dtype=np.int64), np.asarray(response, dtype=np.int64)
+
+
+def check_versions(record: Rewarded, n_tokens: int) -> None:
+    """A partial rollout's ``token_versions`` must cover its ``n_tokens`` response tokens, and its
+    oldest run must be the ``policy_version`` every staleness bound counts: a record whose
+    versions say otherwise would be trained under a bound it does not meet. (The behaviour
+    log-probs are per token already: each is its own version's, whatever the runs say.)"""
+    if not record.token_versions:
+        return
+    runs = record.versions()
+    if runs.n_tokens != n_tokens:
+        raise RecordError("bad_tokens", f"token_versions cover {runs.n_tokens} tokens, the response has {n_tokens}")
+    if runs.oldest != record.policy_version:
+        raise RecordError("bad_tokens", f"policy_version {record.policy_version} is not the oldest token's "
+                          f"version ({runs.oldest})")

@@ -54,6 +54,40 @@ class LearnerSections(Protocol):
     rollout: "RolloutConfig"
 
 
+def remax_baselines(groups: list[list["_Taken"]], remax: bool) -> list["_Taken"]:
+    """The members to train on: each group without its ReMax baseline (the greedy response,
+    ``record.baseline``), whose reward each of the others carries as ``reward_baseline``. A
+    group that has none (a producer that sends no baseline, a partial group) uses its members'
+    mean reward, and says so once (``remax``: the estimator is ReMax's)."""
+    out = []
+    for members in groups:
+        base = [t for t in members if t.record.baseline]
+        rest = [t for t in members if not t.record.baseline]
+        if not rest:
+            continue
+        if base:
+            value = float(base[0].record.reward)
+        else:
+            value = float(sum(t.record.reward for t in rest) / len(rest))
+            if remax and _warn_once("remax"):
+                log.warning("learner: group %s has no ReMax baseline (record.baseline): its mean reward stands in "
+                            "(said once)", rest[0].record.group_id)
+        for t in rest:
+            t.sample.reward_baseline = value
+        out += rest
+    return out
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(what: str) -> bool:
+    if what in _WARNED:
+        return False
+    _WARNED.add(what)
+    return True
+
+
 @dataclass
 class _Taken:
     """What the assembler carries for one record."""
@@ -72,6 +106,8 @@ class Learner:
         last = good[0] if good else None
         # weights, optimizer (DCP shards) from the checkpoint; in a group rank 0 names it to all
         self.trainer = Trainer(cfg, resume=str(last) if last else None)
+        for note in cfg.start_notes():  # once, at start
+            log.warning("learner: %s", note)
         if good is not None:
             self.state = good[1]
             log.warning("learner: resumed from %s at version %d", last, self.state.version)
@@ -383,7 +419,9 @@ class Learner:
         observe_staleness([t.record for t in taken], self.version)
         for g in groups:
             metrics.LEARNER_GROUPS.labels("partial" if len(g.items) < g.items[0].group_size else "trained").inc()
-        out = await asyncio.to_thread(self.trainer.step, [t.sample for t in taken])
+        trained = remax_baselines([[t for t in (i.payload for i in g.items)] for g in groups],
+                                  self.cfg.adv_estimator == "remax")
+        out = await asyncio.to_thread(self._step, [t.sample for t in trained])
         for g in groups:
             self._group_done(g.group_id)
         if out.get("skipped_steps"):  # a non-finite gradient: the update was not applied
@@ -400,12 +438,18 @@ class Learner:
         self.state.mini_batches += 1
         self._dirty = True
         observe_update(out, n)
-        figures = record_figures([t.record for t in taken], self.version)
+        figures = record_figures([t.record for t in trained], self.version)
         if "rewards_mean" in out:  # the KL is in the reward: the trainer's rewards, not the scores
             figures = {k: v for k, v in figures.items() if not k.startswith("rewards_")}
         self._version_metrics.append({**figures, **out})
         if self.state.mini_batches >= self.cfg.mini_batches_per_version:
             await self._finish_version()
+
+    def _step(self, samples: list[Any]) -> dict[str, float]:
+        """The update, in the thread every collective call runs in: the lr schedule's step (the
+        version), then the mini-batch."""
+        self.trainer.set_version(self.version)
+        return self.trainer.step(samples)
 
     async def _finish_version(self) -> None:
         self.state.version += 1

@@ -50,6 +50,8 @@ class Sample:
     teacher_logprobs: np.ndarray | None = None
     teacher_ids: np.ndarray | None = None
     teacher_topk: int = 0
+    reward_components: list[float] | None = None  # GDPO: gdpo_reward_keys' values from reward_info
+    reward_baseline: float | None = None  # ReMax: the reward of the group's greedy response
 
     @property
     def n_tokens(self) -> int:
@@ -133,9 +135,16 @@ class Trainer:
             if self.reference is not None:
                 distributed.shard(self.reference, cfg, trainable=False)
         self.model.train()
+        self.critic = None  # adv_estimator gae's value model (streamrl.learner.critic)
+        if cfg.adv_estimator == "gae":
+            from streamrl.learner.critic import Critic
+
+            self.critic = Critic(cfg, self.device, self.sharded)
+        self._returns: torch.Tensor | None = None  # GAE's returns of the last advantages() (the critic's targets)
         # only what trains has gradients and AdamW states (with LoRA: the adapters alone)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.version: int | None = None  # the version being trained towards (+1): the lr schedule's step
         self._full_state: dict[str, Any] | None = None  # gathered once per version (weights + checkpoint)
         self._adapter: dict[str, Any] | None = None  # the adapter's, likewise (LoRA)
         self.forward_tokens: list[int] = []  # tokens of each forward pass of the last step (for tests/bench)
@@ -406,17 +415,32 @@ class Trainer:
                 np.zeros(0, np.float32) for s in samples]
 
     def advantages(self, samples: Sequence[Sample], masks: Sequence[np.ndarray],
-                   kl: torch.Tensor | None = None) -> torch.Tensor:
+                   kl: torch.Tensor | None = None, values: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token advantages ``[B, longest response]`` of the mini-batch by
         ``cfg.adv_estimator``, from each reward on its response's last token, less
-        ``kl_ctrl``'s coefficient times ``kl`` per token (``use_kl_in_reward``)."""
+        ``kl_ctrl``'s coefficient times ``kl`` per token (``use_kl_in_reward``); ``values``: the
+        critic's ``[B, longest response]`` (``gae``, whose returns it keeps for the critic)."""
         mask = torch.zeros((len(samples), max(max(len(m) for m in masks), 1)), dtype=torch.float32)
         for i, m in enumerate(masks):
             mask[i, :len(m)] = torch.from_numpy(m)
         rewards = losses.token_rewards(torch.tensor([s.reward for s in samples], dtype=torch.float32), mask)
         if kl is not None:
             rewards = rewards - self.kl_ctrl.value * kl * mask
-        opt = losses.AdvantageOptions(norm_adv_by_std_in_grpo=self.cfg.norm_adv_by_std_in_grpo, gamma=self.cfg.gamma)
+        comps = None
+        if self.cfg.adv_estimator == "gdpo":
+            comps = torch.tensor([s.reward_components if s.reward_components is not None else [s.reward]
+                                  for s in samples], dtype=torch.float32)
+        baselines = None
+        if self.cfg.adv_estimator == "remax":
+            baselines = torch.tensor([s.reward if s.reward_baseline is None else s.reward_baseline for s in samples],
+                                     dtype=torch.float32)
+        opt = losses.AdvantageOptions(norm_adv_by_std_in_grpo=self.cfg.norm_adv_by_std_in_grpo, gamma=self.cfg.gamma,
+                                      reward_components=comps, gdpo_reward_weights=self.cfg.gdpo_reward_weights,
+                                      reward_baselines=baselines, lam=self.cfg.lam,
+                                      values=None if values is None else values.cpu())
+        if values is not None:
+            self._returns = losses.gae_advantages_returns(rewards, values.cpu().to(rewards.dtype), mask,
+                                                          self.cfg.gamma, self.cfg.lam)[1]
         return losses.ADV_ESTIMATORS[self.cfg.adv_estimator](rewards, mask, [s.group_id for s in samples], opt)
 
     def _reward_kl(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
@@ -437,6 +461,53 @@ class Trainer:
         per_seq = kl.sum(-1) / (torch.tensor([float(m.sum()) for m in masks]) + 1e-8)
         return kl, float(per_seq.mean())
 
+    def _rows(self, samples: Sequence[Sample], groups: list[list[Sample]], per_unit: list[torch.Tensor]
+              ) -> torch.Tensor:
+        """Per-unit ``[b, R_u]`` tensors of this rank as the mini-batch's ``[B, R]`` in ``samples``'
+        order, whole on every rank (summed over the ranks: each sample is on one)."""
+        row = {s.id: k for k, s in enumerate(samples)}
+        width = max(max(len(s.response_ids) for s in samples), 1)
+        full = torch.zeros((len(samples), width), device=self.device)
+        for u, g in enumerate(groups):
+            for i, s in enumerate(g):
+                if s.id in row:
+                    n = min(width, per_unit[u].shape[1])
+                    full[row[s.id], :n] = per_unit[u][i, :n].float()
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(full)
+        return full
+
+    def _mask_rows(self, masks: Sequence[np.ndarray]) -> torch.Tensor:
+        full = torch.zeros((len(masks), max(max(len(m) for m in masks), 1)), device=self.device)
+        for i, m in enumerate(masks):
+            full[i, :len(m)] = torch.from_numpy(np.asarray(m, np.float32)).to(self.device)
+        return full
+
+    def _correction(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
+                    current: list[torch.Tensor], behavs: list[torch.Tensor]) -> tuple[Any, list[tuple]]:
+        """verl's decoupled rollout correction on the whole mini-batch (every rank alike): the
+        weights and kept-token mask of each unit of this rank."""
+        from streamrl.learner import rollout_correction
+
+        corr = rollout_correction.correct(self._rows(samples, groups, current), self._rows(samples, groups, behavs),
+                                          self._mask_rows(masks), self.cfg.rollout_correction)
+        row = {s.id: k for k, s in enumerate(samples)}
+        out = []
+        for u, g in enumerate(groups):
+            width = current[u].shape[1]
+            w = torch.ones_like(current[u]) if corr.weights is None else torch.zeros_like(current[u])
+            m = torch.zeros_like(current[u])
+            for i, s in enumerate(g):
+                if s.id in row:
+                    n = min(width, corr.mask.shape[1])
+                    m[i, :n] = corr.mask[row[s.id], :n]
+                    if corr.weights is not None:
+                        w[i, :n] = corr.weights[row[s.id], :n]
+            out.append((w, m))
+        return corr, out
+
     def _set_accumulation(self, local: bool, last: bool) -> None:
         """FSDP2 between micro-batches. Every pass syncs (ZeRO-3: gather for each forward,
         reduce-scatter after each backward) unless a rank chunks a long sequence: its passes
@@ -449,6 +520,18 @@ class Trainer:
         self.model.set_reshard_after_forward(not local)
 
     # -- the update ---------------------------------------------------------------------------
+    def set_version(self, version: int) -> None:
+        """The learning rate of the updates towards version ``version + 1`` on every rank
+        (``streamrl.learner.schedule``); called before each step, a no-op while it stays."""
+        if version == self.version:
+            return
+        from streamrl.learner.schedule import lr_at
+
+        self._lead("version", str(version).encode())
+        self.version = version
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.cfg, version)
+
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics
         (summed over the ranks: every rank normalises by the whole mini-batch's totals)."""
@@ -467,7 +550,11 @@ class Trainer:
             groups, chunks = groups + [[self._dummy()]], chunks + [0]
         units = self._collate_units(groups, chunks, packed)
         current = None
-        if cfg.decoupled or any(s.behaviour_logprobs is None for s in samples):
+        rc = cfg.rollout_correction
+        rc_decoupled = rc.enabled and not rc.bypass_mode  # verl's decoupled mode: pi_old recomputed
+        # (bypass mode with a batch normaliser: the mini-batch's weights at its start, one pass more)
+        rc_prepass = rc.bypass_mode and bool(rc.rollout_is) and rc.rollout_is_batch_normalize
+        if cfg.decoupled or rc_decoupled or rc_prepass or any(s.behaviour_logprobs is None for s in samples):
             current = self._unit_logprobs(self.model, units, chunks)  # the proximal policy (AReaL)
         behavs = []
         for u, g in enumerate(groups):
@@ -478,14 +565,18 @@ class Trainer:
                 else:
                     behav[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
             behavs.append(behav)
-        reward_kl = None
+        reward_kl, values = None, None
+        if self.critic is not None:  # the critic's values at the update, whole on every rank
+            critic_units = [self._collate(g, packed=False) for g in groups]
+            old_values = self.critic.values(critic_units)
+            values = self._rows(samples, groups, old_values)
         if cfg.use_kl_in_reward:
             kl_tokens, reward_kl = self._reward_kl(samples, masks, groups, units, chunks, current)
             beta = self.kl_ctrl.value
-            adv_all = self.advantages(samples, masks, kl_tokens)
+            adv_all = self.advantages(samples, masks, kl_tokens, values=values)
             self.kl_ctrl.update(reward_kl, len(samples))
         else:
-            adv_all = self.advantages(samples, masks)
+            adv_all = self.advantages(samples, masks, values=values)
         adv_of = {s.id: adv_all[i] for i, s in enumerate(samples)}
         advs = [torch.stack([adv_of[s.id][:units[u].mask.shape[1]] if s.id in adv_of else
                              torch.zeros(units[u].mask.shape[1]) for s in g]).to(self.device)
@@ -511,6 +602,36 @@ class Trainer:
             clip_cov_ub=cfg.policy_loss.clip_cov_ub, kl_cov_ratio=cfg.policy_loss.kl_cov_ratio,
             ppo_kl_coef=cfg.policy_loss.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
         tok = dict(total_tokens=total_tokens)
+        critic_out: dict[str, float] = {}
+        if self.critic is not None:  # its update on the returns, before the policy's (as verl's)
+            row = {x.id: k for k, x in enumerate(samples)}
+            rets = [torch.stack([self._returns[row[x.id], :b.mask.shape[1]] if x.id in row else
+                                 torch.zeros(b.mask.shape[1]) for x in g]).to(self.device)
+                    for g, b in zip(groups, critic_units)]
+            grad = self.critic.update(critic_units, rets, old_values, agg, tok, self.world, add)
+            trained = self._mask_rows(masks).cpu() > 0
+            critic_out = {"critic/grad_norm": grad, "critic/lr": float(self.critic.optimizer.param_groups[0]["lr"]),
+                          "critic/vf_explained_var": losses.explained_variance(values.cpu(), self._returns, trained),
+                          "critic/values/mean": float(values.cpu()[trained].mean()),
+                          "critic/returns/mean": float(self._returns[trained].mean())}
+        corrected, corr_metrics, live = None, {}, None
+        if rc_decoupled:  # the weights and rejection of the whole mini-batch, as verl's on its batch
+            from streamrl.learner import rollout_correction
+
+            corr, corrected = self._correction(samples, masks, groups, current, behavs)
+            corr_metrics = corr.metrics
+            kept = corr.mask
+            agg.update(total_tokens=kept.sum().clamp(min=1.0), total_seqs=(kept.sum(-1) > 0).sum().clamp(min=1))
+        elif rc.bypass_mode:
+            from streamrl.learner import rollout_correction
+
+            live = [None] * len(units)  # the live log-probs of the first epoch, for rollout_corr/*
+            is_norm = None
+            if rc_prepass:  # the mean weight over the whole mini-batch (every rank alike)
+                full_behav, full_mask = self._rows(samples, groups, behavs), self._mask_rows(masks)
+                weights, _ = rollout_correction.is_weights(self._rows(samples, groups, current) - full_behav, full_mask,
+                                                           rc.rollout_is, rc.rollout_is_threshold)
+                is_norm = rollout_correction.is_weight_mean(weights, full_mask, rc.rollout_is)
         grad_norm, skipped = 0.0, 0
         for _ in range(cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -518,7 +639,15 @@ class Trainer:
                 self._set_accumulation(local, last=u == len(units) - 1)
                 logp, ent = self._forward(self.model, mb, entropy=True, chunk=chunks[u])
                 adv = advs[u]
-                if cfg.decoupled:  # the trust region around the proximal policy, weighted back to the behaviour one
+                if corrected is not None:  # verl's rollout correction, decoupled: clip around pi_old, weighted
+                    weight, mask = corrected[u]
+                    pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, current[u], adv, mask, opt, weight)
+                elif live is not None:  # ... bypass: the behaviour log-probs are pi_old
+                    if live[u] is None:
+                        live[u] = logp.detach()
+                    pl, mask = rollout_correction.bypass_loss(logp, behavs[u], adv, mb.mask, rc, cfg.clip_ratio_low,
+                                                              cfg.clip_ratio_high, cfg.clip_ratio_c, is_norm)
+                elif cfg.decoupled:  # the trust region around the proximal policy, weighted back to the behaviour one
                     weight, mask = losses.importance_weight(current[u], behavs[u], mb.mask, cap=cfg.is_cap,
                                                             mode=cfg.is_mode)
                     pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, current[u], adv, mask, opt, weight)
@@ -577,6 +706,18 @@ class Trainer:
                        advantages_min=float(valid.min()))
         if reward_kl is not None:  # verl's critic/rewards: the score less the KL penalty
             out.update(rewards_mean=float(rewards.mean()) - beta * reward_kl)
+        if live is not None:  # bypass: the mismatch of the policy at the mini-batch's start (first epoch)
+            full = [self._rows(samples, groups, x) for x in (live, behavs)]
+            corr_metrics = rollout_correction.correct(full[0], full[1], self._mask_rows(masks), rc, is_norm).metrics
+        out.update(corr_metrics)
+        if self.critic is not None:  # its sums are over its own epochs
+            epochs = cfg.critic.ppo_epochs or cfg.ppo_epochs
+            out.update({k: v * cfg.ppo_epochs / epochs for k, v in out.items() if k.startswith("critic/")})
+            out.update(critic_out)
+        if cfg.adv_estimator == "gdpo":  # verl's gdpo/<key>/mean, std
+            comps = np.array([s.reward_components for s in samples], dtype=np.float64)
+            for k, key in enumerate(cfg.gdpo_reward_keys):
+                out.update({f"gdpo/{key}/mean": float(comps[:, k].mean()), f"gdpo/{key}/std": float(comps[:, k].std())})
         out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
                    sequences=float(len(samples)), reward_mean=float(rewards.mean()),
@@ -714,6 +855,8 @@ class Trainer:
             state["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
         with _single_process_dcp():
             dcp.save(state, checkpoint_id=str(directory / "dcp"))
+            if self.critic is not None:  # its weights and AdamW states, sharded as the policy's
+                self.critic.save(directory / "critic_dcp")
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Model and optimizer state from a checkpoint's ``dcp/`` (written by any number of
@@ -738,6 +881,9 @@ class Trainer:
                     state = {"model": get_model_state_dict(self.model, options=options)}
                     dcp.load(state, checkpoint_id=path)
                     set_model_state_dict(self.model, state["model"], options=options)
+            if self.critic is not None and (directory / "critic_dcp").is_dir():
+                with _single_process_dcp():
+                    self.critic.load(directory / "critic_dcp")
         elif (directory / "optimizer.pt").is_file():
             self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
                                                       weights_only=True))
@@ -769,6 +915,9 @@ def encode_samples(samples: Sequence[Sample]) -> bytes:
     for s in samples:
         entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
                                  "policy_version": s.policy_version, "teacher_topk": s.teacher_topk}
+        for name in ("reward_components", "reward_baseline"):  # (optional: absent when None)
+            if getattr(s, name) is not None:
+                entry[name] = getattr(s, name)
         for name, dtype in _ARRAYS:
             value = getattr(s, name)
             if value is None:
@@ -832,6 +981,8 @@ def follow(cfg: LearnerConfig) -> int:
             trainer.write_checkpoint(payload.decode())
         elif op == "base":
             trainer.save_base(payload.decode())
+        elif op == "version":
+            trainer.set_version(int(payload))
     import torch.distributed as dist
 
     dist.destroy_process_group()

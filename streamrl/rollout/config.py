@@ -107,7 +107,7 @@ class ServersLaunchConfig:
 
 
 UPDATE_APIS = ("none", "sglang", "vllm")
-ON_UPDATE = ("drain", "abort")
+ON_UPDATE = ("drain", "abort", "partial")
 
 
 @dataclass
@@ -136,6 +136,10 @@ class RolloutConfig:
     max_new_tokens: int = 256  # per assistant turn
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # nucleus sampling; 1: off
+    # ReMax: one greedy response more per prompt, marked ``baseline`` (its reward is the group's
+    # baseline, never trained on); the group's group_size counts it. On by itself where
+    # learner.adv_estimator is remax (pipeline config)
+    greedy_baseline: bool = False
     max_in_flight: int = 4  # prompts this worker works on at once; their generations share batches
     max_batch_rows: int = 0  # most sequences in one engine call; 0: transformers 64, vllm 1024
     follow_policy: bool = True  # watch the policy topic and load new versions
@@ -159,9 +163,19 @@ class RolloutConfig:
     # eligible server with the fewest in flight (the judge's router).
     servers: list[str] = field(default_factory=list)
     # What a server does with requests in flight when it must load a new version: drain (finish
-    # them on the old weights first; verl, slime, prime-rl) or abort (cancel and resubmit them,
-    # AReaL's interruption). Either way a record carries the version that generated it.
+    # them on the old weights first), abort (cancel and resubmit them from their prompt), or
+    # partial (stop them, load, and continue each from its partial response on the new weights:
+    # verl's partial_rollout, AReaL's interruptible generation; the transformers backend the
+    # same between decoding chunks). Every token carries the version that generated it
+    # (the record's token_versions when it spans several).
     on_update: str = "drain"
+    # A response whose tokens span more than this many versions (oldest to newest, inclusive)
+    # is finished but dead-lettered ``stale`` instead of trained. 0: no bound here (the
+    # learner's max_staleness, counted from the oldest token, still drops it when too old).
+    max_span: int = 0
+    # on_update partial, in-process engines: new tokens per decoding chunk; a weight load waits
+    # for the chunk in progress, not for the whole response
+    partial_chunk_tokens: int = 32
     servers_launch: ServersLaunchConfig = field(default_factory=ServersLaunchConfig)
 
     def resolved_update_api(self) -> str:
@@ -193,7 +207,12 @@ class RolloutConfig:
         for name in ("max_new_tokens", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"config field 'rollout.{name}': must be >= 1")
-        for name in ("group_size", "trajectories_per_version", "max_staleness", "max_batch_rows"):
+        if self.partial_chunk_tokens < 1:
+            raise ConfigError("config field 'rollout.partial_chunk_tokens': must be >= 1")
+        if self.on_update == "partial" and self.backend == "vllm":
+            raise ConfigError("config field 'rollout.on_update': partial is not supported by the vllm engine "
+                              "in process yet (use backend openai with vllm serve, or transformers)")
+        for name in ("group_size", "trajectories_per_version", "max_staleness", "max_batch_rows", "max_span"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config field 'rollout.{name}': must be >= 0")
         if self.temperature < 0 or not 0 < self.top_p <= 1:

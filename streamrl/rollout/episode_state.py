@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from streamrl.records import VersionRuns
 from streamrl.rollout.backends import Completion
 
 
@@ -34,7 +35,8 @@ class EpisodeState:
     turns: list[dict[str, Any]] = field(default_factory=list)
     turn_scores: list[float] = field(default_factory=list)
     turn_info: list[dict[str, Any]] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # each model turn's oldest version
+    token_versions: VersionRuns = field(default_factory=lambda: VersionRuns([]))  # over response_ids
     answer: str = ""
     answer_ids: list[int] | None = None
     finish_reason: str = ""
@@ -52,7 +54,10 @@ class EpisodeState:
     tool_s: float = 0.0
 
     def add_sample(self, s: Completion) -> None:
-        self.versions.append(s.policy_version)
+        runs = s.version_runs()
+        self.versions.append(runs.oldest)
+        for version, n in runs.runs:
+            self.token_versions.extend(version, n)
         self.answer, self.finish_reason, self.answer_ids = s.text, s.finish_reason, s.response_ids
         self.turns.append({"role": "assistant", "content": s.text, "policy_version": s.policy_version})
         self.messages.append({"role": "assistant", "content": s.text})
@@ -80,6 +85,8 @@ class EpisodeState:
             ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
             self.context = list(self.context) + ids
             self.response_ids += ids
+            self.token_versions.extend(self.versions[-1] if not self.token_versions.runs  # given, not sampled:
+                                       else self.token_versions.runs[-1][0], len(ids))  # the version before
             self.logprobs.append(np.zeros(len(ids), dtype=np.float32))
             self.mask += [0] * len(ids)
         else:

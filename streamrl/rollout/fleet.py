@@ -22,6 +22,9 @@ version its samples carry. A server never changes weights under a request: befor
 it stops taking new ones and either *drains* (waits for those in flight) or *aborts* them
 (cancels the HTTP requests, which vLLM and SGLang abort on disconnect; the fleet resubmits them,
 to a server that may be on the new version or an older allowed one). Only then does it load.
+``partial`` cuts them as ``abort`` does, and the backend continues each from the tokens it had
+streamed (``OpenAIBackend._complete_partial``): each token carries the version of the server
+that streamed it.
 
 **Updates** (``follow``) run per server in the background, all servers at once: SGLang ``POST
 /update_weights_from_disk {"model_path"}``; vLLM ``POST /collective_rpc {"method":
@@ -156,6 +159,7 @@ class ServerFleet:
         self.tag = uuid.uuid4().hex[:6]
         self._retiring: set[asyncio.Task] = set()  # unloads of adapters waiting for their requests
         self.aborted = 0  # requests aborted for an update and resubmitted
+        self.continued = 0  # requests cut for an update and continued from their partial response
         self.fatal: str | None = None  # why the fleet cannot follow the learner (a server without LoRA)
         self._changed = asyncio.Event()
         self._session: Any = None
@@ -265,9 +269,11 @@ class ServerFleet:
     async def _update_loop(self, m: Member) -> None:
         while m.version != self.target:
             # any failure takes the server out of rotation and is retried, the target re-read
-            # each time (tenacity: retry_s, doubling, at most retry_max_s)
+            # each time (tenacity: retry_s, doubling, at most retry_max_s); a cancelled loop (the
+            # fleet closing) ends: tenacity would swallow the cancellation as a failure
             retrying = AsyncRetrying(wait=wait_exponential(multiplier=self.retry_s, max=self.retry_max_s),
-                                     retry=retry_if_not_exception_type(AdapterUnsupported), reraise=True,
+                                     retry=retry_if_not_exception_type((AdapterUnsupported, asyncio.CancelledError)),
+                                     reraise=True,
                                      before_sleep=lambda state: self._failed(m, state))
             try:
                 async for attempt in retrying:
@@ -322,7 +328,7 @@ class ServerFleet:
         m.base = base
         m.updating = True  # no new requests until it is on the version (those in flight go on)
         self._notify()
-        if self.on_update == "abort":
+        if self.on_update in ("abort", "partial"):  # partial: each continues after the load
             for t in list(m.inflight):
                 t.cancel()
         self.adapter_loads += 1
@@ -390,7 +396,7 @@ class ServerFleet:
         """No new requests to ``m``; then wait for (drain) or cancel (abort) those in flight."""
         m.updating = True
         self._notify()
-        if self.on_update == "abort":
+        if self.on_update in ("abort", "partial"):  # partial: each continues after the load
             for t in list(m.inflight):
                 t.cancel()
         while self.router.servers[m.url].outstanding > 0:

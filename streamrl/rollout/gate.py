@@ -84,7 +84,9 @@ class StalenessGate:
         downstream = {self.bus.topic("rollouts"), self.bus.topic("rewarded")}
         for msg in await self._dead.fetch(timeout_ms=0):
             try:
-                if DeadLetter.decode(msg.value, 2**26).source_topic in downstream:
+                letter = DeadLetter.decode(msg.value, 2**26)
+                # (a rollout worker's own ``stale`` letters never reached rollouts: not counted)
+                if letter.source_topic in downstream and letter.stage != "rollout":
                     self.dead_rollouts += 1
             except RecordError:
                 continue

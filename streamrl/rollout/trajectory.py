@@ -46,7 +46,8 @@ def jsonable(data: dict[str, Any]) -> dict[str, Any]:
 
 def build_trajectory(prompt: Prompt, n: int, e: EpisodeState, started_at: float, multi: MultiTurn | None) -> Trajectory:
     """The trajectory record of episode ``e`` (sample ``e.index`` of ``prompt``'s group of ``n``),
-    stamped with the oldest policy version it used; token arrays only where every turn has them."""
+    stamped with the oldest policy version it used (and, spanning several, each token's:
+    ``token_versions``); token arrays only where every turn has them."""
     extra = dict(prompt.extra_info)
     extra.update(sample_index=e.index, finish_reason=e.finish_reason)
     if multi is not None:
@@ -70,6 +71,7 @@ def build_trajectory(prompt: Prompt, n: int, e: EpisodeState, started_at: float,
         # same ids, so the learner's de-duplication keeps each slot once.
         id=f"{prompt.group_id}-{e.index}",
         group_id=prompt.group_id, group_size=n, policy_version=min(e.versions),
+        token_versions=e.token_versions.as_field() if arrays else None,
         data_source=prompt.data_source, prompt=prompt.prompt, response=e.answer,
         ground_truth=prompt.ground_truth, extra_info=extra,
         prompt_ids=np.asarray(e.prompt_ids, dtype=np.int32) if arrays else None,

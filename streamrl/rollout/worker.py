@@ -27,7 +27,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop
 from streamrl.errors import Failure, StreamrlError
-from streamrl.records import PROMPTS, ROLLOUTS, Prompt, Trajectory
+from streamrl.records import PROMPTS, ROLLOUTS, DeadLetter, Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
 from streamrl.rollout.config import RolloutConfig
@@ -137,9 +137,10 @@ class RolloutWorker:
             if fleet is not None and (len(fleet.members) > 1 or self.backend.can_load_weights):
                 status = asyncio.create_task(_log_fleet_status(fleet))
                 stack.callback(status.cancel)
-            if fleet is not None and self.backend.can_load_weights:
+            if self.backend.can_load_weights and (fleet is not None or self.cfg.on_update == "partial"):
                 # servers load in the background: hand them each version as it is announced,
-                # not only when the next prompt starts (requests in flight drain or abort now)
+                # not only when the next prompt starts (requests in flight drain, abort or are
+                # continued now); a local engine under partial loads between decoding chunks
                 follow = asyncio.create_task(self._follow_announcements())
                 stack.callback(follow.cancel)
             for part in (self.producer, self.follower, self.gate):  # stopped in reverse order
@@ -220,10 +221,11 @@ class RolloutWorker:
         if topic == ROLLOUTS.name:
             self.gate.release(1)
 
-    async def handle(self, prompt: Prompt, msg: Message) -> list[Trajectory]:
+    async def handle(self, prompt: Prompt, msg: Message) -> list[Trajectory | DeadLetter]:
         metrics.ROLLOUT_PROMPTS.labels(self._label).inc()
         n = self.cfg.group_size or prompt.group_size
-        gate_s = await self.gate.acquire(n)
+        n_all = n + 1 if self.cfg.greedy_baseline else n  # (ReMax's greedy response counts in the gate)
+        gate_s = await self.gate.acquire(n_all)
         load_s = 0.0
 
         async def before_turn() -> None:
@@ -237,7 +239,7 @@ class RolloutWorker:
             trajectories = await self._generate(prompt, n, before_turn)
             took = time.monotonic() - started
         except BaseException:
-            self.gate.release(n)
+            self.gate.release(n_all)
             raise
         # the reservation is released trajectory by trajectory as the broker acknowledges them
         # (``_delivered``): only then do they count in the topic's end offsets
@@ -251,7 +253,31 @@ class RolloutWorker:
         metrics.ROLLOUT_GENERATION_SECONDS.labels(self._label).observe(took - load_s)
         metrics.ROLLOUT_TOKENS.labels(self._label).inc(tokens)
         metrics.ROLLOUT_TRAJECTORIES.labels(self._label).inc(len(trajectories))
-        return trajectories
+        return self._bound_span(trajectories)
+
+    def _bound_span(self, trajectories: list[Trajectory]) -> list[Trajectory | DeadLetter]:
+        """Each trajectory whose tokens span more than ``rollout.max_span`` versions as a dead
+        letter ``stale`` (its bytes, as if read from rollouts: the learner counts its group's
+        member lost and settles the group). Its gate reservation goes back now: it never
+        reaches the rollouts topic, and the gate does not count this stage's dead letters."""
+        if not self.cfg.max_span:
+            return list(trajectories)
+        out: list[Trajectory | DeadLetter] = []
+        for t in trajectories:
+            span = trajectory_span(t)
+            if span <= self.cfg.max_span:
+                out.append(t)
+                continue
+            detail = (f"tokens span {span} policy versions (oldest {t.policy_version}), rollout.max_span "
+                      f"{self.cfg.max_span}")
+            out.append(DeadLetter.for_message(
+                stage=STAGE, reason="stale", detail=detail, topic=self.bus.topic(ROLLOUTS.name), partition=None,
+                offset=None, key=t.key, value=t.encode(self.bus.config.max_record_bytes), record_id=t.id))
+            self.gate.release(1)
+            metrics.ROLLOUT_SPAN_DROPPED.inc()
+            metrics.BUS_DEADLETTERS.labels(STAGE, "stale").inc()
+            log.info("dead letter from %s: stale %s", STAGE, detail)
+        return out
 
     async def _generate(self, prompt: Prompt, n: int, before_turn: Any) -> list[Trajectory]:
         """The group's trajectories. A backend outage holds the prompt: retried without end,
@@ -268,11 +294,24 @@ class RolloutWorker:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await run_group(prompt, n, self.backend, self.params, self.renderer,
-                                           self.multi_turn, before_turn)
+                    out = await run_group(prompt, n, self.backend, self.params, self.renderer,
+                                          self.multi_turn, before_turn)
+                    if self.cfg.greedy_baseline:
+                        out += await self._greedy_baseline(prompt, n, before_turn)
+                        for t in out:
+                            t.group_size = n + 1
+                    return out
         except BackendError as exc:
             raise Failure("backend_error", str(exc)) from None
         raise AssertionError("unreachable")
+
+    async def _greedy_baseline(self, prompt: Prompt, n: int, before_turn: Any) -> list[Trajectory]:
+        """ReMax's baseline: one greedy response to the prompt, marked ``baseline``, in the group
+        (whose ``group_size`` then counts it: the learner waits for it as for any member)."""
+        greedy = dataclasses.replace(self.params, temperature=0.0)
+        [base] = await run_group(prompt, 1, self.backend, greedy, self.renderer, self.multi_turn, before_turn)
+        base.id, base.baseline = f"{prompt.group_id}-baseline", True
+        return [base]
 
     async def _wait_unless_stopping(self, seconds: float) -> None:
         try:
@@ -280,6 +319,15 @@ class RolloutWorker:
         except asyncio.TimeoutError:
             return
         raise asyncio.CancelledError("worker stopping")
+
+
+def trajectory_span(t: Trajectory) -> int:
+    """The policy versions a trajectory's tokens span, oldest to newest (1: one version): from
+    ``token_versions``, or for a text-only multi-turn one its turns' versions."""
+    if t.token_versions:
+        return t.versions().span
+    turns = [m["policy_version"] for m in t.turns or () if isinstance(m.get("policy_version"), int)]
+    return max(turns) - min(turns) + 1 if turns else 1
 
 
 _REFUSALS = ("not_allowed", "no_uri", "load_failed")

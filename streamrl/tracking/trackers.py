@@ -38,7 +38,7 @@ __all__ = ["Tracker", "TrackingStage", "VERL_NAMES", "train_figures", "follow"]
 log = logging.getLogger(__name__)
 
 #: the learner's per-version summary (``PolicyVersion.metrics``) -> verl's tracker names; a key
-#: not here is logged as ``streamrl/<key>``
+#: not here is logged as ``streamrl/<key>``, but one already in verl's terms (``VERL_PREFIXES``) as it is
 VERL_NAMES = {
     "pg_loss": "actor/pg_loss",
     "clip_fraction": "actor/pg_clipfrac",
@@ -60,15 +60,22 @@ VERL_NAMES = {
     "total_tokens": "perf/total_num_tokens",
     "staleness_mean": "streamrl/staleness/mean",
     "staleness_max": "streamrl/staleness/max",
+    "staleness_worst": "streamrl/staleness/worst",
+    "span_mean": "streamrl/staleness/span_mean",
+    "span_max": "streamrl/staleness/span_max",
     "reward_lag_s": "streamrl/reward_lag",
     "dead_letters": "streamrl/dead_letters",
     "filtered_groups": "streamrl/filtered_groups",
 }
 
 
+VERL_PREFIXES = ("rollout_corr/", "critic/", "gdpo/")
+
+
 def train_figures(metrics: dict[str, float]) -> dict[str, float]:
     """A policy record's summary under verl's names (``VERL_NAMES``)."""
-    return {VERL_NAMES.get(k, f"streamrl/{k}"): float(v) for k, v in sorted(metrics.items())}
+    return {VERL_NAMES.get(k, k if k.startswith(VERL_PREFIXES) else f"streamrl/{k}"): float(v)
+            for k, v in sorted(metrics.items())}
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

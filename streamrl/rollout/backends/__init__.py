@@ -43,8 +43,11 @@ def make_backend(cfg) -> Backend:
     elif cfg.backend == "openai":
         from streamrl.rollout.backends.openai_server import OpenAIBackend
     if cfg.backend == "transformers":
-        return TransformersBackend(cfg.policy, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
-                                   max_batch_rows=cfg.max_batch_rows or 64)
+        backend = TransformersBackend(cfg.policy, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
+                                      max_batch_rows=cfg.max_batch_rows or 64)
+        if cfg.on_update == "partial":
+            backend.partial_chunk = cfg.partial_chunk_tokens
+        return backend
     if cfg.backend == "vllm":
         v = cfg.vllm
         return VLLMBackend(cfg.policy, dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization,

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from streamrl.records import VersionRuns
 
 PromptInput = str | list[int]
 
@@ -31,7 +33,18 @@ class Completion:
     response_ids: list[int] | None
     response_logprobs: np.ndarray | None  # float32, one per response token
     finish_reason: str  # "stop" (end of sequence) | "length" (max_new_tokens)
-    policy_version: int  # the weights that produced it
+    policy_version: int  # the weights that produced it (the oldest, when it was continued on newer ones)
+    # on_update partial: runs of (version, n_tokens) over its tokens; None: all policy_version's
+    token_versions: list[tuple[int, int]] | None = None
+
+    def version_runs(self) -> "VersionRuns":
+        from streamrl.records import VersionRuns
+
+        if self.token_versions:
+            return VersionRuns(list(self.token_versions))
+        n = len(self.response_ids) if self.response_ids is not None else (
+            len(self.response_logprobs) if self.response_logprobs is not None else 0)
+        return VersionRuns([(self.policy_version, n)])
 
 
 class BackendError(Exception):

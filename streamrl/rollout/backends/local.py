@@ -4,12 +4,62 @@ requests that wait meanwhile merged into the next batch, weight loads between ba
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from abc import abstractmethod
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
+import numpy as np
+
+from streamrl.records import VersionRuns
 from streamrl.rollout.backends.base import Backend, BackendError, Completion, PromptInput, SamplingParams
+
+
+@dataclass
+class _Row:
+    """One response of ``_serve_chunked`` as its chunks come in."""
+
+    prompt: PromptInput
+    budget: int
+    prompt_ids: list[int] | None = None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[np.ndarray] = field(default_factory=list)
+    runs: VersionRuns = field(default_factory=lambda: VersionRuns([]))
+    finish_reason: str | None = None
+    version: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.budget - len(self.ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.left <= 0
+
+    @property
+    def context(self) -> PromptInput:
+        return self.prompt if self.prompt_ids is None else self.prompt_ids + self.ids
+
+    def take(self, s: Completion, version: int) -> None:
+        if self.prompt_ids is None:
+            self.prompt_ids = list(s.prompt_ids or [])
+        ids = list(s.response_ids or [])
+        self.ids += ids
+        self.logprobs.append(np.asarray(s.response_logprobs, dtype=np.float32))
+        self.runs.extend(version, len(ids))
+        self.version = version
+        if s.finish_reason == "stop":
+            self.finish_reason = "stop"
+        elif self.left <= 0:
+            self.finish_reason = "length"
+
+    def completion(self, tokenizer: Any) -> Completion:
+        runs = self.runs if self.runs.runs else VersionRuns([(self.version, 0)])
+        return Completion(text=tokenizer.decode(self.ids, skip_special_tokens=True), prompt_ids=self.prompt_ids,
+                          response_ids=self.ids, response_logprobs=np.concatenate(self.logprobs)
+                          if self.logprobs else np.zeros(0, np.float32), finish_reason=self.finish_reason or "length",
+                          policy_version=runs.oldest, token_versions=list(runs.runs) if runs.span > 1 else None)
 
 
 @dataclass
@@ -25,7 +75,8 @@ class _LocalEngine(Backend):
     keeps the consumer group's heartbeats going), one batch at a time; requests that arrive
     while a batch runs are merged into the next one (same ``n`` and sampling parameters, up to
     ``max_batch_rows`` sequences), so a worker with several prompts in flight fills the engine.
-    A weight load waits for the batch in progress and runs before the next."""
+    A weight load waits for the batch in progress and runs before the next (``on_update:
+    partial``: for the decoding chunk in progress, ``_serve_chunked``)."""
 
     def __init__(self, max_batch_rows: int = 64) -> None:
         super().__init__()
@@ -34,6 +85,9 @@ class _LocalEngine(Backend):
         self._lock = asyncio.Lock()
         self._queue: list[_Request] = []
         self._server: asyncio.Task | None = None
+        # on_update partial: decode in chunks of this many tokens, a weight load between two
+        # (``_serve_chunked``); 0: whole responses, a load waits for the batch
+        self.partial_chunk = 0
 
     async def generate(self, prompts: Sequence[PromptInput], n: int,
                        params: SamplingParams) -> list[list[Completion]]:
@@ -47,6 +101,11 @@ class _LocalEngine(Backend):
 
     async def _serve(self) -> None:
         while self._queue:
+            if self.partial_chunk:
+                batch = self._take()
+                if batch:
+                    await self._serve_chunked(batch)
+                continue
             async with self._lock:
                 batch = self._take()
                 if not batch:
@@ -69,6 +128,37 @@ class _LocalEngine(Backend):
                 if not r.future.done():  # a caller that was cancelled meanwhile
                     r.future.set_result(out[start:start + len(r.prompts)])
                 start += len(r.prompts)
+
+    async def _serve_chunked(self, batch: list[_Request]) -> None:
+        """``on_update: partial``: the batch's responses ``partial_chunk`` tokens at a time, each
+        chunk on the weights loaded when it starts (a load waits for the chunk in progress, then
+        the rest continues on the new weights from the tokens so far), each token stamped with
+        its chunk's version. A response ends at its end of sequence or its budget."""
+        params = batch[0].params
+        rows = [_Row(p, params.max_new_tokens) for r in batch for p in r.prompts for _ in range(r.n)]
+        while True:
+            active = [row for row in rows if not row.finished]
+            if not active:
+                break
+            step = min(self.partial_chunk, max(row.left for row in active))
+            async with self._lock:
+                version = self.version
+                try:
+                    out = await asyncio.to_thread(self._generate, [row.context for row in active], 1,
+                                                  dataclasses.replace(params, max_new_tokens=step))
+                except Exception as exc:  # noqa: BLE001 - handed to every caller in the batch
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(exc)
+                    return
+                self.batches += 1
+            for row, (sample,) in zip(active, out):
+                row.take(sample, version)
+        done = iter(rows)
+        for r in batch:
+            result = [[next(done).completion(self.tokenizer) for _ in range(r.n)] for _ in r.prompts]
+            if not r.future.done():
+                r.future.set_result(result)
 
     def _take(self) -> list[_Request]:
         """The oldest request and the queued ones that can share its engine call."""

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 import orjson
 
+from streamrl.records import VersionRuns
 from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavailable, PromptInput, Completion,
                                             SamplingParams, WeightLoadError)
+
+#: how ``_post_to_one`` sends a request and reads its answer: (url, payload, headers, version)
+Sender = Callable[[str, bytes, dict[str, str], int], Awaitable[dict[str, Any]]]
 
 
 class OpenAIBackend(Backend):
@@ -53,7 +58,8 @@ class OpenAIBackend(Backend):
     async def generate(self, prompts: Sequence[PromptInput], n: int,
                        params: SamplingParams) -> list[list[Completion]]:
         await self._ensure_session()
-        return list(await asyncio.gather(*(self._complete(p, n, params) for p in prompts)))
+        complete = self._complete_partial if self.fleet.on_update == "partial" else self._complete
+        return list(await asyncio.gather(*(complete(p, n, params) for p in prompts)))
 
     async def load_weights(self, uri: str, version: int, base_uri: str | None = None) -> float:
         """Start every server loading ``version`` (the fleet does it in the background, server by
@@ -84,7 +90,8 @@ class OpenAIBackend(Backend):
             await self._session.close()
             self._session = None
 
-    async def _post(self, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    async def _post(self, body: dict[str, Any] | Callable[[], dict[str, Any]],
+                    send: Sender | None = None) -> tuple[dict[str, Any], int]:
         """The answer and the policy version of the server that gave it. Connection errors,
         429 and 5xx are retried (on another server where there is one) with exponential
         backoff; a request aborted for a weight update is resubmitted without counting as a
@@ -104,23 +111,27 @@ class OpenAIBackend(Backend):
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._post_to_one(tried, body, headers)
+                    return await self._post_to_one(tried, body, headers, send)
         except RetryError as exc:
             raise BackendUnavailable(f"{len(tried)} attempts failed, last: {exc.last_attempt.exception()}") from None
         except Unavailable as exc:  # none to pick (RouterError is one too, retried above)
             raise BackendUnavailable(f"no rollout server available: {exc}") from None
         raise AssertionError("unreachable: tenacity returns or raises")
 
-    async def _post_to_one(self, tried: list[str], body: dict[str, Any],
-                           headers: dict[str, str]) -> tuple[dict[str, Any], int]:
+    async def _post_to_one(self, tried: list[str], body: dict[str, Any] | Callable[[], dict[str, Any]],
+                           headers: dict[str, str], send: Sender | None = None) -> tuple[dict[str, Any], int]:
         """One attempt on one server the fleet leases (not one in ``tried``); a request aborted
-        for a weight update is resubmitted here, as if never sent. The request names the
-        model the server is on now (its LoRA adapter, when versions are adapters)."""
+        for a weight update is resubmitted here, as if never sent (``body`` a function: built
+        again for each send, so that a partial rollout's continues from where it was cut). The
+        request names the model the server is on now (its LoRA adapter, when versions are
+        adapters). ``send``: how the request is sent and read (default: one JSON answer)."""
         while True:
             async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
                 tried.append(server.url)
-                payload = orjson.dumps({**body, "model": self.fleet.model_for(server, self.model)})
-                task = asyncio.create_task(self._post_once(server.completions_url, payload, headers))
+                payload = orjson.dumps({**(body() if callable(body) else body),
+                                        "model": self.fleet.model_for(server, self.model)})
+                task = asyncio.create_task((send or self._send_once)(server.completions_url, payload, headers,
+                                                                     version))
                 server.inflight.add(task)
                 try:
                     await asyncio.wait({task})
@@ -128,14 +139,21 @@ class OpenAIBackend(Backend):
                     server.inflight.discard(task)
                     if not task.done():  # this caller was cancelled: so is its request
                         task.cancel()
-                if task.cancelled():  # aborted for a weight update: resubmit, as if not sent
-                    self.fleet.aborted += 1
+                if task.cancelled():  # cut for a weight update: resubmit (abort) or continue (partial)
                     from streamrl import metrics
 
-                    metrics.ROLLOUT_REQUESTS_ABORTED.inc()
+                    if self.fleet.on_update == "partial":
+                        self.fleet.continued += 1
+                        metrics.ROLLOUT_REQUESTS_CONTINUED.inc()
+                    else:
+                        self.fleet.aborted += 1
+                        metrics.ROLLOUT_REQUESTS_ABORTED.inc()
                     tried.pop()
                     continue
                 return task.result(), version
+
+    async def _send_once(self, url: str, payload: bytes, headers: dict[str, str], version: int) -> dict[str, Any]:
+        return await self._post_once(url, payload, headers)
 
     async def _post_once(self, url: str, payload: bytes, headers: dict[str, str]) -> dict[str, Any]:
         from streamrl.scorers.router import RouterError
@@ -168,6 +186,50 @@ class OpenAIBackend(Backend):
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendError(f"{self.url}: unexpected response shape ({type(exc).__name__}: {exc})") from None
 
+    async def _complete_partial(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Completion]:
+        """``on_update: partial``: each sample its own streamed request (a server's prefix cache
+        shares the prompt), its tokens kept as they arrive. A weight update cuts it (the fleet
+        cancels it like an abort); it then continues, on the new weights, from the prompt plus
+        the tokens so far with what is left of the budget, each token stamped with the version
+        of the server that sent it. A connection lost mid-stream continues the same way."""
+        parts = [_Partial(prompt, params.max_new_tokens) for _ in range(n)]
+
+        async def one(part: _Partial) -> Completion:
+            base = {"prompt": prompt, "n": 1, "temperature": params.temperature, "top_p": params.top_p,
+                    "logprobs": 0, "stream": True}
+            if self.token_ids:
+                base.update(return_token_ids=True, return_tokens_as_token_ids=True)
+            while not part.finished:
+                await self._post(lambda: part.body(base), send=part.stream(self))
+            return part.completion()
+
+        return list(await asyncio.gather(*(one(p) for p in parts)))
+
+    async def _stream_once(self, url: str, payload: bytes, headers: dict[str, str], take: Callable[[dict], None]
+                           ) -> None:
+        """A streamed completion (server-sent events), each chunk handed to ``take`` as it comes.
+        A stream that ends before its finish reason is a ``RouterError`` (retried: continued)."""
+        from streamrl.scorers.router import RouterError
+
+        async with self._session.post(url, data=payload, headers=headers) as resp:
+            if resp.status >= 400:
+                text = await resp.text()
+                if resp.status == 429 or resp.status >= 500:
+                    raise RouterError(f"http_{'429' if resp.status == 429 else '5xx'}",
+                                      f"HTTP {resp.status}: {text[:200]}")
+                raise BackendError(f"{url}: HTTP {resp.status}: {text[:500]}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                try:
+                    take(orjson.loads(data))
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    raise BackendError(f"{url}: unexpected stream chunk ({type(exc).__name__}: {exc})") from None
+
     @staticmethod
     def _sample(choice: dict[str, Any], prompt: PromptInput) -> Completion:
         lp = choice.get("logprobs") or {}
@@ -183,3 +245,80 @@ class OpenAIBackend(Backend):
                           [float(x) for x in logprobs], dtype=np.float32),
                           finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
                           policy_version=0)
+
+
+@dataclass
+class _Partial:
+    """One sample of ``on_update: partial`` as it streams in, across the requests that continue
+    it: its tokens, their behaviour log-probs and the version of each (``runs``)."""
+
+    prompt: PromptInput
+    budget: int  # max_new_tokens of the whole response
+    prompt_ids: list[int] | None = None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    runs: VersionRuns = field(default_factory=lambda: VersionRuns([]))
+    ids_missing: bool = False  # a chunk came without token ids: the response is text only
+    finish_reason: str | None = None
+    version: int = 0  # the version of the last server that streamed into it
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prompt, list):
+            self.prompt_ids = [int(t) for t in self.prompt]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or len(self.logprobs) >= self.budget
+
+    def body(self, base: dict[str, Any]) -> dict[str, Any]:
+        """The request that continues it: the prompt and the tokens so far (as token ids where
+        the server reported them, else as text), with what is left of the budget."""
+        if not self.logprobs:
+            return {**base, "max_tokens": self.budget}
+        if self.prompt_ids is not None and not self.ids_missing:
+            prompt: PromptInput = self.prompt_ids + self.ids
+        else:
+            prompt = (self.prompt if isinstance(self.prompt, str) else "") + self.text
+        return {**base, "prompt": prompt, "max_tokens": self.budget - len(self.logprobs)}
+
+    def stream(self, backend: "OpenAIBackend") -> Sender:
+        """A sender that streams one request into this sample, stamping its tokens ``version``."""
+        async def send(url: str, payload: bytes, headers: dict[str, str], version: int) -> dict[str, Any]:
+            await backend._stream_once(url, payload, headers, lambda chunk: self.take(chunk, version))
+            if not self.finished:
+                from streamrl.scorers.router import RouterError
+
+                raise RouterError("stream_ended", f"{url}: the stream ended before the response did")
+            return {}
+        return send
+
+    def take(self, chunk: dict[str, Any], version: int) -> None:
+        """One streamed chunk of choice 0 (vLLM's and SGLang's completions stream)."""
+        self.version = version
+        for choice in chunk.get("choices") or ():
+            lp = choice.get("logprobs") or {}
+            logprobs = [float(x) for x in lp.get("token_logprobs") or ()]
+            ids = choice.get("token_ids")
+            if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
+                ids = [int(str(t).removeprefix("token_id:")) for t in lp["tokens"]]
+            if self.prompt_ids is None and choice.get("prompt_token_ids"):
+                self.prompt_ids = [int(t) for t in choice["prompt_token_ids"]]
+            if ids is None:
+                self.ids_missing = self.ids_missing or bool(logprobs)
+            else:
+                self.ids += [int(t) for t in ids]
+            self.logprobs += logprobs
+            self.text += str(choice.get("text") or "")
+            self.runs.extend(version, len(logprobs))
+            reason = choice.get("finish_reason")
+            if reason:
+                self.finish_reason = "length" if reason == "length" else "stop"
+
+    def completion(self) -> Completion:
+        runs = self.runs if self.runs.runs else VersionRuns([(self.version, 0)])
+        ids_ok = not self.ids_missing and len(self.ids) == len(self.logprobs)
+        return Completion(text=self.text, prompt_ids=self.prompt_ids, response_ids=self.ids if ids_ok else None,
+                          response_logprobs=np.asarray(self.logprobs, dtype=np.float32),
+                          finish_reason=self.finish_reason or "length", policy_version=runs.oldest,
+                          token_versions=list(runs.runs) if runs.span > 1 else None)
