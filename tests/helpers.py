@@ -558,3 +558,21 @@ def with_reward_files(overrides: list[str], where: Path) -> None:
         if key.lstrip("+").endswith("custom_reward_function.path"):
             (where / value).parent.mkdir(parents=True, exist_ok=True)
             (where / value).write_text(REWARD_FILE)
+
+
+def resolved_script(name: str, where: Path):
+    """``resolve_config`` of the verl script ``name``'s overrides (``tests/verl_scripts_data.py``)
+    as its author runs it: from ``where``, with its reward file there."""
+    import os
+
+    from streamrl.pipeline_config import resolve_config
+    from tests.verl_scripts_data import SCRIPTS
+
+    overrides = SCRIPTS[name]["overrides"]
+    with_reward_files(overrides, where)
+    here = os.getcwd()
+    os.chdir(where)
+    try:
+        return resolve_config("local.yaml", overrides)
+    finally:
+        os.chdir(here)

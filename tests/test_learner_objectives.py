@@ -398,21 +398,10 @@ def test_verls_ppo_remax_rollout_correction_and_schedule_scripts_train_what_they
     """verl's own example scripts (``tests/data/verl_scripts.json``), once refused for want of
     issue 48, resolve to its parts: PPO's critic keys, ReMax's greedy baseline, the rollout
     correction example (bypass, REINFORCE, sequence weights batch-normalised), GSPO's warm-up."""
-    import os
-
-    from streamrl.pipeline_config import resolve_config
-    from tests.helpers import with_reward_files
-    from tests.verl_scripts_data import SCRIPTS
+    from tests.helpers import resolved_script
 
     def resolved(name: str):
-        overrides = SCRIPTS[name]["overrides"]
-        with_reward_files(overrides, tmp_path)
-        here = os.getcwd()
-        os.chdir(tmp_path)
-        try:
-            return resolve_config("local.yaml", overrides)
-        finally:
-            os.chdir(here)
+        return resolved_script(name, tmp_path)
 
     ppo = resolved("ppo_deepseek7b")
     assert ppo.problems == []

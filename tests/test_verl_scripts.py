@@ -22,7 +22,7 @@ import yaml
 from streamrl.cli import main
 from streamrl.pipeline_config import resolve_config
 from streamrl.verl_keys import VERL_TABLE, find_row, markdown_table
-from tests.helpers import with_reward_files
+from tests.helpers import resolved_script, with_reward_files
 from tests.verl_scripts_data import SCRIPTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,19 +77,8 @@ def test_a_verl_script_starts_under_dry_run(name, tmp_path):
         assert " -> " in line
 
 
-def resolved(name: str, tmp_path: Path):
-    overrides = SCRIPTS[name]["overrides"]
-    with_reward_files(overrides, tmp_path)
-    here = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        return resolve_config("local.yaml", overrides)
-    finally:
-        os.chdir(here)
-
-
 def test_the_grpo_script_trains_the_run_its_author_wrote(tmp_path):
-    cfg = resolved("grpo_qwen3_8b", tmp_path).config()  # examples/grpo_trainer/run_qwen3-8b.sh
+    cfg = resolved_script("grpo_qwen3_8b", tmp_path).config()  # examples/grpo_trainer/run_qwen3-8b.sh
     learner, feed, rollout = cfg.learner, cfg.feed, cfg.rollout
     # 1024 prompts per version in mini-batches of 256 prompts, 5 samples each
     assert (learner.groups_per_mini_batch, learner.mini_batches_per_version, feed.group_size) == (256, 4, 5)
@@ -109,7 +98,7 @@ def test_the_grpo_script_trains_the_run_its_author_wrote(tmp_path):
 
 
 def test_the_dapo_recipe_carries_its_numbers(tmp_path):
-    r = resolved("dapo_qwen2_5_32b", tmp_path)  # verl-recipe dapo/run_dapo_qwen2.5_32b.sh
+    r = resolved_script("dapo_qwen2_5_32b", tmp_path)  # verl-recipe dapo/run_dapo_qwen2.5_32b.sh
     assert r.problems == []
     cfg = r.cfg
     learner = cfg.learner
@@ -129,7 +118,7 @@ def test_the_dapo_recipe_carries_its_numbers(tmp_path):
 
 
 def test_the_lora_script_carries_its_adapter(tmp_path):
-    cfg = resolved("grpo_lora_qwen2_5_3b", tmp_path).config()  # run_qwen2_5-3b_gsm8k_grpo_lora.sh
+    cfg = resolved_script("grpo_lora_qwen2_5_3b", tmp_path).config()  # run_qwen2_5-3b_gsm8k_grpo_lora.sh
     overrides = dict(o.split("=", 1) for o in SCRIPTS["grpo_lora_qwen2_5_3b"]["overrides"])
     assert cfg.learner.lora.rank == int(overrides["actor_rollout_ref.model.lora_rank"]) > 0
     assert cfg.learner.lora.alpha == float(overrides["actor_rollout_ref.model.lora_alpha"])
@@ -142,7 +131,7 @@ def test_the_lora_script_carries_its_adapter(tmp_path):
 
 
 def test_the_multi_turn_script_launches_sglang_with_its_tools(tmp_path):
-    cfg = resolved("multiturn_gsm8k", tmp_path).config()  # sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh
+    cfg = resolved_script("multiturn_gsm8k", tmp_path).config()  # sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh
     rollout = cfg.rollout
     assert (rollout.backend, rollout.servers_launch.backend, rollout.openai.model) == (
         "openai", "sglang", "Qwen/Qwen2.5-3B-Instruct")
@@ -341,7 +330,7 @@ def test_the_on_policy_distillation_script_distils_as_its_author_wrote(tmp_path)
     """verl's examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh (issue 51): its
     ``distillation.*`` keys as they are, its teacher as the teacher stage's model, no reward group
     (``use_task_rewards=False``)."""
-    cfg = resolved("opd_qwen3_8b_fsdp", tmp_path).config()
+    cfg = resolved_script("opd_qwen3_8b_fsdp", tmp_path).config()
     dl = cfg.distillation.distillation_loss
     assert cfg.distillation.enabled and cfg.learner.distillation is cfg.distillation
     assert (dl.loss_mode, dl.topk, dl.use_task_rewards, dl.use_policy_gradient) == ("k1", 64, False, True)
