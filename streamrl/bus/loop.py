@@ -76,6 +76,16 @@ class StageLoop(Generic[R]):
     def stop(self) -> None:
         self._stopping.set()
 
+    async def run_until(self, stop: asyncio.Event | None) -> None:
+        """``run``, stopped (drained, committed) when ``stop`` is set; None: until ``stop()``."""
+        task = asyncio.create_task(self.run())
+        if stop is not None:
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            self.stop()
+        await task
+
     async def run(self) -> None:
         if self._own_producer:
             await self.producer.start()

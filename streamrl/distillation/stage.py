@@ -86,13 +86,7 @@ class TeacherStage:
             self.loop = StageLoop(self.bus, stage=STAGE, source=self.source, group=self.group, handle=self.handle,
                                   max_in_flight=self.tc.max_in_flight, drain_timeout_s=self.tc.drain_timeout_s,
                                   spread=same_partition)
-            task = asyncio.create_task(self.loop.run())
-            if stop is not None:
-                stopper = asyncio.create_task(stop.wait())
-                await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                stopper.cancel()
-                self.loop.stop()
-            await task
+            await self.loop.run_until(stop)
         finally:
             await self.teacher.close()
 

@@ -71,13 +71,7 @@ class RewardStage:
                 self.bus, stage=STAGE, source=ROLLOUTS, group=self.group, handle=self.handle, max_in_flight=self.rc.max_in_flight,
                 drain_timeout_s=self.rc.drain_timeout_s,
                 on_assign=self._assigned, on_revoke=self._revoked, spread=same_partition)
-            task = asyncio.create_task(self.loop.run())
-            if stop is not None:
-                stopper = asyncio.create_task(stop.wait())
-                await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                stopper.cancel()
-                self.loop.stop()
-            await task
+            await self.loop.run_until(stop)
         finally:
             await self.scoring.close()
 
