@@ -12,6 +12,7 @@ so a test knows exactly which tokens each version gives after any prefix.
 from __future__ import annotations
 
 import asyncio
+import threading
 import re
 
 import numpy as np
@@ -191,26 +192,39 @@ def test_the_local_backend_continues_between_decoding_chunks(tmp_path):
     async def go():
         backend = TransformersBackend("tiny", seed=0)
         backend.partial_chunk = 4
+        # the first chunk (on v0) holds until the load is queued behind it, whatever the load on
+        # the machine: the load then runs between the first and the second chunk
+        started, proceed, real = threading.Event(), threading.Event(), backend._generate
+
+        def first_chunk_waits(*args, **kwargs):
+            started.set()
+            proceed.wait(10)
+            return real(*args, **kwargs)
+
+        backend._generate = first_chunk_waits
         request = asyncio.create_task(backend.generate(["1 + 1 ="], 1, greedy))
-        while not backend._lock.locked():  # the first chunk runs on v0; the load waits for it
-            await asyncio.sleep(0.001)
-        await backend.load_weights(str(tmp_path / "v1"), 1)
+        await asyncio.to_thread(started.wait, 10)
+        load = asyncio.create_task(backend.load_weights(str(tmp_path / "v1"), 1))
+        await asyncio.sleep(0)  # the load's task runs first: it waits on the lock the chunk holds
+        proceed.set()
+        await load
         (group,) = await request
         s = group[0]
-        # the same on each version's weights alone: v0's first chunk, v1's continuation of it
+        k = 4  # the first chunk's tokens
+        # the same on each version's weights alone: v0's first k tokens, v1's continuation of them
         reference = TransformersBackend("tiny", seed=0)
         (ref0,) = await reference.generate(["1 + 1 ="], 1, greedy)
         await reference.load_weights(str(tmp_path / "v1"), 1)
-        (ref1,) = await reference.generate([s.prompt_ids + s.response_ids[:4]], 1,
-                                           SamplingParams(max_new_tokens=8, temperature=0.0))
-        return s, ref0[0], ref1[0]
+        (ref1,) = await reference.generate([s.prompt_ids + s.response_ids[:k]], 1,
+                                           SamplingParams(max_new_tokens=12 - k, temperature=0.0))
+        return s, k, ref0[0], ref1[0]
 
-    s, ref0, ref1 = asyncio.run(go())
-    assert s.token_versions == [(0, 4), (1, len(s.response_ids) - 4)] and s.policy_version == 0
-    assert s.response_ids[:4] == ref0.response_ids[:4]
-    assert s.response_ids[4:] == ref1.response_ids
-    np.testing.assert_allclose(s.response_logprobs[:4], ref0.response_logprobs[:4], atol=1e-5)
-    np.testing.assert_allclose(s.response_logprobs[4:], ref1.response_logprobs, atol=1e-5)
+    s, k, ref0, ref1 = asyncio.run(go())
+    assert s.token_versions == [(0, k), (1, len(s.response_ids) - k)] and s.policy_version == 0
+    assert s.response_ids[:k] == ref0.response_ids[:k]
+    assert s.response_ids[k:] == ref1.response_ids
+    np.testing.assert_allclose(s.response_logprobs[:k], ref0.response_logprobs[:k], atol=1e-5)
+    np.testing.assert_allclose(s.response_logprobs[k:], ref1.response_logprobs, atol=1e-5)
 
 
 class SpanBackend(Backend):
