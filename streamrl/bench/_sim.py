@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import math as _math
 import multiprocessing as mp
 import time
 from dataclasses import dataclass
@@ -41,8 +42,10 @@ from typing import Any, Sequence
 
 import orjson
 
-from streamrl.rollout.backends import Completion, PromptInput, SamplingParams
+from streamrl.rollout.backends import Completion, PromptInput, SamplingParams, make_backend
 from streamrl.rollout.backends.openai_server import OpenAIBackend
+from streamrl.scorers.digits import compute_score
+from streamrl.tasks.digits import OPS
 
 
 @dataclass(frozen=True)
@@ -245,12 +248,9 @@ def serve_digits_teacher(port_queue: Any, tokenizer_dir: str, p_right: float = 0
     next character (then on end-of-sequence) and the rest evenly on the other tokens; the sampled
     token's log-prob (``prompt_logprobs`` 0, the KL-estimator losses) is what it answers. A
     teacher that solves the task, without training one."""
-    import math as _math
-
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from streamrl.tasks.digits import OPS
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     vocab = len(tok)
@@ -393,8 +393,6 @@ class TimedTrainer:
 def latency_backend(cfg: Any, latency_s: float) -> Any:
     """The rollout config's own backend (transformers, for the bench that trains for real), each
     ``generate`` call answered ``latency_s`` later than its real work."""
-    from streamrl.rollout.backends import make_backend
-
     backend = make_backend(cfg)
     if latency_s:
         real = backend.generate
@@ -412,8 +410,6 @@ async def score_after(data_source: str, solution_str: str, ground_truth: Any, ex
                       latency_s: float = 0.0) -> dict[str, Any]:
     """The digits rule, answered after ``latency_s`` (a judge's round trip): a ``type: function``
     scorer entry."""
-    from streamrl.scorers.digits import compute_score
-
     if latency_s:
         await asyncio.sleep(latency_s)
     return compute_score(data_source, solution_str, ground_truth, extra_info)
