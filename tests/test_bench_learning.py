@@ -216,15 +216,15 @@ def test_the_rule_built_digits_teacher_knows_the_answer(tmp_path):
 def test_on_update_compares_the_workers_modes_costed_per_decoding_step(tmp_path):
     """Issue 50: ``--on-update drain,partial`` streams each ``rollout.on_update`` (partial:
     ``--chunk-tokens`` a chunk) beside the synchronous loop; generation is costed per decoding
-    step inside the engine (``--token-latency``, 0.1 by default), not per call."""
+    step inside the engine (``--token-latency``, 0.3 by default), not per call."""
     s = setup(on_update="drain,partial", gen_latency=None)
-    assert s.on_update == ["drain", "partial"] and s.token_latency_s == 0.1 and s.gen_latency_s == 0.0
+    assert s.on_update == ["drain", "partial"] and s.token_latency_s == 0.3 and s.gen_latency_s == 0.0
     assert list(learning.variants(s)) == ["sync", "on_update drain", "on_update partial"]
     assert learning.variants(s)["on_update partial"].on_update == "partial"
     cfg = learning.run_config(s, "127.0.0.1:9", tmp_path, "tiny", 0, 1, True, on_update="partial")
     assert cfg.rollout.on_update == "partial" and cfg.rollout.partial_chunk_tokens == 1
     cfg.rollout.validate()
-    assert learning.costs(s).token_latency_s == 0.1
+    assert learning.costs(s).token_latency_s == 0.3
     assert setup(gen_latency=None).gen_latency_s == 1.0 and setup().token_latency_s == 0.0
     with pytest.raises(SystemExit, match="--on-update"):
         setup(on_update="drain,abort")  # abort is the servers' way; the local engine drains

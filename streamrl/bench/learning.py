@@ -54,10 +54,13 @@ stages streamed at the first ``--staleness`` / ``--correction`` with each ``roll
 does continuing responses across weight updates (partial rollouts, every token stamped with its
 version) cost learning? The task's responses are three tokens (two digits, end of sequence), so
 an update landing *inside* one needs a cost per token, not per call: with ``--on-update`` the
-generation latency is ``--token-latency`` seconds per decoding step of the engine (0.1 by
+generation latency is ``--token-latency`` seconds per decoding step of the engine (0.3 by
 default; ``--gen-latency`` 0), paid inside the engine, so a weight load waits for the step in
 progress as on a GPU, and ``partial`` decodes ``--chunk-tokens`` (1) at a time: a load lands
-between any two tokens. Every variant pays the same per step. The table's ``spanning`` is the
+between any two tokens. At 0.3 s a version's generation (four engine batches of 64 rows, three
+steps each: 3.6 s) outlasts its scoring and update, as in RL with long responses, where partial
+rollouts matter: the engine is decoding when a version lands. (At 0.1 s the worker waited at
+the staleness gate, idle, for most versions, and 2.4 % of trajectories spanned two versions.) Every variant pays the same per step. The table's ``spanning`` is the
 share of scored trajectories whose tokens span more than one version (partial rollouts that
 happened).
 
@@ -126,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "decodes --chunk-tokens at a time, each decoding step costing --token-latency)")
     parser.add_argument("--token-latency", type=float, default=None,
                         help="seconds each decoding step of the engine takes on top of its real work, the engine busy "
-                             "(a weight load waits for it; default 0.1 with --on-update, else 0)")
+                             "(a weight load waits for it; default 0.3 with --on-update, else 0)")
     parser.add_argument("--chunk-tokens", type=int, default=1,
                         help="--on-update partial: rollout.partial_chunk_tokens, the tokens decoded between two "
                              "chances to load new weights")
@@ -214,7 +217,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
     # with --on-update the cost of generation is per decoding step (an update can land inside a
     # response), not per call (it would land between calls whatever the mode)
     token_latency = getattr(args, "token_latency", None)
-    token_latency = (0.1 if modes else 0.0) if token_latency is None else token_latency
+    token_latency = (0.3 if modes else 0.0) if token_latency is None else token_latency
     gen_latency = (0.0 if modes else 1.0) if args.gen_latency is None else args.gen_latency
     return Setup(task=args.task, versions=args.versions or (20 if args.quick else 40),
                  seeds=args.seeds or (1 if args.quick else 3), staleness=staleness,
