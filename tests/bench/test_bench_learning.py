@@ -250,6 +250,7 @@ def test_the_token_latency_is_paid_inside_the_engine_per_decoding_step():
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(600)  # three runs, two of them five stage processes: ~2 min alone, past 5 beside other runs on 2 cores
 def test_the_on_update_comparison_runs_both_modes(bootstrap, tmp_path, capsys):
     """The whole command, tiny: sync, drain and partial streamed, one JSON line with each mode's
     final reward, time to target and share of trajectories spanning versions (none under drain)."""
