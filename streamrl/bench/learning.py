@@ -60,9 +60,9 @@ progress as on a GPU, and ``partial`` decodes ``--chunk-tokens`` (1) at a time: 
 between any two tokens. At 0.3 s a version's generation (four engine batches of 64 rows, three
 steps each: 3.6 s) outlasts its scoring and update, as in RL with long responses, where partial
 rollouts matter: the engine is decoding when a version lands. (At 0.1 s the worker waited at
-the staleness gate, idle, for most versions, and 2.4 % of trajectories spanned two versions.) Every variant pays the same per step. The table's ``spanning`` is the
-share of scored trajectories whose tokens span more than one version (partial rollouts that
-happened).
+the staleness gate, idle, for most versions, and 2.4 % of trajectories spanned two versions.)
+Every variant pays the same per step. The table's ``spanning`` is the share of scored
+trajectories whose tokens span more than one version (partial rollouts that happened).
 
 Per variant and seed: reward by version (the mean over the records that version generated),
 against wall time (from the run's first score) and against trained samples; the wall time and
