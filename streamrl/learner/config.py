@@ -18,7 +18,7 @@ from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
 
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
-#: where torch is not installed); tests/test_learner_parity.py checks the two agree
+#: where torch is not installed); tests/learner/test_learner_parity.py checks the two agree
 ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
                   "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax", "gae")
 LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
@@ -290,7 +290,7 @@ class LearnerConfig:
     weights_dir: str = "runs/learner/weights"  # v<N>/ per version; a shared filesystem on clusters
     # Also upload each version to <weights_uri>/v<N>/ (fsspec: s3://BUCKET/PATH, gs://...,
     # file:///shared/dir) and announce that URI, for rollout workers on other nodes; empty: they
-    # load weights_dir's path (streamrl.weights_store)
+    # load weights_dir's path (streamrl.weights)
     weights_uri: str = ""
 
     def _validate_rollout_correction(self) -> None:
@@ -431,7 +431,7 @@ class LearnerConfig:
             raise ConfigError("config field 'learner.filter_groups.enable': needs task rewards "
                               "(distillation.distillation_loss.use_task_rewards is false)")
         if self.weights_uri:
-            from streamrl.weights_store import check_uri
+            from streamrl.weights import check_uri
 
             check_uri(self.weights_uri, "learner.weights_uri")
         return self

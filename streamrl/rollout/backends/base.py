@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from streamrl.weights import WeightLoadError  # noqa: F401 - raised here and by every backend
+
 if TYPE_CHECKING:
     from streamrl.records import VersionRuns
 
@@ -57,10 +59,6 @@ class BackendUnavailable(Exception):
     retries): the worker holds the prompt and tries again; nothing is dropped or faked."""
 
 
-class WeightLoadError(Exception):
-    """A policy version's weights could not be loaded; the worker keeps the weights it has."""
-
-
 class Backend(ABC):
     """What a rollout worker samples from."""
 
@@ -84,6 +82,7 @@ class Backend(ABC):
     def reseed(self, seed: int) -> None:
         """Seed the sampling from here on (an evaluation starts each version from the same seed,
         so its figure does not depend on what ran before). A server's backend cannot: no-op."""
+        return None
 
     async def close(self) -> None:
         return None
