@@ -153,7 +153,11 @@ RECIPES: dict[str, dict[str, Any]] = {
     # (decoupled: token-level TIS at 2 and sequences whose mean k3 divergence from the rollout
     # policy passes 0.05 rejected; it replaces learner.decoupled)
     "ppo": {"adv_estimator": "gae", "lam": 1.0, "critic.lr": 2e-3, "critic.cliprange_value": 0.5},
-    "remax": {"adv_estimator": "remax"},
+    # ReMax without an entropy bonus (verl's default, as its ReMax scripts run) and with verl's
+    # KL loss to the reference (low_var_kl, 0.1): its advantage r - r_greedy is neither centred
+    # nor normalised, and on this task the bonus, or AdamW's pull on the rows of tokens never
+    # sampled, takes the policy off the digits in a version or a few (docs/guides/objective.md)
+    "remax": {"adv_estimator": "remax", "entropy_coeff": 0.0, "kl_coef": 0.1, "kl_loss_type": "low_var_kl"},
     "grpo_rc": {"rollout_correction.rollout_is": "token", "rollout_correction.rollout_is_threshold": "2.0",
                 "rollout_correction.rollout_rs": "seq_mean_k3", "rollout_correction.rollout_rs_threshold": "0.05"},
 }
