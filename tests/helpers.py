@@ -28,7 +28,7 @@ from streamrl.bus import Bus, Message, Reader, TopicPartition
 from streamrl.records import DeadLetter, Rewarded, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
 #: the checkout (the tests run ``python -m streamrl`` from here)
 ROOT = Path(__file__).resolve().parent.parent
@@ -436,7 +436,7 @@ def parity_batch(seed: int) -> list[Sample]:
 
 def batch(seed: int, n: int = 8, long: int = 0) -> list[Sample]:
     """``n`` samples in groups of 4 with uneven lengths (and one of ``long`` tokens)."""
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     rng = np.random.default_rng(seed)
     out = []

@@ -1,5 +1,5 @@
 """The learner on several ranks (issue 25): FSDP2 over gloo on CPU, two real processes speaking
-the real rank-0 protocol (``streamrl.learner.trainer.follow`` on rank 1), token-budget
+the real rank-0 protocol (``streamrl.learner.follower.follow`` on rank 1), token-budget
 micro-batches, sharded checkpoints written by N ranks and read by M."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import LearnerConfig, ParallelConfig
-from streamrl.learner.trainer import Trainer, follow
+from streamrl.learner.follower import follow
+from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.policy import load_policy
 from tests.helpers import PARITY, STEPS, batch, last_json_line, parity_batch
@@ -152,7 +153,7 @@ def test_uniform_lengths_pack_as_a_view_and_match_padded(tmp_path):
     import numpy as np
 
     from streamrl.learner import packing
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     rng = np.random.default_rng(9)
     samples = [Sample(id=f"u{i}", group_id=f"g{i // 4}", reward=float(rng.random()), policy_version=0,

@@ -32,29 +32,29 @@ def test_grpo_advantages_match_hand_computation():
 def test_ppo_clip_limits_the_ratio_in_the_advantage_direction():
     old = torch.zeros(1, 4)
     logp = torch.log(torch.tensor([[1.0, 1.1, 1.5, 0.5]]))  # ratios 1, 1.1, 1.5, 0.5
-    pos = losses.ppo_clip_loss(logp, old, torch.tensor([1.0]), clip_c=0)
+    pos = losses.ppo_clip_loss(old, logp, torch.tensor([1.0]), clip_c=0)
     # A > 0: loss = -min(r, 1.2) when r > 1; below 1-eps the unclipped (lower) ratio wins
     assert pos.loss[0].tolist() == pytest.approx([-1.0, -1.1, -1.2, -0.5], rel=1e-6)
     assert pos.clipped[0].tolist() == [0, 0, 1, 0]
-    neg = losses.ppo_clip_loss(logp, old, torch.tensor([-1.0]), clip_c=0)
+    neg = losses.ppo_clip_loss(old, logp, torch.tensor([-1.0]), clip_c=0)
     # A < 0: loss = max(r, clip(r)) -> the 0.5 ratio is held at 0.8
     assert neg.loss[0].tolist() == pytest.approx([1.0, 1.1, 1.5, 0.8], rel=1e-6)
     assert neg.clipped[0].tolist() == [0, 0, 0, 1]
     # a clipped token has no gradient
     lp = logp.clone().requires_grad_(True)
-    losses.ppo_clip_loss(lp, old, torch.tensor([1.0]), clip_c=0).loss.sum().backward()
+    losses.ppo_clip_loss(old, lp, torch.tensor([1.0]), clip_c=0).loss.sum().backward()
     assert lp.grad[0, 2] == 0 and lp.grad[0, 1] != 0
 
 
 def test_dual_clip_truncates_large_ratios_with_negative_advantages():
     old = torch.zeros(1, 2)
     logp = torch.log(torch.tensor([[2.0, 10.0]])).requires_grad_(True)
-    out = losses.ppo_clip_loss(logp, old, torch.tensor([-1.0]), clip_c=3.0)
+    out = losses.ppo_clip_loss(old, logp, torch.tensor([-1.0]), clip_c=3.0)
     assert out.loss[0].tolist() == pytest.approx([2.0, 3.0])  # the ratio 10 is truncated at c=3
     assert out.clipped[0].tolist() == [0, 1]
     out.loss.sum().backward()
     assert logp.grad[0, 1] == 0 and logp.grad[0, 0] != 0
-    no_dual = losses.ppo_clip_loss(logp, old, torch.tensor([-1.0]), clip_c=0)
+    no_dual = losses.ppo_clip_loss(old, logp, torch.tensor([-1.0]), clip_c=0)
     assert no_dual.loss[0, 1].item() == pytest.approx(10.0)
 
 
@@ -89,7 +89,7 @@ def test_decoupled_objective_is_ppo_when_proximal_is_behaviour():
     mask[2, 3:] = 0
     logp1 = (behav + 0.3 * torch.randn(3, 5)).requires_grad_(True)
     logp2 = logp1.detach().clone().requires_grad_(True)
-    ppo = losses.ppo_clip_loss(logp1, behav, adv)
+    ppo = losses.ppo_clip_loss(behav, logp1, adv)
     dec, dmask = losses.decoupled_ppo_loss(logp2, behav, behav, adv, mask, cap=2.0)
     a = losses.aggregate(ppo.loss, mask, "token-mean")
     b = losses.aggregate(dec.loss, dmask, "token-mean")

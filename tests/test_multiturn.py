@@ -487,7 +487,8 @@ def test_config_errors_name_the_field(tmp_path):
 
 def test_the_learner_trains_only_where_the_mask_is_1(episodes):
     from streamrl.learner.config import LearnerConfig
-    from streamrl.learner.trainer import Sample as TrainSample, Trainer
+    from streamrl.learner.samples import Sample as TrainSample
+    from streamrl.learner.trainer import Trainer
 
     _, groups = episodes
     trajs = [t for g in groups for t in g]
