@@ -213,7 +213,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("transport", ("streamrl.bus", "streamrl.bus.*")),
     ("scoring functions and data", ("streamrl.scorers", "streamrl.scorers.*", "streamrl.tasks", "streamrl.tasks.*",
                                     "streamrl.datasets")),
-    ("stage configs", ("streamrl.*.config",)),
+    # (and the learner objective's names, which the learner's config checks without torch)
+    ("stage configs", ("streamrl.*.config", "streamrl.learner.objective_names")),
     ("stages", ("streamrl.reward", "streamrl.reward.*", "streamrl.rollout", "streamrl.rollout.*",
                 "streamrl.learner", "streamrl.learner.*", "streamrl.archive", "streamrl.archive.*",
                 "streamrl.evaluation", "streamrl.evaluation.*", "streamrl.distillation", "streamrl.distillation.*")),

@@ -16,22 +16,12 @@ from typing import Any
 
 from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
+from streamrl.learner.objective_names import ADV_ESTIMATORS, FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES, LOSS_MODES
 
-#: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
-#: where torch is not installed); tests/test_learner_parity.py checks the two agree
-ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax", "gae")
-LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
-                  "seq-mean-token-sum-norm")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
-#: the losses whose objective fixes their aggregation whatever ``loss_agg_mode`` says (as verl
-#: 0.9.1's do): a config naming another mode is told so once at start (``start_notes``)
-FIXED_AGG_MODES = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
 INCOMPLETE_GROUPS = ("drop", "train")
 #: rollout correction's rejection options (``streamrl.learner.rollout_correction.RS_OPTIONS``)
 RS_OPTION_NAMES = ("token_k1", "seq_sum_k1", "seq_mean_k1", "token_k2", "seq_sum_k2", "seq_mean_k2",
@@ -349,6 +339,8 @@ class LearnerConfig:
         for name, allowed in choices.items():
             section, _, key = name.rpartition(".")
             value = getattr(getattr(self, section) if section else self, key)
+            if value not in allowed and name in _REGISTRIES:  # (one registered by the user's code)
+                allowed = registered(name)
             if value not in allowed:
                 raise ConfigError(f"config field 'learner.{name}': one of {', '.join(allowed)} (got {value!r})")
         self.use_remove_padding = remove_padding_mode(self.use_remove_padding)
@@ -475,3 +467,21 @@ def parse_rs(options: str, threshold: str | float | None) -> dict[str, tuple[flo
                 raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: one positive upper bound")
             out[name] = (None, float(spec))
     return out
+
+
+#: the fields whose names are the losses' registries' (``streamrl.learner.losses``)
+_REGISTRIES = ("adv_estimator", "policy_loss.loss_mode")
+
+
+def registered(field_name: str) -> tuple[str, ...]:
+    """The names the losses' registry behind ``field_name`` holds (``adv_estimator``:
+    ``register_adv_est``'s; ``policy_loss.loss_mode``: ``register_policy_loss``'s), built-in or
+    registered by the user's code; the built-in ones alone where torch is not installed. Asked
+    only for a name outside the built-in ones: importing the losses imports torch."""
+    builtin = ADV_ESTIMATORS if field_name == "adv_estimator" else LOSS_MODES
+    try:
+        from streamrl.learner import losses
+    except ImportError:  # (no torch: the learner cannot run here, and checks its names at start)
+        return builtin
+    return tuple(losses.ADV_ESTIMATORS if field_name == "adv_estimator" else losses.POLICY_LOSSES)
+

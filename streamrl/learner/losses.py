@@ -20,14 +20,11 @@ tensors, and these must match them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from streamrl.learner.config import FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES
-
-if TYPE_CHECKING:
-    from streamrl.learner.config import LearnerConfig
+from streamrl.learner.objective_names import FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES
 
 #: log-ratio clamp before exp(), as verl does, so one wild token cannot overflow.
 _LOG_RATIO_CLAMP = 20.0
@@ -386,8 +383,9 @@ class LossOptions:
     tau_neg: float = 1.05
 
     @classmethod
-    def from_config(cls, cfg: "LearnerConfig") -> "LossOptions":
-        """The learner config's knobs (``learner.*`` and ``learner.policy_loss.*``)."""
+    def from_config(cls, cfg: Any) -> "LossOptions":
+        """The knobs of ``cfg``, a ``LearnerConfig`` (``learner.*`` and ``learner.policy_loss.*``;
+        not imported: the config looks names up in this module's registries)."""
         pl = cfg.policy_loss
         return cls(clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
                    clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
