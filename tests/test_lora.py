@@ -118,7 +118,7 @@ def _cfg(tmp: Path, **kw) -> LearnerConfig:
 
 
 def _adapter(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in trainer.adapter_state_dict().items()}
+    return {k: v.clone() for k, v in trainer.state.adapter_state_dict().items()}
 
 
 def _lora_rank(rank: int, world: int, port: int, tmp: str) -> None:

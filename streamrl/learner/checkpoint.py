@@ -33,7 +33,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
@@ -158,6 +158,24 @@ def policy_dir(path: str | Path) -> Path:
     return Path(path) / "policy"
 
 
+class Owner(Protocol):
+    """What ``ModelState`` reads of the trainer that holds it (``Trainer``; not imported: the
+    trainer imports this module). Read at each call: a test may hand the trainer another config."""
+
+    cfg: "LearnerConfig"
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    device: Any
+    rank: int
+    sharded: bool
+    lora: bool  # learner.lora on: the adapter is what trains and is saved
+    critic: Any  # adv_estimator gae's value model, saved and loaded beside the policy (or None)
+
+    def _lead(self, op: str, payload: Any) -> None:
+        """Rank 0: have the other ranks join the collective that follows."""
+
+
 class ModelState:
     """The trainer's model and optimizer on disk, on every rank of a group alike (rank 0 writes
     the whole files, each rank its shards): the weights rollout workers load each version, the
@@ -165,13 +183,8 @@ class ModelState:
     shards are kept until ``forget`` (each step), as the weights and a checkpoint of one
     version both need them."""
 
-    def __init__(self, cfg: "LearnerConfig", model: Any, tokenizer: Any, optimizer: Any, *, device: Any,
-                 rank: int, sharded: bool, critic: Any, lead: Callable[[str, bytes], None]):
-        """``lead``: rank 0's ``Trainer._lead`` (the other ranks join the collective that follows);
-        ``critic``: adv_estimator gae's value model, saved and loaded beside the policy (or None)."""
-        self.cfg, self.model, self.tokenizer, self.optimizer = cfg, model, tokenizer, optimizer
-        self.device, self.rank, self.sharded, self.critic, self.lead = device, rank, sharded, critic, lead
-        self.lora = cfg.lora.enabled
+    def __init__(self, owner: Owner):
+        self.owner = owner
         self._full_state: dict[str, Any] | None = None  # gathered once per version (weights + checkpoint)
         self._adapter: dict[str, Any] | None = None  # the adapter's, likewise (LoRA)
 
@@ -182,13 +195,13 @@ class ModelState:
     def full_state_dict(self) -> dict[str, Any]:
         """The whole model's weights on rank 0's CPU (gathered from the shards; once per version:
         kept until the next step). Every rank must call it; the others get ``{}``."""
-        if not self.sharded:
-            return self.model.state_dict()
+        if not self.owner.sharded:
+            return self.owner.model.state_dict()
         if self._full_state is None:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             self._full_state = get_model_state_dict(
-                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                self.owner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self._full_state
 
     def adapter_state_dict(self) -> dict[str, Any]:
@@ -197,7 +210,7 @@ class ModelState:
         if self._adapter is None:
             from streamrl.learner import lora
 
-            self._adapter = lora.adapter_state(self.model)
+            self._adapter = lora.adapter_state(self.owner.model)
         return self._adapter
 
     def save_weights(self, directory: str | Path) -> Path:
@@ -206,27 +219,27 @@ class ModelState:
         ``save_base`` wrote), or the base merged with it (``learner.lora.merge_for_servers``)."""
         from streamrl.policy import save_policy
 
-        self.lead("weights", str(directory).encode())
+        self.owner._lead("weights", str(directory).encode())
         started = time.perf_counter()
         path = Path(directory)
-        if self.lora:
+        if self.owner.lora:
             from streamrl.learner import lora
 
-            if self.cfg.lora.merge_for_servers:
+            if self.owner.cfg.lora.merge_for_servers:
                 state = self.full_state_dict()
-                if self.rank == 0:
-                    path = save_policy(lora.base_model(self.model), self.tokenizer, directory,
-                                       state_dict=lora.merged_state(self.model, state))
+                if self.owner.rank == 0:
+                    path = save_policy(lora.base_model(self.owner.model), self.owner.tokenizer, directory,
+                                       state_dict=lora.merged_state(self.owner.model, state))
             else:
                 state = self.adapter_state_dict()
-                if self.rank == 0:
-                    path = lora.save_adapter(self.model, directory, state)
-        elif not self.sharded:
-            path = save_policy(self.model, self.tokenizer, directory)
+                if self.owner.rank == 0:
+                    path = lora.save_adapter(self.owner.model, directory, state)
+        elif not self.owner.sharded:
+            path = save_policy(self.owner.model, self.owner.tokenizer, directory)
         else:
             state = self.full_state_dict()
-            if self.rank == 0:
-                path = save_policy(self.model, self.tokenizer, directory, state_dict=dict(state))
+            if self.owner.rank == 0:
+                path = save_policy(self.owner.model, self.owner.tokenizer, directory, state_dict=dict(state))
         from streamrl import metrics
 
         metrics.LEARNER_WEIGHTS_PUBLISH_SECONDS.observe(time.perf_counter() - started)
@@ -238,11 +251,11 @@ class ModelState:
         from streamrl.learner import lora
         from streamrl.policy import save_policy
 
-        self.lead("base", str(directory).encode())
-        state = self.full_state_dict() if self.sharded else self.model.state_dict()
-        if self.rank == 0:
-            save_policy(lora.base_model(self.model), self.tokenizer, directory,
-                        state_dict=lora.base_state(self.model, state))
+        self.owner._lead("base", str(directory).encode())
+        state = self.full_state_dict() if self.owner.sharded else self.owner.model.state_dict()
+        if self.owner.rank == 0:
+            save_policy(lora.base_model(self.owner.model), self.owner.tokenizer, directory,
+                        state_dict=lora.base_state(self.owner.model, state))
         self._full_state = None  # (gathered for this alone: not kept)
         return Path(directory)
 
@@ -251,7 +264,7 @@ class ModelState:
         frozen base (it is the configured policy, loaded as at the first start)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        return StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
+        return StateDictOptions(ignore_frozen_params=self.owner.lora, strict=not self.owner.lora)
 
     def write_checkpoint(self, directory: str | Path) -> None:
         """Into a checkpoint being written (``learner.checkpoint.save``): the weights as
@@ -263,28 +276,28 @@ class ModelState:
 
         from streamrl.policy import save_policy
 
-        self.lead("checkpoint", str(directory).encode())
+        self.owner._lead("checkpoint", str(directory).encode())
         directory = Path(directory)
-        if self.lora:
+        if self.owner.lora:
             from streamrl.learner import lora
 
             state = self.adapter_state_dict()
-            if self.rank == 0:
-                lora.save_adapter(self.model, directory / "policy", state)
-        elif not self.sharded:
-            save_policy(self.model, self.tokenizer, directory / "policy")
+            if self.owner.rank == 0:
+                lora.save_adapter(self.owner.model, directory / "policy", state)
+        elif not self.owner.sharded:
+            save_policy(self.owner.model, self.owner.tokenizer, directory / "policy")
         else:
             state = self.full_state_dict()
-            if self.rank == 0:
-                save_policy(self.model, self.tokenizer, directory / "policy", state_dict=dict(state))
+            if self.owner.rank == 0:
+                save_policy(self.owner.model, self.owner.tokenizer, directory / "policy", state_dict=dict(state))
         options = self._dcp_options()
-        state = {"model": get_model_state_dict(self.model, options=options)}
-        if self.optimizer.state:  # (asking a fresh optimizer for its state would take a step)
-            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        state = {"model": get_model_state_dict(self.owner.model, options=options)}
+        if self.owner.optimizer.state:  # (asking a fresh optimizer for its state would take a step)
+            state["optim"] = get_optimizer_state_dict(self.owner.model, self.owner.optimizer, options=options)
         with single_process_dcp():
             dcp.save(state, checkpoint_id=str(directory / "dcp"))
-            if self.critic is not None:  # its weights and AdamW states, sharded as the policy's
-                self.critic.save(directory / "critic_dcp")
+            if self.owner.critic is not None:  # its weights and AdamW states, sharded as the policy's
+                self.owner.critic.save(directory / "critic_dcp")
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Model and optimizer state from a checkpoint's ``dcp/`` (written by any number of
@@ -300,22 +313,22 @@ class ModelState:
             options = self._dcp_options()
             with single_process_dcp():
                 if any(k.startswith("optim.") for k in saved):
-                    model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
+                    model_sd, optim_sd = get_state_dict(self.owner.model, self.owner.optimizer, options=options)
                     state = {"model": model_sd, "optim": optim_sd}
                     dcp.load(state, checkpoint_id=path)
-                    set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                    set_state_dict(self.owner.model, self.owner.optimizer, model_state_dict=state["model"],
                                    optim_state_dict=state["optim"], options=options)
                 else:
-                    state = {"model": get_model_state_dict(self.model, options=options)}
+                    state = {"model": get_model_state_dict(self.owner.model, options=options)}
                     dcp.load(state, checkpoint_id=path)
-                    set_model_state_dict(self.model, state["model"], options=options)
-            if self.critic is not None and (directory / "critic_dcp").is_dir():
+                    set_model_state_dict(self.owner.model, state["model"], options=options)
+            if self.owner.critic is not None and (directory / "critic_dcp").is_dir():
                 with single_process_dcp():
-                    self.critic.load(directory / "critic_dcp")
+                    self.owner.critic.load(directory / "critic_dcp")
         elif (directory / "optimizer.pt").is_file():
             import torch
 
-            self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
+            self.owner.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.owner.device,
                                                       weights_only=True))
 
 

@@ -184,8 +184,7 @@ class Trainer:
         self.version: int | None = None  # the version being trained towards (+1): the lr schedule's step
         self.forward_tokens: list[int] = []  # tokens of each forward pass of the last step (for tests/bench)
         # the weights and optimizer on disk: each version's weights, checkpoints, resuming
-        self.state = checkpoint.ModelState(cfg, self.model, self.tokenizer, self.optimizer, device=self.device,
-                                           rank=self.rank, sharded=self.sharded, critic=self.critic, lead=self._lead)
+        self.state = checkpoint.ModelState(self)
         if resume:
             self.state.load_checkpoint(resume)
 
