@@ -4,7 +4,7 @@ Bytes (a transport: topic names, keys, values, headers; no record types, no metr
 
 - ``base``: the interface both transports implement (``TopicPartition``, ``Message``, ...);
 - ``kafka``: the Kafka client (confluent-kafka, librdkafka), wrapped; the only module that
-  imports it (``_bare`` too: the benchmark's bare-client baselines);
+  imports it (and ``streamrl.bench.bare_clients``, the benchmark's bare-client baselines);
 - ``memory``: an in-process broker with the same interface (``bus.bootstrap_servers:
   memory://NAME``), for stage logic tested in milliseconds (``streamrl.testing.memory_bus``).
 
@@ -33,7 +33,7 @@ from streamrl.bus.base import Admin, Delivery, Message, TopicPartition
 from streamrl.bus.checkpoint import Checkpoint
 from streamrl.bus.loop import StageLoop
 from streamrl.bus.reader import Reader
-from streamrl.bus.records import Bus, Consumer, Producer
+from streamrl.bus.client import Bus, Consumer, Producer
 
 __all__ = ["Admin", "Bus", "Checkpoint", "Consumer", "Delivery", "Message",
            "Producer", "Reader", "StageLoop", "TopicPartition"]

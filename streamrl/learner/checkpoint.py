@@ -115,7 +115,7 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     and the ranks' ``torch.distributed.checkpoint`` shards in ``dcp/``)."""
     import torch
 
-    from streamrl.policy import save_policy
+    from streamrl.weights import save_policy
 
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -217,7 +217,7 @@ class ModelState:
         """What rollout workers load, at ``directory``, written by rank 0: the weights in Hugging
         Face layout (safetensors); with LoRA the adapter alone in PEFT's layout (on the base
         ``save_base`` wrote), or the base merged with it (``learner.lora.merge_for_servers``)."""
-        from streamrl.policy import save_policy
+        from streamrl.weights import save_policy
 
         self.owner._lead("weights", str(directory).encode())
         started = time.perf_counter()
@@ -249,7 +249,7 @@ class ModelState:
         """LoRA: the frozen base in Hugging Face layout (with the tokenizer) at ``directory``, by
         rank 0; the adapters published each version apply to it. Written once per start."""
         from streamrl.learner import lora
-        from streamrl.policy import save_policy
+        from streamrl.weights import save_policy
 
         self.owner._lead("base", str(directory).encode())
         state = self.full_state_dict() if self.owner.sharded else self.owner.model.state_dict()
@@ -274,7 +274,7 @@ class ModelState:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        from streamrl.policy import save_policy
+        from streamrl.weights import save_policy
 
         self.owner._lead("checkpoint", str(directory).encode())
         directory = Path(directory)
