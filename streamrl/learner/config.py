@@ -52,8 +52,8 @@ class ParallelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    """verl's ``actor.policy_loss``: which loss (``streamrl.learner.losses.POLICY_LOSSES``) and
-    the knobs of Clip-Cov and KL-Cov."""
+    """verl's ``actor.policy_loss``: which loss (a name ``streamrl.learner.losses``'
+    ``register_policy_loss`` registered) and the knobs of Clip-Cov and KL-Cov."""
 
     loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | geo_mean | cispo | gpg | sapo | dppo_tv | dppo_kl
     clip_cov_ratio: float = 0.0002  # Clip-Cov: the share of tokens whose gradient is clipped

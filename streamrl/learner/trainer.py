@@ -2,9 +2,11 @@
 response_ids``, advantages, the loss of ``losses``, gradient accumulation over micro-batches,
 clipping and an AdamW step. torch + transformers, CPU or CUDA.
 
-The learner owns exactly one ``Trainer``; ``stage`` hands it mini-batches of ``Sample``s and
-reads back the metrics of each step. Everything here is synchronous (the stage runs it in a
-thread so the Kafka client keeps its group membership alive during a long step).
+The learner owns exactly one ``Trainer``; ``stage`` hands it mini-batches of ``Sample``s
+(``samples``) and reads back the metrics of each step. Everything here is synchronous (the stage
+runs it in a thread so the Kafka client keeps its group membership alive during a long step).
+Next to it: the model's files (``checkpoint.ModelState``, which the trainer holds), the ranks'
+wire format (``distributed``) and the ranks other than 0 (``follower``).
 """
 
 from __future__ import annotations
