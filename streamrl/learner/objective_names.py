@@ -4,7 +4,7 @@ the config may look a name up in the losses' registries (``config.registered``) 
 import circle.
 
 ``ADV_ESTIMATORS`` and ``LOSS_MODES`` are the built-in entries of the losses' registries
-(``register_adv_est``, ``register_policy_loss``), which ``tests/test_learner_parity.py`` checks
+(``register_adv_est``, ``register_policy_loss``), which ``tests/learner/test_learner_parity.py`` checks
 against them; the config takes one of them without importing torch, and looks any other name
 up in the registries (one registered by the user's code).
 """

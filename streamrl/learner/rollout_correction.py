@@ -19,7 +19,7 @@ and the rollout engine never computes exactly the learner's log-probs. Two modes
 
 One function per ``rollout_is`` level (``IS_LEVELS``) and per ``rollout_rs`` option
 (``RS_OPTIONS``), from the maths of verl 0.9.1's ``rollout_corr_helper``;
-``tests/test_learner_parity_extra.py`` compares the weights, masks, metrics and both bypass
+``tests/learner/test_learner_parity_extra.py`` compares the weights, masks, metrics and both bypass
 losses with verl's own functions.
 """
 
