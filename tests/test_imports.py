@@ -221,8 +221,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # reaches up for the whole pipeline's (issue 41)
     # and the table of verl's keys it reads them through (stdlib only, the docs read it too)
     ("pipeline config", ("streamrl.pipeline_config", "streamrl.verl_keys")),
-    ("runtime and tools over the stages", ("streamrl.runtime", "streamrl.runtime.*", "streamrl.launching", "streamrl.ray_placement",
-                                           "streamrl.ray_launcher", "streamrl.observing", "streamrl.replay",
+    ("runtime and tools over the stages", ("streamrl.runtime", "streamrl.runtime.*", "streamrl.supervisor",
+                                           "streamrl.supervisor.*", "streamrl.replay",
                                            "streamrl.replay.*", "streamrl.testing", "streamrl.testing.*",
                                            "streamrl.tracking", "streamrl.tracking.*")),
     ("entry points", ("streamrl.commands", "streamrl.commands.*", "streamrl.cli", "streamrl.__main__",

@@ -20,11 +20,11 @@ import ray
 from streamrl.bus import Bus
 from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
-from streamrl.ray_launcher import RayLauncher, _localise
-from streamrl.ray_placement import actor_options, check_placement, stage_counts, stage_env, stage_resources
+from streamrl.supervisor.ray_launcher import RayLauncher, _localise
+from streamrl.supervisor.placement import actor_options, check_placement, stage_counts, stage_env, stage_resources
 from streamrl.records import Rewarded
-from streamrl.launching import LagAutoscaler
-from streamrl.observing import Observer, resize_reward_group
+from streamrl.supervisor.launcher import LagAutoscaler
+from streamrl.supervisor.observer import Observer, resize_reward_group
 from tests.helpers import last_json_line, make_trajectory, read_topic
 
 SLOW_SCORER = '''

@@ -13,7 +13,7 @@ import pytest
 from streamrl import metrics
 from streamrl.bus import Bus, Reader, StageLoop, TopicPartition
 from streamrl.errors import Failure
-from streamrl.observing import ConsumerLag
+from streamrl.supervisor.observer import ConsumerLag
 from streamrl.records import DEADLETTER, REWARDED, ROLLOUTS, Rewarded, Trajectory, topic_of
 from streamrl.testing import memory_bus
 

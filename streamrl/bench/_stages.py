@@ -221,8 +221,8 @@ async def run_streaming(bench: str, cfg: Any, cfg_path: Path, prompts: list, run
     ``Observer``) and the learner's final state."""
     from streamrl.bus import Bus
     from streamrl.config import RestartConfig
-    from streamrl.launching import LocalLauncher
-    from streamrl.observing import Observer
+    from streamrl.supervisor.launcher import LocalLauncher
+    from streamrl.supervisor.observer import Observer
     from streamrl.topics import ensure_topics
 
     bus = Bus(cfg.bus)

@@ -134,7 +134,7 @@ async def measure_group(members: int, args: argparse.Namespace, bootstrap: str, 
     from streamrl.bus import Bus, Reader
     from streamrl.records import Rewarded, Trajectory
     from streamrl.config import RestartConfig
-    from streamrl.launching import LocalLauncher
+    from streamrl.supervisor.launcher import LocalLauncher
     from streamrl.topics import ensure_topics
 
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-members{members}"

@@ -17,7 +17,7 @@ Records, on top (what stages use):
   which tracks the offsets taken and finished (``take``/``done``/``holds``);
 - ``loop``: ``StageLoop``.
 
-Lag gauges are the observer's (``streamrl.observing.ConsumerLag``, a checkpoint's ``on_commit``).
+Lag gauges are the observer's (``streamrl.supervisor.observer.ConsumerLag``, a checkpoint's ``on_commit``).
 
 Client: confluent-kafka (librdkafka), chosen by measurement with distinct records (issue 24,
 BENCHMARKS.md "Bus"): librdkafka compresses, batches and fetches in C threads, off the event

@@ -296,13 +296,13 @@ def warm_start(cfg, directory: Path) -> list[str]:
 
 
 def make_launcher(cfg, log_dir: Path):
-    from streamrl.launching import LocalLauncher
+    from streamrl.supervisor.launcher import LocalLauncher
 
     run = cfg.run
     if run.launcher == "local":
         return LocalLauncher(log_dir, run.restart, run.stop_timeout_s)
     if run.launcher == "ray":
-        from streamrl.ray_launcher import RayLauncher
+        from streamrl.supervisor.ray_launcher import RayLauncher
 
         launcher = RayLauncher.for_run(cfg, log_dir, embedded_broker=not cfg.bus.bootstrap_servers)
         for note in launcher.notes:
@@ -331,9 +331,9 @@ def archive_uri(cfg, out: Path) -> str | None:
 async def _run(runtime, args, out: Path, launcher=None, state=None, broker=None) -> dict:
     """The supervisor's loop, in the runtime (its bus, topics, signals; the stages serve the
     metrics): start the stages, watch the pipeline until it ends, stop them in order, summarise."""
-    from streamrl.launching import LagAutoscaler
+    from streamrl.supervisor.launcher import LagAutoscaler
     from streamrl.learner import checkpoint
-    from streamrl.observing import Observation, Observer, Watch, observe_until, status_line, summarise
+    from streamrl.supervisor.observer import Observation, Observer, Watch, observe_until, status_line, summarise
 
     cfg, bus, stop, bootstrap = runtime.cfg, runtime.bus, runtime.stop_event, runtime.cfg.bus.bootstrap_servers
     await runtime.start(metrics=False)
@@ -457,7 +457,7 @@ async def bounded(coro, timeout_s: float):
     try:
         return await asyncio.wait_for(coro, timeout_s)
     except (Exception, asyncio.CancelledError):
-        from streamrl.observing import cancelling
+        from streamrl.supervisor.observer import cancelling
 
         if cancelling():
             raise  # this task itself is being cancelled

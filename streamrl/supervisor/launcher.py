@@ -2,7 +2,7 @@
 
 A ``Launcher`` starts each stage with the same command a user, compose and Kubernetes run
 (``python -m streamrl VERB ...``): as child processes here (``LocalLauncher``), or as Ray actors
-with resources (``streamrl.ray_launcher.RayLauncher``). It supervises them: a stage that exits
+with resources (``streamrl.supervisor.ray_launcher.RayLauncher``). It supervises them: a stage that exits
 unexpectedly is restarted with exponential backoff, up to ``run.restart.max_restarts`` in
 ``run.restart.window_s``; the run fails only past that limit. Deliberate stops (scale-down,
 Ctrl-C, the end of the run) wait ``run.stop_timeout_s``, longer than a stage's drain or

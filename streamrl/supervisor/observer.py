@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from streamrl import metrics
 from streamrl.bus import Bus, Consumer, Reader, TopicPartition
-from streamrl.launching import LagAutoscaler, Launcher
+from streamrl.supervisor.launcher import LagAutoscaler, Launcher
 from streamrl.plotting import pyplot, save
 from streamrl.records import DEADLETTER, DISTILLED, EVAL, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
 from streamrl.scorers.base import numeric_info
