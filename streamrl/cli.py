@@ -30,7 +30,7 @@ VERBS = {
     "archive": "streamrl.commands.archive",
     "eval": "streamrl.commands.eval",
     "track": "streamrl.commands.track",
-    "run": "streamrl.supervisor.run",
+    "run": "streamrl.commands.run",
     "replay": "streamrl.commands.replay",
     "bench": "streamrl.commands.bench",
     "export": "streamrl.commands.export",

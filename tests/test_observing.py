@@ -8,7 +8,8 @@ import asyncio
 
 from streamrl.bus import Bus, TopicPartition
 from streamrl.supervisor.launcher import LocalLauncher
-from streamrl.supervisor.observer import Observer, diagnose
+from streamrl.supervisor.observer import Observer
+from streamrl.supervisor.watch import diagnose
 from tests.helpers import make_trajectory, produce
 
 

@@ -170,7 +170,7 @@ def test_a_fleet_of_vllm_servers_through_prompt_logprobs_one_of_them_failing():
 def test_without_task_rewards_the_run_counts_its_rollouts_as_distilled():
     """No reward group runs without task rewards: the teacher takes ``rollouts``, so the run's
     summary accounts for them as distilled (not as "unscored"), and nothing waits on scoring."""
-    from streamrl.supervisor.run import summary_line
+    from streamrl.supervisor.display import summary_line
     from streamrl.supervisor.observer import Observation
 
     obs = Observation(teacher_input="rollouts", rollouts=10, trained=7,

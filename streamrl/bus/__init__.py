@@ -15,9 +15,9 @@ Records, on top (what stages use):
 - ``reader``: ``Reader``, reading topic ranges without a consumer group, with exact end offsets;
 - ``checkpoint``: ``Checkpoint``, the ordered commit unit (flush outputs, save state, commit),
   which tracks the offsets taken and finished (``take``/``done``/``holds``);
-- ``loop``: ``StageLoop``.
-
-Lag gauges are the observer's (``streamrl.supervisor.observer.ConsumerLag``, a checkpoint's ``on_commit``).
+- ``loop``: ``StageLoop``;
+- ``lag``: ``ConsumerLag``, each stage's lag gauges, a checkpoint's ``on_commit`` (the runtime
+  sets it as the bus's ``commit_observer``).
 
 Client: confluent-kafka (librdkafka), chosen by measurement with distinct records (issue 24,
 BENCHMARKS.md "Bus"): librdkafka compresses, batches and fetches in C threads, off the event
