@@ -3,7 +3,7 @@ HOST:PORT] [key.path=value ...]`, the same as `streamrl feed` (both run it in th
 `streamrl.runtime.serve_stage`)."""
 
 from streamrl.commands.common import stage_main
-from streamrl.rollout.feed import Feed
+from streamrl.feed.stage import Feed
 
 if __name__ == "__main__":
     raise SystemExit(stage_main(Feed))

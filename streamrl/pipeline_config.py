@@ -26,7 +26,8 @@ from streamrl.evaluation.config import EvalConfig
 from streamrl.learner.config import LearnerConfig
 from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, RewardModelConfig,
                                     apply_verl_keys)
-from streamrl.rollout.config import FeedConfig, RolloutConfig
+from streamrl.feed.config import FeedConfig
+from streamrl.rollout.config import RolloutConfig
 from streamrl.tracking.config import TrackingConfig
 from streamrl.verl_keys import MAPPED, KeyOutcome, _show, is_verl_key, problem_lines, read_verl_keys
 

@@ -24,7 +24,7 @@ from streamrl.archive.stage import STAGE, ArchiveStage
 from streamrl.bus import Bus
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import DeadLetter, Rewarded, Trajectory, as_plain
-from streamrl.replay.reader import Range, parse_bound, read_archive
+from streamrl.replay.sources import Range, parse_bound, read_archive
 from streamrl.testing import run_stage
 from tests.helpers import ROOT, committed, last_json_line, wait_for_sync
 
@@ -171,7 +171,7 @@ def test_run_archives_every_rewarded_record_and_replay_reads_it_with_no_broker(b
     """``streamrl run`` (on the test broker, to compare with its topic after), then replay from
     its archive with no broker: every rewarded record once, re-scored as the run scored it."""
     from streamrl.config import BusConfig
-    from streamrl.replay.reader import read_range
+    from streamrl.replay.sources import read_range
 
     prefix = f"t{uuid.uuid4().hex[:10]}"
     run = subprocess.run(

@@ -53,7 +53,7 @@ def test_bench_learner_shapes_measures_the_default_runs_learner_and_rls(tmp_path
     """``--shapes`` (issue 52): the default task's shape is configs/local.yaml's learner (its
     micro-batches, epochs, mini-batch of groups x group size) and digits' lengths; both shapes
     report packed against padded from the same mini-batches."""
-    from streamrl.bench.learner import SHAPES, shape_samples
+    from streamrl.bench.learner_speed import SHAPES, shape_samples
     from streamrl.pipeline_config import load_config
 
     cfg = load_config("local.yaml")

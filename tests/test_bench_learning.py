@@ -120,7 +120,7 @@ def test_latencies_add_to_the_real_work():
 
 
 def test_the_synchronous_side_trains_on_the_real_components(tmp_path):
-    from streamrl.rollout.feed import build_prompts
+    from streamrl.feed.prompts import build_prompts
     from streamrl.tasks import digits
 
     s = setup(versions=3, groups=2, group_size=4)
@@ -136,7 +136,7 @@ def test_the_synchronous_side_trains_on_the_real_components(tmp_path):
 
 
 def test_the_lagged_variant_generates_each_batch_with_weights_k_versions_old(tmp_path):
-    from streamrl.rollout.feed import build_prompts
+    from streamrl.feed.prompts import build_prompts
     from streamrl.tasks import digits
 
     s = setup(versions=5, groups=2, group_size=4)
@@ -189,7 +189,8 @@ def test_the_rule_built_digits_teacher_knows_the_answer(tmp_path):
     import numpy as np
 
     from streamrl.distillation.teacher import parse_prompt_logprobs
-    from streamrl.policy import load_policy, save_policy
+    from streamrl.policy import load_policy
+    from streamrl.weights import save_policy
 
     _, tok = load_policy("tiny")
     save_policy(_, tok, tmp_path / "tok")

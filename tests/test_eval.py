@@ -95,7 +95,8 @@ def test_asked_versions():
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> Path:
     """The tiny policy's weights, as the learner writes a version."""
-    from streamrl.policy import load_policy, save_policy
+    from streamrl.policy import load_policy
+    from streamrl.weights import save_policy
 
     model, tok = load_policy("tiny", seed=3)
     return save_policy(model, tok, tmp_path_factory.mktemp("weights") / "v0")

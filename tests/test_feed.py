@@ -16,8 +16,9 @@ import pytest
 
 from streamrl.config import ConfigError
 from streamrl.records import Prompt
-from streamrl.rollout.config import FeedConfig
-from streamrl.rollout.feed import FeedError, build_prompts, gsm8k_ground_truth, publish_feed
+from streamrl.feed.config import FeedConfig
+from streamrl.feed.prompts import FeedError, build_prompts, gsm8k_ground_truth
+from streamrl.feed.stage import publish_feed
 from tests.helpers import gsm8k_path, last_json_line, read_topic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,8 +160,8 @@ HUB_PROBE = """
 import json
 from streamrl.datasets import read_rows
 from streamrl.errors import StreamrlError
-from streamrl.rollout.config import FeedConfig
-from streamrl.rollout.feed import build_prompts
+from streamrl.feed.config import FeedConfig
+from streamrl.feed.prompts import build_prompts
 try:
     out = {"test": read_rows("gsm8k:test"), "train": read_rows("gsm8k", limit=2),
            "truths": [p.ground_truth for p in build_prompts(FeedConfig(dataset="gsm8k:test", shuffle=False))]}

@@ -1,7 +1,7 @@
 """The package's import structure, read with ``ast`` (nothing is imported):
 
 - the Kafka client is imported by ``streamrl/bus/kafka.py`` (and the benchmark's baseline,
-  ``streamrl/bus/_bare.py``) only, so replacing it is a change to one module;
+  ``streamrl/bench/bare_clients.py``) only, so replacing it is a change to one module;
 - nothing outside the bus reaches into a client (``.client``);
 - streamrl's modules import each other without circles, counting imports inside functions
   (a circle hidden in a function still breaks whichever module is imported first);
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "streamrl"
 KAFKA_CLIENTS = {"aiokafka", "kafka", "confluent_kafka"}
-KAFKA_ALLOWED = {"streamrl/bus/kafka.py", "streamrl/bus/_bare.py"}
+KAFKA_ALLOWED = {"streamrl/bus/kafka.py", "streamrl/bench/bare_clients.py"}
 
 
 def module_name(path: Path) -> str:
@@ -202,32 +203,17 @@ def test_no_import_circles():
     assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
-#: streamrl's layers, bottom first: a module imports (at module level) only from its own layer or
-#: below. A module is in the first layer with a pattern it matches (``fnmatch`` on the dotted
-#: name); a module in none fails the test, so a new module is placed on purpose.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("leaves", ("streamrl", "streamrl.errors", "streamrl.logrates", "streamrl.metrics", "streamrl.plotting",
-                "streamrl.packaged", "streamrl.loading", "streamrl.policy", "streamrl.weights_store",
-                "streamrl.broker", "streamrl.net")),
-    ("schema", ("streamrl.config", "streamrl.topics", "streamrl.records")),
-    ("transport", ("streamrl.bus", "streamrl.bus.*")),
-    ("scoring functions and data", ("streamrl.scorers", "streamrl.scorers.*", "streamrl.tasks", "streamrl.tasks.*",
-                                    "streamrl.datasets")),
-    ("stage configs", ("streamrl.*.config",)),
-    ("stages", ("streamrl.reward", "streamrl.reward.*", "streamrl.rollout", "streamrl.rollout.*",
-                "streamrl.learner", "streamrl.learner.*", "streamrl.archive", "streamrl.archive.*",
-                "streamrl.evaluation", "streamrl.evaluation.*", "streamrl.distillation", "streamrl.distillation.*")),
-    # it composes every stage's section: a stage receives its own and the shared ones, and never
-    # reaches up for the whole pipeline's (issue 41)
-    # and the table of verl's keys it reads them through (stdlib only, the docs read it too)
-    ("pipeline config", ("streamrl.pipeline_config", "streamrl.verl_keys")),
-    ("runtime and tools over the stages", ("streamrl.runtime", "streamrl.runtime.*", "streamrl.supervisor",
-                                           "streamrl.supervisor.*", "streamrl.replay",
-                                           "streamrl.replay.*", "streamrl.testing", "streamrl.testing.*",
-                                           "streamrl.tracking", "streamrl.tracking.*")),
-    ("entry points", ("streamrl.commands", "streamrl.commands.*", "streamrl.cli", "streamrl.__main__",
-                      "streamrl.bench", "streamrl.bench.*")),
-]
+#: streamrl's layers, bottom first: read from the "Layers" table of docs/development/layout.md
+#: (the doc a newcomer reads is the one the test holds to the code).
+def read_layers() -> list[tuple[str, tuple[str, ...]]]:
+    text = (PACKAGE.parent / "docs" / "development" / "layout.md").read_text()
+    table = text[text.index("## Layers"):]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith(("| layer |", "| ---"))]
+    return [(name.strip(), tuple(re.findall(r"`([^`]+)`", patterns)))
+            for name, patterns in (row.strip("| ").split(" | ", 1) for row in rows)]
+
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = read_layers()
 
 #: Imports that still run up a layer, each removed by the work named beside it; the lead empties
 #: this set when those branches merge (an entry no longer found fails the test, so it cannot go stale).

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from streamrl.config import ConfigError
-from streamrl.policy import load_policy, save_policy
+from streamrl.policy import load_policy
+from streamrl.weights import save_policy
 from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import SamplingParams
 from streamrl.rollout.backends.transformers_engine import TransformersBackend

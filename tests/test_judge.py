@@ -244,7 +244,7 @@ def test_retry_after_is_honoured_before_the_next_try():
 def test_retry_after_header_forms():
     from email.utils import formatdate
 
-    from streamrl.scorers.router import retry_after_s
+    from streamrl.servers.router import retry_after_s
 
     assert retry_after_s("7", 60) == 7 and retry_after_s("600", 60) == 60
     assert retry_after_s(None, 60) == 0 and retry_after_s("soon", 60) == 0
@@ -252,7 +252,7 @@ def test_retry_after_header_forms():
 
 
 def test_metric_labels_and_errors_never_carry_url_secrets():
-    from streamrl.scorers.router import public_url
+    from streamrl.servers.router import public_url
 
     assert public_url("https://user:s3cret@judge.example:8443/v1?api_key=s3cret#x") == "https://judge.example:8443/v1"
     assert public_url("http://[::1]:8000") == "http://[::1]:8000"

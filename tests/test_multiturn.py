@@ -30,11 +30,12 @@ from streamrl.errors import Failure
 from streamrl.records import Prompt, Rewarded, Trajectory
 from streamrl.rollout.backends import Completion, SamplingParams
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
-from streamrl.rollout.config import FeedConfig, InteractionConfig, MultiTurnConfig, RolloutConfig
+from streamrl.feed.config import FeedConfig
+from streamrl.rollout.config import InteractionConfig, MultiTurnConfig, RolloutConfig
 from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
-from streamrl.rollout.feed import build_prompts
+from streamrl.feed.prompts import build_prompts
 from streamrl.rollout.tools.calculator import CalculationError, CalculatorTool, calculate
 from streamrl.rollout.tools.parser import ToolCall, ToolCallError, parse_tool_calls
 from streamrl.testing import score

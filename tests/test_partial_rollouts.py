@@ -24,7 +24,8 @@ from aiohttp import web
 from streamrl.learner import losses
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.samples import to_sample
-from streamrl.policy import load_policy, save_policy
+from streamrl.policy import load_policy
+from streamrl.weights import save_policy
 from streamrl.records import DeadLetter, PolicyVersion, Prompt, RecordError, Rewarded, Trajectory
 from streamrl.rollout.backends import Backend, Completion, SamplingParams
 from streamrl.rollout.backends.openai_server import OpenAIBackend
@@ -338,7 +339,7 @@ def test_a_multi_turn_episode_cut_in_its_second_turn_stamps_each_token():
 
 def test_the_learner_reports_span_and_worst_staleness_under_verls_names():
     from streamrl import metrics
-    from streamrl.learner.observe import mean_metrics, observe_staleness, record_figures
+    from streamrl.learner.metrics import mean_metrics, observe_staleness, record_figures
     from streamrl.tracking.trackers import train_figures
 
     old, spanning = rewarded(), rewarded(token_versions=[[3, 1], [5, 2]])

@@ -23,7 +23,7 @@ from streamrl.pipeline_config import PipelineConfig, load_config
 from streamrl.records import Rewarded, Trajectory
 from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic, resolve_scorer
 from streamrl.reward.config import RewardConfig, ScorerSpec
-from streamrl.rollout.feed import gsm8k_ground_truth
+from streamrl.feed.prompts import gsm8k_ground_truth
 from tests.helpers import JudgeServer, committed, gsm8k_path, read_topic
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z: record times far from the brokers' own timestamps

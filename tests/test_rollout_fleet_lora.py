@@ -221,11 +221,11 @@ def test_launched_servers_take_adapters_when_the_learner_publishes_them():
     runtime LoRA flags (vLLM's rank rounded up to one it accepts); not with merge_for_servers."""
     from streamrl.pipeline_config import load_config
     from streamrl.rollout.worker import with_lora
-    from streamrl.scorers.servers import RewardServerConfig, server_argv
+    from streamrl.servers.processes import ServerConfig, server_argv
 
     vllm = with_lora(load_config(None, ["rollout.servers_launch.backend=vllm"]).rollout.servers_launch, 12)
     assert vllm.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    argv = server_argv(RewardServerConfig(name="policy", model="m", backend="vllm", args=vllm.args), 8000, role="policy")
+    argv = server_argv(ServerConfig(name="policy", model="m", backend="vllm", args=vllm.args), 8000, role="policy")
     assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "16"
     sglang = with_lora(load_config(None, ["rollout.servers_launch.backend=sglang"]).rollout.servers_launch, 32)
     assert sglang.args == ["--enable-lora", "--max-lora-rank", "32", "--lora-target-modules", "all"]

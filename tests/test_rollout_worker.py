@@ -22,10 +22,13 @@ import torch
 
 from streamrl import metrics
 from streamrl.bus import Bus
-from streamrl.policy import load_policy, save_policy
+from streamrl.policy import load_policy
+from streamrl.weights import save_policy
 from streamrl.records import DeadLetter, PolicyVersion, Prompt, Trajectory
-from streamrl.rollout.config import FeedConfig, RolloutConfig
-from streamrl.rollout.feed import build_prompts, publish_feed
+from streamrl.feed.config import FeedConfig
+from streamrl.rollout.config import RolloutConfig
+from streamrl.feed.prompts import build_prompts
+from streamrl.feed.stage import publish_feed
 from streamrl.rollout.worker import RolloutWorker
 from tests.helpers import ROOT, gsm8k_path, read_topic, wait_for
 

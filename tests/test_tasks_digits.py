@@ -11,7 +11,7 @@ import pytest
 from streamrl.pipeline_config import load_config
 from streamrl.datasets import read_rows
 from streamrl.errors import ConfigError
-from streamrl.rollout.feed import build_prompts
+from streamrl.feed.prompts import build_prompts
 from streamrl.scorers import ScoreError, default_compute_score
 from streamrl.scorers.digits import compute_score, partial_credit
 from streamrl.tasks import digits

@@ -20,7 +20,7 @@ from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
 from streamrl.records import Trajectory
 from streamrl.reward.scoring import Scoring
-from streamrl.rollout.feed import build_prompts
+from streamrl.feed.prompts import build_prompts
 from streamrl.scorers.loader import BatchFunctionScorer
 from streamrl.testing import score
 

@@ -249,7 +249,7 @@ def verl_rows(jsonl: Path, n: int, split: str) -> list[dict]:
 
 def test_the_feed_limits_prompt_length_with_the_policys_tokenizer(tmp_path):
     from streamrl.errors import StreamrlError
-    from streamrl.rollout.feed import build_prompts
+    from streamrl.feed.prompts import build_prompts
 
     rows = verl_rows(SHARED / "data" / "gsm8k" / "train.jsonl", 12, "train")
     for row in rows:

@@ -11,12 +11,13 @@ import uuid
 
 import pytest
 
-from streamrl import weights_store
+from streamrl import weights
 from streamrl.bus import Bus
 from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig
-from streamrl.policy import load_policy, save_policy
+from streamrl.policy import load_policy
+from streamrl.weights import save_policy
 from streamrl.rollout.backends import WeightLoadError
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.worker import RolloutWorker, weights_allowed
@@ -33,7 +34,7 @@ def test_a_version_uploaded_to_a_uri_loads_from_there(tmp_path, monkeypatch):
     trained, tok = load_policy("tiny", seed=1)  # "the learner's" weights: not the worker's seed-0 ones
     local = save_policy(trained, tok, tmp_path / "weights" / "v1")
     prefix = memory_uri()
-    uri = weights_store.upload(local, weights_store.version_uri(prefix, 1))
+    uri = weights.upload(local, weights.version_uri(prefix, 1))
     assert uri == f"{prefix}/v1"
     backend = TransformersBackend("tiny", seed=0)
     name, before = next(iter(backend.model.state_dict().items()))
@@ -58,14 +59,14 @@ def test_upload_replaces_a_version_and_prune_keeps_the_newest(tmp_path):
         (d / "sub").mkdir(parents=True)
         (d / "model.safetensors").write_bytes(b"x" * version)
         (d / "sub" / "extra.json").write_text("{}")
-        weights_store.upload(d, weights_store.version_uri(prefix, version))
+        weights.upload(d, weights.version_uri(prefix, version))
     assert fs.cat_file(f"{root}/v3/model.safetensors") == b"xxx" and fs.exists(f"{root}/v3/sub/extra.json")
     again = tmp_path / "again"  # a new line re-announces version 3 with other weights
     again.mkdir()
     (again / "model.safetensors").write_bytes(b"new")
-    weights_store.upload(again, weights_store.version_uri(prefix, 3))
+    weights.upload(again, weights.version_uri(prefix, 3))
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.find(f"{root}/v3")) == ["model.safetensors"]
-    weights_store.prune(prefix, version=5, keep=2)
+    weights.prune(prefix, version=5, keep=2)
     assert sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)) == ["v4", "v5"]
 
 

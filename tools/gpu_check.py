@@ -106,7 +106,7 @@ def _install(wheels: Path) -> None:
         raise SystemExit(f"gpu-check: --wheels {wheels}: no such folder")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
                     "-r", str(WHEELS_LIST)], check=True)
-    subprocess.run([sys.executable, "-c", "import streamrl.cli, streamrl.bench.learner, streamrl.bench.reward"],
+    subprocess.run([sys.executable, "-c", "import streamrl.cli, streamrl.bench.learner_speed, streamrl.bench.reward"],
                    check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -7,5 +7,5 @@ its retention is gone.
   ``record_dict``);
 - ``stage``: ``ArchiveStage``, the consumer group that writes them (``streamrl archive``).
 
-Replay reads archives through ``streamrl.replay.reader.read_archive``.
+Replay reads archives through ``streamrl.replay.sources.read_archive``.
 """

@@ -89,7 +89,7 @@ async def run_sync(cfg: Any, prompts: list, costs: Costs, *, versions: int, in_f
 
     from streamrl.learner.samples import to_samples
     from streamrl.learner.trainer import Trainer
-    from streamrl.policy import save_policy
+    from streamrl.weights import save_policy
     from streamrl.reward.scoring import Scoring
     from streamrl.rollout.backends import SamplingParams
     from streamrl.rollout.chat import ChatRenderer

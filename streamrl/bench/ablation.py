@@ -202,7 +202,7 @@ class Question:
 
 def load_prompts(dataset: str, n: int) -> list[Question]:
     from streamrl.datasets import read_rows
-    from streamrl.rollout.feed import gsm8k_ground_truth
+    from streamrl.feed.prompts import gsm8k_ground_truth
 
     rows = read_rows(dataset, n, field="--dataset")
     if len(rows) < n:

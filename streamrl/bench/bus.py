@@ -13,7 +13,7 @@ batch and overstates every client 2-3x. Each round runs, in turn:
 - ``bytes``: the same records' bytes through the bus's producer (``send_bytes``: size check,
   futures, metrics, no encode) and ``Reader`` (no decode): the transport without the codec;
 - ``bare``: the same records' bytes through the bare client the bus uses (librdkafka, the bus's
-  own producer settings: ``streamrl.bus._bare``), read by the ``Reader``;
+  own producer settings: ``streamrl.bench.bare_clients``), read by the ``Reader``;
 - ``aio``: confluent-kafka's own asyncio producer (``confluent_kafka.aio.AIOProducer``), the
   alternative to the bus's way of serving delivery reports (when confluent-kafka has it);
 - ``aiokafka``: the other Python client, same settings (when installed: ``streamrl[bench]``).
@@ -143,7 +143,7 @@ def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int, rate: f
     bytes sent to the broker over message bytes, from librdkafka's statistics)."""
     import json as _json
 
-    from streamrl.bus._bare import bare_producer
+    from streamrl.bench.bare_clients import bare_producer
     from streamrl.config import BusConfig
 
     stats: dict[str, Any] = {}
@@ -176,7 +176,7 @@ def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int, rate: f
 
 async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out, rate: float) -> None:
     from streamrl.bus import Bus
-    from streamrl.bus._bare import aio_producer, aiokafka_producer
+    from streamrl.bench.bare_clients import aio_producer, aiokafka_producer
     from streamrl.config import BusConfig
 
     bus = Bus(BusConfig(**bus_cfg))
@@ -334,7 +334,7 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
 def _available(modes: list[str]) -> list[str]:
     import importlib.util
 
-    from streamrl.bus._bare import aio_producer  # noqa: F401 - the bus's own client is there
+    from streamrl.bench.bare_clients import aio_producer  # noqa: F401 - the bus's own client is there
 
     out = []
     for mode in modes:

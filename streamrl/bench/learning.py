@@ -398,7 +398,7 @@ class LearningBench(harness.Bench):
             yield
 
     async def measure(self, name: str, seed: int) -> dict[str, Any]:
-        from streamrl.rollout.feed import build_prompts
+        from streamrl.feed.prompts import build_prompts
         from streamrl.tasks import digits
 
         s = self.s

@@ -238,7 +238,7 @@ class PipelineBench(harness.Bench):
 
     async def measure(self, variant: str, round: int) -> dict[str, Any]:
         from streamrl.bench._stages import run_streaming, run_sync, write_config
-        from streamrl.rollout.feed import build_prompts
+        from streamrl.feed.prompts import build_prompts
 
         w = self.w
         run_dir = self.out / "pipeline" / f"{self.stamp}-{variant.replace(' ', '')}"

@@ -4,13 +4,13 @@ Bytes (a transport: topic names, keys, values, headers; no record types, no metr
 
 - ``base``: the interface both transports implement (``TopicPartition``, ``Message``, ...);
 - ``kafka``: the Kafka client (confluent-kafka, librdkafka), wrapped; the only module that
-  imports it (``_bare`` too: the benchmark's bare-client baselines);
+  imports it (and ``streamrl.bench.bare_clients``, the benchmark's bare-client baselines);
 - ``memory``: an in-process broker with the same interface (``bus.bootstrap_servers:
   memory://NAME``), for stage logic tested in milliseconds (``streamrl.testing.memory_bus``).
 
 Records, on top (what stages use):
 
-- ``records``: ``Bus`` (settings, picks the transport, builds clients), ``Producer``
+- ``client``: ``Bus`` (settings, picks the transport, builds clients), ``Producer``
   (``send(record)`` to its type's topic, dead letters, counters, ``on_delivery``), ``Consumer``;
 - ``reader``: ``Reader``, reading topic ranges without a consumer group, with exact end offsets;
 - ``checkpoint``: ``Checkpoint``, the ordered commit unit (flush outputs, save state, commit),
@@ -33,7 +33,7 @@ from streamrl.bus.base import Admin, Delivery, Message, TopicPartition
 from streamrl.bus.checkpoint import Checkpoint
 from streamrl.bus.loop import StageLoop
 from streamrl.bus.reader import Reader
-from streamrl.bus.records import Bus, Consumer, Producer
+from streamrl.bus.client import Bus, Consumer, Producer
 
 __all__ = ["Admin", "Bus", "Checkpoint", "Consumer", "Delivery", "Message",
            "Producer", "Reader", "StageLoop", "TopicPartition"]

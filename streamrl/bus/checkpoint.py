@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
 from streamrl.bus.base import TopicPartition
-from streamrl.bus.records import Consumer, Producer
+from streamrl.bus.client import Consumer, Producer
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The Kafka transport: confluent-kafka (librdkafka), wrapped to move bytes (the one module of
-streamrl that imports it, with ``_bare``, the benchmark's baselines).
+streamrl that imports it, with ``streamrl.bench.bare_clients``, the benchmark's baselines).
 
 Everything here speaks the terms of ``base``: full topic names, values and keys as bytes, a
 ``TopicPartition`` of our own, rebalance callbacks that take sets of them, offsets as plain ints

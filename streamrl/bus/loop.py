@@ -12,7 +12,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from streamrl.bus.checkpoint import Checkpoint, OnCommit
 from streamrl.bus.base import Message, PartitionsCallback, TopicPartition
-from streamrl.bus.records import Bus, Producer
+from streamrl.bus.client import Bus, Producer
 from streamrl.errors import Failure
 from streamrl.records import RecordError, _Record
 from streamrl.topics import Topic

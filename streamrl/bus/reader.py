@@ -20,7 +20,7 @@ import time
 from typing import AsyncIterator, Iterable, Mapping, Sequence
 
 from streamrl.bus.base import Message, TopicPartition
-from streamrl.bus.records import Bus, Consumer
+from streamrl.bus.client import Bus, Consumer
 from streamrl.topics import Topic
 
 #: ``read`` gives up when no partition advances for this long (a broker that stopped answering).

@@ -11,7 +11,7 @@ HELP = "run a benchmark (figures as ratios measured side by side in one run)"
 
 BENCHES = {
     "bus": "streamrl.bench.bus",
-    "learner": "streamrl.bench.learner",
+    "learner": "streamrl.bench.learner_speed",
     "rollout": "streamrl.bench.rollout",
     "reward": "streamrl.bench.reward",
     "pipeline": "streamrl.bench.pipeline",

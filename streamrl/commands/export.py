@@ -1,5 +1,5 @@
 """``streamrl export RUN_DIR [--version N] [--merge] OUT``: a published policy version as a
-Hugging Face directory, for serving or sharing outside streamrl (``streamrl.policy.export_version``).
+Hugging Face directory, for serving or sharing outside streamrl (``streamrl.weights.export_version``).
 
 A full-weights version is copied as it is. A LoRA version (``learner.lora``) is written as
 PEFT's adapter files whose ``adapter_config.json`` names the base the learner published
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from streamrl.errors import StreamrlError, need
-    from streamrl.policy import ADAPTER_CONFIG, export_version, version_dirs
+    from streamrl.weights import ADAPTER_CONFIG, export_version, version_dirs
 
     need("transformers", "cpu", "streamrl export")
     try:

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from streamrl.rollout.feed import Feed
+    from streamrl.feed.stage import Feed
     from streamrl.runtime import serve_stage
 
     return serve_stage(Feed, load(args, feed__dataset=args.dataset, feed__epochs=args.epochs,

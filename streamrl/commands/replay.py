@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from streamrl.errors import ConfigError
     from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic
-    from streamrl.rollout.feed import FeedError
+    from streamrl.feed.prompts import FeedError
 
     cfg = load(args)
     given_out = Path(args.out) if args.out else None
@@ -149,7 +149,7 @@ def _source(cfg, archive: str) -> str | None:
     from streamrl.archive import store
     from streamrl.archive.config import check_uri
     from streamrl.errors import StreamrlError
-    from streamrl.replay.reader import find_archive
+    from streamrl.replay.sources import find_archive
 
     if archive:
         check_uri(archive, "--archive")
@@ -187,7 +187,7 @@ def _inventory(cfg, topic: str, bounds, archive: str | None) -> int:
     import orjson
 
     from streamrl.replay.inventory import inventory, render
-    from streamrl.replay.reader import archive_dead_letters, read_archive, read_range, topic_dead_letters
+    from streamrl.replay.sources import archive_dead_letters, read_archive, read_range, topic_dead_letters
 
     if archive:
         read = read_archive(archive, topic, bounds)

@@ -135,7 +135,7 @@ class OpenAITeacher:
     backend = "openai"
 
     def __init__(self, cfg: TeacherConfig, topk: int):
-        from streamrl.scorers.router import Router
+        from streamrl.servers.router import Router
 
         self.cfg, self.topk = cfg, topk
         self.router = Router(urls=list(cfg.servers), name="teacher")

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
     from streamrl.reward.config import RewardConfig
     from streamrl.rollout.backends import Backend
-    from streamrl.rollout.config import FeedConfig, RolloutConfig
+    from streamrl.feed.config import FeedConfig
+    from streamrl.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class ValidationSet:
     def prompts_of(feed: "FeedConfig", cfg: EvalConfig) -> list[Prompt]:
         """The validation set's rows as prompts, converted as the feed converts its own (a bad
         row fails here, at start, naming file and row)."""
-        from streamrl.rollout.feed import build_prompts
+        from streamrl.feed.prompts import build_prompts
 
         spec = dataclasses.replace(feed, dataset=cfg.dataset, more_datasets=list(cfg.more_datasets), data_source=cfg.data_source or feed.data_source,
                                    group_size=cfg.n, limit=cfg.limit, epochs=1, start_epoch=0, shuffle=False,

@@ -108,7 +108,7 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     and the ranks' ``torch.distributed.checkpoint`` shards in ``dcp/``)."""
     import torch
 
-    from streamrl.policy import save_policy
+    from streamrl.weights import save_policy
 
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)

@@ -290,7 +290,7 @@ class LearnerConfig:
     weights_dir: str = "runs/learner/weights"  # v<N>/ per version; a shared filesystem on clusters
     # Also upload each version to <weights_uri>/v<N>/ (fsspec: s3://BUCKET/PATH, gs://...,
     # file:///shared/dir) and announce that URI, for rollout workers on other nodes; empty: they
-    # load weights_dir's path (streamrl.weights_store)
+    # load weights_dir's path (streamrl.weights)
     weights_uri: str = ""
 
     def _validate_rollout_correction(self) -> None:
@@ -431,7 +431,7 @@ class LearnerConfig:
             raise ConfigError("config field 'learner.filter_groups.enable': needs task rewards "
                               "(distillation.distillation_loss.use_task_rewards is false)")
         if self.weights_uri:
-            from streamrl.weights_store import check_uri
+            from streamrl.weights import check_uri
 
             check_uri(self.weights_uri, "learner.weights_uri")
         return self

@@ -32,13 +32,14 @@ from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
-from streamrl.learner.observe import mean_metrics, observe_staleness, observe_update, record_figures
+from streamrl.learner.metrics import mean_metrics, observe_staleness, observe_update, record_figures
 from streamrl.learner.samples import to_sample
 from streamrl.learner.versions import prune_weights, publish_base, read_latest_policy, start_line
 from streamrl.records import DISTILLED, REWARDED, DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.rollout.config import FeedConfig, RolloutConfig
+    from streamrl.feed.config import FeedConfig
+    from streamrl.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class Learner:
     def from_config(cls, cfg: "LearnerSections", bus: Bus) -> "Learner":
         learner = cls(bus, cfg.learner)
         if cfg.learner.end_with_data:
-            from streamrl.rollout.feed import feed_group_ids
+            from streamrl.feed.prompts import feed_group_ids
 
             try:
                 learner.expect(feed_group_ids(cfg.feed), cfg.rollout.group_size or cfg.feed.group_size)
@@ -478,10 +479,10 @@ class Learner:
         path = await asyncio.to_thread(self.trainer.save_weights, target)  # gathered from the shards
         uri = str(path.resolve())
         if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
-            from streamrl import weights_store
+            from streamrl import weights
 
-            uri = await asyncio.to_thread(weights_store.upload, path,
-                                          weights_store.version_uri(self.cfg.weights_uri, version))
+            uri = await asyncio.to_thread(weights.upload, path,
+                                          weights.version_uri(self.cfg.weights_uri, version))
         final = self._final or bool(self.cfg.versions and version >= self.cfg.versions)
         if self._base_uri is None:
             self._base_uri = await asyncio.to_thread(publish_base, self.trainer, self.cfg)

@@ -776,7 +776,7 @@ class Trainer:
         """What rollout workers load, at ``directory``, written by rank 0: the weights in Hugging
         Face layout (safetensors); with LoRA the adapter alone in PEFT's layout (on the base
         ``save_base`` wrote), or the base merged with it (``learner.lora.merge_for_servers``)."""
-        from streamrl.policy import save_policy
+        from streamrl.weights import save_policy
 
         self._lead("weights", str(directory).encode())
         started = time.perf_counter()
@@ -808,7 +808,7 @@ class Trainer:
         """LoRA: the frozen base in Hugging Face layout (with the tokenizer) at ``directory``, by
         rank 0; the adapters published each version apply to it. Written once per start."""
         from streamrl.learner import lora
-        from streamrl.policy import save_policy
+        from streamrl.weights import save_policy
 
         self._lead("base", str(directory).encode())
         state = self.full_state_dict() if self.sharded else self.model.state_dict()
@@ -833,7 +833,7 @@ class Trainer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-        from streamrl.policy import save_policy
+        from streamrl.weights import save_policy
 
         self._lead("checkpoint", str(directory).encode())
         directory = Path(directory)

@@ -89,9 +89,9 @@ def publish_base(trainer: "Trainer", cfg: "LearnerConfig") -> str:
     path = trainer.save_base(Path(cfg.weights_dir) / "base")
     uri = str(path.resolve())
     if cfg.weights_uri:
-        from streamrl import weights_store
+        from streamrl import weights
 
-        uri = weights_store.upload(path, f"{cfg.weights_uri.rstrip('/')}/base")
+        uri = weights.upload(path, f"{cfg.weights_uri.rstrip('/')}/base")
     log.info("learner: LoRA base written to %s (adapters are published per version)", uri)
     return uri
 
@@ -107,9 +107,9 @@ def prune_weights(cfg: "LearnerConfig", version: int) -> None:
         if n <= version - cfg.keep_weights and not (cfg.keep_every and n % cfg.keep_every == 0):
             shutil.rmtree(path, ignore_errors=True)
     if cfg.weights_uri:
-        from streamrl import weights_store
+        from streamrl import weights
 
         try:
-            weights_store.prune(cfg.weights_uri, version, cfg.keep_weights, cfg.keep_every)
+            weights.prune(cfg.weights_uri, version, cfg.keep_weights, cfg.keep_every)
         except Exception as exc:  # a failed clean-up costs storage, not the run
             log.warning("learner: pruning old versions at %s failed: %s", cfg.weights_uri, exc)

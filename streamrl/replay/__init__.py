@@ -14,7 +14,7 @@ new rewards; or it generates with a policy checkpoint on held-out prompts and sc
 """
 
 from streamrl.replay.evaluate import evaluate_policy, replay_topic
-from streamrl.replay.reader import Bound, BoundError, Range, parse_bound
+from streamrl.replay.sources import Bound, BoundError, Range, parse_bound
 from streamrl.replay.rescore import resolve_scorer
 
 __all__ = ["Bound", "BoundError", "Range", "evaluate_policy", "parse_bound", "replay_topic", "resolve_scorer"]

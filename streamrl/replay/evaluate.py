@@ -16,7 +16,7 @@ from streamrl.bus import Bus
 from streamrl.config import ConfigError
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Rewarded, Trajectory
-from streamrl.replay.reader import STAGE, Failure, Located, Range, read_archive, read_range
+from streamrl.replay.sources import STAGE, Failure, Located, Range, read_archive, read_range
 from streamrl.replay.report import build_report, old_reward, result_row, write_all
 from streamrl.replay.rescore import Rescorer, Scored, resolve_scorer
 
@@ -78,7 +78,7 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     from streamrl.rollout.chat import ChatRenderer
     from streamrl.rollout.episode import run_group
     from streamrl.rollout.multiturn import MultiTurn
-    from streamrl.rollout.feed import build_prompts
+    from streamrl.feed.prompts import build_prompts
 
     _check_publish_topic(publish_topic)
     feed = dataclasses.replace(cfg.feed, dataset=prompts, group_size=samples, limit=limit, epochs=1,

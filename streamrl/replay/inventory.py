@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from typing import Any, Iterable
 
 from streamrl.records import Rewarded
-from streamrl.replay.reader import Located
+from streamrl.replay.sources import Located
 from streamrl.replay.report import old_reward
 
 

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from streamrl.errors import ConfigError
 from streamrl.scorers.rules import RULES
-from streamrl.scorers.servers import RewardServerConfig
+from streamrl.servers.processes import ServerConfig
 
 SCORER_TYPES = ("rule", "function", "class", "judge", "model", "hybrid")
 EXECUTORS = ("auto", "inline", "thread", "process")
@@ -164,9 +164,9 @@ class RewardConfig:
     scorers: dict[str, ScorerSpec] = field(default_factory=_default_scorers)
     group_hook: GroupHookConfig = field(default_factory=GroupHookConfig)
     turn_scores: TurnScoresConfig = field(default_factory=TurnScoresConfig)  # multi-turn scores into the reward
-    # reward-model servers this stage launches (streamrl.scorers.servers); model entries name
+    # reward-model servers this stage launches (streamrl.servers.processes); model entries name
     # one with model.server
-    servers: list[RewardServerConfig] = field(default_factory=list)
+    servers: list[ServerConfig] = field(default_factory=list)
     # Route data sources as verl's default_compute_score does where streamrl's defaults differ
     # (openai/gsm8k strict, "math" to DAPO's scorer): streamrl.scorers.rules.verl_compat.
     verl_compat: bool = False

@@ -48,7 +48,7 @@ class ScorerTable:
 
     def __init__(self, entries: dict[str, Entry], runner: Any, reward_router: str = ""):
         self.entries, self.runner, self.reward_router = entries, runner, reward_router
-        self.servers: Any = None  # reward.servers (streamrl.scorers.servers.RewardServers), if any
+        self.servers: Any = None  # reward.servers (streamrl.servers.processes.ServerProcesses), if any
         self.routes: dict[str, Entry] = {}  # data source (or "prefix*") -> entry
         self.yielded: dict[str, str] = {}  # a built-in's default route -> the entry that took it
         own = [e for e in entries.values() if not e.default_route]
@@ -189,9 +189,9 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
         entries[name] = Entry(name, scorer, spec.version or scorer.version, data_sources,
                               dict(spec.fallbacks))
     table = ScorerTable(entries, runner, router)
-    from streamrl.scorers.servers import RewardServers
+    from streamrl.servers.processes import ServerProcesses
 
-    table.servers = RewardServers.for_table(cfg.servers, entries)  # attaches model.server entries
+    table.servers = ServerProcesses.for_table(cfg.servers, entries)  # attaches model.server entries
     return table
 
 

@@ -2,7 +2,7 @@
 policy version answered it, and how each server loads a new version.
 
 ``rollout.backend: openai`` with ``rollout.servers: [url, ...]`` (``OpenAIBackend``). The
-servers sit behind the judge's router (``streamrl.scorers.router.Router``: least outstanding
+servers sit behind the judge's router (``streamrl.servers.router.Router``: least outstanding
 requests, health checks, ejection after ``eject_after`` failures, re-admission). On top of it
 the fleet keeps, per server, the policy version it has loaded, and narrows the router's choice
 to the *eligible* servers:
@@ -72,7 +72,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_not_exception_type,
 
 from streamrl import metrics
 from streamrl.errors import Unavailable
-from streamrl.scorers.router import Router, public_url, server_root
+from streamrl.servers.router import Router, public_url, server_root
 
 log = logging.getLogger(__name__)
 

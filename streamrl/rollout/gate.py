@@ -36,7 +36,7 @@ import time
 from streamrl import metrics
 from streamrl.bus import Bus, Reader
 from streamrl.records import DeadLetter, RecordError
-from streamrl.rollout.weights import PolicyFollower
+from streamrl.rollout.follower import PolicyFollower
 
 log = logging.getLogger(__name__)
 

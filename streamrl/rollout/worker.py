@@ -35,7 +35,7 @@ from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.gate import StalenessGate
-from streamrl.rollout.weights import PolicyFollower
+from streamrl.rollout.follower import PolicyFollower
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
@@ -360,19 +360,19 @@ async def _log_fleet_status(fleet: Any) -> None:
 
 def launch_servers(cfg: RolloutConfig) -> Any:
     """The policy servers of ``rollout.servers_launch`` (the reward stage's supervision,
-    ``streamrl.scorers.servers``), or None when none are configured."""
+    ``streamrl.servers.processes``), or None when none are configured."""
     launch = cfg.servers_launch
     if not launch.backend:
         return None
-    from streamrl.scorers.servers import RewardServerConfig
-    from streamrl.scorers.servers import RewardServers
+    from streamrl.servers.processes import ServerConfig
+    from streamrl.servers.processes import ServerProcesses
 
-    spec = RewardServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,
+    spec = ServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,
                               gpus_per_replica=launch.gpus_per_replica, port=launch.port, host=launch.host,
                               args=list(launch.args), env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
                               restart_backoff_s=launch.restart_backoff_s,
                               restart_backoff_max_s=launch.restart_backoff_max_s)
-    return RewardServers([spec], role="policy", field_name="rollout.servers_launch")
+    return ServerProcesses([spec], role="policy", field_name="rollout.servers_launch")
 
 
 #: the LoRA ranks ``vllm serve --max-lora-rank`` accepts

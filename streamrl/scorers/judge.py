@@ -31,7 +31,7 @@ import orjson
 
 from streamrl.errors import ConfigError, Failure
 from streamrl.scorers.ratelimit import RateLimiter
-from streamrl.scorers.router import Router
+from streamrl.servers.router import Router
 
 
 DEFAULT_TEMPLATE = """You are grading a student's answer.

@@ -179,7 +179,7 @@ def run_length(cfg) -> list[str]:
     if not all(Path(s).is_file() or is_task(s) for s in specs):
         return [f"the run: until the data ends ({cfg.feed.epochs} epochs of {', '.join(specs)}, not read here), "
                 f"{per_version} prompts x {cfg.feed.group_size} samples per version"]
-    from streamrl.rollout.feed import read_feed_rows
+    from streamrl.feed.prompts import read_feed_rows
 
     rows = len(read_feed_rows(cfg.feed))
     versions = -(-rows * cfg.feed.epochs // per_version)

@@ -15,7 +15,7 @@ Across nodes (``RayLauncher.for_run`` checks all of this before any stage starts
   writes a runtime_env's ``env_vars`` to its log in plain text);
 - the config file is shipped to nodes that do not have it; the run's directories are absolute;
   ``run.ray.working_dir`` is uploaded by Ray (a source checkout, scorer files) and the stages
-  run in it; weights reach other nodes through ``learner.weights_uri`` (``streamrl.weights_store``)
+  run in it; weights reach other nodes through ``learner.weights_uri`` (``streamrl.weights``)
   or a filesystem every node mounts at the same path.
 
 What may go where is worked out first, without Ray, in ``streamrl.supervisor.placement``; this module

@@ -96,7 +96,8 @@ def warm_start(directory: str | Path, policy: str = "tiny", seed: int = 0, steps
         return directory
     import torch
 
-    from streamrl.policy import load_policy, save_policy
+    from streamrl.policy import load_policy
+    from streamrl.weights import save_policy
 
     model, tok = load_policy(policy, seed=seed)
     rng = random.Random(f"warm:{seed}")

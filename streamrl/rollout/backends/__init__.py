@@ -22,7 +22,7 @@ wait meanwhile into the next batch; weight loads fall between batches. A rollout
 engine; scale by running more workers.
 
 The interface is in ``base``; the engines in ``transformers_engine``, ``vllm_engine`` and
-``openai_server``; ``weight_files`` turns an announced ``weights_uri`` into tensors.
+``openai_server``; ``streamrl.weights`` turns an announced ``weights_uri`` into tensors.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from streamrl.weights import WeightLoadError  # noqa: F401 - raised here and by every backend
+
 if TYPE_CHECKING:
     from streamrl.records import VersionRuns
 
@@ -55,10 +57,6 @@ class BackendError(Exception):
 class BackendUnavailable(Exception):
     """The backend cannot be reached right now (connection refused, 5xx, timeouts after
     retries): the worker holds the prompt and tries again; nothing is dropped or faked."""
-
-
-class WeightLoadError(Exception):
-    """A policy version's weights could not be loaded; the worker keeps the weights it has."""
 
 
 class Backend(ABC):

@@ -182,11 +182,11 @@ class _LocalEngine(Backend):
             try:
                 await asyncio.to_thread(self._load_weights, uri, base_uri)
             finally:
-                from streamrl import weights_store
+                from streamrl import weights
 
                 for u in (uri, base_uri):  # a downloaded copy is not needed once loaded
                     if u:
-                        weights_store.release(u)
+                        weights.release(u)
             self.version = version
             return time.monotonic() - started
 

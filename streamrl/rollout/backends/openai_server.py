@@ -66,9 +66,9 @@ class OpenAIBackend(Backend):
         server as each drains or aborts); returns at once: requests meanwhile go to servers on a
         version the staleness bound allows. Each server's load time is
         ``streamrl_rollout_server_update_seconds``."""
-        from streamrl import weights_store
+        from streamrl import weights
 
-        if weights_store.is_remote(uri) or (base_uri and weights_store.is_remote(base_uri)):
+        if weights.is_remote(uri) or (base_uri and weights.is_remote(base_uri)):
             # the servers read a path; they cannot fetch s3:// etc.
             raise WeightLoadError(f"weights {uri!r}: inference servers load from a path they see; "
                                   "put learner.weights_dir on a volume the servers mount")
@@ -99,7 +99,7 @@ class OpenAIBackend(Backend):
         import aiohttp
 
         from streamrl.errors import Unavailable
-        from streamrl.scorers.router import RouterError
+        from streamrl.servers.router import RouterError
 
         from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -156,7 +156,7 @@ class OpenAIBackend(Backend):
         return await self._post_once(url, payload, headers)
 
     async def _post_once(self, url: str, payload: bytes, headers: dict[str, str]) -> dict[str, Any]:
-        from streamrl.scorers.router import RouterError
+        from streamrl.servers.router import RouterError
 
         async with self._session.post(url, data=payload, headers=headers) as resp:
             text = await resp.text()
@@ -209,7 +209,7 @@ class OpenAIBackend(Backend):
                            ) -> None:
         """A streamed completion (server-sent events), each chunk handed to ``take`` as it comes.
         A stream that ends before its finish reason is a ``RouterError`` (retried: continued)."""
-        from streamrl.scorers.router import RouterError
+        from streamrl.servers.router import RouterError
 
         async with self._session.post(url, data=payload, headers=headers) as resp:
             if resp.status >= 400:
@@ -287,7 +287,7 @@ class _Partial:
         async def send(url: str, payload: bytes, headers: dict[str, str], version: int) -> dict[str, Any]:
             await backend._stream_once(url, payload, headers, lambda chunk: self.take(chunk, version))
             if not self.finished:
-                from streamrl.scorers.router import RouterError
+                from streamrl.servers.router import RouterError
 
                 raise RouterError("stream_ended", f"{url}: the stream ended before the response did")
             return {}

@@ -10,7 +10,7 @@ import numpy as np
 
 from streamrl.rollout.backends.base import Completion, PromptInput, SamplingParams
 from streamrl.rollout.backends.local import _LocalEngine
-from streamrl.rollout.backends.weight_files import iter_safetensors, weights_path
+from streamrl.weights import iter_safetensors, weights_path
 
 
 class VLLMBackend(_LocalEngine):

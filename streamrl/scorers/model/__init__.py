@@ -41,7 +41,7 @@ Backends:
   embedding the same way). SGLang applies no activation to a reward model's output.
 
 With ``server: NAME`` the entry scores on a reward server that the reward stage launches itself
-(``reward.servers``, ``streamrl.scorers.servers``): its replicas' URLs are registered with this
+(``reward.servers``, ``streamrl.servers.processes``): its replicas' URLs are registered with this
 scorer's router and its backend decides the protocol.
 
 Modules: ``config`` (``ModelScorerConfig``), ``vllm_version`` (the activation field by server

@@ -21,7 +21,7 @@ from streamrl.scorers.batching import MicroBatcher
 from streamrl.scorers.model.config import ModelScorerConfig, protocol_of
 from streamrl.scorers.model.local import RewardInput, TransformersRewardModel
 from streamrl.scorers.model.vllm_version import activation_fields_for
-from streamrl.scorers.router import Router, public_url
+from streamrl.servers.router import Router, public_url
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,8 @@ def build_policy(name: str, directory: Path, device: str = "cpu") -> str:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from streamrl.policy import byte_tokenizer, save_policy, tiny_model
+    from streamrl.policy import byte_tokenizer, tiny_model
+    from streamrl.weights import save_policy
 
     tok = byte_tokenizer()
     if name == "m120":
@@ -110,7 +111,8 @@ def measure(name: str, args: argparse.Namespace, steps: int, workdir: Path) -> d
 
     from streamrl.learner.config import LearnerConfig
     from streamrl.learner.trainer import Sample, Trainer
-    from streamrl.policy import byte_tokenizer, save_policy, tiny_model
+    from streamrl.policy import byte_tokenizer, tiny_model
+    from streamrl.weights import save_policy
 
     hidden, layers = MODELS[name]
     tokenizer = byte_tokenizer()
@@ -204,7 +206,8 @@ def parallel(args: argparse.Namespace) -> int:
 
     from streamrl.learner.trainer import Trainer
     from streamrl.net import free_port
-    from streamrl.policy import byte_tokenizer, load_policy, save_policy, tiny_model
+    from streamrl.policy import byte_tokenizer, load_policy, tiny_model
+    from streamrl.weights import save_policy
 
     counts = sorted({int(n) for n in args.nproc.split(",") if n.strip()})
     args.model = args.model or "small"

@@ -1,4 +1,5 @@
-"""Reward-model servers the reward stage launches itself (``reward.servers``).
+"""Servers streamrl launches itself: the reward stage's reward models (``reward.servers``) and
+the rollout workers' policy servers (``rollout.servers_launch``, ``role="policy"``).
 
 verl's reward loop starts its reward-model servers (vLLM or SGLang replicas) next to the
 trainer and puts a router in front of them; a streamrl reward member does the same for its own
@@ -11,7 +12,7 @@ scorers, so a config can say "this RM, two replicas" instead of running servers 
       scorers:
         skywork: {type: model, data_sources: [chat], model: {server: rm}}
 
-What happens, in ``RewardServers``:
+What happens, in ``ServerProcesses``:
 
 - **build** (``for_table``, when the scorer table is built): each entry is checked (a bad one is
   a ``ConfigError`` naming ``reward.servers[i].<field>``), each replica gets its port (``port +
@@ -76,9 +77,9 @@ POLICY_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}, "sglang": {}}
 
 
 @dataclass
-class RewardServerConfig:
+class ServerConfig:
     """A reward-model server the reward stage launches and supervises itself (one entry of
-    ``reward.servers``; ``streamrl.scorers.servers``): ``replicas`` local processes, each
+    ``reward.servers``; ``streamrl.servers.processes``): ``replicas`` local processes, each
     health-checked before the stage scores, restarted with backoff when it dies, stopped with
     the stage. A model entry scores on it with ``model: {server: NAME}`` instead of ``urls``."""
 
@@ -108,7 +109,7 @@ class ServerStartError(StreamrlError):
     """A reward server did not come up: it exited, or passed no health check in time."""
 
 
-def validate_servers(specs: list[RewardServerConfig], field_name: str = "reward.servers") -> None:
+def validate_servers(specs: list[ServerConfig], field_name: str = "reward.servers") -> None:
     """``ConfigError`` naming ``reward.servers[i].<field>`` (``field_name``) for the first bad entry."""
     seen: set[str] = set()
     ports: dict[int, str] = {}
@@ -143,7 +144,7 @@ def validate_servers(specs: list[RewardServerConfig], field_name: str = "reward.
             raise ConfigError(f"{where}.args': command-line arguments are strings")
 
 
-def server_argv(spec: RewardServerConfig, port: int, role: str = "reward") -> list[str]:
+def server_argv(spec: ServerConfig, port: int, role: str = "reward") -> list[str]:
     """The command line of one replica of ``spec`` listening on ``port``. ``role`` "policy": a
     generation server the rollout fleet updates (``streamrl.rollout.fleet``): vLLM with
     streamrl's worker extension (its ``/collective_rpc`` needs ``VLLM_SERVER_DEV_MODE=1``, set
@@ -175,7 +176,7 @@ def _vllm_executable() -> str:
     return str(beside) if beside.exists() else "vllm"
 
 
-def replica_devices(spec: RewardServerConfig, index: int, visible: str | None) -> str:
+def replica_devices(spec: ServerConfig, index: int, visible: str | None) -> str:
     """``CUDA_VISIBLE_DEVICES`` of replica ``index``: its ``gpus_per_replica`` devices out of
     those this process sees (``visible``: the parent's ``CUDA_VISIBLE_DEVICES``, None for all,
     numbered from 0). ``""`` (no GPU) for a CPU replica."""
@@ -219,7 +220,7 @@ def redacted(argv: Iterable[str]) -> str:
 class Replica:
     """One server process: where it listens, how it is started, and its life so far."""
 
-    spec: RewardServerConfig
+    spec: ServerConfig
     index: int
     port: int
     argv: list[str]
@@ -252,11 +253,11 @@ class Replica:
         return " | ".join(t.strip() for t in text if t.strip())[-2000:]
 
 
-class RewardServers:
+class ServerProcesses:
     """The reward servers of one reward member: built from ``reward.servers``, started and
     stopped with the scorer table, each replica supervised (restarted with backoff)."""
 
-    def __init__(self, specs: list[RewardServerConfig], role: str = "reward", field_name: str = "reward.servers"):
+    def __init__(self, specs: list[ServerConfig], role: str = "reward", field_name: str = "reward.servers"):
         validate_servers(specs, field_name)
         self.role = role
         self.specs = {s.name: s for s in specs}
@@ -279,7 +280,7 @@ class RewardServers:
         self._closing = False
 
     @staticmethod
-    def _env(spec: RewardServerConfig, devices: str, role: str = "reward") -> dict[str, str]:
+    def _env(spec: ServerConfig, devices: str, role: str = "reward") -> dict[str, str]:
         # the replica's devices, unless the entry's own env says otherwise
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices, "PYTHONUNBUFFERED": "1"}
         if role == "policy":
@@ -288,7 +289,7 @@ class RewardServers:
         return env
 
     @classmethod
-    def for_table(cls, specs: list[RewardServerConfig], entries: dict[str, Any]) -> "RewardServers | None":
+    def for_table(cls, specs: list[ServerConfig], entries: dict[str, Any]) -> "ServerProcesses | None":
         """The servers of a scorer table, with every model entry that names one
         (``model.server``) attached to its replicas; None when there are none. An entry naming
         a server that is not in ``reward.servers`` is a ``ConfigError``."""

@@ -1,0 +1,242 @@
+"""A policy version's files, in one place: written (``save_policy``, atomically), published by URI
+(``upload``, ``prune``), fetched and read where a rollout backend loads them (``weights_path``,
+``iter_safetensors``), and exported as a Hugging Face directory (``export_version``).
+
+By URI (``learner.weights_uri``), for rollout workers on other nodes:
+
+The learner writes each version to its local ``learner.weights_dir`` as always; with
+``learner.weights_uri`` set (``s3://bucket/run``, ``gs://...``, ``file:///shared/run``, any
+filesystem fsspec knows) it also uploads the version's directory to ``<weights_uri>/v<N>/`` and
+announces that URI on ``streamrl.policy``, only once the upload is complete. A rollout worker
+loads a local path (or ``file://``) in place, and downloads any other URI into a directory of its
+own (``$STREAMRL_WEIGHTS_CACHE``, default the system's temporary directory), removed as soon as
+the version is loaded.
+
+fsspec comes with torch (the ``cpu``/``gpu`` extras) and with the ``ray`` extra; ``s3://`` needs
+``s3fs`` and ``gs://`` ``gcsfs`` where the stages run. Credentials come from the environment
+(``AWS_ACCESS_KEY_ID`` ...): under Ray, name them in ``run.ray.env_vars``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from streamrl.errors import ConfigError, need
+
+_downloads: dict[str, Path] = {}  # uri -> the local copy being loaded
+_lock = threading.Lock()
+
+
+def is_remote(uri: str) -> bool:
+    """Anything but a local path or a ``file://`` URI: it is downloaded before loading."""
+    return "://" in uri and not uri.startswith("file://")
+
+
+def version_uri(prefix: str, version: int) -> str:
+    return f"{prefix.rstrip('/')}/v{version}"
+
+
+def _fs(uri: str) -> tuple[Any, str]:
+    fsspec = need("fsspec", "ray", f"weights at {uri.split('://', 1)[0]}://")
+    return fsspec.core.url_to_fs(uri)
+
+
+def check_uri(uri: str, field: str = "learner.weights_uri") -> None:
+    """A URI with a scheme whose fsspec filesystem is installed; else a ``ConfigError`` naming
+    ``field`` and what to install."""
+    if "://" not in uri:
+        raise ConfigError(f"config field {field!r}: {uri!r} is not a URI (s3://BUCKET/PATH, gs://..., "
+                          f"file:///shared/dir); a local directory is learner.weights_dir")
+    protocol = uri.split("://", 1)[0]
+    fsspec = need("fsspec", "ray", f"config field {field!r}")
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise ConfigError(f"config field {field!r}: fsspec knows no filesystem {protocol!r}") from None
+    except ImportError as exc:
+        raise ConfigError(f"config field {field!r}: {protocol}:// needs a package: "
+                          f"{str(exc).splitlines()[0]}") from None
+
+
+def upload(local_dir: Path, uri: str) -> str:
+    """Copy the files of ``local_dir`` to ``uri`` (what was there is replaced: a learner that
+    starts a new line re-announces a version); returns ``uri``."""
+    fs, root = _fs(uri)
+    root = root.rstrip("/")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+    for file in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+        target = f"{root}/{file.relative_to(local_dir).as_posix()}"
+        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(str(file), target)
+    return uri
+
+
+def prune(prefix: str, version: int, keep: int, keep_every: int = 0) -> None:
+    """Remove ``<prefix>/v<N>`` for N <= version - keep (the newest ``keep`` stay), except the
+    multiples of ``keep_every``."""
+    fs, root = _fs(prefix)
+    root = root.rstrip("/")
+    if not fs.exists(root):
+        return
+    for entry in fs.ls(root, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name[:1] == "v" and name[1:].isdigit() and int(name[1:]) <= version - keep:
+            if not (keep_every and int(name[1:]) % keep_every == 0):
+                fs.rm(entry, recursive=True)
+
+
+def download(uri: str) -> Path:
+    """A local copy of the directory at ``uri``, for loading; ``release(uri)`` removes it."""
+    fs, root = _fs(uri)
+    root = root.rstrip("/")
+    files = [f for f in fs.find(root) if not f.rstrip("/").rsplit("/", 1)[-1].startswith(".")]
+    if not files:
+        raise FileNotFoundError(f"nothing at {uri}")
+    base = Path(os.environ.get("STREAMRL_WEIGHTS_CACHE") or tempfile.gettempdir()) / "streamrl-weights"
+    base.mkdir(parents=True, exist_ok=True)
+    target = Path(tempfile.mkdtemp(prefix=f"{root.rsplit('/', 1)[-1]}-", dir=base))
+    try:
+        for f in files:
+            local = target / f[len(root):].lstrip("/")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f, str(local))
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    with _lock:
+        old = _downloads.pop(uri, None)
+        _downloads[uri] = target
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def release(uri: str) -> None:
+    """Remove the local copy ``download(uri)`` made, if any (the weights are loaded by then)."""
+    with _lock:
+        path = _downloads.pop(uri, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class WeightLoadError(Exception):
+    """A policy version's weights could not be loaded; the worker keeps the weights it has."""
+
+
+# -- writing a version -------------------------------------------------------------------------
+def without_tied_copies(model: Any, state_dict: dict) -> dict:
+    """``state_dict`` without the names under which ``model`` holds a parameter a second time
+    (``lm_head.weight`` of a tied embedding). A state dict gathered from FSDP2 shards has a
+    separate tensor per name, so ``save_pretrained`` cannot see the tie and would write the
+    weight twice: the file would depend on the rank count that wrote it."""
+    first = {name for name, _ in model.named_parameters()}  # one name per parameter
+    aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - first
+    return {k: v for k, v in state_dict.items() if k not in aliases}
+
+
+def save_policy(model: Any, tokenizer: Any, directory: str | Path, state_dict: dict | None = None) -> Path:
+    """Write weights (safetensors), config and tokenizer to ``directory``, atomically: into a
+    sibling temporary directory, then renamed, so a reader never sees half a version.
+    ``state_dict``: the weights to write instead of ``model``'s (a sharded model's, gathered)."""
+    import os
+    import shutil
+
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if state_dict is not None:
+        state_dict = without_tied_copies(model, state_dict)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+    tokenizer.save_pretrained(tmp)
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    return directory
+
+
+# -- published versions as Hugging Face directories (``streamrl export``) -------------------------
+ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: a directory holding a LoRA adapter (learner.lora)
+
+
+def version_dirs(run_dir: str | Path) -> tuple[Path, dict[int, Path]]:
+    """The weights directory of a run (``RUN/weights``, ``RUN/learner/weights``, or the weights
+    directory itself) and its published versions (``v<N>``) by number."""
+    root = Path(run_dir)
+    for weights in (root / "weights", root / "learner" / "weights", root):
+        found = {int(p.name[1:]): p for p in weights.glob("v*") if p.name[1:].isdigit() and p.is_dir()}
+        if found:
+            return weights, found
+    raise FileNotFoundError(f"{run_dir}: no published versions (v<N>/) in it, in weights/ or in learner/weights/")
+
+
+def export_version(src: str | Path, out: str | Path, merge: bool = False, base: str | Path | None = None) -> Path:
+    """Write version directory ``src`` as a Hugging Face directory at ``out`` that
+    ``AutoModelForCausalLM.from_pretrained(out)`` loads as is: full weights as they are; a LoRA
+    adapter (``base``: the base it applies to) as PEFT's files naming that base, or with
+    ``merge`` the base with the adapter merged in (PEFT's ``merge_and_unload``), and the
+    tokenizer."""
+    import json
+    import shutil
+
+    src, out = Path(src), Path(out)
+    if not (src / ADAPTER_CONFIG).is_file():
+        shutil.copytree(src, out, dirs_exist_ok=True)  # full weights (merge: nothing to merge)
+        return out
+    if base is None or not (Path(base) / "config.json").is_file():
+        raise FileNotFoundError(f"{src} is a LoRA adapter, but its base ({base}) has no config.json")
+    base = Path(base).resolve()
+    from streamrl.policy import load_policy
+
+    _, tokenizer = load_policy(str(base))
+    if merge:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype="auto")
+        merged = PeftModel.from_pretrained(model, str(src)).merge_and_unload()
+        merged.save_pretrained(out, safe_serialization=True)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / "adapter_model.safetensors", out / "adapter_model.safetensors")
+        config = json.loads((src / ADAPTER_CONFIG).read_text())
+        config["base_model_name_or_path"] = str(base)  # where transformers finds the base
+        (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(out)
+    return out
+
+
+# -- reading a version here (the rollout backends) ---------------------------------------------
+def weights_path(uri: str) -> Path:
+    """A ``weights_uri`` as a local directory: a path (optionally ``file://``) as it is; any other
+    URI (``s3://``, ``gs://``, ...: ``learner.weights_uri``) downloaded first with fsspec, into a
+    directory of this process that ``load_weights`` removes once loaded (``download``)."""
+    if is_remote(uri):
+        try:
+            return download(uri)
+        except Exception as exc:  # the filesystem's own errors (missing, denied, no s3fs ...)
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise WeightLoadError(f"weights {uri!r}: cannot download: {why}") from exc
+    path = Path(uri.removeprefix("file://"))
+    if not path.is_dir():
+        raise WeightLoadError(f"weights {uri!r}: not a directory here")
+    return path
+
+
+def iter_safetensors(directory: Path):
+    """``(name, tensor)`` of every ``*.safetensors`` file in ``directory`` (safetensors holds
+    only tensors: nothing in it is executed)."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{directory}: no *.safetensors files")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
