@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(PIP_INSTALL) -e '.[dev,gpu]'
-	# verl's own math scorers, scored side by side in tests/test_math_parity.py; without its
+	# verl's own math scorers, scored side by side in tests/scorers/test_math_parity.py; without its
 	# dependencies (Ray, Megatron, ...): the test loads those modules from their files
 	$(PIP_INSTALL) --no-deps 'verl==0.9.1'
 	touch $@
@@ -22,6 +22,7 @@ run: $(BIN)/.installed
 # .ci/test-tools installs prometheus, promtool and amtool (root with apt-get), or says in one
 # line what to install
 test: $(BIN)/.installed
+	$(BIN)/ruff check
 	.ci/test-tools
 	$(BIN)/python -m pytest -q -n 4 --dist loadgroup
 

@@ -7,7 +7,7 @@ lists the configuration keys that have no comment).
   with its type, default and documentation. A key's documentation is the ``#`` comment on its
   line and the comment lines directly above it (a ``# -- heading --`` line is a heading, not
   documentation); a section's is its class docstring. ``undocumented_keys()`` lists the keys
-  without one, and ``tests/test_docs.py`` fails on any.
+  without one, and ``tests/project/test_docs.py`` fails on any.
 - **CLI**: every verb's ``--help`` (and its sub-verbs'), from the argparse parsers the
   ``streamrl`` command builds (``streamrl.cli.build_parser``).
 - **Metrics**: every Prometheus metric ``streamrl.metrics`` declares, under its section.

@@ -9,7 +9,7 @@ Each long-running process serves the default registry on its own port (``serve``
 sharing a host do not collide.
 
 The alert and recording rules (``configs/prometheus``) and the Grafana dashboard
-(``configs/grafana``) read these names; ``tests/test_dashboard.py`` fails when they name a
+(``configs/grafana``) read these names; ``tests/deploy/test_dashboard.py`` fails when they name a
 metric that is not declared here.
 """
 

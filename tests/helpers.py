@@ -495,7 +495,7 @@ async def announced(bus, learner, version: int):
     return latest
 
 
-# -- the learner's test records (tests/test_learner_stage.py and the objectives' tests) -------------
+# -- the learner's test records (tests/learner/test_learner_stage.py and the objectives' tests) -------------
 
 _POLICY = {}
 
@@ -545,7 +545,7 @@ def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: 
     return out
 
 
-# -- verl's launch scripts (tests/test_verl_scripts.py and the objectives' tests) ------------------
+# -- verl's launch scripts (tests/verl/test_verl_scripts.py and the objectives' tests) ------------------
 
 #: a reward file where a script names one (its score does not matter to a dry run)
 REWARD_FILE = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n"
@@ -561,12 +561,12 @@ def with_reward_files(overrides: list[str], where: Path) -> None:
 
 
 def resolved_script(name: str, where: Path):
-    """``resolve_config`` of the verl script ``name``'s overrides (``tests/verl_scripts_data.py``)
+    """``resolve_config`` of the verl script ``name``'s overrides (``tests/verl/verl_scripts_data.py``)
     as its author runs it: from ``where``, with its reward file there."""
     import os
 
     from streamrl.pipeline_config import resolve_config
-    from tests.verl_scripts_data import SCRIPTS
+    from tests.verl.verl_scripts_data import SCRIPTS
 
     overrides = SCRIPTS[name]["overrides"]
     with_reward_files(overrides, where)

@@ -4,7 +4,7 @@ annotates, how many records at once, its consumer group).
 
 Torch-free: ``streamrl run --dry-run`` and the learner's config check read it where torch is not
 installed. The loss names are those ``streamrl.learner.losses.DISTILLATION_LOSSES`` registers
-(``tests/test_distillation_losses.py`` checks the two agree).
+(``tests/distillation/test_distillation_losses.py`` checks the two agree).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ replacement, 1000 bootstrap draws seeded with ``seed``; their mean and std), and
 the scorer gives a ``pred`` (the value of the majority answer). Each figure is then averaged over
 the prompts. verl reports the core variable's (``acc`` where the scorer gives it, else
 ``reward``) ``mean``/``best``/``maj`` at the largest ``k`` under ``val-core/`` and the rest under
-``val-aux/`` (``tracker_names``). tests/test_eval.py checks this module against verl's own
+``val-aux/`` (``tracker_names``). tests/evaluation/test_eval.py checks this module against verl's own
 function on random inputs.
 """
 

@@ -18,7 +18,7 @@ from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
 
 #: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
-#: where torch is not installed); tests/test_learner_parity.py checks the two agree
+#: where torch is not installed); tests/learner/test_learner_parity.py checks the two agree
 ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
                   "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax", "gae")
 LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")

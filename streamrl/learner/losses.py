@@ -8,7 +8,7 @@ Shapes: per-token tensors are ``[batch, response_len]`` with a 0/1 ``mask`` of t
 estimator takes token-level rewards (the score on each response's last token, minus a KL
 penalty on every token with ``use_kl_in_reward``) as verl's do, and returns per-token
 advantages. Each function is written from the maths of verl's ``core_algos`` (verl 0.9.1);
-``tests/test_learner_parity.py`` holds the numbers verl's own functions give on the same
+``tests/learner/test_learner_parity.py`` holds the numbers verl's own functions give on the same
 tensors, and these must match them.
 """
 

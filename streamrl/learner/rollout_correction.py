@@ -19,7 +19,7 @@ and the rollout engine never computes exactly the learner's log-probs. Two modes
 
 One function per ``rollout_is`` level (``IS_LEVELS``) and per ``rollout_rs`` option
 (``RS_OPTIONS``), from the maths of verl 0.9.1's ``rollout_corr_helper``;
-``tests/test_learner_parity_extra.py`` compares the weights, masks, metrics and both bypass
+``tests/learner/test_learner_parity_extra.py`` compares the weights, masks, metrics and both bypass
 losses with verl's own functions.
 """
 
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from streamrl.learner.config import RS_OPTION_NAMES, RolloutCorrectionConfig, parse_is_threshold, parse_rs
+from streamrl.learner.config import RolloutCorrectionConfig, parse_is_threshold, parse_rs
 
 if TYPE_CHECKING:
     from streamrl.learner.losses import PolicyLoss

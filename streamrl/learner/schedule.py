@@ -4,7 +4,7 @@ step, the first update at step 0), so the rate at version ``v`` is verl's after 
 steps. Being a function of the version alone, it carries across a resume (the version is in
 every checkpoint) and across rank counts with nothing more to save.
 
-``tests/test_learner_parity_extra.py`` compares it with verl 0.9.1's
+``tests/learner/test_learner_parity_extra.py`` compares it with verl 0.9.1's
 ``get_constant_schedule_with_warmup`` / ``get_cosine_schedule_with_warmup`` at every version.
 """
 

@@ -1,0 +1,1 @@
+"""Tests of the top-level modules (records, runtime, config, weights, testing)."""

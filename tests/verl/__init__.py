@@ -1,0 +1,1 @@
+"""Tests of verl's launch scripts, keys and reward functions, unchanged."""
