@@ -13,7 +13,7 @@ import pytest
 from streamrl import metrics
 from streamrl.bus import Bus, Reader, StageLoop, TopicPartition
 from streamrl.errors import Failure
-from streamrl.observing import ConsumerLag
+from streamrl.bus.lag import ConsumerLag
 from streamrl.records import DEADLETTER, REWARDED, ROLLOUTS, Rewarded, Trajectory, topic_of
 from streamrl.testing import memory_bus
 
@@ -101,7 +101,7 @@ def test_send_consume_commit_resume_seek_pause(any_bus):
 def test_stage_loop_reader_and_dead_letters(any_bus):
     """A StageLoop (its Checkpoint included) and a Reader run unchanged: outputs go to their
     type's topic, a bad message's original bytes go to dead letters with the reason, the loop
-    commits what it finished, and its lag gauges (``observing.ConsumerLag``) say nothing waits."""
+    commits what it finished, and its lag gauges (``bus.lag.ConsumerLag``) say nothing waits."""
     bus = any_bus
     records = [traj(i, f"g{i}") for i in range(4)]
 

@@ -170,8 +170,8 @@ def test_a_fleet_of_vllm_servers_through_prompt_logprobs_one_of_them_failing():
 def test_without_task_rewards_the_run_counts_its_rollouts_as_distilled():
     """No reward group runs without task rewards: the teacher takes ``rollouts``, so the run's
     summary accounts for them as distilled (not as "unscored"), and nothing waits on scoring."""
-    from streamrl.commands.run import summary_line
-    from streamrl.observing import Observation
+    from streamrl.supervisor.display import summary_line
+    from streamrl.supervisor.observer import Observation
 
     obs = Observation(teacher_input="rollouts", rollouts=10, trained=7,
                       distilled_ids={f"t{i}" for i in range(8)}, teacher_dead={"t8"})

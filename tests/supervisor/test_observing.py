@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from streamrl.bus import Bus, TopicPartition
-from streamrl.launching import LocalLauncher
-from streamrl.observing import Observer, diagnose
+from streamrl.supervisor.launcher import LocalLauncher
+from streamrl.supervisor.observer import Observer
+from streamrl.supervisor.watch import diagnose
 from tests.helpers import make_trajectory, produce
 
 

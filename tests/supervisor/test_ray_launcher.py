@@ -20,11 +20,12 @@ import ray
 from streamrl.bus import Bus
 from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
-from streamrl.ray_launcher import RayLauncher, _localise
-from streamrl.ray_placement import actor_options, check_placement, stage_counts, stage_env, stage_resources
+from streamrl.supervisor.ray_launcher import RayLauncher, _localise
+from streamrl.supervisor.placement import actor_options, check_placement, stage_counts, stage_env, stage_resources
 from streamrl.records import Rewarded
-from streamrl.launching import LagAutoscaler
-from streamrl.observing import Observer, resize_reward_group
+from streamrl.supervisor.autoscale import LagAutoscaler
+from streamrl.supervisor.autoscale import resize_reward_group
+from streamrl.supervisor.observer import Observer
 from tests.helpers import last_json_line, make_trajectory, read_topic
 
 SLOW_SCORER = '''

@@ -197,7 +197,7 @@ def test_a_bad_stage_section_fails_streamrl_run_at_start(tmp_path, reward_file):
 
 
 def test_a_failed_runs_summary_says_what_failed():
-    from streamrl.commands.run import summary_line
+    from streamrl.supervisor.display import summary_line
 
     summary = {"ended": "failed:reward-0", "versions": 0, "reward_first": None, "reward_last": None,
                "records": {"rollouts": 0, "rewarded": 0, "dead_at_reward": 0, "unscored": 0}, "deadletters": 0,
