@@ -224,23 +224,23 @@ def trajectory(i: int | str | None = None, *, tokens: int | None = None, prompt_
     return testing.trajectory(**{**base, **fields})
 
 
-#: the tests of the ``Trainer`` alone (parity across ranks, LoRA, the objectives): a larger rate,
-#: micro-batches of 3, clipped gradients; ``learner_cfg(tmp, **TRAINER)``
+#: what the tests of the ``Trainer`` alone (parity across ranks, LoRA, the objectives) step with:
+#: a larger rate, micro-batches of 3, clipped gradients
 TRAINER: dict[str, Any] = dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0)
 
 
-def learner_cfg(tmp_path: Path | None = None, **kw: Any) -> "LearnerConfig":
+def learner_cfg(tmp_path: Path | None = None, *, trainer: bool = False, **kw: Any) -> "LearnerConfig":
     """The tests' one learner config, validated: small batches (2 groups a mini-batch, one
     mini-batch a version, staleness 1), its own consumer group, checkpoints and weights under
-    ``tmp_path`` (the current folder when None, for a rank that writes only where it is told);
-    ``kw`` sets any other field (``**TRAINER`` for the tests of the ``Trainer`` alone)."""
+    ``tmp_path`` (the current folder when None: a rank that writes only where it is told);
+    ``trainer``: ``TRAINER``'s step besides; ``kw`` sets any field over these."""
     from streamrl.learner.config import LearnerConfig
 
     root = Path(tmp_path) if tmp_path is not None else Path(".")
     base = dict(lr=1e-3, groups_per_mini_batch=2, mini_batches_per_version=1, max_staleness=1,
                 group_timeout_s=30.0, checkpoint_dir=str(root / "ckpt"),
                 weights_dir=str(root / "weights"), consumer_group=f"learner-{uuid.uuid4().hex[:6]}")
-    return LearnerConfig(**{**base, **kw}).validate()
+    return LearnerConfig(**{**base, **(TRAINER if trainer else {}), **kw}).validate()
 
 
 async def publish(bus: Bus, records) -> None:
