@@ -257,7 +257,8 @@ class Observer:
                     stats.reward_sum += rec.reward
                     stats.first_scored = min(stats.first_scored, rec.scored_at)
                     stats.last_scored = max(stats.last_scored, rec.scored_at)
-                    source = rec.data_source if rec.data_source in obs.by_source or len(obs.by_source) < MAX_SOURCES else "(other)"
+                    known = rec.data_source in obs.by_source or len(obs.by_source) < MAX_SOURCES
+                    source = rec.data_source if known else "(other)"
                     obs.by_source.setdefault(source, SourceStats()).add(rec.reward, rec.reward_info)
                 elif topic == DISTILLED.name:
                     obs.distilled_ids.add(DISTILLED.decode(msg.value, self.bus.largest_record).id)

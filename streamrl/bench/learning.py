@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", type=float, default=0.0, help="reward to reach (default 0.4, --quick 0.15)")
     parser.add_argument("--final", type=int, default=5, help="the final reward: mean of this many last versions")
     parser.add_argument("--gen-latency", type=float, default=1.0,
-                        help="seconds added to each generation call (one prompt's group; a version's prompts are in flight at once)")
+                        help="seconds added to each generation call (one prompt's group; a version's prompts are in "
+                             "flight at once)")
     parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds added to each score (a judge's round trip)")
     parser.add_argument("--step-latency", type=float, default=1.0, help="seconds added to each learner step (one per version)")
     parser.add_argument("--distill", action="store_true",

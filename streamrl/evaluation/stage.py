@@ -107,7 +107,8 @@ class ValidationSet:
         row fails here, at start, naming file and row)."""
         from streamrl.feed.prompts import build_prompts
 
-        spec = dataclasses.replace(feed, dataset=cfg.dataset, more_datasets=list(cfg.more_datasets), data_source=cfg.data_source or feed.data_source,
+        spec = dataclasses.replace(feed, dataset=cfg.dataset, more_datasets=list(cfg.more_datasets),
+                                   data_source=cfg.data_source or feed.data_source,
                                    group_size=cfg.n, limit=cfg.limit, epochs=1, start_epoch=0, shuffle=False,
                                    resume=False)
         return list(build_prompts(spec))

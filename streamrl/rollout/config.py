@@ -1,4 +1,5 @@
-"""The ``rollout`` section of the pipeline config (``PipelineConfig.rollout``). Plain dataclasses: OmegaConf checks YAML and ``key.path=value`` overrides against
+"""The ``rollout`` section of the pipeline config (``PipelineConfig.rollout``). Plain dataclasses:
+OmegaConf checks YAML and ``key.path=value`` overrides against
 them at start, naming a bad field; ``validate()`` adds the cross-field rules a type cannot say."""
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def generate(spec: str = NAME, limit: int = 0) -> list[dict[str, Any]]:
     op, seed = parse(spec)
     rng = random.Random(f"{NAME}:{op}:{seed}")
     rows = []
-    for i in range(limit or DEFAULT_ROWS):
+    for _ in range(limit or DEFAULT_ROWS):
         d = _digits(rng)
         rows.append({"question": question(op, d), "answer": OPS[op](d), "data_source": DATA_SOURCE,
                      "extra_info": {"op": op, "digits": d}})

@@ -311,7 +311,8 @@ def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
         os.kill(pid, 9)
 
     summary, _, _ = run_summary(proc, 400, kill_rank_1)
-    assert summary["ended"] in ("done", "data_exhausted") and summary["versions"] == versions and summary["restarts"] >= 1, summary
+    assert summary["ended"] in ("done", "data_exhausted"), summary
+    assert summary["versions"] == versions and summary["restarts"] >= 1, summary
     log = (out_dir / "logs" / "learner.log").read_text()
     assert log.count("2 ranks through torch.distributed.run") >= 2 and "resumed from" in log
     state = json.loads((sorted((out_dir / "checkpoints").glob("ckpt-*"))[-1] / "state.json").read_text())

@@ -86,8 +86,8 @@ def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(memory_bus, 
     schema_bad = orjson.loads(trajectory("x").encode())
     del schema_bad["response"]
     records = [*good_gsm8k, *good_math, trajectory("u", data_source="chess"),
-               trajectory("b", data_source="boom"), trajectory("n", data_source="nan"), ("rollouts", b"k1", b'{"schema": "streamrl.traj'),
-               ("rollouts", b"k2", orjson.dumps(schema_bad))]
+               trajectory("b", data_source="boom"), trajectory("n", data_source="nan"),
+               ("rollouts", b"k1", b'{"schema": "streamrl.traj'), ("rollouts", b"k2", orjson.dumps(schema_bad))]
     expected_dead = {"t-u": "unknown_data_source", "t-b": "boom", "t-n": "non_finite_reward"}
     stage = RewardStage(cfg)
     scored_before = metrics.REWARD_SCORED.labels("gsm8k", "ok")._value.get()

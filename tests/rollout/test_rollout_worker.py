@@ -161,9 +161,11 @@ def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(memory_bus, tmp
     assert max(t.timings["gate_wait_s"] for t in later) > 1.0  # the held prompt waited
     assert any(t.timings["weight_load_s"] > 0 for t in later)
     for t in early:  # each version's log-probs are that version's model's
-        np.testing.assert_allclose(t.array("response_logprobs"), recompute_logprobs(v0, t.array("prompt_ids"), t.array("response_ids")), atol=2e-4)
+        want = recompute_logprobs(v0, t.array("prompt_ids"), t.array("response_ids"))
+        np.testing.assert_allclose(t.array("response_logprobs"), want, atol=2e-4)
     for t in later:
-        np.testing.assert_allclose(t.array("response_logprobs"), recompute_logprobs(v1, t.array("prompt_ids"), t.array("response_ids")), atol=2e-4)
+        want = recompute_logprobs(v1, t.array("prompt_ids"), t.array("response_ids"))
+        np.testing.assert_allclose(t.array("response_logprobs"), want, atol=2e-4)
     assert loads > 0
     assert stop_s < 10  # a worker held by the gate stops promptly (its prompt is not committed)
 
