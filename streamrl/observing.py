@@ -129,6 +129,7 @@ class Observation:
     teacher_dead: set[str] = field(default_factory=set)
     members: "MemberRecords" = field(default_factory=lambda: MemberRecords())
     span_max: int = 1  # the most versions one rewarded record's tokens span (partial rollouts)
+    spanning: int = 0  # rewarded records whose tokens span more than one version
 
     @property
     def latest_version(self) -> int:
@@ -250,8 +251,9 @@ class Observer:
                         continue  # at-least-once: a redelivered record counts once
                     obs.seen_ids.add(rec.id)
                     obs.rewarded += 1
-                    if rec.token_versions:
+                    if rec.token_versions and rec.versions().span > 1:
                         obs.span_max = max(obs.span_max, rec.versions().span)
+                        obs.spanning += 1
                     stats = obs.by_version[rec.policy_version]
                     stats.records += 1
                     stats.reward_sum += rec.reward

@@ -32,7 +32,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, Protocol, TypeVar
 
+from streamrl.broker import EmbeddedBroker, watch_broker
 from streamrl.errors import StreamrlError
+from streamrl.topics import ensure_topics, sized_specs
 
 if TYPE_CHECKING:
     from streamrl.broker import EmbeddedBroker
@@ -119,8 +121,6 @@ class Runtime:
     async def topics(self, create: bool = True) -> list["TopicState"]:
         """The pipeline's topics on the broker: created where missing (``create``), each
         described with its drift from ``topics/*.json`` sized by ``topics.<name>.partitions``."""
-        from streamrl.topics import ensure_topics, sized_specs
-
         return await ensure_topics(self.bus, create=create, specs=sized_specs(self.cfg.topics))
 
     def serve_metrics(self) -> int:
@@ -149,8 +149,6 @@ class Runtime:
         ``bus.unavailable_timeout_s``, stop (``work`` drains), give it ``GONE_DRAIN_S``, and
         return the reason (the process exits hard if the drain does not end). None: ``work``
         ended by itself or by a stop. Reports name the runtime (``name``: the stage's)."""
-        from streamrl.broker import watch_broker
-
         bus = self.cfg.bus
         watch = asyncio.create_task(watch_broker(bus.bootstrap_servers, bus.unavailable_timeout_s,
                                                  self.stop_event, self.name))
@@ -249,7 +247,6 @@ def open_broker(cfg: "PipelineConfig", die_with_parent: bool = False
         probe_bootstrap(cfg.bus.bootstrap_servers)
         yield cfg.bus.bootstrap_servers, None
         return
-    from streamrl.broker import EmbeddedBroker
 
     with EmbeddedBroker(die_with_parent=die_with_parent) as broker:
         cfg.bus.bootstrap_servers = broker.bootstrap
