@@ -107,7 +107,7 @@ CORRECTIONS = {
 
 
 def corrected_cfg(tmp_path, name: str, **kw) -> LearnerConfig:
-    c = LearnerConfig(**{**dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0, checkpoint_dir=str(tmp_path)), **kw}).validate()
+    c = learner_cfg(tmp_path, trainer=True, **kw)
     for k, v in CORRECTIONS[name].items():
         setattr(c.rollout_correction, k, v)
     return c.validate()
