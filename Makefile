@@ -22,6 +22,7 @@ run: $(BIN)/.installed
 # .ci/test-tools installs prometheus, promtool and amtool (root with apt-get), or says in one
 # line what to install
 test: $(BIN)/.installed
+	$(BIN)/ruff check
 	.ci/test-tools
 	$(BIN)/python -m pytest -q -n 4 --dist loadgroup
 

@@ -11,7 +11,9 @@ not applied, ListOffsets by timestamp maps every time to offset 0, no CreatePart
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -193,9 +195,6 @@ async def watch_broker(servers: str, timeout_s: float, stop: "asyncio.Event", wh
     """Above whichever Kafka client a stage uses: probe the brokers every ``every_s``; while none
     answers, say so once per ``report_s`` (one line per stage, not one per request); after
     ``timeout_s`` (``bus.unavailable_timeout_s``; 0: never) set ``stop`` and return the reason."""
-    import asyncio
-    import logging
-
     log = logging.getLogger(__name__)
     down_since: float | None = None
     reported = 0.0

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from streamrl.errors import ConfigError, need
+
 TINY_SPEC = "tiny"
 
 
@@ -49,8 +51,6 @@ def tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: in
 def load_tokenizer(spec: str) -> Any:
     """The tokenizer of policy ``spec`` (``tiny`` or a local directory) alone: the feed counts
     prompt tokens with it (``feed.max_prompt_length``)."""
-    from streamrl.errors import ConfigError, need
-
     need("transformers", "cpu", "feed.max_prompt_length")
     if spec == TINY_SPEC:
         return byte_tokenizer()
@@ -66,8 +66,6 @@ def load_tokenizer(spec: str) -> Any:
 def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> tuple[Any, Any]:
     """``(model, tokenizer)`` for ``spec`` (``tiny`` or a local directory), in eval mode on
     ``device``."""
-    from streamrl.errors import need
-
     torch = need("torch", "cpu", "the policy model")
     need("transformers", "cpu", "the policy model")
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -18,7 +18,7 @@ A stage process ends with:
   answering at start), printed on one line by the caller (``streamrl.cli``, ``stage_main``).
 
 Stall detection is not per stage: ``streamrl run`` sees the whole pipeline from its topics
-(``streamrl.observing.Watch``) and restarts or stops the stages (``streamrl.launching``).
+(``streamrl.supervisor.watch``) and restarts or stops the stages (``streamrl.supervisor.launcher``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Iterator, Protocol, TypeVar
 
+from streamrl.broker import EmbeddedBroker, watch_broker
 from streamrl.errors import StreamrlError
+from streamrl.topics import ensure_topics, sized_specs
 
 if TYPE_CHECKING:
     from streamrl.broker import EmbeddedBroker
@@ -85,7 +87,7 @@ class Runtime:
         if not cfg.bus.bootstrap_servers:
             raise StreamrlError(NO_BROKER)
         from streamrl.bus import Bus
-        from streamrl.observing import ConsumerLag
+        from streamrl.bus.lag import ConsumerLag
 
         self.cfg, self.name = cfg, name
         self.bus = Bus(cfg.bus)
@@ -119,8 +121,6 @@ class Runtime:
     async def topics(self, create: bool = True) -> list["TopicState"]:
         """The pipeline's topics on the broker: created where missing (``create``), each
         described with its drift from ``topics/*.json`` sized by ``topics.<name>.partitions``."""
-        from streamrl.topics import ensure_topics, sized_specs
-
         return await ensure_topics(self.bus, create=create, specs=sized_specs(self.cfg.topics))
 
     def serve_metrics(self) -> int:
@@ -149,8 +149,6 @@ class Runtime:
         ``bus.unavailable_timeout_s``, stop (``work`` drains), give it ``GONE_DRAIN_S``, and
         return the reason (the process exits hard if the drain does not end). None: ``work``
         ended by itself or by a stop. Reports name the runtime (``name``: the stage's)."""
-        from streamrl.broker import watch_broker
-
         bus = self.cfg.bus
         watch = asyncio.create_task(watch_broker(bus.bootstrap_servers, bus.unavailable_timeout_s,
                                                  self.stop_event, self.name))
@@ -249,7 +247,6 @@ def open_broker(cfg: "PipelineConfig", die_with_parent: bool = False
         probe_bootstrap(cfg.bus.bootstrap_servers)
         yield cfg.bus.bootstrap_servers, None
         return
-    from streamrl.broker import EmbeddedBroker
 
     with EmbeddedBroker(die_with_parent=die_with_parent) as broker:
         cfg.bus.bootstrap_servers = broker.bootstrap

@@ -19,6 +19,7 @@ fsspec comes with torch (the ``cpu``/``gpu`` extras) and with the ``ray`` extra;
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.errors import ConfigError, need
+from streamrl.policy import load_policy
 
 _downloads: dict[str, Path] = {}  # uri -> the local copy being loaded
 _lock = threading.Lock()
@@ -144,9 +146,6 @@ def save_policy(model: Any, tokenizer: Any, directory: str | Path, state_dict: d
     """Write weights (safetensors), config and tokenizer to ``directory``, atomically: into a
     sibling temporary directory, then renamed, so a reader never sees half a version.
     ``state_dict``: the weights to write instead of ``model``'s (a sharded model's, gathered)."""
-    import os
-    import shutil
-
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -181,9 +180,6 @@ def export_version(src: str | Path, out: str | Path, merge: bool = False, base: 
     adapter (``base``: the base it applies to) as PEFT's files naming that base, or with
     ``merge`` the base with the adapter merged in (PEFT's ``merge_and_unload``), and the
     tokenizer."""
-    import json
-    import shutil
-
     src, out = Path(src), Path(out)
     if not (src / ADAPTER_CONFIG).is_file():
         shutil.copytree(src, out, dirs_exist_ok=True)  # full weights (merge: nothing to merge)
@@ -191,7 +187,6 @@ def export_version(src: str | Path, out: str | Path, merge: bool = False, base: 
     if base is None or not (Path(base) / "config.json").is_file():
         raise FileNotFoundError(f"{src} is a LoRA adapter, but its base ({base}) has no config.json")
     base = Path(base).resolve()
-    from streamrl.policy import load_policy
 
     _, tokenizer = load_policy(str(base))
     if merge:

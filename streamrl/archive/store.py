@@ -33,8 +33,8 @@ import pyarrow.parquet as pq
 
 from streamrl.archive.config import ARCHIVED
 from streamrl.errors import Failure
-from streamrl.records import (_ARRAY_DTYPES, DEADLETTER_SCHEMA, DISTILLED_SCHEMA, REWARDED_SCHEMA, TRAJECTORY_SCHEMA,
-                              pack_array)
+from streamrl.records import _ARRAY_DTYPES, DEADLETTER_SCHEMA, DISTILLED_SCHEMA, REWARDED_SCHEMA, TRAJECTORY_SCHEMA, pack_array
+from streamrl.reward.config import RewardConfig
 
 _LIST_TYPES = {"int32": pa.int32(), "float32": pa.float32(), "uint8": pa.uint8()}
 _NP = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1")}
@@ -245,7 +245,6 @@ def reward_config(uri: str) -> Any:
     from omegaconf import OmegaConf
 
     from streamrl.config import load_section
-    from streamrl.reward.config import RewardConfig
 
     fs, root = filesystem(uri)
     path = f"{root}/{REWARD_CONFIG}"

@@ -25,7 +25,8 @@ Everything here stands in for *time*, never for code: the stages under test are 
   announces each version) whose update costs a fixed time instead of CPU (see ``pipeline``), or
   a fixed time more than its real update (see ``learning``).
 - ``latency_backend``, ``score_after``: the real generation and rule score, each answered a
-  fixed latency later than its real work (see ``learning``).
+  fixed latency later than its real work, or (generation) busy a fixed time more per decoding
+  step (see ``learning``).
 - ``Costs``: which of these a run's stages take, handed to the stage processes (``_stages``).
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import math as _math
 import multiprocessing as mp
 import time
 from dataclasses import dataclass
@@ -41,8 +43,10 @@ from typing import Any, Sequence
 
 import orjson
 
-from streamrl.rollout.backends import Completion, PromptInput, SamplingParams
+from streamrl.rollout.backends import Completion, PromptInput, SamplingParams, make_backend
 from streamrl.rollout.backends.openai_server import OpenAIBackend
+from streamrl.scorers.digits import compute_score
+from streamrl.tasks.digits import OPS
 
 
 @dataclass(frozen=True)
@@ -245,12 +249,9 @@ def serve_digits_teacher(port_queue: Any, tokenizer_dir: str, p_right: float = 0
     next character (then on end-of-sequence) and the rest evenly on the other tokens; the sampled
     token's log-prob (``prompt_logprobs`` 0, the KL-estimator losses) is what it answers. A
     teacher that solves the task, without training one."""
-    import math as _math
-
     from aiohttp import web
     from transformers import AutoTokenizer
 
-    from streamrl.tasks.digits import OPS
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     vocab = len(tok)
@@ -390,12 +391,23 @@ class TimedTrainer:
                 "step_seconds": time.perf_counter() - started}
 
 
-def latency_backend(cfg: Any, latency_s: float) -> Any:
+def latency_backend(cfg: Any, latency_s: float, token_latency_s: float = 0.0) -> Any:
     """The rollout config's own backend (transformers, for the bench that trains for real), each
-    ``generate`` call answered ``latency_s`` later than its real work."""
-    from streamrl.rollout.backends import make_backend
-
+    ``generate`` call answered ``latency_s`` later than its real work; and (``token_latency_s``)
+    each engine call busy ``token_latency_s`` longer per decoding step it took (its longest
+    response), inside the engine: a weight load waits for it as for a GPU's decoding, so an
+    update can land between two tokens of a response (``bench learning --on-update``)."""
     backend = make_backend(cfg)
+    if token_latency_s:
+        engine = backend._generate
+
+        def decode(prompts: list[Any], n: int, params: Any) -> Any:
+            out = engine(prompts, n, params)
+            steps = max((len(s.response_ids or ()) for samples in out for s in samples), default=0)
+            time.sleep(token_latency_s * steps)
+            return out
+
+        backend._generate = decode
     if latency_s:
         real = backend.generate
 
@@ -412,8 +424,6 @@ async def score_after(data_source: str, solution_str: str, ground_truth: Any, ex
                       latency_s: float = 0.0) -> dict[str, Any]:
     """The digits rule, answered after ``latency_s`` (a judge's round trip): a ``type: function``
     scorer entry."""
-    from streamrl.scorers.digits import compute_score
-
     if latency_s:
         await asyncio.sleep(latency_s)
     return compute_score(data_source, solution_str, ground_truth, extra_info)
@@ -424,20 +434,22 @@ class Costs:
     """What a run's generation and update cost, the same in the synchronous loop and in the stage
     processes (which get it pickled): ``following``, the rollout config's OpenAI server (a
     ``serve_generation`` that pays the latency itself) through ``FollowingBackend``; otherwise its
-    own backend with ``gen_latency_s`` added to each call. ``fixed_step``: each update takes
+    own backend with ``gen_latency_s`` added to each call (and ``token_latency_s`` to each
+    decoding step of its engine). ``fixed_step``: each update takes
     ``step_s`` in all and no CPU; otherwise the real update, then ``step_s`` more (``TimedTrainer``)."""
 
     gen_latency_s: float = 0.0
     step_s: float = 0.0
     following: bool = False
     fixed_step: bool = False
+    token_latency_s: float = 0.0  # per decoding step of an in-process engine call (``latency_backend``)
 
     def backend(self, rollout: Any) -> Any:
         if self.following:
             o = rollout.openai
             return FollowingBackend(o.base_url, o.model, api_key_env="", timeout_s=o.timeout_s,
                                     max_retries=o.max_retries)
-        return latency_backend(rollout, self.gen_latency_s)
+        return latency_backend(rollout, self.gen_latency_s, self.token_latency_s)
 
     def trainer(self, trainer: Any) -> Any:
         return TimedTrainer(trainer, self.step_s, real=not self.fixed_step)

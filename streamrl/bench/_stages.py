@@ -20,10 +20,17 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 from streamrl.bench._sim import Costs
+from streamrl.learner.samples import to_samples
+from streamrl.rollout.backends import SamplingParams
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.runtime import run_until_signalled
+from streamrl.topics import ensure_topics
+from streamrl.weights import save_policy
 
 
 def configure(cfg: Any, *, bootstrap: str, run_dir: Path, prefix: str, staleness: int, groups: int,
@@ -33,8 +40,6 @@ def configure(cfg: Any, *, bootstrap: str, run_dir: Path, prefix: str, staleness
     ``staleness`` at the gate and the learner, ``versions`` versions, one checkpoint as it stops
     (none inside the measured versions: verl checkpoints every N steps, and the synchronous side
     writes none)."""
-    import uuid
-
     run_id = run_dir.name
     cfg.bus.bootstrap_servers = bootstrap
     cfg.bus.topic_prefix = f"{prefix}{uuid.uuid4().hex[:8]}"
@@ -87,12 +92,8 @@ async def run_sync(cfg: Any, prompts: list, costs: Costs, *, versions: int, in_f
     samples and the mean seconds per version of each phase."""
     from transformers.utils import logging as transformers_logging
 
-    from streamrl.learner.samples import to_samples
     from streamrl.learner.trainer import Trainer
-    from streamrl.weights import save_policy
     from streamrl.reward.scoring import Scoring
-    from streamrl.rollout.backends import SamplingParams
-    from streamrl.rollout.chat import ChatRenderer
     from streamrl.rollout.episode import run_group
 
     backend = costs.backend(cfg.rollout)
@@ -180,7 +181,6 @@ def _rollout_process(cfg_path: str, log_path: str, costs: Costs) -> None:
     from streamrl.bus import Bus
     from streamrl.pipeline_config import load_config
     from streamrl.rollout.worker import RolloutWorker
-    from streamrl.runtime import run_until_signalled
 
     cfg = load_config(cfg_path)
 
@@ -195,7 +195,6 @@ def _learner_process(cfg_path: str, log_path: str, costs: Costs, state_path: str
     from streamrl.bus import Bus
     from streamrl.learner.stage import Learner
     from streamrl.pipeline_config import load_config
-    from streamrl.runtime import run_until_signalled
 
     cfg = load_config(cfg_path)
 
@@ -221,9 +220,8 @@ async def run_streaming(bench: str, cfg: Any, cfg_path: Path, prompts: list, run
     ``Observer``) and the learner's final state."""
     from streamrl.bus import Bus
     from streamrl.config import RestartConfig
-    from streamrl.launching import LocalLauncher
-    from streamrl.observing import Observer
-    from streamrl.topics import ensure_topics
+    from streamrl.supervisor.launcher import LocalLauncher
+    from streamrl.supervisor.observer import Observer
 
     bus = Bus(cfg.bus)
     await ensure_topics(bus)

@@ -84,7 +84,12 @@ from typing import Any
 
 from streamrl.bench import harness
 from streamrl.bench._sim import unit
+from streamrl.datasets import read_rows
+from streamrl.feed.prompts import gsm8k_ground_truth
 from streamrl.plotting import pyplot, save
+from streamrl.records import Trajectory
+from streamrl.reward.config import RewardConfig, ScorerSpec
+from streamrl.scorers import gsm8k
 
 HELP = "verl reward-agent ablation: sync vs mini-batch pipeline vs one-step off-policy vs both"
 
@@ -110,8 +115,6 @@ def remote_gsm8k_score(data_source: str, solution_str: str, ground_truth: str | 
     would), then score GSM8K (streamrl's scorer, verl's ``strict`` mode). The delay's point in the
     range is a hash of ``extra_info``'s ``index`` and ``sample`` where it has them, so a trajectory
     costs the same in every mode; otherwise it is random, as in the agent's test."""
-    from streamrl.scorers import gsm8k
-
     info = extra_info or {}
     u = (unit(f"delay\x00{info['index']}\x00{info['sample']}".encode()) if "index" in info and "sample" in info
          else random.random())
@@ -201,9 +204,6 @@ class Question:
 
 
 def load_prompts(dataset: str, n: int) -> list[Question]:
-    from streamrl.datasets import read_rows
-    from streamrl.feed.prompts import gsm8k_ground_truth
-
     rows = read_rows(dataset, n, field="--dataset")
     if len(rows) < n:
         raise SystemExit(f"streamrl bench ablation: {dataset} has {len(rows)} rows, the run needs {n}")
@@ -213,8 +213,6 @@ def load_prompts(dataset: str, n: int) -> list[Question]:
 def rollout(prompt: Question, sample: int, group_size: int, version: int) -> Any:
     """One simulated response: the same text for (prompt, sample) in every mode, right about
     60 % of the time."""
-    from streamrl.records import Trajectory
-
     u = unit(f"answer\x00{prompt.index}\x00{sample}".encode())
     answer = prompt.ground_truth if u < 0.6 else prompt.ground_truth + str(1 + int(u * 9))
     text = f"Working through it step by step (sample {sample}), the total comes to {answer}.\n#### {answer}"
@@ -225,8 +223,6 @@ def rollout(prompt: Question, sample: int, group_size: int, version: int) -> Any
 
 
 def reward_config(w: Workload) -> Any:
-    from streamrl.reward.config import RewardConfig, ScorerSpec
-
     rc = RewardConfig()
     rc.thread_concurrency = w.concurrency
     rc.max_in_flight = 4 * w.samples

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import tempfile
 import time
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.bench import harness
+from streamrl.bench.bus import sample_trajectory
+from streamrl.topics import ensure_topics
 
 HELP = "archive write throughput against the bus's, and its size per 1,000 trajectories (one run)"
 
@@ -37,7 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _records(n: int, shape: tuple[int, int]) -> list[Any]:
-    from streamrl.bench.bus import sample_trajectory
     from streamrl.records import Rewarded
 
     out = []
@@ -54,13 +56,10 @@ def _size(directory: Path) -> int:
 
 
 async def _round(bus_cfg: Any, records: list[Any], compression: str) -> dict[str, float]:
-    import dataclasses
-
     from streamrl.archive.stage import ArchiveStage
     from streamrl.archive.store import Batch, Writer, to_row
     from streamrl.bus import Bus
     from streamrl.pipeline_config import PipelineConfig
-    from streamrl.topics import ensure_topics
 
     n = len(records)
     cfg = PipelineConfig(bus=dataclasses.replace(bus_cfg, topic_prefix=f"bench{uuid.uuid4().hex[:8]}"))

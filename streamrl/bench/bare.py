@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import torch
 
+from streamrl.learner import microbatch
+
 
 class BareGRPO:
     """A model, AdamW, and ``step(samples) -> (seconds, loss)``."""
@@ -28,8 +30,6 @@ class BareGRPO:
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
 
     def step(self, samples: Sequence[Any]) -> tuple[float, float]:
-        from streamrl.learner import microbatch
-
         started = time.perf_counter()
         samples = sorted(samples, key=lambda s: s.id)
         adv = _grpo_advantages(samples)

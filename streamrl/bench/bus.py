@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
+import json as _json
 import multiprocessing as mp
 import os
 import sys
@@ -42,6 +44,8 @@ from dataclasses import asdict
 from typing import Any, Iterator
 
 from streamrl.bench import harness
+from streamrl.runtime import open_broker
+from streamrl.topics import ensure_topics
 
 HELP = "bus throughput, latency and loop lag against the bare Kafka clients (one run, side by side)"
 MODES = ("bus", "bytes", "bare", "aio", "aiokafka")
@@ -141,8 +145,6 @@ def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int, rate: f
     """The bare librdkafka producer as its own examples drive it (no event loop): produce,
     serve delivery reports, wait when the queue is full. Returns (payload bytes, wire ratio:
     bytes sent to the broker over message bytes, from librdkafka's statistics)."""
-    import json as _json
-
     from streamrl.bench.bare_clients import bare_producer
     from streamrl.config import BusConfig
 
@@ -175,8 +177,8 @@ def _bare_send(bus_cfg: dict, topic: str, payloads: list[bytes], n: int, rate: f
 
 
 async def _produce(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int], go, out, rate: float) -> None:
-    from streamrl.bus import Bus
     from streamrl.bench.bare_clients import aio_producer, aiokafka_producer
+    from streamrl.bus import Bus
     from streamrl.config import BusConfig
 
     bus = Bus(BusConfig(**bus_cfg))
@@ -293,7 +295,6 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
     """One producer/consumer pair over fresh topics; returns throughput, latencies, loop lag."""
     from streamrl.bus import Bus
     from streamrl.config import BusConfig
-    from streamrl.topics import ensure_topics
 
     bus_cfg = dict(bus_cfg, topic_prefix=f"bench{uuid.uuid4().hex[:8]}")
     asyncio.run(ensure_topics(Bus(BusConfig(**bus_cfg))))
@@ -332,8 +333,6 @@ def run_once(mode: str, bus_cfg: dict, n: int, shape: tuple[int, int],
 
 
 def _available(modes: list[str]) -> list[str]:
-    import importlib.util
-
     from streamrl.bench.bare_clients import aio_producer  # noqa: F401 - the bus's own client is there
 
     out = []
@@ -372,8 +371,6 @@ class BusBench(harness.Bench):
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        from streamrl.runtime import open_broker
-
         with open_broker(self.cfg) as (_, broker):  # the broker's process: its CPU per record
             self.bus_cfg, self.broker_pid = asdict(self.cfg.bus), broker.proc.pid if broker is not None else None
             yield

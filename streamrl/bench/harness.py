@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
+from streamrl.runtime import broker_for
+
 
 class Runs(dict):
     """variant -> its runs' results, in round order."""
@@ -215,7 +217,6 @@ def broker(bootstrap_servers: str = "") -> Iterator[Any]:
     """The bus config of the broker a bench runs on: ``bootstrap_servers`` (checked to answer), or
     the embedded broker for the block's duration (its address set in the config)."""
     from streamrl.pipeline_config import PipelineConfig
-    from streamrl.runtime import broker_for
 
     cfg = PipelineConfig()
     cfg.bus.bootstrap_servers = bootstrap_servers

@@ -28,13 +28,22 @@ fine-tuning. Default model ``m120``: a Qwen2-shaped 123M-parameter config with r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from streamrl.learner import distributed
+from streamrl.learner.config import LearnerConfig, LoraConfig
+from streamrl.learner.distributed import local_bytes
+from streamrl.net import free_port
+from streamrl.policy import byte_tokenizer, load_policy, tiny_model
+from streamrl.weights import save_policy
 
 HELP = "the learner's step against a bare PyTorch loop, padded and packed (ratios, one run)"
 
@@ -56,8 +65,6 @@ def build_policy(name: str, directory: Path, device: str = "cpu") -> str:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from streamrl.policy import byte_tokenizer, tiny_model
-    from streamrl.weights import save_policy
 
     tok = byte_tokenizer()
     if name == "m120":
@@ -109,11 +116,8 @@ def measure(name: str, args: argparse.Namespace, steps: int, workdir: Path) -> d
     import numpy as np
     import torch
 
-    from streamrl.learner.config import LearnerConfig
     from streamrl.learner.samples import Sample
     from streamrl.learner.trainer import Trainer
-    from streamrl.policy import byte_tokenizer, tiny_model
-    from streamrl.weights import save_policy
 
     hidden, layers = MODELS[name]
     tokenizer = byte_tokenizer()
@@ -156,14 +160,11 @@ def _samples(args: argparse.Namespace, seed: int) -> list:
 
 def _parallel_rank(rank: int, world: int, port: int, args: argparse.Namespace, policy: str, out: str) -> None:
     """One rank of the ``--nproc`` bench (rank 0 drives, the others follow as in the learner)."""
-    import os
-
     import torch
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(max(1, args.threads // world))
-    from streamrl.learner import distributed
 
     cfg = _parallel_cfg(args)
     if rank:
@@ -181,14 +182,10 @@ def _parallel_rank(rank: int, world: int, port: int, args: argparse.Namespace, p
 
 
 def _parallel_cfg(args: argparse.Namespace):
-    from streamrl.learner.config import LearnerConfig
-
     return LearnerConfig(device=args.device, lr=1e-4, micro_batch_size=8).validate()
 
 
 def _parallel_steps(trainer, args: argparse.Namespace) -> dict:
-    from streamrl.learner.distributed import local_bytes
-
     steps = 3 if args.quick else 6
     losses, times = [], []
     for seed in range(steps + 1):  # the first step warms up
@@ -206,9 +203,6 @@ def parallel(args: argparse.Namespace) -> int:
     import torch.multiprocessing as mp
 
     from streamrl.learner.trainer import Trainer
-    from streamrl.net import free_port
-    from streamrl.policy import byte_tokenizer, load_policy, tiny_model
-    from streamrl.weights import save_policy
 
     counts = sorted({int(n) for n in args.nproc.split(",") if n.strip()})
     args.model = args.model or "small"
@@ -271,8 +265,6 @@ def rl_samples(args: argparse.Namespace, seed: int) -> list:
 
 
 def _bare_cfg(args: argparse.Namespace, packed: bool):
-    from streamrl.learner.config import LearnerConfig
-
     return LearnerConfig(device=args.device, dtype=args.dtype, lr=1e-5, micro_batch_size=args.micro_batch_size,
                          max_tokens_per_micro_batch=args.max_tokens, use_remove_padding=packed).validate()
 
@@ -283,10 +275,8 @@ def _path_run(args: argparse.Namespace, policy: str, packed: bool, batches: list
     import torch
 
     from streamrl.bench.bare import BareGRPO
-    from streamrl.learner.trainer import Trainer
-
     from streamrl.learner import packing
-    from streamrl.policy import load_policy
+    from streamrl.learner.trainer import Trainer
 
     cfg = _bare_cfg(args, packed)
     trainer = Trainer(cfg, policy=policy)
@@ -330,9 +320,6 @@ def _path_run(args: argparse.Namespace, policy: str, packed: bool, batches: list
 def _one_rank_group() -> None:
     """Make this process rank 0 of 1 (what torch's launcher would set), so that the learner's
     ``Trainer`` joins a group and shards its model with FSDP2."""
-    import os
-
-    from streamrl.net import free_port
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()))
@@ -388,7 +375,6 @@ def versus_bare(args: argparse.Namespace) -> int:
 
 def _lora_trainer(args: argparse.Namespace, policy: str, rank: int):
     """A learner: full fine-tuning at rank 0, else LoRA of ``rank`` on every linear layer."""
-    from streamrl.learner.config import LearnerConfig, LoraConfig
     from streamrl.learner.trainer import Trainer
 
     cfg = LearnerConfig(device=args.device, dtype=args.dtype, lr=1e-5, micro_batch_size=args.micro_batch_size,
@@ -402,7 +388,6 @@ def _lora_result(trainer, rank: int, times: list[float], out: Path) -> dict:
     parameters, gradients and optimizer states, and its median step time (the first warms up)."""
     import torch
 
-    from streamrl.learner.distributed import local_bytes
 
     trainer.save_weights(out)
     optim = [v for st in trainer.optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
@@ -419,8 +404,6 @@ def _lora_result(trainer, rank: int, times: list[float], out: Path) -> dict:
 
 def lora(args: argparse.Namespace) -> int:
     """Full fine-tuning against LoRA ranks on the same mini-batches, in one run."""
-    import gc
-
     import torch
 
     torch.set_num_threads(args.threads)
@@ -497,7 +480,6 @@ def shapes(args: argparse.Namespace) -> int:
     on the same mini-batches (which goes first alternates too); the first mini-batch warms up."""
     import torch
 
-    from streamrl.learner.config import LearnerConfig
     from streamrl.learner.trainer import Trainer
 
     torch.set_num_threads(args.threads)

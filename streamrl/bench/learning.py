@@ -49,6 +49,21 @@ solves the task, 0.97 on the right answer's next token (``_sim.serve_digits_teac
 simulated vLLM ``prompt_logprobs`` server through the stage's ``openai`` backend); or ``sync``:
 the synchronous run's final policy, loaded by the stage (transformers).
 
+With ``--on-update drain,partial`` (issue 50), the variants are the synchronous loop and the
+stages streamed at the first ``--staleness`` / ``--correction`` with each ``rollout.on_update``:
+does continuing responses across weight updates (partial rollouts, every token stamped with its
+version) cost learning? The task's responses are three tokens (two digits, end of sequence), so
+an update landing *inside* one needs a cost per token, not per call: with ``--on-update`` the
+generation latency is ``--token-latency`` seconds per decoding step of the engine (0.3 by
+default; ``--gen-latency`` 0), paid inside the engine, so a weight load waits for the step in
+progress as on a GPU, and ``partial`` decodes ``--chunk-tokens`` (1) at a time: a load lands
+between any two tokens. At 0.3 s a version's generation (four engine batches of 64 rows, three
+steps each: 3.6 s) outlasts its scoring and update, as in RL with long responses, where partial
+rollouts matter: the engine is decoding when a version lands. (At 0.1 s the worker waited at
+the staleness gate, idle, for most versions, and 2.4 % of trajectories spanned two versions.)
+Every variant pays the same per step. The table's ``spanning`` is the share of scored
+trajectories whose tokens span more than one version (partial rollouts that happened).
+
 Per variant and seed: reward by version (the mean over the records that version generated),
 against wall time (from the run's first score) and against trained samples; the wall time and
 the samples to reach ``--target``; the final reward (mean of the last ``--final`` versions).
@@ -64,7 +79,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from streamrl.bench import harness
 from streamrl.bench._sim import Costs
@@ -93,8 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="add the in-process lagged-weights variants (staleness without a pipeline)")
     parser.add_argument("--target", type=float, default=0.0, help="reward to reach (default 0.4, --quick 0.15)")
     parser.add_argument("--final", type=int, default=5, help="the final reward: mean of this many last versions")
-    parser.add_argument("--gen-latency", type=float, default=1.0,
-                        help="seconds added to each generation call (one prompt's group; a version's prompts are in flight at once)")
+    parser.add_argument("--gen-latency", type=float, default=None,
+                        help="seconds added to each generation call (one prompt's group; a version's prompts are in "
+                             "flight at once; default 1, 0 with --on-update: --token-latency stands in)")
     parser.add_argument("--judge-latency", type=float, default=0.5, help="seconds added to each score (a judge's round trip)")
     parser.add_argument("--step-latency", type=float, default=1.0, help="seconds added to each learner step (one per version)")
     parser.add_argument("--distill", action="store_true",
@@ -107,6 +123,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--distill's teacher: rule, a rule-built teacher that solves the task (a simulated "
                              "vLLM prompt_logprobs server, _sim.serve_digits_teacher); sync, the synchronous run's "
                              "final policy (transformers, in the teacher stage)")
+    parser.add_argument("--on-update", default="",
+                        help="instead of the staleness grid, the rollout worker's rollout.on_update modes streamed at "
+                             "the first --staleness and --correction: drain,partial (issue 50; the local engine "
+                             "decodes --chunk-tokens at a time, each decoding step costing --token-latency)")
+    parser.add_argument("--token-latency", type=float, default=None,
+                        help="seconds each decoding step of the engine takes on top of its real work, the engine busy "
+                             "(a weight load waits for it; default 0.3 with --on-update, else 0)")
+    parser.add_argument("--chunk-tokens", type=int, default=1,
+                        help="--on-update partial: rollout.partial_chunk_tokens, the tokens decoded between two "
+                             "chances to load new weights")
     parser.add_argument("--recipes", default="",
                         help=f"instead of the staleness grid, verl recipes streamed at the first --staleness and "
                              f"--correction: any of {','.join(RECIPES)} (issue 37)")
@@ -127,7 +153,11 @@ RECIPES: dict[str, dict[str, Any]] = {
     # (decoupled: token-level TIS at 2 and sequences whose mean k3 divergence from the rollout
     # policy passes 0.05 rejected; it replaces learner.decoupled)
     "ppo": {"adv_estimator": "gae", "lam": 1.0, "critic.lr": 2e-3, "critic.cliprange_value": 0.5},
-    "remax": {"adv_estimator": "remax"},
+    # ReMax without an entropy bonus (verl's default, as its ReMax scripts run) and with verl's
+    # KL loss to the reference (low_var_kl, 0.1): its advantage r - r_greedy is neither centred
+    # nor normalised, and on this task the bonus, or AdamW's pull on the rows of tokens never
+    # sampled, takes the policy off the digits in a version or a few (docs/guides/objective.md)
+    "remax": {"adv_estimator": "remax", "entropy_coeff": 0.0, "kl_coef": 0.1, "kl_loss_type": "low_var_kl"},
     "grpo_rc": {"rollout_correction.rollout_is": "token", "rollout_correction.rollout_is_threshold": "2.0",
                 "rollout_correction.rollout_rs": "seq_mean_k3", "rollout_correction.rollout_rs_threshold": "0.05"},
 }
@@ -163,6 +193,9 @@ class Setup:
     distill: bool = False
     teacher: str = "rule"  # --distill: rule (the task's answers) or sync (the synchronous run's final policy)
     distill_loss: str = "forward_kl_topk"  # --distill: verl's loss_mode
+    on_update: list[str] = field(default_factory=list)  # --on-update: rollout.on_update modes compared
+    token_latency_s: float = 0.0  # per decoding step of the engine (``_sim.latency_backend``)
+    chunk_tokens: int = 1  # --on-update partial: rollout.partial_chunk_tokens
 
     @property
     def batch(self) -> int:
@@ -179,22 +212,37 @@ def setup_from(args: argparse.Namespace) -> Setup:
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if set(recipes) - set(RECIPES):
         raise SystemExit(f"bench learning: --recipes takes {', '.join(RECIPES)} (got {args.recipes!r})")
+    modes = [m.strip() for m in (getattr(args, "on_update", "") or "").split(",") if m.strip()]
+    if not set(modes) <= {"drain", "partial"}:  # abort is the servers' (the local engine drains)
+        raise SystemExit(f"bench learning: --on-update takes drain, partial (got {args.on_update!r})")
+    chunk = getattr(args, "chunk_tokens", 1)
+    if chunk < 1:
+        raise SystemExit(f"bench learning: --chunk-tokens must be >= 1 (got {chunk})")
+    # with --on-update the cost of generation is per decoding step (an update can land inside a
+    # response), not per call (it would land between calls whatever the mode)
+    token_latency = getattr(args, "token_latency", None)
+    token_latency = (0.3 if modes else 0.0) if token_latency is None else token_latency
+    gen_latency = (0.0 if modes else 1.0) if args.gen_latency is None else args.gen_latency
     return Setup(task=args.task, versions=args.versions or (20 if args.quick else 40),
                  seeds=args.seeds or (1 if args.quick else 3), staleness=staleness,
                  corrections=[w == "on" for w in words], groups=args.groups, group_size=args.group_size,
                  lr=args.lr, entropy_coeff=args.entropy_coeff, lagged=args.lagged,
                  target=args.target or (0.15 if args.quick else 0.4), final=args.final,
-                 gen_latency_s=args.gen_latency, judge_latency_s=args.judge_latency,
+                 gen_latency_s=gen_latency, judge_latency_s=args.judge_latency,
                  step_latency_s=args.step_latency, recipes=recipes, distill=getattr(args, "distill", False),
                  teacher=getattr(args, "teacher", "rule"),
-                 distill_loss=getattr(args, "distill_loss", "forward_kl_topk"))
+                 distill_loss=getattr(args, "distill_loss", "forward_kl_topk"), on_update=modes,
+                 token_latency_s=token_latency, chunk_tokens=chunk)
 
 
 # -- one run ------------------------------------------------------------------------------------
 
 def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, staleness: int,
-               correction: bool, recipe: str = "", teacher: str = "", task_rewards: bool = True) -> Any:
-    """One run's pipeline config; ``teacher`` (a policy directory): on-policy distillation from it
+               correction: bool, recipe: str = "", teacher: str = "", task_rewards: bool = True,
+               on_update: str = "drain") -> Any:
+    """One run's pipeline config; ``on_update``: the rollout worker's ``rollout.on_update`` (partial:
+    the engine decodes ``s.chunk_tokens`` at a time, a new version loaded between two chunks);
+    ``teacher`` (a policy directory): on-policy distillation from it
     (the k3 estimator, verl's default, in line after the reward group; ``task_rewards`` false: the
     distillation loss alone, the teacher reading ``rollouts``, the reward group still scoring them
     for the curve, unread by the learner)."""
@@ -209,6 +257,7 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
     r = cfg.rollout
     r.policy, r.seed = policy, seed
     r.max_in_flight = s.groups  # a version's prompts in flight at once, as a serving engine takes a batch
+    r.on_update, r.partial_chunk_tokens = on_update, s.chunk_tokens
     cfg.reward.scorers["digits"] = ScorerSpec(type="function", path="streamrl.bench._sim:score_after",
                                               kwargs={"latency_s": s.judge_latency_s}, data_sources=["digits"])
     lc = cfg.learner
@@ -239,7 +288,7 @@ def run_config(s: Setup, bootstrap: str, run_dir: Path, policy: str, seed: int, 
 
 def costs(s: Setup) -> Costs:
     """The fixed latencies, on both sides: generation calls, learner steps (scores: ``run_config``)."""
-    return Costs(gen_latency_s=s.gen_latency_s, step_s=s.step_latency_s)
+    return Costs(gen_latency_s=s.gen_latency_s, step_s=s.step_latency_s, token_latency_s=s.token_latency_s)
 
 
 async def run_sync(s: Setup, cfg: Any, prompts: list, lag: int = 0) -> dict[str, Any]:
@@ -267,6 +316,8 @@ async def run_streaming(s: Setup, cfg: Any, prompts: list, run_dir: Path) -> dic
     t0 = min(st.first_scored for st in done.values())
     return {"rewards": {v: st.mean for v, st in done.items()},
             "seen": {v: st.last_scored - t0 for v, st in done.items()},
+            # partial rollouts: the share of scored trajectories whose tokens span versions
+            "spanning": obs.spanning / max(obs.rewarded, 1), "span_max": obs.span_max,
             "deadletters": sum(obs.deadletters.values()),
             "filtered_groups": obs.deadletters.get("filtered", 0) // cfg.feed.group_size}
 
@@ -310,6 +361,9 @@ def summarise(runs: list[dict[str, Any]], s: Setup) -> dict[str, Any]:
             # trajectories dead-lettered on the way (streaming: mostly groups the learner found
             # older than max_staleness): generated, never trained
             "dead_lettered": round(statistics.fmean(r.get("deadletters", 0) for r in runs)),
+            # on_update partial: trajectories whose tokens span more than one version (share, most versions)
+            "spanning_fraction": round(statistics.fmean(r.get("spanning", 0.0) for r in runs), 4),
+            "span_max": max(r.get("span_max", 1) for r in runs),
             # dynamic sampling (the dapo recipe): groups filtered, per version
             "filtered_groups_per_version": round(statistics.fmean(r.get("filtered_groups", 0) for r in runs)
                                                  / s.versions, 2),
@@ -330,11 +384,12 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     # one colour per staleness, or per recipe when the bench compares recipes
-    keys = [f"recipe {r}" for r in s.recipes] if s.recipes else sorted(s.staleness)
+    keys = [f"on_update {m}" for m in s.on_update] if s.on_update else \
+        [f"recipe {r}" for r in s.recipes] if s.recipes else sorted(s.staleness)
     keys += ["distill + task rewards", "distill alone"] if s.distill else []
     colours = {k: plt.get_cmap("tab10")(i) for i, k in enumerate(keys)}
     for name, runs in results.items():
-        key = name if (s.recipes and name.startswith("recipe")) or name.startswith("distill") \
+        key = name if (s.recipes and name.startswith("recipe")) or name.startswith(("distill", "on_update")) \
             else runs[0].get("staleness")
         colour = "#333333" if name == "sync" else colours.get(key, "#999999")
         lagged = runs[0].get("kind") == "lagged"
@@ -357,20 +412,31 @@ def plot(results: dict[str, list[dict[str, Any]]], s: Setup, path: Path) -> Path
 
 # -- the whole bench ------------------------------------------------------------------------------
 
-def variants(s: Setup) -> dict[str, tuple[str, int, bool, str]]:
-    """name -> (kind: sync, streaming or lagged; staleness; the correction; recipe)."""
-    out = {"sync": ("sync", 0, False, "")}
-    if s.distill:  # RL alone against distillation from the teacher (--teacher), same budget
+class Variant(NamedTuple):
+    kind: str  # sync, streaming, lagged or distill
+    staleness: int
+    correction: bool
+    recipe: str = ""
+    on_update: str = "drain"  # the rollout worker's rollout.on_update (--on-update)
+
+
+def variants(s: Setup) -> dict[str, Variant]:
+    """name -> ``Variant``."""
+    out = {"sync": Variant("sync", 0, False)}
+    if s.on_update:  # the rollout worker's on_update modes, each streamed at one staleness
         k, c = s.staleness[0], s.corrections[0]
-        out.update({f"staleness {k}{' + correction' if c else ''}": ("streaming", k, c, ""),
-                    "distill + task rewards": ("distill", k, c, ""), "distill alone": ("distill", k, c, "")})
+        out.update({f"on_update {m}": Variant("streaming", k, c, on_update=m) for m in s.on_update})
+    elif s.distill:  # RL alone against distillation from the teacher (--teacher), same budget
+        k, c = s.staleness[0], s.corrections[0]
+        out.update({f"staleness {k}{' + correction' if c else ''}": Variant("streaming", k, c),
+                    "distill + task rewards": Variant("distill", k, c), "distill alone": Variant("distill", k, c)})
     elif s.recipes:  # verl's recipes, each streamed at one staleness
-        out.update({f"recipe {r}": ("streaming", s.staleness[0], s.corrections[0], r) for r in s.recipes})
+        out.update({f"recipe {r}": Variant("streaming", s.staleness[0], s.corrections[0], r) for r in s.recipes})
     else:
-        out.update({f"staleness {k}{' + correction' if c else ''}": ("streaming", k, c, "")
+        out.update({f"staleness {k}{' + correction' if c else ''}": Variant("streaming", k, c)
                     for k in s.staleness for c in s.corrections})
     if s.lagged:
-        out.update({f"lagged {k}{' + correction' if c else ''}": ("lagged", k, c, "")
+        out.update({f"lagged {k}{' + correction' if c else ''}": Variant("lagged", k, c)
                     for k in s.staleness for c in s.corrections})
     return out
 
@@ -404,7 +470,7 @@ class LearningBench(harness.Bench):
         s = self.s
         if seed not in self.policies:  # the warm start of the embedded default (its own seed), once per seed
             self.policies[seed] = str(digits.warm_start(self.out / "learning" / f"warm_start-seed{seed}", seed=seed))
-        kind, k, correction, recipe = self.specs[name]
+        kind, k, correction, recipe, on_update = self.specs[name]
         run_dir = self.out / "learning" / f"{self.stamp}-seed{seed}-{name.replace(' + ', '-').replace(' ', '')}"
         if kind == "distill" and s.teacher == "rule" and not self.rule_teacher:
             from streamrl.bench._sim import SimServer, serve_digits_teacher
@@ -413,7 +479,7 @@ class LearningBench(harness.Bench):
             self.rule_teacher = self.stack.enter_context(SimServer(serve_digits_teacher, self.policies[seed])).url
         teacher = "" if kind != "distill" else self.rule_teacher if s.teacher == "rule" else str(self.teachers[seed])
         cfg = run_config(s, self.bus.bootstrap_servers, run_dir, self.policies[seed], seed, max(k, 1), correction,
-                         recipe, teacher=teacher, task_rewards=name != "distill alone")
+                         recipe, teacher=teacher, task_rewards=name != "distill alone", on_update=on_update)
         prompts = list(build_prompts(cfg.feed))
         if kind == "sync":
             run = await run_sync(s, cfg, prompts)
@@ -444,6 +510,11 @@ class LearningBench(harness.Bench):
                 # None where either side never reached the target, or synchronous training started there
                 ratios[f"{what}_to_target_vs_sync_{key}"] = (round(mine / theirs, 3) if mine is not None and theirs
                                                              else None)
+        drain, partial = table.get("on_update drain"), table.get("on_update partial")
+        if drain and partial:  # --on-update: partial's time to the target against drain's (< 1: sooner)
+            mine, theirs = partial["seconds_to_target"], drain["seconds_to_target"]
+            ratios["time_to_target_partial_vs_drain"] = round(mine / theirs, 3) if mine and theirs else None
+            ratios["final_reward_partial_minus_drain"] = round(partial["final_reward"] - drain["final_reward"], 4)
         grpo = table.get("recipe grpo", {}).get("seconds_per_version")
         for name, t in table.items():  # each recipe's seconds per version against GRPO's (the critic's cost)
             if name.startswith("recipe ") and name != "recipe grpo" and grpo and t["seconds_per_version"]:
@@ -452,17 +523,19 @@ class LearningBench(harness.Bench):
 
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
         s = self.s
+        per_token = f", {s.token_latency_s:g} s/decoding step" if s.token_latency_s else ""
+        chunks = f"; partial decodes {s.chunk_tokens} token(s) a chunk" if "partial" in s.on_update else ""
         print(f"setup: {s.versions} versions x {s.batch} trajectories, {s.seeds} seed(s); latencies: generation "
-              f"{s.gen_latency_s:g} s/call, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; "
-              f"target {s.target:g}")
+              f"{s.gen_latency_s:g} s/call{per_token}, score {s.judge_latency_s:g} s, step {s.step_latency_s:g} s; "
+              f"target {s.target:g}{chunks}")
         dash = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         print(harness.table(
             ["variant", "final (min..max)", "s to target", "samples", "reached", "run s", "s/version", "dead",
-             "filtered/v"],
+             "filtered/v", "spanning"],
             [[name, f"{t['final_reward']:.3f} ({t['final_min']:.2f}..{t['final_max']:.2f})",
               dash(t["seconds_to_target"], ".1f"), dash(t["samples_to_target"], ""), t["reached"],
               dash(t["seconds"], ".1f"), dash(t["seconds_per_version"], ".2f"), t["dead_lettered"],
-              f"{t['filtered_groups_per_version']:.2f}"]
+              f"{t['filtered_groups_per_version']:.2f}", f"{t['spanning_fraction']:.3f}"]
              for name, t in summary["variants"].items()]))
 
     def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:

@@ -69,9 +69,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from streamrl.bench import harness
-from streamrl.bench._sim import Costs, JudgeLatency
+from streamrl.bench import harness, on_update
+from streamrl.bench._sim import Costs, JudgeLatency, SimServer, serve_generation, serve_judge, serve_teacher
+from streamrl.bench._stages import configure, run_streaming, run_sync, write_config
+from streamrl.datasets import read_rows
+from streamrl.feed.prompts import build_prompts
 from streamrl.plotting import pyplot, save
+from streamrl.reward.config import ScorerSpec
 
 HELP = "streaming pipeline vs a synchronous barrier (time per version, speedup, efficiency vs bound)"
 
@@ -101,7 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--teacher-concurrency", type=int, default=2, help="records in flight per teacher member")
     parser.add_argument("--dataset", default=DATASET,
                         help="GSM8K-style dataset: gsm8k (from the hub) or a .jsonl/.parquet file")
-    from streamrl.bench import on_update
 
     on_update.add_arguments(parser)
 
@@ -175,8 +178,6 @@ class PipelineBench(harness.Bench):
     broker = True
 
     def __init__(self, args: argparse.Namespace):
-        from streamrl.datasets import read_rows
-
         super().__init__(args)
         self.w = workload_from(args)
         read_rows(args.dataset, limit=1, field="--dataset")  # a bad name fails now, in one line
@@ -194,8 +195,6 @@ class PipelineBench(harness.Bench):
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        from streamrl.bench._sim import SimServer, serve_generation, serve_judge, serve_teacher
-
         w = self.w
         with SimServer(serve_generation, w.gen_latency_s) as gen, \
                 SimServer(serve_judge, w.judge_low_s, w.judge_high_s) as judge, \
@@ -206,9 +205,7 @@ class PipelineBench(harness.Bench):
 
     def config(self, staleness: int, run_dir: Path) -> Any:
         """The pipeline config every stage of one run reads (also written as ``pipeline.yaml``)."""
-        from streamrl.bench._stages import configure
         from streamrl.pipeline_config import PipelineConfig
-        from streamrl.reward.config import ScorerSpec
 
         w, (gen_url, judge_url) = self.w, self.urls
         cfg = configure(PipelineConfig(), bootstrap=self.bus.bootstrap_servers, run_dir=run_dir, prefix="bench",
@@ -237,9 +234,6 @@ class PipelineBench(harness.Bench):
         return cfg
 
     async def measure(self, variant: str, round: int) -> dict[str, Any]:
-        from streamrl.bench._stages import run_streaming, run_sync, write_config
-        from streamrl.feed.prompts import build_prompts
-
         w = self.w
         run_dir = self.out / "pipeline" / f"{self.stamp}-{variant.replace(' ', '')}"
         if variant == "sync":  # first: its batches are every run's prompts

@@ -27,11 +27,15 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 import uuid
 from dataclasses import replace
 from typing import Any
+
+from streamrl.runtime import broker_for
+from streamrl.topics import ensure_topics
 
 HELP = "reward scorers: dynamic batching vs serial vs offline, judge vs concurrency/latency"
 
@@ -58,8 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_inputs(n: int, response_words: int, seed: int) -> list[tuple[str, str]]:
-    import random
-
     rng = random.Random(seed)
     text = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))  # noqa: E731
     return [(text(6) + "?", text(response_words) + f" #### {rng.randint(0, 999)}") for _ in range(n)]
@@ -108,7 +110,6 @@ class TopicFeed:
     async def start(self) -> None:
         from streamrl.bus import StageLoop
         from streamrl.records import Trajectory
-        from streamrl.topics import ensure_topics
 
         await ensure_topics(self.bus)
         self.producer = await self.bus.producer("bench").start()
@@ -216,7 +217,6 @@ def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from streamrl.runtime import broker_for
     from streamrl.pipeline_config import PipelineConfig
 
     torch.set_num_threads(args.threads)

@@ -20,6 +20,7 @@ or the supervisor lands (``--against main``), and put the ratio in the change's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -31,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import streamrl
+from streamrl import plotting
 from streamrl.bench import harness
 
 HELP = "the main job against another tree or install of streamrl, both at once (ratios per round)"
@@ -40,8 +43,6 @@ SIDES = ("this", "against")
 
 def source_root() -> Path:
     """The directory this streamrl is imported from (a checkout's root, or site-packages)."""
-    import streamrl
-
     return Path(streamrl.__file__).resolve().parent.parent
 
 
@@ -66,7 +67,7 @@ def figures(run_dir: Path) -> dict[str, float]:
     run keeps (``runs/<id>/observation.json``, read as ``streamrl run`` reads it on a resume:
     when each version was announced, how many rollouts each version generated), and the last
     version's mean reward."""
-    from streamrl.observing import Observation
+    from streamrl.supervisor.observer import Observation
 
     files = sorted(run_dir.glob("runs/*/observation.json"))
     if not files:
@@ -96,8 +97,6 @@ class RunBench(harness.Bench):
         self.label = args.against or args.against_python
 
     def session(self) -> Any:
-        import contextlib
-
         @contextlib.contextmanager
         def sides() -> Any:
             with tempfile.TemporaryDirectory(prefix="streamrl-bench-run-") as tmp:
@@ -174,8 +173,6 @@ class RunBench(harness.Bench):
                              "rollouts/s this", f"rollouts/s {self.label}", "rollouts ratio"], rows))
 
     def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:
-        from streamrl import plotting
-
         plt = plotting.pyplot()
         fig, ax = plt.subplots(figsize=(7, 3.2))
         rounds = runs[self.variants[0]]

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import re
+import subprocess
 import sys
 import time
 import urllib.request
@@ -45,6 +46,8 @@ from typing import Any, Iterator
 
 from streamrl.bench import harness
 from streamrl.plotting import pyplot, save
+from streamrl.reward.config import ScorerSpec
+from streamrl.topics import ensure_topics, load_specs
 
 HELP = ("reward group scaling: throughput with 1, 2 and 4 members against a latency-bound judge; "
         "--pipeline: records per member and seconds per version through the real pipeline")
@@ -72,7 +75,6 @@ def bound_per_s(members: int, concurrency: int, latency_s: float) -> float:
 
 def reward_config(bootstrap: str, judge_url: str, concurrency: int, run_id: str):
     from streamrl.pipeline_config import PipelineConfig
-    from streamrl.reward.config import ScorerSpec
 
     cfg = PipelineConfig()
     cfg.bus.bootstrap_servers = bootstrap
@@ -132,10 +134,9 @@ async def measure_group(members: int, args: argparse.Namespace, bootstrap: str, 
     """One group size: start the members, let them settle, produce a backlog, count a window."""
     from streamrl.bench._stages import write_config
     from streamrl.bus import Bus, Reader
-    from streamrl.records import Rewarded, Trajectory
     from streamrl.config import RestartConfig
-    from streamrl.launching import LocalLauncher
-    from streamrl.topics import ensure_topics
+    from streamrl.records import Rewarded, Trajectory
+    from streamrl.supervisor.launcher import LocalLauncher
 
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-members{members}"
     run_dir = out / "scale" / run_id
@@ -242,8 +243,6 @@ async def seconds_per_version(bus) -> float | None:
 def run_pipeline(bootstrap: str, prefix: str, out: Path, overrides: list[str], timeout_s: float) -> dict[str, Any]:
     """``streamrl run`` (the embedded default's config) on ``bootstrap`` with topics ``prefix``;
     its summary (the last line of its stdout). Its stderr goes to ``out/run.log``."""
-    import subprocess
-
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "run.log", "w") as log:
         proc = subprocess.run([sys.executable, "-m", "streamrl", "run", "local.yaml", "--bootstrap-servers", bootstrap,
@@ -356,8 +355,6 @@ class ScaleBench(harness.Bench):
                                          self.window_s))
 
     def summary(self, runs: harness.Runs) -> dict[str, Any]:
-        from streamrl.topics import load_specs
-
         rows = list(runs.single().values())
         base = rows[0]
         result: dict[str, Any] = {f"scale_{r['members']}": round(r["per_s"] / base["per_s"], 3) for r in rows[1:]}

@@ -143,7 +143,8 @@ class MemoryProducer:
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(delivery)
         if self.on_delivery is not None:
-            fut.add_done_callback(lambda f, n=len(value): self.on_delivery(topic, n, None))  # type: ignore[misc]
+            size = len(value)
+            fut.add_done_callback(lambda f: self.on_delivery(topic, size, None))  # type: ignore[misc]
         return fut
 
     async def partition_count(self, topic: str) -> int | None:

@@ -25,6 +25,7 @@ import numpy as np
 from streamrl import metrics
 from streamrl.distillation.config import TeacherConfig
 from streamrl.errors import Failure
+from streamrl.policy import load_policy
 from streamrl.records import Trajectory
 from streamrl.scorers.batching import MicroBatcher
 
@@ -72,8 +73,6 @@ class TransformersTeacher:
 
     def load(self) -> None:
         """Load the model now (at build: a missing model fails before anything connects)."""
-        from streamrl.policy import load_policy
-
         self.model, _ = load_policy(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype, seed=self.cfg.seed)
         self.model.eval()
         self.vocab = self.model.get_input_embeddings().num_embeddings

@@ -29,13 +29,20 @@ from streamrl.bus import Bus, Message, Reader, TopicPartition
 from streamrl.errors import Failure
 from streamrl.evaluation.config import EvalConfig
 from streamrl.evaluation.scores import core_variable, response_figures
+from streamrl.feed.prompts import build_prompts
 from streamrl.records import EvalResult, PolicyVersion, Prompt, RecordError, Trajectory
+from streamrl.reward.scoring import Scoring
+from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode import run_group
+from streamrl.rollout.multiturn import MultiTurn
+from streamrl.rollout.worker import weights_allowed
 
 if TYPE_CHECKING:
+    from streamrl.feed.config import FeedConfig
     from streamrl.learner.config import LearnerConfig
     from streamrl.reward.config import RewardConfig
     from streamrl.rollout.backends import Backend
-    from streamrl.feed.config import FeedConfig
     from streamrl.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
@@ -90,10 +97,6 @@ class ValidationSet:
     ``streamrl replay --policy`` share, so both give the same figure for the same weights."""
 
     def __init__(self, prompts: list[Prompt], rollout: "RolloutConfig", reward: "RewardConfig", cfg: EvalConfig):
-        from streamrl.reward.scoring import Scoring
-        from streamrl.rollout.backends import SamplingParams
-        from streamrl.rollout.multiturn import MultiTurn
-
         self.prompts, self.cfg = prompts, cfg
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens or rollout.max_new_tokens,
                                      temperature=cfg.temperature if cfg.do_sample else 0.0,
@@ -105,9 +108,8 @@ class ValidationSet:
     def prompts_of(feed: "FeedConfig", cfg: EvalConfig) -> list[Prompt]:
         """The validation set's rows as prompts, converted as the feed converts its own (a bad
         row fails here, at start, naming file and row)."""
-        from streamrl.feed.prompts import build_prompts
-
-        spec = dataclasses.replace(feed, dataset=cfg.dataset, more_datasets=list(cfg.more_datasets), data_source=cfg.data_source or feed.data_source,
+        spec = dataclasses.replace(feed, dataset=cfg.dataset, more_datasets=list(cfg.more_datasets),
+                                   data_source=cfg.data_source or feed.data_source,
                                    group_size=cfg.n, limit=cfg.limit, epochs=1, start_epoch=0, shuffle=False,
                                    resume=False)
         return list(build_prompts(spec))
@@ -123,10 +125,6 @@ class ValidationSet:
         ``eval.seed``, and score them. An in-process engine goes prompt by prompt (its batches,
         and so its samples, are the same on every run); servers take ``SERVER_CONCURRENCY``
         prompts at once (their sampling is theirs to seed)."""
-        from streamrl.rollout.backends import BackendError
-        from streamrl.rollout.chat import ChatRenderer
-        from streamrl.rollout.episode import run_group
-
         backend.reseed(self.cfg.seed)
         renderer = ChatRenderer(backend.tokenizer)
         gate = asyncio.Semaphore(1 if backend.tokenizer is not None else SERVER_CONCURRENCY)
@@ -183,8 +181,6 @@ class Evaluator:
 
     @classmethod
     def from_config(cls, cfg: EvalSections, bus: Bus) -> "Evaluator":
-        from streamrl.rollout.backends import make_backend
-
         ec = cfg.eval.validate()
         if not ec.enabled:
             from streamrl.errors import ConfigError
@@ -267,8 +263,6 @@ class Evaluator:
         await self.consumer.commit({TopicPartition(msg.topic, msg.partition): msg.offset + 1})
 
     async def _evaluate(self, record: PolicyVersion) -> None:
-        from streamrl.rollout.worker import weights_allowed
-
         started = time.monotonic()
         uri = record.weights_uri
         if not uri or not all(weights_allowed(u, self.weights_prefixes) for u in (uri, record.base_uri) if u):

@@ -29,7 +29,9 @@ import orjson
 
 from streamrl.datasets import DatasetError, describe, read_rows
 from streamrl.feed.config import FeedConfig
+from streamrl.policy import load_tokenizer
 from streamrl.records import Prompt
+from streamrl.rollout.chat import ChatRenderer
 
 _GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
@@ -160,9 +162,6 @@ def fit_prompt_length(prompts: list[Prompt], cfg: FeedConfig) -> list[Prompt]:
     dropped (``filter_overlong_prompts``), or cut (``truncation`` left / right / middle: the
     prompt becomes that text, template included, as verl feeds the cut ids), or stops the feed
     naming it (``error``)."""
-    from streamrl.policy import load_tokenizer
-    from streamrl.rollout.chat import ChatRenderer
-
     tokenizer = load_tokenizer(cfg.tokenizer or "tiny")
     render, limit, out = ChatRenderer(tokenizer), cfg.max_prompt_length, []
     for p in prompts:

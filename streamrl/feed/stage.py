@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from streamrl.datasets import describe
 from streamrl.feed.config import FeedConfig
 from streamrl.feed.prompts import build_prompts
+from streamrl.learner import checkpoint
 
 
 async def published_group_ids(bus) -> set[str]:
@@ -59,8 +60,6 @@ class Feed:
         each. The learner's checkpoint is the feed's position: one source of truth, so a prompt
         is fed again exactly when its group was not trained (or dead-lettered) in the weights
         the run resumes from."""
-        from streamrl.learner import checkpoint
-
         good = checkpoint.latest_good(self.checkpoint_dir) if self.checkpoint_dir else None
         done = set(good[1].done_groups) if good else set()
         on_topic = await published_group_ids(self.bus)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from streamrl.learner.config import RS_OPTION_NAMES, RolloutCorrectionConfig, parse_is_threshold, parse_rs
+from streamrl.learner.config import RolloutCorrectionConfig, parse_is_threshold, parse_rs
 
 if TYPE_CHECKING:
     from streamrl.learner.losses import PolicyLoss

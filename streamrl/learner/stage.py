@@ -6,7 +6,8 @@ Why not ``StageLoop``: its offsets are committed as soon as a record's outputs a
 but a learner's record is finished only when its update is in a *checkpoint*; the offsets must
 describe the same moment as the weights. So this loop owns a plain ``Consumer``, tracks offsets
 with the bus's ``Checkpoint`` (a record is done when trained into the weights, or dropped
-and its dead letter acknowledged, or a duplicate), and commits through it with the learner's checkpoint as its "save state" step: outputs flushed, offsets
+and its dead letter acknowledged, or a duplicate), and commits through it with the learner's checkpoint
+as its "save state" step: outputs flushed, offsets
 saved inside the checkpoint, then committed to Kafka. On (re)assignment it seeks to the
 checkpoint's offsets.
 

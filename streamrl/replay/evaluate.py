@@ -14,11 +14,18 @@ from tqdm import tqdm
 from streamrl import metrics
 from streamrl.bus import Bus
 from streamrl.config import ConfigError
+from streamrl.evaluation.scores import response_figures
+from streamrl.feed.prompts import build_prompts
 from streamrl.pipeline_config import PipelineConfig
 from streamrl.records import Rewarded, Trajectory
-from streamrl.replay.sources import STAGE, Failure, Located, Range, read_archive, read_range
 from streamrl.replay.report import build_report, old_reward, result_row, write_all
 from streamrl.replay.rescore import Rescorer, Scored, resolve_scorer
+from streamrl.replay.sources import STAGE, Failure, Located, Range, read_archive, read_range
+from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
+from streamrl.rollout.chat import ChatRenderer
+from streamrl.rollout.episode import run_group
+from streamrl.rollout.multiturn import MultiTurn
+from streamrl.topics import TOPIC_NAMES, ensure_topics, load_specs
 
 
 def _bar(progress: bool, **kwargs: Any) -> tqdm:
@@ -74,12 +81,6 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     does, and the report carries verl's validation figures (``validation``): the same weights at
     the eval stage's sampling (``rollout.temperature``/``top_p`` = ``eval.*``, ``--samples`` =
     ``eval.n``) give the figure the eval stage published for that version."""
-    from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
-    from streamrl.rollout.chat import ChatRenderer
-    from streamrl.rollout.episode import run_group
-    from streamrl.rollout.multiturn import MultiTurn
-    from streamrl.feed.prompts import build_prompts
-
     _check_publish_topic(publish_topic)
     feed = dataclasses.replace(cfg.feed, dataset=prompts, group_size=samples, limit=limit, epochs=1,
                                start_epoch=0, shuffle=False)
@@ -123,8 +124,6 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
 
 def validation_figures(rows: list[dict[str, Any]], seed: int) -> dict[str, dict[str, float]]:
     """verl's validation figures of the scored rows, by data source (as the eval stage publishes them)."""
-    from streamrl.evaluation.scores import response_figures
-
     return response_figures([(r["data_source"], r["group_id"], r["new_reward"], r["reward_info"])
                              for r in rows if r["new_reward"] is not None], seed)
 
@@ -149,8 +148,6 @@ def _rows(located: list[Located], scored: list[Scored]) -> tuple[list[dict[str, 
 
 def _check_publish_topic(name: str | None) -> None:
     """Re-scored records never go back into the pipeline: a learner would train on them."""
-    from streamrl.topics import TOPIC_NAMES
-
     if name in TOPIC_NAMES:
         raise ConfigError(f"--publish-topic {name!r} is a pipeline topic; publish an evaluation "
                           f"to a topic of its own (e.g. rescored.<run>)")
@@ -159,8 +156,6 @@ def _check_publish_topic(name: str | None) -> None:
 async def ensure_topic(bus: Bus, name: str, like: str = "rewarded") -> bool:
     """Create topic ``name`` (short name) with topic ``like``'s spec unless it exists; True if
     created."""
-    from streamrl.topics import ensure_topics, load_specs
-
     [state] = await ensure_topics(bus, specs={name: load_specs()[like]})
     return state.created
 

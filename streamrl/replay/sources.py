@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from streamrl.bus import Bus, Reader
-from streamrl.records import RecordError, Rewarded, Trajectory, decode_any
-
+from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory, decode_any
 
 STAGE = "replay"
 BOUND_KINDS = ("offset", "time", "version")
@@ -283,8 +283,6 @@ def archive_dead_letters(uri: str) -> list[tuple[str, str]]:
 
 async def topic_dead_letters(bus: Bus) -> list[tuple[str, str]]:
     """(stage, reason) of every dead letter on the dead-letter topic, as it is now."""
-    from streamrl.records import DeadLetter
-
     out: list[tuple[str, str]] = []
     async with Reader(bus, ["deadletter"], STAGE) as reader:
         async for batch in reader.read(await reader.beginning_offsets(), await reader.end_offsets()):
@@ -302,8 +300,6 @@ def find_archive(out_dir: str = "runs", cwd: str = ".") -> str | None:
     """The archive a replay with neither ``--archive`` nor a broker reads: ``./archive`` when
     run inside a run directory, else the newest run's (``<out_dir>/<run id>/archive``, where
     ``streamrl run`` / ``make run`` left it); None if there is none."""
-    from pathlib import Path
-
     from streamrl.archive import store
 
     here = Path(cwd) / "archive"

@@ -32,7 +32,9 @@ from streamrl import metrics
 from streamrl.errors import Failure
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.config import GroupHookConfig
+from streamrl.reward.hooks import HOOKS
 from streamrl.scorers.base import split_result
+from streamrl.scorers.loader import load_function
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,6 @@ class GroupCollector:
     one ``cfg.function`` names (a built-in of ``hooks.HOOKS`` or ``file.py:name``)."""
 
     def __init__(self, cfg: GroupHookConfig, fn: Any = None):
-        from streamrl.reward.hooks import HOOKS
-        from streamrl.scorers.loader import load_function
-
         self.cfg = cfg
         self.name = cfg.function
         self.fn = fn or HOOKS.get(cfg.function) or load_function(cfg.function)

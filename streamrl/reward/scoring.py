@@ -27,14 +27,20 @@ import time
 from typing import Any
 
 import numpy as np
-from tenacity import (AsyncRetrying, retry_if_exception_type, retry_if_not_exception_type,
-                      stop_after_attempt, wait_exponential_jitter)
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from streamrl import metrics
 from streamrl.errors import Failure, Unavailable
 from streamrl.records import Rewarded, Trajectory
 from streamrl.reward.bounds import check_reward
 from streamrl.reward.config import GroupHookConfig, OverlongBufferConfig, RewardConfig, TurnScoresConfig
+from streamrl.reward.groups import GroupCollector, post_process_hook
 from streamrl.reward.table import Entry, ScorerTable, build_table
 from streamrl.scorers.base import numeric_info, split_result
 
@@ -53,8 +59,6 @@ class Scoring:
     hook out (replay compares scorers, not adjusted rewards)."""
 
     def __init__(self, rc: RewardConfig, group_hook: bool = True):
-        from streamrl.reward.groups import GroupCollector, post_process_hook
-
         self.rc = rc.validate()
         self.table: ScorerTable = build_table(rc)
         self.groups = GroupCollector(rc.group_hook) if group_hook and rc.group_hook.function else None

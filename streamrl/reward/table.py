@@ -16,10 +16,10 @@ from typing import Any
 from streamrl.config import load_section
 from streamrl.errors import ConfigError
 from streamrl.loading import load_object
-from streamrl.reward.config import (EXECUTORS, SCORER_TYPES, OverlongBufferConfig, RewardConfig, ScorerSpec,
-                                    routes)
-from streamrl.scorers.loader import BatchFunctionScorer
+from streamrl.reward.config import EXECUTORS, SCORER_TYPES, OverlongBufferConfig, RewardConfig, ScorerSpec, routes
+from streamrl.scorers.loader import BatchFunctionScorer, FunctionScorer, ProcessRunner
 from streamrl.scorers.rules import RULES, serves, verl_compat
+from streamrl.servers.processes import ServerProcesses
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,6 @@ class ScorerTable:
 
 def build_table(cfg: RewardConfig) -> ScorerTable:
     """The table for a reward config. Raises ``ConfigError`` naming the field."""
-    from streamrl.scorers.loader import ProcessRunner
-
     runner = ProcessRunner(cfg.process_workers, cfg.process_memory_mb)
     threads = asyncio.Semaphore(cfg.thread_concurrency)  # shared by every thread-executor entry
     router = cfg.reward_router
@@ -189,7 +187,6 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
         entries[name] = Entry(name, scorer, spec.version or scorer.version, data_sources,
                               dict(spec.fallbacks))
     table = ScorerTable(entries, runner, router)
-    from streamrl.servers.processes import ServerProcesses
 
     table.servers = ServerProcesses.for_table(cfg.servers, entries)  # attaches model.server entries
     return table
@@ -197,8 +194,6 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
 
 def _build_scorer(name: str, spec: ScorerSpec, available: dict[str, Any], runner: Any,
                   tokenizer_name: str, threads: asyncio.Semaphore) -> Any:
-    from streamrl.scorers.loader import FunctionScorer
-
     where = f"config field 'reward.scorers.{name}"
     if spec.type == "class":
         return _build_class(name, spec, available, threads)
@@ -238,8 +233,6 @@ def _build_scorer(name: str, spec: ScorerSpec, available: dict[str, Any], runner
 def _build_class(name: str, spec: ScorerSpec, available: dict[str, Any], threads: asyncio.Semaphore) -> Any:
     """A reward class (``path: file.py:ClassName``) built with ``kwargs``; its ``compute_score``
     is the entry's scorer (``_post_process`` finds the object's ``post_process_scores``)."""
-    from streamrl.scorers.loader import FunctionScorer
-
     where = f"config field 'reward.scorers.{name}"
     cls = load_object(spec.path, f"reward.scorers.{name}.path", "class")
     try:

@@ -1,4 +1,5 @@
-"""The ``rollout`` section of the pipeline config (``PipelineConfig.rollout``). Plain dataclasses: OmegaConf checks YAML and ``key.path=value`` overrides against
+"""The ``rollout`` section of the pipeline config (``PipelineConfig.rollout``). Plain dataclasses:
+OmegaConf checks YAML and ``key.path=value`` overrides against
 them at start, naming a bad field; ``validate()`` adds the cross-field rules a type cannot say."""
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ class OpenAIBackendConfig:
     # The weights' path the servers were started on: an announced version 0 of exactly that path
     # is served as it is; any other (streamrl run's warm start) is loaded first. Empty: loaded.
     started_on: str = ""
+    # rollout.on_update partial: pause a server's requests in place for a load and resume them on
+    # the new weights (SGLang /pause_generation + /continue_generation, vLLM /pause?mode=keep +
+    # /resume); a server without those endpoints (404), or false here: cut them and continue
+    # each with a new request from its partial response
+    pause_on_update: bool = True
 
 
 @dataclass
@@ -161,8 +167,9 @@ class RolloutConfig:
     # What a server does with requests in flight when it must load a new version: drain (finish
     # them on the old weights first), abort (cancel and resubmit them from their prompt), or
     # partial (stop them, load, and continue each from its partial response on the new weights:
-    # verl's partial_rollout, AReaL's interruptible generation; the transformers backend the
-    # same between decoding chunks). Every token carries the version that generated it
+    # verl's partial_rollout, AReaL's interruptible generation; paused and resumed where the
+    # servers can, openai.pause_on_update; the transformers backend the same between decoding
+    # chunks; not the vllm engine in process yet). Every token carries the version that generated it
     # (the record's token_versions when it spans several).
     on_update: str = "drain"
     # A response whose tokens span more than this many versions (oldest to newest, inclusive)

@@ -22,9 +22,19 @@ version its samples carry. A server never changes weights under a request: befor
 it stops taking new ones and either *drains* (waits for those in flight) or *aborts* them
 (cancels the HTTP requests, which vLLM and SGLang abort on disconnect; the fleet resubmits them,
 to a server that may be on the new version or an older allowed one). Only then does it load.
-``partial`` cuts them as ``abort`` does, and the backend continues each from the tokens it had
-streamed (``OpenAIBackend._complete_partial``): each token carries the version of the server
-that streamed it.
+``partial`` *pauses* them where the server has pause/resume endpoints (``pause_on_update``):
+SGLang ``POST /pause_generation {"mode": "retract"}`` (the running requests go back to its
+queue, their KV cache freed), the load, ``POST /continue_generation``; vLLM ``POST
+/pause?mode=keep&clear_cache=true`` (requests frozen in place, the KV and prefix caches
+cleared; ``VLLM_SERVER_DEV_MODE=1``, as for its load), the load, ``POST /resume``. The streams
+stay open: with the caches cleared, every token after the resume is computed on the new
+weights, prompt and partial response included. A request's ``Stamp`` says which version its
+tokens are: the fleet moves it to the new version just before the resume (nothing decodes
+while paused, so the tokens that arrive before are the old version's). Where the server has no
+such endpoint (404) or ``pause_on_update`` is off, ``partial`` cuts the requests as ``abort``
+does, and the backend continues each from the tokens it had streamed with a new request
+(``OpenAIBackend._complete_partial``); a vLLM that answers the pause by aborting its requests
+(``finish_reason: abort``, releases before the ``keep`` mode) is continued the same way.
 
 **Updates** (``follow``) run per server in the background, all servers at once: SGLang ``POST
 /update_weights_from_disk {"model_path"}``; vLLM ``POST /collective_rpc {"method":
@@ -89,6 +99,14 @@ class AdapterUnsupported(UpdateError):
 
 
 @dataclass
+class Stamp:
+    """The policy version a request's tokens are generated on now: the server's version when it
+    started, moved by the fleet when the server loads new weights under it (a paused update)."""
+
+    version: int
+
+
+@dataclass
 class Member:
     """One server of the fleet, as the fleet sees it."""
 
@@ -100,6 +118,8 @@ class Member:
     out: bool = False  # its last update failed: out of rotation until one succeeds
     failures: int = 0  # consecutive failed updates
     inflight: set[asyncio.Task] = field(default_factory=set)
+    stamps: dict[asyncio.Task, Stamp] = field(default_factory=dict)  # the in-flight requests' versions
+    pausable: bool = True  # on_update partial: pause/resume endpoints (False once one answered 404)
     task: asyncio.Task | None = None  # the update loop, while one runs
     adapter: str | None = None  # LoRA: the adapter requests name (None: the model's own weights)
     base: str | None = None  # LoRA: the base weights loaded (the adapters' base_uri)
@@ -139,7 +159,8 @@ class ServerFleet:
     def __init__(self, urls: list[str], *, update_api: str = "none", on_update: str = "drain",
                  max_requests_per_server: int = 0, headers: dict[str, str] | None = None,
                  update_timeout_s: float = 600.0, update_retry_s: float = 1.0, update_retry_max_s: float = 60.0,
-                 health_interval_s: float = 5.0, eject_after: int = 3, started_on: str | None = None):
+                 health_interval_s: float = 5.0, eject_after: int = 3, started_on: str | None = None,
+                 pause_on_update: bool = True):
         self.urls = expand_servers(urls)
         self.started_on = started_on  # the weights' path the servers were started on, if known
         self.router = Router(self.urls, name="rollout", health_interval_s=health_interval_s,
@@ -147,6 +168,8 @@ class ServerFleet:
         given = {server_root(u): u for u in urls}
         self.members = {u: Member(u, completions_url(given.get(u, u), u)) for u in self.router.servers}
         self.update_api, self.on_update = update_api, on_update
+        self.pause_on_update = pause_on_update  # partial: pause/resume where the servers have it
+        self.paused = 0  # updates that paused a server's requests in place (partial)
         self.max_requests = max_requests_per_server
         self.headers = dict(headers or {})
         self.update_timeout_s = update_timeout_s
@@ -282,8 +305,9 @@ class ServerFleet:
                         assert uri is not None
                         started = time.monotonic()
                         if base is None:
-                            await self._quiesce(m)
-                            await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
+                            if not await self._paused_load(m, uri, version):
+                                await self._quiesce(m)
+                                await asyncio.wait_for(self._load(m.url, uri, version), self.update_timeout_s)
                             old, m.adapter, m.base = m.adapter, None, None
                         else:
                             old = await self._load_lora(m, uri, base, version)
@@ -402,12 +426,54 @@ class ServerFleet:
         while self.router.servers[m.url].outstanding > 0:
             await asyncio.sleep(0.02)
 
-    async def _load(self, url: str, uri: str, version: int) -> None:
+    #: on_update partial: each update API's pause and resume calls (route, body); vLLM's mode
+    #: and clear_cache are query parameters
+    PAUSE = {"sglang": (("/pause_generation", {"mode": "retract"}), ("/continue_generation", {})),
+             "vllm": (("/pause?mode=keep&clear_cache=true", None), ("/resume", None))}
+
+    async def _paused_load(self, m: Member, uri: str, version: int) -> bool:
+        """``on_update: partial`` on a server with pause/resume endpoints: pause its requests in
+        place, load, move their stamps to ``version``, resume (module docstring). False where it
+        cannot (not partial, ``pause_on_update`` off, or the pause endpoint answered 404: the
+        server is not asked again and the caller cuts and continues its requests instead)."""
+        if self.on_update != "partial" or not self.pause_on_update or not m.pausable \
+                or self.update_api not in self.PAUSE:
+            return False
+        (pause, pause_body), (resume, resume_body) = self.PAUSE[self.update_api]
+        m.updating = True  # no new requests; those in flight stay open, paused
+        self._notify()
+        status, text = await self._post(m.url, pause, pause_body)
+        if status == 404:
+            m.pausable = False
+            log.warning("rollout server %s: no %s (HTTP 404): partial rollouts continue by new requests there",
+                        public_url(m.url), pause.split("?")[0])
+            return False
+        if status >= 300:
+            raise UpdateError(f"{pause}: HTTP {status}: {text[:200]}")
+        try:
+            await asyncio.wait_for(self._load(m.url, uri, version, paused=True), self.update_timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):  # on the weights it has: the requests go on, stamped as they were
+                await self._post(m.url, resume, resume_body)
+            raise
+        for stamp in m.stamps.values():  # nothing decoded while paused: from here on, the new version's
+            stamp.version = version
+        m.version = version
+        status, text = await self._post(m.url, resume, resume_body)
+        if status >= 300:
+            raise UpdateError(f"{resume}: HTTP {status}: {text[:200]}")
+        self.paused += 1
+        return True
+
+    async def _load(self, url: str, uri: str, version: int, paused: bool = False) -> None:
+        """The update API's load calls; ``paused``: vLLM's pause already cleared the prefix cache
+        (its reset would fail with requests frozen in place)."""
         path = uri.removeprefix("file://")
         if self.update_api == "sglang":
             calls = [("/update_weights_from_disk", {"model_path": path})]
         elif self.update_api == "vllm":
-            calls = [("/collective_rpc", {"method": VLLM_METHOD, "args": [path]}), ("/reset_prefix_cache", None)]
+            calls = [("/collective_rpc", {"method": VLLM_METHOD, "args": [path]}),
+                     *([] if paused else [("/reset_prefix_cache", None)])]
         else:
             raise UpdateError(f"update_api {self.update_api!r}")
         for route, body in calls:

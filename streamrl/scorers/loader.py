@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from streamrl.errors import ConfigError, Failure
 from streamrl.loading import load_object
+from streamrl.scorers.batching import MicroBatcher
 
 #: Keyword arguments the stage may offer a scorer beyond verl's four; a function gets the ones
 #: it names (or all, if it takes ``**kwargs``).
@@ -264,8 +265,6 @@ class BatchFunctionScorer:
     def __init__(self, ref: str, *, name: str, kwargs: dict[str, Any] | None = None,
                  timeout_s: float = 120.0, batch_size: int = 32, batch_wait_ms: float = 20.0,
                  version: str = ""):
-        from streamrl.scorers.batching import MicroBatcher
-
         self.ref, self.name, self.timeout_s = ref, name, timeout_s
         try:
             self.fn = load_function(ref)

@@ -33,6 +33,9 @@ from typing import Any
 
 from aiohttp import web
 
+from streamrl import __version__
+from streamrl.scorers.model.config import ModelScorerConfig
+
 log = logging.getLogger("streamrl.rm_server")
 
 
@@ -60,8 +63,6 @@ def _use_activation(body: dict[str, Any]) -> bool:
 
 def build_app(model: Any, served_name: str) -> web.Application:
     """The aiohttp application over a loaded ``TransformersRewardModel``."""
-    from streamrl import __version__
-
     lock = asyncio.Lock()  # one forward at a time: torch already uses every thread it has
 
     async def health(_: web.Request) -> web.Response:
@@ -124,7 +125,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    from streamrl.scorers.model.config import ModelScorerConfig
     from streamrl.scorers.model.local import TransformersRewardModel
 
     model = TransformersRewardModel(ModelScorerConfig(

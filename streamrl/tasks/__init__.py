@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from streamrl.errors import ConfigError
 from streamrl.tasks import digits
 
 #: dataset name -> the module that generates it (``generate(spec, limit)``, ``warm_start(dir, ...)``)
@@ -28,8 +29,6 @@ def is_task(spec: str) -> bool:
 def task_rows(spec: str, limit: int = 0) -> list[dict[str, Any]]:
     """The rows of the generated task ``spec`` (``limit`` 0: its default size). A malformed spec
     raises ``ConfigError`` naming ``feed.dataset``."""
-    from streamrl.errors import ConfigError
-
     try:
         return TASKS[task_name(spec)].generate(spec, limit)
     except ValueError as exc:

@@ -39,6 +39,9 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
+from streamrl.policy import load_policy
+from streamrl.weights import save_policy
+
 NAME = "digits"
 DATA_SOURCE = "digits"
 OPS: dict[str, Callable[[str], str]] = {
@@ -78,7 +81,7 @@ def generate(spec: str = NAME, limit: int = 0) -> list[dict[str, Any]]:
     op, seed = parse(spec)
     rng = random.Random(f"{NAME}:{op}:{seed}")
     rows = []
-    for i in range(limit or DEFAULT_ROWS):
+    for _ in range(limit or DEFAULT_ROWS):
         d = _digits(rng)
         rows.append({"question": question(op, d), "answer": OPS[op](d), "data_source": DATA_SOURCE,
                      "extra_info": {"op": op, "digits": d}})
@@ -96,8 +99,6 @@ def warm_start(directory: str | Path, policy: str = "tiny", seed: int = 0, steps
         return directory
     import torch
 
-    from streamrl.policy import load_policy
-    from streamrl.weights import save_policy
 
     model, tok = load_policy(policy, seed=seed)
     rng = random.Random(f"warm:{seed}")

@@ -18,11 +18,14 @@ the extra.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import json
 import logging
 import os
 import re
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -142,8 +145,6 @@ def mlflow_store_uri(directory: Path) -> str:
     3 keeps the file store in maintenance mode and its client refuses to read one unless
     ``MLFLOW_ALLOW_FILE_STORE`` is set). SQLite needs SQLAlchemy and Alembic (the ``mlflow`` extra
     brings them, mlflow-skinny alone does not): without them, a file store in ``mlruns/``."""
-    import importlib.util
-
     if all(importlib.util.find_spec(m) is not None for m in ("sqlalchemy", "alembic")):
         return f"sqlite:///{(directory / 'mlruns.db').resolve()}"
     return (directory / "mlruns").resolve().as_uri()
@@ -170,8 +171,6 @@ class _MLflow:
                 self.mlflow.log_batch(self.run_id, params=params[i:i + 100])
 
     def log(self, figures: dict[str, float], step: int) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -210,8 +209,6 @@ _TRACKERS: dict[str, Callable[["_Context"], Any]] = {
 
 
 def _need(module: str, extra: str) -> Any:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:

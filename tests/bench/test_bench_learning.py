@@ -211,3 +211,60 @@ def test_the_rule_built_digits_teacher_knows_the_answer(tmp_path):
     assert top.ids[:, 0].tolist() == good and np.allclose(top.logprobs[:, 0], np.log(0.97), atol=1e-6)
     assert np.allclose(right, np.log(0.97), atol=1e-6)
     assert (wrong[:2] < np.log(0.01)).all() and np.isclose(wrong[2], np.log(0.97))
+
+
+def test_on_update_compares_the_workers_modes_costed_per_decoding_step(tmp_path):
+    """Issue 50: ``--on-update drain,partial`` streams each ``rollout.on_update`` (partial:
+    ``--chunk-tokens`` a chunk) beside the synchronous loop; generation is costed per decoding
+    step inside the engine (``--token-latency``, 0.3 by default), not per call."""
+    s = setup(on_update="drain,partial", gen_latency=None)
+    assert s.on_update == ["drain", "partial"] and s.token_latency_s == 0.3 and s.gen_latency_s == 0.0
+    assert list(learning.variants(s)) == ["sync", "on_update drain", "on_update partial"]
+    assert learning.variants(s)["on_update partial"].on_update == "partial"
+    cfg = learning.run_config(s, "127.0.0.1:9", tmp_path, "tiny", 0, 1, True, on_update="partial")
+    assert cfg.rollout.on_update == "partial" and cfg.rollout.partial_chunk_tokens == 1
+    cfg.rollout.validate()
+    assert learning.costs(s).token_latency_s == 0.3
+    assert setup(gen_latency=None).gen_latency_s == 1.0 and setup().token_latency_s == 0.0
+    with pytest.raises(SystemExit, match="--on-update"):
+        setup(on_update="drain,abort")  # abort is the servers' way; the local engine drains
+    with pytest.raises(SystemExit, match="--chunk-tokens"):
+        setup(on_update="partial", chunk_tokens=0)
+
+
+def test_the_token_latency_is_paid_inside_the_engine_per_decoding_step():
+    """A generation of k tokens keeps the engine busy ``k`` steps longer than its real work:
+    a weight load (which waits for the engine) waits for it too."""
+    from streamrl.rollout.backends import SamplingParams
+    from streamrl.rollout.config import RolloutConfig
+
+    backend = _sim.latency_backend(RolloutConfig(), 0.0, token_latency_s=0.1)
+
+    async def go():
+        started = time.monotonic()
+        (samples,) = await backend.generate(["rev 12="], 1, SamplingParams(max_new_tokens=3, temperature=0.0))
+        return len(samples[0].response_ids), time.monotonic() - started
+
+    steps, took = asyncio.run(go())
+    assert 1 <= steps <= 3 and took >= 0.1 * steps
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)  # three runs, two of them five stage processes: ~2 min alone, past 5 beside other runs on 2 cores
+def test_the_on_update_comparison_runs_both_modes(bootstrap, tmp_path, capsys):
+    """The whole command, tiny: sync, drain and partial streamed, one JSON line with each mode's
+    final reward, time to target and share of trajectories spanning versions (none under drain)."""
+    rc = main(["bench", "learning", "--bootstrap-servers", bootstrap, "--quick", "--on-update", "drain,partial",
+               "--versions", "3", "--groups", "2", "--group-size", "4", "--token-latency", "0.02",
+               "--judge-latency", "0.01", "--step-latency", "0.02", "--target", "0.01", "--final", "2",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    res = last_json_line(capsys.readouterr().out)
+    assert set(res["variants"]) == {"sync", "on_update drain", "on_update partial"}
+    for name in ("on_update drain", "on_update partial"):
+        v = res["variants"][name]
+        assert 0.0 <= v["final_min"] <= v["final_reward"] <= v["final_max"] <= 1.0 and v["seconds"] > 0, name
+        assert 0.0 <= v["spanning_fraction"] <= 1.0
+    assert res["variants"]["on_update drain"]["spanning_fraction"] == 0.0
+    assert res["variants"]["on_update drain"]["span_max"] == 1
+    assert "final_reward_partial_minus_drain" in res and res["setup"]["on_update"] == ["drain", "partial"]

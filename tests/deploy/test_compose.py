@@ -181,8 +181,8 @@ def test_kafka_is_kraft_with_an_internal_and_a_host_listener_a_volume_and_no_aut
     assert kafka["image"].startswith("apache/kafka:") and not kafka["image"].endswith(":latest")
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-    listeners = dict(l.split("://") for l in env["KAFKA_LISTENERS"].split(","))
-    advertised = dict(l.split("://") for l in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    listeners = dict(entry.split("://") for entry in env["KAFKA_LISTENERS"].split(","))
+    advertised = dict(entry.split("://") for entry in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
     protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     assert set(listeners) <= set(protocols) and set(advertised) <= set(listeners)
     assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] in advertised
@@ -462,7 +462,7 @@ def test_the_image_runs_as_an_unprivileged_user_with_pinned_cpu_torch():
     assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     torch_install = [r for r in runs.split("&&") if "pip install" in r and "torch" in r.split()]
     assert torch_install and "--index-url" in torch_install[0] and "-c " in torch_install[0], runs
-    pins = [l for l in (ROOT / "constraints.txt").read_text().splitlines() if l.startswith("torch==")]
+    pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("torch==")]
     assert pins, "constraints.txt pins no torch version"
     assert [a for i, a in final if i == "ENTRYPOINT"] == ['["streamrl"]']
     assert not [a for i, a in final if i == "ENV" and "STREAMRL_TOPICS_DIR" in a]

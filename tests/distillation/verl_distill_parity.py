@@ -92,7 +92,8 @@ def compute() -> dict:
                 data = TensorDict({
                     "prompts": torch.ones(B, 1, dtype=torch.long),
                     "responses": torch.ones(B, R, dtype=torch.long),
-                    "attention_mask": torch.cat([torch.ones(B, 1), (torch.arange(R)[None] < torch.tensor(LENGTHS)[:, None]).double()], 1).long(),
+                    "attention_mask": torch.cat([torch.ones(B, 1),
+                                                (torch.arange(R)[None] < torch.tensor(LENGTHS)[:, None]).double()], 1).long(),
                     "response_mask": t["mask"],
                     "old_log_probs": t["old_logprobs"],
                     "teacher_logprobs": flat(t["teacher_logprobs"]).unsqueeze(-1),
@@ -118,8 +119,9 @@ def compute() -> dict:
 
 def main() -> None:
     out = compute()
-    OUT.write_text('"""What verl ' + out["verl"] + "'s own distillation functions returned (tests/distillation/verl_distill_parity.py\n"
-                   'wrote this; tests/distillation/test_distillation_losses.py reads it)."""\n\nDATA = ' + repr(json.dumps(out)) + "\n")
+    OUT.write_text('"""What verl ' + out["verl"] + "'s own distillation functions returned\n"
+                   "(tests/distillation/verl_distill_parity.py wrote this; "
+                   'tests/distillation/test_distillation_losses.py reads it)."""\n\nDATA = ' + repr(json.dumps(out)) + "\n")
     print(f"wrote {OUT}: {len(out['results'])} cases")
 
 

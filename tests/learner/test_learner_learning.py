@@ -1,5 +1,6 @@
 """The learning check: a tiny policy learns to answer with digits, driven through the topics
-(on the in-memory bus: what is tested is the learning, not Kafka). The test plays the rollout side by the contract: it loads each version the learner
+(on the in-memory bus: what is tested is the learning, not Kafka). The test plays the rollout side by
+the contract: it loads each version the learner
 announces on ``policy`` from its ``weights_uri``, samples groups with their behaviour
 log-probs, scores them, and publishes them to ``rewarded``."""
 

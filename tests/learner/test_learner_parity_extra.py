@@ -6,7 +6,6 @@ and gradients, on the two shapes of ``tests/learner/verl_parity.py``."""
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch

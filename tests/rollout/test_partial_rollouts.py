@@ -98,6 +98,117 @@ class TokenServer(AppServer):
         return resp
 
 
+class PausingServer(TokenServer):
+    """``TokenServer`` with the pause/resume endpoints as documented: SGLang ``POST
+    /pause_generation {"mode": "retract"}`` and ``/continue_generation``, vLLM ``POST
+    /pause?mode=keep&clear_cache=true`` and ``/resume`` (its load ``/collective_rpc``). A paused
+    server decodes nothing and its open streams wait; each token is computed on the weights
+    loaded when it is decoded (the caches cleared at the pause: nothing of the old weights
+    carries over). ``abort_on_pause``: a vLLM before the ``keep`` mode, whose pause aborts the
+    requests in flight (``finish_reason: abort``). A load while a request decodes fails the test."""
+
+    def __init__(self, rate: float = 100.0, load_s: float = 0.05, abort_on_pause: bool = False):
+        super().__init__(rate, load_s)
+        self.running = asyncio.Event()
+        self.running.set()
+        self.abort_on_pause = abort_on_pause
+        self.calls: list[str] = []  # the control calls, in order
+        self.decoded: list[int] = []  # the version of every token decoded
+
+    def routes(self, app: web.Application) -> None:
+        super().routes(app)
+        for route in ("/pause_generation", "/continue_generation", "/pause", "/resume", "/collective_rpc"):
+            app.router.add_post(route, self._control)
+
+    async def _control(self, request: web.Request) -> web.Response:
+        route = request.path
+        self.calls.append(route + (f"?{request.query_string}" if request.query_string else ""))
+        body = await request.json() if request.can_read_body else None
+        if route in ("/pause_generation", "/pause"):
+            assert (body == {"mode": "retract"}) if route == "/pause_generation" else \
+                (request.query.get("mode") == "keep" and request.query.get("clear_cache") == "true")
+            self.running.clear()
+        elif route in ("/continue_generation", "/resume"):
+            self.running.set()
+        else:  # vLLM's load through streamrl's worker extension
+            assert not self.running.is_set(), "weights loaded under running requests"
+            await asyncio.sleep(self.load_s)
+            self.version = int(re.search(r"v(\d+)$", body["args"][0]).group(1))
+        return web.json_response({"success": True})
+
+    async def _load(self, request: web.Request) -> web.Response:
+        assert not self.running.is_set(), "weights loaded under running requests"
+        return await super()._load(request)
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        context = list(body["prompt"]) if isinstance(body["prompt"], list) else [1] * 4
+        given = sum(1 for t in context if t < 100)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(int(body["max_tokens"])):
+            await asyncio.sleep(1 / self.rate)
+            if not self.running.is_set():
+                if self.abort_on_pause:
+                    await resp.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "abort"}]}\n\n')
+                    break
+                await self.running.wait()
+            t = token(len(context), self.version)
+            self.decoded.append(self.version)
+            context.append(t)
+            done = len(context) - given >= LENGTH
+            choice = {"index": 0, "text": f"<{t}>", "finish_reason": "stop" if done else None,
+                      "logprobs": {"tokens": [f"token_id:{t}"], "token_logprobs": [logprob(self.version)]}}
+            if i == 0:
+                choice["prompt_token_ids"] = context[:-1]
+            await resp.write(b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n")
+            if done:
+                break
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+@pytest.mark.parametrize("api", ["sglang", "vllm", "vllm-aborting"])
+def test_a_paused_update_resumes_the_requests_in_flight_on_the_new_weights(tmp_path, api):
+    """``on_update: partial`` on a server with pause/resume: the fleet pauses the requests in
+    flight, loads, resumes them: each stream stays open (no second request), the tokens before
+    the update are v0's and those after v1's with their log-probs, exactly as the weights give
+    them after that prefix. A vLLM whose pause aborts the requests (before its ``keep`` mode) is
+    continued by new requests instead, with the same tokens."""
+    aborting = api == "vllm-aborting"
+
+    async def go():
+        server = await PausingServer(rate=100, abort_on_pause=aborting).start()
+        backend = OpenAIBackend("", "policy", servers=[server.url], update_api=api.split("-")[0],
+                                on_update="partial", health_interval_s=0)
+        try:
+            request = asyncio.create_task(backend.generate([PROMPT], 2, SamplingParams(max_new_tokens=64)))
+            await asyncio.sleep(0.12)  # ~10 tokens in
+            await backend.load_weights(str(tmp_path / "v1"), 1)
+            (group,) = await request
+            return group, backend.fleet, server
+        finally:
+            await backend.close()
+            await server.stop()
+
+    group, fleet, server = asyncio.run(go())
+    pause, resume = ("/pause_generation", "/continue_generation") if api == "sglang" else \
+        ("/pause?mode=keep&clear_cache=true", "/resume")
+    load = "/collective_rpc" if api != "sglang" else None
+    assert server.calls == [pause, *([load] if load else []), resume] and server.version == 1
+    assert fleet.paused == 1 and fleet.continued == (2 if aborting else 0)
+    assert len(server.requests) == (4 if aborting else 2)  # one stream per sample (aborted: one more each)
+    for s in group:
+        assert s.finish_reason == "stop" and len(s.response_ids) == LENGTH and s.policy_version == 0
+        (v0, before), (v1, after) = s.token_versions
+        assert (v0, v1) == (0, 1) and before > 3 and after > 3
+        ids, lps = expected(len(PROMPT), s.token_versions)
+        assert s.response_ids == ids and s.prompt_ids == PROMPT
+        np.testing.assert_allclose(s.response_logprobs, lps, rtol=1e-6)
+    assert server.decoded == sorted(server.decoded)  # no token of v0 after one of v1: nothing decoded paused
+
+
 def expected(prefix: int, versions: list[tuple[int, int]]) -> tuple[list[int], list[float]]:
     """The tokens and log-probs after ``prefix`` tokens of context, run by run."""
     ids, lps, n = [], [], prefix
@@ -129,6 +240,7 @@ def test_an_update_mid_response_continues_it_on_the_new_weights(tmp_path):
             await server.stop()
 
     group, alone, continued, server = asyncio.run(go())
+    # no pause endpoint here (404): the requests were cut and continued by new ones
     assert continued == 2 and server.version == 1
     for s in group:
         assert s.finish_reason == "stop" and len(s.response_ids) == STOP_AT - len(PROMPT)

@@ -1,6 +1,7 @@
 """A run's life on the real broker, with real processes (issue 31): it ends when its data ends,
 with every record accounted for; Ctrl-C or a SIGKILL of everything, then ``--resume``, continues
-it without feeding a finished prompt again, also on a broker that outlives both sessions; a fresh run refuses another run's topics; the
+it without feeding a finished prompt again, also on a broker that outlives both sessions; a fresh run
+refuses another run's topics; the
 embedded broker dying ends the run quickly and quietly; a rollout worker refusing weights is
 named on the status line."""
 

@@ -18,11 +18,11 @@ from prometheus_client import REGISTRY
 
 from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
-from streamrl.records import Trajectory
 from streamrl.reward.scoring import Scoring
 from streamrl.feed.prompts import build_prompts
 from streamrl.scorers.loader import BatchFunctionScorer
 from streamrl.testing import score
+from tests.helpers import trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,8 +87,8 @@ def test_a_verl_users_first_run_scores_with_their_reward_file(tmp_path, reward_f
     prompts = list(build_prompts(cfg.feed))
     assert [p.data_source for p in prompts] == ["openai/gsm8k"] * 3
     answers = ["so #### 72", "she earned #### 11", "no idea"]
-    records = [Trajectory(group_id=p.group_id, group_size=1, policy_version=0, data_source=p.data_source,
-                          prompt=p.prompt, response=r, ground_truth=p.ground_truth, extra_info=p.extra_info)
+    records = [trajectory(group_id=p.group_id, data_source=p.data_source, prompt=p.prompt, response=r,
+                          ground_truth=p.ground_truth, extra_info=p.extra_info)
                for p, r in zip(prompts, answers)]
     acc_before = info_sum("openai/gsm8k", "acc")
     out = score(records, reward=cfg.reward)
@@ -121,22 +121,26 @@ def test_the_built_in_rules_yield_their_data_sources_to_the_users_entries(reward
 
 def test_overriding_a_scorer_drops_the_files_kwargs_and_a_mapping_replaces(reward_file):
     # local-gsm8k.yaml gives gsm8k {method: flexible, format_score: 0.1}: no arguments of the user's function
-    cfg = load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.type=function", f"reward.scorers.gsm8k.path={reward_file}:plain"])
+    cfg = load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.type=function",
+                                           f"reward.scorers.gsm8k.path={reward_file}:plain"])
     assert cfg.reward.scorers["gsm8k"].kwargs == {}
     assert score([{"data_source": "gsm8k", "response": "1"}], reward=cfg.reward)[0].reward == 1.0
     cfg = load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.type=function", f"reward.scorers.gsm8k.path={reward_file}:plain",
                                      "reward.scorers.gsm8k.kwargs.scale=2.0"])
     assert cfg.reward.scorers["gsm8k"].kwargs == {"scale": 2.0}
     assert load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.kwargs={}"]).reward.scorers["gsm8k"].kwargs == {}
-    assert load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.kwargs={method: strict}"]).reward.scorers["gsm8k"].kwargs == {"method": "strict"}
+    strict = load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.kwargs={method: strict}"])
+    assert strict.reward.scorers["gsm8k"].kwargs == {"method": "strict"}
     assert load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k.timeout_s=5"]).reward.scorers["gsm8k"].kwargs == {
         "method": "flexible", "format_score": 0.1}  # a field set alone merges, as in verl
     whole = load_config("local-gsm8k.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain'}}"])
     assert whole.reward.scorers["gsm8k"].kwargs == {} and whole.reward.scorers["gsm8k"].type == "function"
-    whole = load_config("local-gsm8k.yaml", [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain', kwargs: {{scale: 3}}}}",
-                                       "reward.scorers.gsm8k.timeout_s=7"])
+    whole = load_config("local-gsm8k.yaml",
+                        [f"reward.scorers.gsm8k={{type: function, path: '{reward_file}:plain', kwargs: {{scale: 3}}}}",
+                         "reward.scorers.gsm8k.timeout_s=7"])
     assert whole.reward.scorers["gsm8k"].kwargs == {"scale": 3} and whole.reward.scorers["gsm8k"].timeout_s == 7.0
-    assert load_config("local-gsm8k.yaml", ["run.ray.resources={reward: {num_cpus: 2}}"]).run.ray.resources == {"reward": {"num_cpus": 2.0}}
+    resources = load_config("local-gsm8k.yaml", ["run.ray.resources={reward: {num_cpus: 2}}"]).run.ray.resources
+    assert resources == {"reward": {"num_cpus": 2.0}}
     with pytest.raises(ConfigError, match="reward.scorers.gsm8k.typo"):
         load_config("local-gsm8k.yaml", ["reward.scorers.gsm8k={typo: 1}"])
 
@@ -149,7 +153,8 @@ def test_verls_reward_managers_shape_the_function(reward_file):
     out = score([{"data_source": "x", "response": "is 7", "ground_truth": "7"}], reward=batch.reward)
     assert out[0].reward == 1.5
     dapo = load_config(None, [*base, "reward_model.reward_manager=dapo", "reward_model.reward_kwargs.max_resp_len=8",
-                              "reward_model.reward_kwargs.overlong_buffer_cfg={enable: true, len: 4, penalty_factor: 1.0, log: false}"])
+                              "reward_model.reward_kwargs.overlong_buffer_cfg="
+                              "{enable: true, len: 4, penalty_factor: 1.0, log: false}"])
     out = score([{"data_source": "x", "response": "#### 7", "ground_truth": "7", "response_ids": list(range(6))}],
                 reward=dapo.reward)
     assert out[0].reward == pytest.approx(0.5) and out[0].reward_info["overlong_reward"] == pytest.approx(-0.5)
@@ -177,7 +182,8 @@ def test_a_bad_stage_section_fails_streamrl_run_at_start(tmp_path, reward_file):
     cases = [([f"custom_reward_function.path={reward_file}", "custom_reward_function.name=nope"], "custom_reward_function"),
              (["reward.scorers.a.type=function", f"reward.scorers.a.path={reward_file}:plain",
                "reward.scorers.a.data_sources=[x]", "reward.scorers.b.type=function",
-               f"reward.scorers.b.path={reward_file}:plain", "reward.scorers.b.data_sources=[x]"], "reward.scorers.b.data_sources"),
+               f"reward.scorers.b.path={reward_file}:plain", "reward.scorers.b.data_sources=[x]"],
+              "reward.scorers.b.data_sources"),
              (["learner.lr=0"], "learner.lr"),
              (["rollout.backend=magic"], "rollout.backend")]
     for overrides, field in cases:
@@ -191,10 +197,11 @@ def test_a_bad_stage_section_fails_streamrl_run_at_start(tmp_path, reward_file):
 
 
 def test_a_failed_runs_summary_says_what_failed():
-    from streamrl.commands.run import summary_line
+    from streamrl.supervisor.display import summary_line
 
     summary = {"ended": "failed:reward-0", "versions": 0, "reward_first": None, "reward_last": None,
-               "records": {"rollouts": 0, "rewarded": 0, "dead_at_reward": 0, "unscored": 0}, "deadletters": 0, "plot": "r.png", "by_data_source": {},
+               "records": {"rollouts": 0, "rewarded": 0, "dead_at_reward": 0, "unscored": 0}, "deadletters": 0,
+               "plot": "r.png", "by_data_source": {},
                "failure": {"stage": "reward-0", "returncode": 2, "error": "streamrl reward: config field 'x': bad"}}
     line = summary_line(summary)
     assert line.startswith("run failed: stage reward-0 exited with 2 (streamrl reward: config field 'x': bad)")

@@ -61,5 +61,6 @@ def make_backend(cfg) -> Backend:
                              max_requests_per_server=o.max_requests_per_server,
                              update_timeout_s=o.update_timeout_s, update_retry_s=o.update_retry_s,
                              update_retry_max_s=o.update_retry_max_s, health_interval_s=o.health_interval_s,
-                             eject_after=o.eject_after, started_on=o.started_on or None)
+                             eject_after=o.eject_after, started_on=o.started_on or None,
+                             pause_on_update=o.pause_on_update)
     raise ValueError(f"unknown backend {cfg.backend!r}")

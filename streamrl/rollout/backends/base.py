@@ -82,6 +82,7 @@ class Backend(ABC):
     def reseed(self, seed: int) -> None:
         """Seed the sampling from here on (an evaluation starts each version from the same seed,
         so its figure does not depend on what ran before). A server's backend cannot: no-op."""
+        return None
 
     async def close(self) -> None:
         return None

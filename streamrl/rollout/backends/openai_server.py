@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import numpy as np
 import orjson
@@ -15,8 +15,17 @@ from streamrl.records import VersionRuns
 from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavailable, PromptInput, Completion,
                                             SamplingParams, WeightLoadError)
 
-#: how ``_post_to_one`` sends a request and reads its answer: (url, payload, headers, version)
-Sender = Callable[[str, bytes, dict[str, str], int], Awaitable[dict[str, Any]]]
+if TYPE_CHECKING:
+    from streamrl.rollout.fleet import Stamp
+
+#: how ``_post_to_one`` sends a request and reads its answer: (url, payload, headers, stamp: the
+#: version its tokens are generated on, which a paused update moves)
+Sender = Callable[[str, bytes, dict[str, str], "Stamp"], Awaitable[dict[str, Any]]]
+
+
+class Cut(Exception):
+    """A streamed request the server ended before its response did (``finish_reason: abort``:
+    a vLLM whose pause aborts the requests in flight): continued, as one cut for an update."""
 
 
 class OpenAIBackend(Backend):
@@ -125,21 +134,27 @@ class OpenAIBackend(Backend):
         again for each send, so that a partial rollout's continues from where it was cut). The
         request names the model the server is on now (its LoRA adapter, when versions are
         adapters). ``send``: how the request is sent and read (default: one JSON answer)."""
+        from streamrl.rollout.fleet import Stamp
+
         while True:
             async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
                 tried.append(server.url)
                 payload = orjson.dumps({**(body() if callable(body) else body),
                                         "model": self.fleet.model_for(server, self.model)})
+                stamp = Stamp(version)  # a paused update moves it (fleet docstring)
                 task = asyncio.create_task((send or self._send_once)(server.completions_url, payload, headers,
-                                                                     version))
+                                                                     stamp))
                 server.inflight.add(task)
+                server.stamps[task] = stamp
                 try:
                     await asyncio.wait({task})
                 finally:
                     server.inflight.discard(task)
+                    server.stamps.pop(task, None)
                     if not task.done():  # this caller was cancelled: so is its request
                         task.cancel()
-                if task.cancelled():  # cut for a weight update: resubmit (abort) or continue (partial)
+                if task.cancelled() or isinstance(task.exception(), Cut):
+                    # cut for a weight update: resubmit (abort) or continue (partial)
                     from streamrl import metrics
 
                     if self.fleet.on_update == "partial":
@@ -152,7 +167,7 @@ class OpenAIBackend(Backend):
                     continue
                 return task.result(), version
 
-    async def _send_once(self, url: str, payload: bytes, headers: dict[str, str], version: int) -> dict[str, Any]:
+    async def _send_once(self, url: str, payload: bytes, headers: dict[str, str], stamp: "Stamp") -> dict[str, Any]:
         return await self._post_once(url, payload, headers)
 
     async def _post_once(self, url: str, payload: bytes, headers: dict[str, str]) -> dict[str, Any]:
@@ -262,6 +277,7 @@ class _Partial:
     ids_missing: bool = False  # a chunk came without token ids: the response is text only
     finish_reason: str | None = None
     version: int = 0  # the version of the last server that streamed into it
+    cut: bool = False  # the server aborted the request in progress (finish_reason abort): continued
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt, list):
@@ -283,9 +299,14 @@ class _Partial:
         return {**base, "prompt": prompt, "max_tokens": self.budget - len(self.logprobs)}
 
     def stream(self, backend: "OpenAIBackend") -> Sender:
-        """A sender that streams one request into this sample, stamping its tokens ``version``."""
-        async def send(url: str, payload: bytes, headers: dict[str, str], version: int) -> dict[str, Any]:
-            await backend._stream_once(url, payload, headers, lambda chunk: self.take(chunk, version))
+        """A sender that streams one request into this sample, each chunk's tokens stamped with
+        the version its request is on when the chunk arrives (``stamp``: a paused update moves
+        it)."""
+        async def send(url: str, payload: bytes, headers: dict[str, str], stamp: "Stamp") -> dict[str, Any]:
+            await backend._stream_once(url, payload, headers, lambda chunk: self.take(chunk, stamp.version))
+            if self.cut:
+                self.cut = False
+                raise Cut(f"{url}: the server aborted the request")
             if not self.finished:
                 from streamrl.servers.router import RouterError
 
@@ -312,7 +333,9 @@ class _Partial:
             self.text += str(choice.get("text") or "")
             self.runs.extend(version, len(logprobs))
             reason = choice.get("finish_reason")
-            if reason:
+            if reason == "abort":  # not its end: the server cut it (a pause that aborts)
+                self.cut = True
+            elif reason:
                 self.finish_reason = "length" if reason == "length" else "stop"
 
     def completion(self) -> Completion:

