@@ -168,7 +168,7 @@ def _parallel_rank(rank: int, world: int, port: int, args: argparse.Namespace, p
 
     cfg = _parallel_cfg(args)
     if rank:
-        from streamrl.learner.follower import follow
+        from streamrl.learner.ranks import follow
 
         follow(cfg)
         return

@@ -6,7 +6,7 @@ The learner owns exactly one ``Trainer``; ``stage`` hands it mini-batches of ``S
 (``samples``) and reads back the metrics of each step. Everything here is synchronous (the stage
 runs it in a thread so the Kafka client keeps its group membership alive during a long step).
 Next to it: the model's files (``checkpoint.ModelState``, which the trainer holds), the ranks'
-wire format (``distributed``) and the ranks other than 0 (``follower``).
+wire format (``distributed``) and the ranks other than 0 (``ranks``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The learner on several ranks (issue 25): FSDP2 over gloo on CPU, two real processes speaking
-the real rank-0 protocol (``streamrl.learner.follower.follow`` on rank 1), token-budget
+the real rank-0 protocol (``streamrl.learner.ranks.follow`` on rank 1), token-budget
 micro-batches, sharded checkpoints written by N ranks and read by M."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import LearnerConfig, ParallelConfig
-from streamrl.learner.follower import follow
+from streamrl.learner.ranks import follow
 from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.policy import load_policy

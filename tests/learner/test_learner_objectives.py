@@ -295,7 +295,7 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
     from pathlib import Path
 
     from streamrl.learner import distributed
-    from streamrl.learner.follower import follow
+    from streamrl.learner.ranks import follow
     from streamrl.learner.trainer import Trainer
     from tests.helpers import batch
 

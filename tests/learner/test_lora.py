@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig, LoraConfig
 from streamrl.learner.stage import Learner
-from streamrl.learner.follower import follow
+from streamrl.learner.ranks import follow
 from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.pipeline_config import load_config
