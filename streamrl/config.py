@@ -141,13 +141,13 @@ class AutoscaleConfig:
 @dataclass
 class RayConfig:
     """``streamrl run --launcher ray``: where Ray is, what each stage's actor asks for, and what
-    reaches the stages on other nodes (``streamrl.ray_launcher``)."""
+    reaches the stages on other nodes (``streamrl.supervisor.ray_launcher``)."""
 
     address: str = ""  # "" starts a local Ray; "auto", HOST:PORT or ray://HOST:PORT joins a cluster
     # A local Ray's logical CPUs; 0: this machine's, or what the stages ask for in all if more
     # (on one machine they share its cores, as under the local launcher)
     num_cpus: int = 0
-    # What each stage's actor asks for, over the defaults (streamrl.ray_placement.DEFAULT_RESOURCES:
+    # What each stage's actor asks for, over the defaults (streamrl.supervisor.placement.DEFAULT_RESOURCES:
     # learner 1 CPU, rollout 1 CPU or 0.25 with backend openai, reward and feed 0.25 CPU, no GPU):
     # {feed|rollout|reward|learner: {num_cpus, num_gpus, memory_gb, <custom Ray resource>: n}}
     resources: dict[str, dict[str, float]] = field(default_factory=dict)

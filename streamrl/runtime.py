@@ -18,7 +18,7 @@ A stage process ends with:
   answering at start), printed on one line by the caller (``streamrl.cli``, ``stage_main``).
 
 Stall detection is not per stage: ``streamrl run`` sees the whole pipeline from its topics
-(``streamrl.observing.Watch``) and restarts or stops the stages (``streamrl.launching``).
+(``streamrl.supervisor.watch``) and restarts or stops the stages (``streamrl.supervisor.launcher``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Runtime:
         if not cfg.bus.bootstrap_servers:
             raise StreamrlError(NO_BROKER)
         from streamrl.bus import Bus
-        from streamrl.observing import ConsumerLag
+        from streamrl.bus.lag import ConsumerLag
 
         self.cfg, self.name = cfg, name
         self.bus = Bus(cfg.bus)

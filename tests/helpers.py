@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -23,12 +26,16 @@ import pytest
 import yaml
 from aiohttp import web
 
+from streamrl import testing
 from streamrl.broker import free_port
 from streamrl.bus import Bus, Message, Reader, TopicPartition
 from streamrl.records import DeadLetter, Rewarded, Trajectory
 
 if TYPE_CHECKING:
-    from streamrl.learner.trainer import Sample
+    import torch
+
+    from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.samples import Sample
 
 #: the checkout (the tests run ``python -m streamrl`` from here)
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,43 +189,58 @@ def rewarded_from(traj: Trajectory) -> Rewarded:
     return Rewarded.from_trajectory(traj, reward=1.0, reward_info={"status": "ok"}, scorer={"name": "test"})
 
 
-def make_trajectory(n_tokens: int = 64, **overrides) -> Trajectory:
-    """A full trajectory (every field, arrays of ``n_tokens``), as the bus and codec tests send."""
-    rng = np.random.default_rng(0)
-    fields = dict(
-        group_id="g1", group_size=4, policy_version=7, data_source="gsm8k",
-        prompt=[{"role": "user", "content": "What is 6*7?"}], response="#### 42", ground_truth="42",
-        extra_info={"split": "test", "index": 3},
-        prompt_ids=rng.integers(0, 2**31 - 1, 16, dtype=np.int32),
-        response_ids=rng.integers(0, 2**31 - 1, n_tokens, dtype=np.int32),
-        response_logprobs=(-rng.exponential(size=n_tokens)).astype(np.float32),
-        response_mask=rng.integers(0, 2, n_tokens, dtype=np.uint8),
-        turns=[{"role": "assistant", "content": "41"}, {"role": "user", "content": "wrong"}],
-        timings={"generation_started_at": 1.5, "generation_s": 0.25},
-    )
-    fields.update(overrides)
-    return Trajectory(**fields)
+def trajectory(i: int | str | None = None, *, tokens: int | None = None, prompt_tokens: int = 16,
+               vocab: tuple[int, int] = (0, 2**31 - 1), seed: int = 0, full: bool = False,
+               **fields: Any) -> Trajectory:
+    """The tests' one trajectory builder, on ``streamrl.testing.trajectory`` (what users' scorer
+    tests build): a gsm8k question answered right (``What is six times seven?``, ``#### 42``,
+    ground truth ``42``) at version 0, in group ``test`` of 1; ``fields`` (any of
+    ``Trajectory``'s) set the rest.
+
+    ``i``: record number ``i``, id ``t-{i}`` in a group of its own (``g-{i}``), ``extra_info``
+    ``{"i": str(i)}`` (a scorer, or an assertion, tells the records apart).
+    ``tokens``: ``prompt_tokens`` prompt ids and ``tokens`` response ids in ``vocab`` with their
+    behaviour log-probs, drawn from ``seed``.
+    ``full``: every optional field besides, as the codec and bus tests send: chat messages,
+    ``extra_info``, turns, timings and a loss mask (``tokens`` default 64), in group ``g1`` of 4
+    at version 7."""
+    base: dict[str, Any] = dict(data_source="gsm8k", prompt="What is six times seven?", response="#### 42",
+                                ground_truth="42")
+    if i is not None:
+        base.update(id=f"t-{i}", group_id=f"g-{i}", extra_info={"i": str(i)})
+    if full:
+        tokens = 64 if tokens is None else tokens
+        base.update(group_id="g1", group_size=4, policy_version=7, prompt=[{"role": "user", "content": "What is 6*7?"}],
+                    extra_info={"split": "test", "index": 3},
+                    turns=[{"role": "assistant", "content": "41"}, {"role": "user", "content": "wrong"}],
+                    timings={"generation_started_at": 1.5, "generation_s": 0.25})
+    if tokens is not None:
+        rng = np.random.default_rng(seed)
+        base.update(prompt_ids=rng.integers(*vocab, prompt_tokens, dtype=np.int32),
+                    response_ids=rng.integers(*vocab, tokens, dtype=np.int32),
+                    response_logprobs=(-rng.exponential(size=tokens)).astype(np.float32))
+        if full:
+            base.update(response_mask=rng.integers(0, 2, tokens, dtype=np.uint8))
+    return testing.trajectory(**{**base, **fields})
 
 
-def traj(i: int | str, ds: str = "gsm8k", response: str = "#### 42", gt: str | None = "42",
-         group: str | None = None, size: int = 1, **extra) -> Trajectory:
-    """A small rollout for the reward stage: ``t-{i}`` in group ``g-{i}`` (or ``group``)."""
-    return Trajectory(id=f"t-{i}", group_id=group or f"g-{i}", group_size=size, policy_version=3,
-                      data_source=ds, prompt=[{"role": "user", "content": "6 * 7?"}],
-                      response=response, ground_truth=gt, extra_info={"i": str(i), **extra},
-                      response_ids=[1, 2, 3], response_logprobs=[-0.5, -0.25, -0.125])
+#: what the tests of the ``Trainer`` alone (parity across ranks, LoRA, the objectives) step with:
+#: a larger rate, micro-batches of 3, clipped gradients
+TRAINER: dict[str, Any] = dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0)
 
 
-def learner_cfg(tmp_path: Path, **kw):
-    """A learner config for the tests that drive ``Learner`` in-process: small batches, its own
-    consumer group, checkpoints and weights under ``tmp_path``."""
+def learner_cfg(tmp_path: Path | None = None, *, trainer: bool = False, **kw: Any) -> "LearnerConfig":
+    """The tests' one learner config, validated: small batches (2 groups a mini-batch, one
+    mini-batch a version, staleness 1), its own consumer group, checkpoints and weights under
+    ``tmp_path`` (the current folder when None: a rank that writes only where it is told);
+    ``trainer``: ``TRAINER``'s step besides; ``kw`` sets any field over these."""
     from streamrl.learner.config import LearnerConfig
 
+    root = Path(tmp_path) if tmp_path is not None else Path(".")
     base = dict(lr=1e-3, groups_per_mini_batch=2, mini_batches_per_version=1, max_staleness=1,
-                group_timeout_s=30.0, checkpoint_dir=str(tmp_path / "ckpt"),
-                weights_dir=str(tmp_path / "weights"), consumer_group=f"learner-{uuid.uuid4().hex[:6]}")
-    base.update(kw)
-    return LearnerConfig(**base)
+                group_timeout_s=30.0, checkpoint_dir=str(root / "ckpt"),
+                weights_dir=str(root / "weights"), consumer_group=f"learner-{uuid.uuid4().hex[:6]}")
+    return LearnerConfig(**{**base, **(TRAINER if trainer else {}), **kw}).validate()
 
 
 async def publish(bus: Bus, records) -> None:
@@ -423,6 +445,38 @@ def stage_pid(run_pid: int, verb: str) -> int | None:
     return None
 
 
+def start_run(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m streamrl run ARGS`` from the checkout, its output piped as text (``env`` on top
+    of this process's environment)."""
+    return subprocess.Popen([sys.executable, "-m", "streamrl", "run", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+
+def kill_stage(proc: subprocess.Popen, verb: str, timeout_s: float = 60) -> None:
+    """SIGKILL the run's ``verb`` stage process; one being restarted (or slow to start on a
+    loaded machine) is waited for up to ``timeout_s``."""
+    pid = wait_for_sync(lambda: proc.poll() is None and stage_pid(proc.pid, verb), timeout_s,
+                        f"a {verb} process to kill", interval=0.2)
+    os.kill(pid, signal.SIGKILL)
+
+
+def run_summary(proc: subprocess.Popen, timeout_s: float, during: Callable[[], Any] | None = None
+                ) -> tuple[dict, str, str]:
+    """Let the ``streamrl run`` process ``proc`` do ``during()`` (the test's kills), then run to
+    its end within ``timeout_s``; it must exit 0. Returns its summary (the last JSON line), stdout
+    and stderr. Whatever fails on the way, the run is killed, never left behind."""
+    try:
+        if during is not None:
+            during()
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    return last_json_line(out), out, err
+
+
 # -- learner tests' shared data: the ranks' parity batches, the digits task ----------------------
 STEPS = 3
 #: the parity runs take every path that talks between ranks: recomputed proximal log-probs
@@ -436,7 +490,7 @@ def parity_batch(seed: int) -> list[Sample]:
 
 def batch(seed: int, n: int = 8, long: int = 0) -> list[Sample]:
     """``n`` samples in groups of 4 with uneven lengths (and one of ``long`` tokens)."""
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     rng = np.random.default_rng(seed)
     out = []
@@ -509,15 +563,22 @@ def tiny():
     return _POLICY["m"]
 
 
-def behaviour_logprobs(model, prompt_ids, response_ids) -> np.ndarray:
-    """Plain forward: log p(response token | everything before it)."""
+def recompute_logprobs(model, prompt_ids, response_ids, temperature: float = 1.0, *, topk: int = 0,
+                       grad: bool = False) -> "np.ndarray | torch.Tensor":
+    """The tests' by-hand check of every log-prob the code computes: one plain forward of
+    ``prompt_ids + response_ids``, log p(each response token | everything before it) at
+    ``temperature``, as float32 numpy; ``topk``: the ``topk`` largest log-probs of each position
+    instead (``[n, topk]``, a teacher's annotation); ``grad``: the torch tensor, its graph kept
+    (a loss computed by hand)."""
     import torch
 
-    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
-    p = len(prompt_ids)
-    return np.array([logp[p - 1 + j, t].item() for j, t in enumerate(response_ids)], dtype=np.float32)
+    ids = torch.tensor(np.concatenate([np.asarray(prompt_ids), np.asarray(response_ids)]).astype(np.int64))[None]
+    p, target = len(prompt_ids), torch.tensor(np.asarray(response_ids).astype(np.int64))
+    with torch.set_grad_enabled(grad):
+        logits = model(input_ids=ids).logits[0, p - 1:p - 1 + len(target)].float() / temperature
+        logp = torch.log_softmax(logits, -1)
+        out = torch.topk(logp, topk, -1).values if topk else logp.gather(-1, target[:, None])[:, 0]
+    return out if grad else out.numpy()
 
 
 def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: bool = True,
@@ -537,7 +598,7 @@ def group(gid: str, size: int = 2, version: int = 0, *, rewards=None, logprobs: 
                        data_source="test", prompt=prompt, response=response,
                        prompt_ids=prompt_ids if tokens else None,
                        response_ids=response_ids if tokens else None,
-                       response_logprobs=behaviour_logprobs(model, prompt_ids, response_ids)
+                       response_logprobs=recompute_logprobs(model, prompt_ids, response_ids)
                        if (logprobs and tokens) else None,
                        timings={"generation_started_at": now - 0.5}, created_at=now - 0.2,
                        reward=reward, reward_info={}, scorer={"name": "test"}, scored_at=now)
@@ -563,8 +624,6 @@ def with_reward_files(overrides: list[str], where: Path) -> None:
 def resolved_script(name: str, where: Path):
     """``resolve_config`` of the verl script ``name``'s overrides (``tests/verl/verl_scripts_data.py``)
     as its author runs it: from ``where``, with its reward file there."""
-    import os
-
     from streamrl.pipeline_config import resolve_config
     from tests.verl.verl_scripts_data import SCRIPTS
 

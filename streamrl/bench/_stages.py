@@ -220,8 +220,8 @@ async def run_streaming(bench: str, cfg: Any, cfg_path: Path, prompts: list, run
     ``Observer``) and the learner's final state."""
     from streamrl.bus import Bus
     from streamrl.config import RestartConfig
-    from streamrl.launching import LocalLauncher
-    from streamrl.observing import Observer
+    from streamrl.supervisor.launcher import LocalLauncher
+    from streamrl.supervisor.observer import Observer
 
     bus = Bus(cfg.bus)
     await ensure_topics(bus)

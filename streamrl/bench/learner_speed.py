@@ -116,7 +116,8 @@ def measure(name: str, args: argparse.Namespace, steps: int, workdir: Path) -> d
     import numpy as np
     import torch
 
-    from streamrl.learner.trainer import Sample, Trainer
+    from streamrl.learner.samples import Sample
+    from streamrl.learner.trainer import Trainer
 
     hidden, layers = MODELS[name]
     tokenizer = byte_tokenizer()
@@ -145,7 +146,7 @@ def _samples(args: argparse.Namespace, seed: int) -> list:
     """A mini-batch of uneven lengths (what the token balancing is for)."""
     import numpy as np
 
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     rng = np.random.default_rng(seed)
     out = []
@@ -167,7 +168,7 @@ def _parallel_rank(rank: int, world: int, port: int, args: argparse.Namespace, p
 
     cfg = _parallel_cfg(args)
     if rank:
-        from streamrl.learner.trainer import follow
+        from streamrl.learner.ranks import follow
 
         follow(cfg)
         return
@@ -249,7 +250,7 @@ def rl_samples(args: argparse.Namespace, seed: int) -> list:
     log-uniformly in [response_min, response_max], random rewards and behaviour log-probs."""
     import numpy as np
 
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     rng = np.random.default_rng(seed)
     lo, hi = np.log(args.response_min), np.log(args.response_max + 1)
@@ -460,7 +461,7 @@ def shape_samples(shape: str, seed: int) -> list:
     response tokens: two digits and end-of-sequence, or fewer) or RL's long mixed lengths."""
     import numpy as np
 
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     _, n, _, _, prompt, (lo, hi), draw = SHAPES[shape]
     rng = np.random.default_rng(seed)

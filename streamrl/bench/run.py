@@ -67,7 +67,7 @@ def figures(run_dir: Path) -> dict[str, float]:
     run keeps (``runs/<id>/observation.json``, read as ``streamrl run`` reads it on a resume:
     when each version was announced, how many rollouts each version generated), and the last
     version's mean reward."""
-    from streamrl.observing import Observation
+    from streamrl.supervisor.observer import Observation
 
     files = sorted(run_dir.glob("runs/*/observation.json"))
     if not files:

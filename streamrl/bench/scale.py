@@ -135,8 +135,8 @@ async def measure_group(members: int, args: argparse.Namespace, bootstrap: str, 
     from streamrl.bench._stages import write_config
     from streamrl.bus import Bus, Reader
     from streamrl.config import RestartConfig
-    from streamrl.launching import LocalLauncher
     from streamrl.records import Rewarded, Trajectory
+    from streamrl.supervisor.launcher import LocalLauncher
 
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-members{members}"
     run_dir = out / "scale" / run_id

@@ -10,14 +10,14 @@ Bytes (a transport: topic names, keys, values, headers; no record types, no metr
 
 Records, on top (what stages use):
 
-- ``records``: ``Bus`` (settings, picks the transport, builds clients), ``Producer``
+- ``client``: ``Bus`` (settings, picks the transport, builds clients), ``Producer``
   (``send(record)`` to its type's topic, dead letters, counters, ``on_delivery``), ``Consumer``;
 - ``reader``: ``Reader``, reading topic ranges without a consumer group, with exact end offsets;
 - ``checkpoint``: ``Checkpoint``, the ordered commit unit (flush outputs, save state, commit),
   which tracks the offsets taken and finished (``take``/``done``/``holds``);
-- ``loop``: ``StageLoop``.
-
-Lag gauges are the observer's (``streamrl.observing.ConsumerLag``, a checkpoint's ``on_commit``).
+- ``loop``: ``StageLoop``;
+- ``lag``: ``ConsumerLag``, each stage's lag gauges, a checkpoint's ``on_commit`` (the runtime
+  sets it as the bus's ``commit_observer``).
 
 Client: confluent-kafka (librdkafka), chosen by measurement with distinct records (issue 24,
 BENCHMARKS.md "Bus"): librdkafka compresses, batches and fetches in C threads, off the event

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 #: Step 2: called with the positions about to be committed (the next offset per partition).
 SaveState = Callable[[dict[TopicPartition, int]], Awaitable[object]]
 #: Called after every commit with the consumer, the positions of every partition held (committed
-#: or not) and the oldest unfinished record's timestamp per partition: ``observing.ConsumerLag``.
+#: or not) and the oldest unfinished record's timestamp per partition: ``bus.lag.ConsumerLag``.
 OnCommit = Callable[[Consumer, dict[TopicPartition, int], dict[TopicPartition, float]], None]
 
 
@@ -82,7 +82,7 @@ class Checkpoint:
     delivered (or ``done_when_acked``); a partition's commit position is its lowest unfinished
     offset, or one past the last taken, so a commit never skips a record.
 
-    ``on_commit`` (``observing.ConsumerLag``, say) is told the positions after every commit:
+    ``on_commit`` (``bus.lag.ConsumerLag``, say) is told the positions after every commit:
     the bus exports no metrics of its own kind, the layer above decides (by default, what the
     bus's ``commit_observer`` makes: the runtime sets it)."""
 

@@ -60,7 +60,7 @@ class Bus:
                              f"or memory://NAME for the in-process broker")
         self._transport = memory if self.broker is not None else kafka
         #: Makes each checkpoint's ``on_commit`` when its stage names none. The runtime sets it
-        #: (``observing.ConsumerLag``: the lag gauges), so stages need not know who observes them.
+        #: (``bus.lag.ConsumerLag``: the lag gauges), so stages need not know who observes them.
         self.commit_observer: Callable[[], Callable[..., None]] | None = None
 
     def topic(self, topic: Topic | str) -> str:

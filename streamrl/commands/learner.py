@@ -35,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
         return serve_stage(Learner, pipeline)
     group = distributed.init(cfg)
     if not group.leader:
-        from streamrl.learner.trainer import follow
+        from streamrl.learner.ranks import follow
 
         code = follow(cfg)
         # A follower has nothing left to write once its group is gone. It leaves without the

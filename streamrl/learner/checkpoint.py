@@ -10,7 +10,9 @@ sibling directory, every file fsync'd, and renamed into place (the directory fsy
 mid-write leaves the previous one as the latest. The previous ones (``keep``) stay as fallbacks:
 ``latest_good`` skips a checkpoint that cannot be read. The learner writes ``dcp/`` (model and
 optimizer as ``torch.distributed.checkpoint`` shards, one per rank, readable by any number of
-ranks: ``Trainer.write_checkpoint``) in place of ``optimizer.pt``, which older checkpoints have.
+ranks: ``ModelState.write_checkpoint``, the trainer's) in place of ``optimizer.pt``, which older
+checkpoints have. ``ModelState`` also writes what rollout workers load each version
+(``save_weights``; with LoRA the adapter, on the base ``save_base`` wrote once).
 
 Why the offsets live here and not only in Kafka: the weights and the offsets must describe the
 same moment. On restart the learner seeks to these offsets, so the records consumed after the
@@ -21,15 +23,20 @@ offset come back too, and the de-dup window saved alongside skips them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+
+if TYPE_CHECKING:
+    from streamrl.learner.config import LearnerConfig
 
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 log = logging.getLogger(__name__)
@@ -104,7 +111,7 @@ def _fsync_dir(path: Path) -> None:
 def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dict[str, Any] | None,
          state: LearnerState, keep: int = 2, write: Callable[[Path], None] | None = None) -> Path:
     """Write one checkpoint atomically and prune all but the newest ``keep``. ``write``: writes
-    the weights and optimizer into the directory instead (``Trainer.write_checkpoint``: ``policy/``
+    the weights and optimizer into the directory instead (``ModelState.write_checkpoint``: ``policy/``
     and the ranks' ``torch.distributed.checkpoint`` shards in ``dcp/``)."""
     import torch
 
@@ -149,3 +156,185 @@ def load_optimizer_state(path: str | Path, device: str = "cpu") -> dict[str, Any
 
 def policy_dir(path: str | Path) -> Path:
     return Path(path) / "policy"
+
+
+class Owner(Protocol):
+    """What ``ModelState`` reads of the trainer that holds it (``Trainer``; not imported: the
+    trainer imports this module). Read at each call: a test may hand the trainer another config."""
+
+    cfg: "LearnerConfig"
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    device: Any
+    rank: int
+    sharded: bool
+    lora: bool  # learner.lora on: the adapter is what trains and is saved
+    critic: Any  # adv_estimator gae's value model, saved and loaded beside the policy (or None)
+
+    def _lead(self, op: str, payload: Any) -> None:
+        """Rank 0: have the other ranks join the collective that follows."""
+
+
+class ModelState:
+    """The trainer's model and optimizer on disk, on every rank of a group alike (rank 0 writes
+    the whole files, each rank its shards): the weights rollout workers load each version, the
+    LoRA base once, a checkpoint's ``policy/`` and ``dcp/``. The whole weights gathered from the
+    shards are kept until ``forget`` (each step), as the weights and a checkpoint of one
+    version both need them."""
+
+    def __init__(self, owner: Owner):
+        self.owner = owner
+        self._full_state: dict[str, Any] | None = None  # gathered once per version (weights + checkpoint)
+        self._adapter: dict[str, Any] | None = None  # the adapter's, likewise (LoRA)
+
+    def forget(self) -> None:
+        """The weights changed (a step): what was gathered is stale."""
+        self._full_state = self._adapter = None
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """The whole model's weights on rank 0's CPU (gathered from the shards; once per version:
+        kept until the next step). Every rank must call it; the others get ``{}``."""
+        if not self.owner.sharded:
+            return self.owner.model.state_dict()
+        if self._full_state is None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            self._full_state = get_model_state_dict(
+                self.owner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self._full_state
+
+    def adapter_state_dict(self) -> dict[str, Any]:
+        """LoRA: the adapter's tensors whole on rank 0's CPU (gathered from the shards, only the
+        adapter's bytes; once per version). Every rank must call it."""
+        if self._adapter is None:
+            from streamrl.learner import lora
+
+            self._adapter = lora.adapter_state(self.owner.model)
+        return self._adapter
+
+    def save_weights(self, directory: str | Path) -> Path:
+        """What rollout workers load, at ``directory``, written by rank 0: the weights in Hugging
+        Face layout (safetensors); with LoRA the adapter alone in PEFT's layout (on the base
+        ``save_base`` wrote), or the base merged with it (``learner.lora.merge_for_servers``)."""
+        from streamrl.weights import save_policy
+
+        self.owner._lead("weights", str(directory).encode())
+        started = time.perf_counter()
+        path = Path(directory)
+        if self.owner.lora:
+            from streamrl.learner import lora
+
+            if self.owner.cfg.lora.merge_for_servers:
+                state = self.full_state_dict()
+                if self.owner.rank == 0:
+                    path = save_policy(lora.base_model(self.owner.model), self.owner.tokenizer, directory,
+                                       state_dict=lora.merged_state(self.owner.model, state))
+            else:
+                state = self.adapter_state_dict()
+                if self.owner.rank == 0:
+                    path = lora.save_adapter(self.owner.model, directory, state)
+        elif not self.owner.sharded:
+            path = save_policy(self.owner.model, self.owner.tokenizer, directory)
+        else:
+            state = self.full_state_dict()
+            if self.owner.rank == 0:
+                path = save_policy(self.owner.model, self.owner.tokenizer, directory, state_dict=dict(state))
+        from streamrl import metrics
+
+        metrics.LEARNER_WEIGHTS_PUBLISH_SECONDS.observe(time.perf_counter() - started)
+        return path
+
+    def save_base(self, directory: str | Path) -> Path:
+        """LoRA: the frozen base in Hugging Face layout (with the tokenizer) at ``directory``, by
+        rank 0; the adapters published each version apply to it. Written once per start."""
+        from streamrl.learner import lora
+        from streamrl.weights import save_policy
+
+        self.owner._lead("base", str(directory).encode())
+        state = self.full_state_dict() if self.owner.sharded else self.owner.model.state_dict()
+        if self.owner.rank == 0:
+            save_policy(lora.base_model(self.owner.model), self.owner.tokenizer, directory,
+                        state_dict=lora.base_state(self.owner.model, state))
+        self._full_state = None  # (gathered for this alone: not kept)
+        return Path(directory)
+
+    def _dcp_options(self) -> Any:
+        """LoRA: the DCP shards hold what trains (adapters) and its optimizer state, not the
+        frozen base (it is the configured policy, loaded as at the first start)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.owner.lora, strict=not self.owner.lora)
+
+    def write_checkpoint(self, directory: str | Path) -> None:
+        """Into a checkpoint being written (``learner.checkpoint.save``): the weights as
+        ``policy/`` (Hugging Face layout, rank 0; with LoRA the adapter, PEFT's layout) and model
+        + optimizer state as sharded ``torch.distributed.checkpoint`` files in ``dcp/`` (each
+        rank its shard; they load on any number of ranks)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        from streamrl.weights import save_policy
+
+        self.owner._lead("checkpoint", str(directory).encode())
+        directory = Path(directory)
+        if self.owner.lora:
+            from streamrl.learner import lora
+
+            state = self.adapter_state_dict()
+            if self.owner.rank == 0:
+                lora.save_adapter(self.owner.model, directory / "policy", state)
+        elif not self.owner.sharded:
+            save_policy(self.owner.model, self.owner.tokenizer, directory / "policy")
+        else:
+            state = self.full_state_dict()
+            if self.owner.rank == 0:
+                save_policy(self.owner.model, self.owner.tokenizer, directory / "policy", state_dict=dict(state))
+        options = self._dcp_options()
+        state = {"model": get_model_state_dict(self.owner.model, options=options)}
+        if self.owner.optimizer.state:  # (asking a fresh optimizer for its state would take a step)
+            state["optim"] = get_optimizer_state_dict(self.owner.model, self.owner.optimizer, options=options)
+        with single_process_dcp():
+            dcp.save(state, checkpoint_id=str(directory / "dcp"))
+            if self.owner.critic is not None:  # its weights and AdamW states, sharded as the policy's
+                self.owner.critic.save(directory / "critic_dcp")
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Model and optimizer state from a checkpoint's ``dcp/`` (written by any number of
+        ranks), or its ``optimizer.pt`` (single-process checkpoints of earlier versions)."""
+        directory = Path(directory)
+        if (directory / "dcp").is_dir():
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                                 set_model_state_dict, set_state_dict)
+
+            path = str(directory / "dcp")
+            saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+            options = self._dcp_options()
+            with single_process_dcp():
+                if any(k.startswith("optim.") for k in saved):
+                    model_sd, optim_sd = get_state_dict(self.owner.model, self.owner.optimizer, options=options)
+                    state = {"model": model_sd, "optim": optim_sd}
+                    dcp.load(state, checkpoint_id=path)
+                    set_state_dict(self.owner.model, self.owner.optimizer, model_state_dict=state["model"],
+                                   optim_state_dict=state["optim"], options=options)
+                else:
+                    state = {"model": get_model_state_dict(self.owner.model, options=options)}
+                    dcp.load(state, checkpoint_id=path)
+                    set_model_state_dict(self.owner.model, state["model"], options=options)
+            if self.owner.critic is not None and (directory / "critic_dcp").is_dir():
+                with single_process_dcp():
+                    self.owner.critic.load(directory / "critic_dcp")
+        elif (directory / "optimizer.pt").is_file():
+            import torch
+
+            self.owner.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.owner.device,
+                                                      weights_only=True))
+
+
+@contextlib.contextmanager
+def single_process_dcp() -> Iterator[None]:
+    """DCP without a process group is the single-process learner's normal case, not a warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield

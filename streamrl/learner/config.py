@@ -16,22 +16,12 @@ from typing import Any
 
 from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
+from streamrl.learner.objective_names import ADV_ESTIMATORS, FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES, LOSS_MODES
 
-#: the names ``streamrl.learner.losses`` registers (kept here, free of torch: a config is checked
-#: where torch is not installed); tests/learner/test_learner_parity.py checks the two agree
-ADV_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "ppo", "gdpo", "remax", "gae")
-LOSS_MODES = ("vanilla", "gspo", "clip_cov", "kl_cov", "geo_mean", "cispo", "gpg", "sapo", "dppo_tv", "dppo_kl")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum",
-                  "seq-mean-token-sum-norm")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
 MISSING_LOGPROBS = ("error", "recompute")
-#: the losses whose objective fixes their aggregation whatever ``loss_agg_mode`` says (as verl
-#: 0.9.1's do): a config naming another mode is told so once at start (``start_notes``)
-FIXED_AGG_MODES = {"sapo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean"}
 INCOMPLETE_GROUPS = ("drop", "train")
 #: rollout correction's rejection options (``streamrl.learner.rollout_correction.RS_OPTIONS``)
 RS_OPTION_NAMES = ("token_k1", "seq_sum_k1", "seq_mean_k1", "token_k2", "seq_sum_k2", "seq_mean_k2",
@@ -62,8 +52,8 @@ class ParallelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    """verl's ``actor.policy_loss``: which loss (``streamrl.learner.losses.POLICY_LOSSES``) and
-    the knobs of Clip-Cov and KL-Cov."""
+    """verl's ``actor.policy_loss``: which loss (a name ``streamrl.learner.losses``'
+    ``register_policy_loss`` registered) and the knobs of Clip-Cov and KL-Cov."""
 
     loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | geo_mean | cispo | gpg | sapo | dppo_tv | dppo_kl
     clip_cov_ratio: float = 0.0002  # Clip-Cov: the share of tokens whose gradient is clipped
@@ -337,9 +327,28 @@ class LearnerConfig:
 
     def validate(self) -> "LearnerConfig":
         """Raise ``ConfigError`` naming the first bad field."""
-        def bad(name: str, why: str) -> None:
-            raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")
+        self._validate_choices()
+        self.use_remove_padding = remove_padding_mode(self.use_remove_padding)
+        self._validate_numbers()
+        self._validate_rollout_correction()
+        self._validate_objective()
+        self._validate_precision_and_ranks()
+        self._validate_lora()
+        if self.distillation.enabled and not self.distillation.distillation_loss.use_task_rewards \
+                and self.filter_groups.enable:  # every reward is 0 then: every group would be filtered
+            raise ConfigError("config field 'learner.filter_groups.enable': needs task rewards "
+                              "(distillation.distillation_loss.use_task_rewards is false)")
+        if self.weights_uri:
+            from streamrl.weights import check_uri
 
+            check_uri(self.weights_uri, "learner.weights_uri")
+        return self
+
+    def _bad(self, name: str, why: str) -> None:
+        raise ConfigError(f"config field 'learner.{name}': {why} (got {getattr(self, name)!r})")
+
+    def _validate_choices(self) -> None:
+        """The fields that name one of a list (the estimator and the loss: a registry's)."""
         kl_types = [k + plus for k in KL_TYPES for plus in ("", "+")]
         choices = {"adv_estimator": ADV_ESTIMATORS, "loss_agg_mode": LOSS_AGG_MODES,
                    "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
@@ -349,33 +358,39 @@ class LearnerConfig:
         for name, allowed in choices.items():
             section, _, key = name.rpartition(".")
             value = getattr(getattr(self, section) if section else self, key)
+            if value not in allowed and name in _REGISTRIES:  # (one registered by the user's code)
+                allowed = registered(name)
             if value not in allowed:
                 raise ConfigError(f"config field 'learner.{name}': one of {', '.join(allowed)} (got {value!r})")
-        self.use_remove_padding = remove_padding_mode(self.use_remove_padding)
-        positive = ("lr", "temperature", "is_cap", "max_abs_reward")
-        for name in positive:
+
+    def _validate_numbers(self) -> None:
+        """Bounds of the numbers, and the lr schedule's."""
+        for name in ("lr", "temperature", "is_cap", "max_abs_reward"):
             if not getattr(self, name) > 0:
-                bad(name, "must be > 0")
+                self._bad(name, "must be > 0")
         at_least_one = ("groups_per_mini_batch", "mini_batches_per_version", "ppo_epochs",
                         "micro_batch_size", "dedup_window", "keep_checkpoints",
                         "keep_weights")
         for name in at_least_one:
             if getattr(self, name) < 1:
-                bad(name, "must be >= 1")
+                self._bad(name, "must be >= 1")
         non_negative = ("checkpoint_every", "keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
                         "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
         for name in non_negative:
             if getattr(self, name) < 0:
-                bad(name, "must be >= 0")
+                self._bad(name, "must be >= 0")
         if (self.lr_scheduler_type == "cosine" or (self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0)) \
                 and not self.versions:
-            bad("versions", f"lr_scheduler_type {self.lr_scheduler_type} with lr_warmup_steps_ratio "
-                f"{self.lr_warmup_steps_ratio} counts versions towards a total: set learner.versions")
+            self._bad("versions", f"lr_scheduler_type {self.lr_scheduler_type} with lr_warmup_steps_ratio "
+                      f"{self.lr_warmup_steps_ratio} counts versions towards a total: set learner.versions")
         if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.lr_warmup_steps_ratio <= 1:
-            bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
-                f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
-        self._validate_rollout_correction()
+            self._bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
+                      f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
+
+    def _validate_objective(self) -> None:
+        """What the estimator and the losses need: gae's critic, GDPO's components, the KL."""
+        bad = self._bad
         if self.adv_estimator == "gae":
             critic = self.critic
             if critic.loss_agg_mode not in ("",) + LOSS_AGG_MODES:
@@ -398,14 +413,17 @@ class LearnerConfig:
             raise ConfigError(f"config field 'learner.kl_ctrl.horizon': must be >= 1 (got {self.kl_ctrl.horizon!r})")
         if self.clip_ratio_c and self.clip_ratio_c <= 1:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (or 0 for off)")
+
+    def _validate_precision_and_ranks(self) -> None:
+        """dtypes, token and memory budgets, ``parallel``."""
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            bad("dtype", "one of float32, bfloat16, float16")
+            self._bad("dtype", "one of float32, bfloat16, float16")
         for name in ("param_dtype", "reduce_dtype"):
             if getattr(self, name) not in ("", "float32", "bfloat16", "float16"):
-                bad(name, "one of float32, bfloat16, float16 (or empty: no mixed precision)")
+                self._bad(name, "one of float32, bfloat16, float16 (or empty: no mixed precision)")
         for name in ("max_tokens_per_micro_batch", "max_memory_gb"):
             if getattr(self, name) < 0:
-                bad(name, "must be >= 0 (0: off)")
+                self._bad(name, "must be >= 0 (0: off)")
         par = self.parallel
         for name in ("nproc", "nnodes"):
             if getattr(par, name) < 1:
@@ -415,6 +433,8 @@ class LearnerConfig:
         if par.backend == "nccl" and not self.device.startswith("cuda"):
             raise ConfigError("config field 'learner.parallel.backend': nccl needs learner.device cuda "
                               f"(got device {self.device!r})")
+
+    def _validate_lora(self) -> None:
         lora = self.lora
         if lora.rank < 0:
             raise ConfigError(f"config field 'learner.lora.rank': must be >= 0 (0: off) (got {lora.rank!r})")
@@ -426,15 +446,6 @@ class LearnerConfig:
             if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
                 raise ConfigError("config field 'learner.lora.target_modules': module names, or [all-linear] "
                                   f"(got {lora.target_modules!r})")
-        if self.distillation.enabled and not self.distillation.distillation_loss.use_task_rewards \
-                and self.filter_groups.enable:  # every reward is 0 then: every group would be filtered
-            raise ConfigError("config field 'learner.filter_groups.enable': needs task rewards "
-                              "(distillation.distillation_loss.use_task_rewards is false)")
-        if self.weights_uri:
-            from streamrl.weights import check_uri
-
-            check_uri(self.weights_uri, "learner.weights_uri")
-        return self
 
 
 def parse_is_threshold(spec: str | float) -> tuple[float, float | None]:
@@ -475,3 +486,21 @@ def parse_rs(options: str, threshold: str | float | None) -> dict[str, tuple[flo
                 raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: one positive upper bound")
             out[name] = (None, float(spec))
     return out
+
+
+#: the fields whose names are the losses' registries' (``streamrl.learner.losses``)
+_REGISTRIES = ("adv_estimator", "policy_loss.loss_mode")
+
+
+def registered(field_name: str) -> tuple[str, ...]:
+    """The names the losses' registry behind ``field_name`` holds (``adv_estimator``:
+    ``register_adv_est``'s; ``policy_loss.loss_mode``: ``register_policy_loss``'s), built-in or
+    registered by the user's code; the built-in ones alone where torch is not installed. Asked
+    only for a name outside the built-in ones: importing the losses imports torch."""
+    builtin = ADV_ESTIMATORS if field_name == "adv_estimator" else LOSS_MODES
+    try:
+        from streamrl.learner import losses
+    except ImportError:  # (no torch: the learner cannot run here, and checks its names at start)
+        return builtin
+    return tuple(losses.ADV_ESTIMATORS if field_name == "adv_estimator" else losses.POLICY_LOSSES)
+

@@ -7,9 +7,9 @@
   restarts the whole group from the last checkpoint.
 - Roles: rank 0 is the learner stage of today (the one Kafka consumer, staleness, groups,
   checkpoints, offsets, versions); the other ranks follow: they wait for rank 0's
-  commands on the group (``Channel``; ``trainer.follow``) and run the same collective (a step on
+  commands on the group (``Channel``; ``follower.follow``) and run the same collective (a step on
   the mini-batch, a weights gather, a checkpoint) with it. Mini-batches travel as bytes in a
-  small format of our own (``trainer.encode_samples``: a JSON header and raw arrays), never
+  small format of our own (``encode_samples``: a JSON header and raw arrays), never
   pickled.
 - Sharding: FSDP2 ``fully_shard`` per decoder layer and at the root (``shard``), mixed precision
   and CPU offload from the config. gloo on CPU (torch 2.13's gloo has the all-gather and
@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -28,7 +29,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+import numpy as np
+
 from streamrl.errors import ConfigError
+from streamrl.learner.samples import Sample
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
@@ -128,6 +132,52 @@ class Channel:
         buf = torch.empty(n, dtype=torch.uint8)
         dist.broadcast(buf, src=0)
         return op, buf.numpy().tobytes()
+
+
+# -- the wire format of mini-batches between ranks -------------------------------------------
+_ARRAYS = (("prompt_ids", np.int64), ("response_ids", np.int64),
+           ("behaviour_logprobs", np.float32), ("response_mask", np.float32),
+           ("teacher_logprobs", np.float32), ("teacher_ids", np.int64))
+
+
+def encode_samples(samples: Sequence[Sample]) -> bytes:
+    """Samples as bytes: a JSON header (ids, rewards, array lengths) and the arrays' raw bytes."""
+    header, blobs = [], []
+    for s in samples:
+        entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
+                                 "policy_version": s.policy_version, "teacher_topk": s.teacher_topk}
+        for name in ("reward_components", "reward_baseline"):  # (optional: absent when None)
+            if getattr(s, name) is not None:
+                entry[name] = getattr(s, name)
+        for name, dtype in _ARRAYS:
+            value = getattr(s, name)
+            if value is None:
+                entry[name] = None
+                continue
+            arr = np.ascontiguousarray(value, dtype=dtype)
+            entry[name] = len(arr)
+            blobs.append(arr.tobytes())
+        header.append(entry)
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
+
+
+def decode_samples(data: bytes) -> list[Sample]:
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    pos, out = 8 + n, []
+    for entry in header:
+        arrays = {}
+        for name, dtype in _ARRAYS:
+            count = entry.pop(name)
+            if count is None:
+                arrays[name] = None
+                continue
+            size = count * np.dtype(dtype).itemsize
+            arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).copy()
+            pos += size
+        out.append(Sample(**entry, **arrays))
+    return out
 
 
 # -- sharding ---------------------------------------------------------------------------------
@@ -288,7 +338,7 @@ def _stop_by_draining() -> Iterator[None]:
     later, whatever rank 0 was writing. Instead the agent is told to leave them alone
     (``_agent_signals``) and the launcher passes SIGTERM to its ranks: rank 0 drains,
     checkpoints and says stop; the others ignore signals and leave on that stop
-    (``trainer.follow``); the agent then sees every rank exit 0."""
+    (``follower.follow``); the agent then sees every rank exit 0."""
     before = {sig: signal.signal(sig, _forward_stop) for sig in STOP_SIGNALS}
     try:
         yield

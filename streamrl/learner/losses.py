@@ -1,7 +1,12 @@
 """The objective, as pure tensor functions, behind verl's names: advantage estimators
-(``ADV_ESTIMATORS``, verl's ``algorithm.adv_estimator``), policy losses (``POLICY_LOSSES``,
-verl's ``policy_loss.loss_mode``), the loss aggregation modes, KL estimators, entropy, and
-AReaL's decoupled objective.
+(verl's ``algorithm.adv_estimator``), policy losses (verl's ``policy_loss.loss_mode``), the loss
+aggregation modes, KL estimators, entropy, and AReaL's decoupled objective.
+
+Estimators and losses sit in registries as verl's ``core_algos`` has them: ``register_adv_est``
+/ ``get_adv_estimator_fn`` and ``register_policy_loss`` / ``get_policy_loss_fn`` (a name taken
+twice is refused; an unknown one names the known ones). A policy loss takes verl's argument
+order, ``(old_log_prob, log_prob, advantages, response_mask, options)``, so one ported from
+verl keeps its signature.
 
 Shapes: per-token tensors are ``[batch, response_len]`` with a 0/1 ``mask`` of the same shape
 (padding and tokens the policy did not produce, e.g. tool output in multi-turn, are 0). An
@@ -15,11 +20,11 @@ tensors, and these must match them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from streamrl.learner.config import FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES
+from streamrl.learner.objective_names import FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES
 
 #: log-ratio clamp before exp(), as verl does, so one wild token cannot overflow.
 _LOG_RATIO_CLAMP = 20.0
@@ -29,7 +34,39 @@ _LOG_RATIO_CLAMP = 20.0
 
 #: An estimator: ``(token_rewards [B, T], mask [B, T], group ids, options) -> advantages [B, T]``.
 Estimator = Callable[[torch.Tensor, torch.Tensor, Sequence[str], "AdvantageOptions"], torch.Tensor]
+#: name -> estimator (``register_adv_est``; verl's ``ADV_ESTIMATOR_REGISTRY``)
 ADV_ESTIMATORS: dict[str, Estimator] = {}
+
+_Entry = TypeVar("_Entry", bound=Callable)
+
+
+def _register(registry: dict[str, _Entry], kind: str, name: str, fn: _Entry) -> _Entry:
+    """``fn`` under ``name``; a name taken by another function is refused (the second would
+    silently replace the first)."""
+    taken = registry.get(name)
+    if taken is not None and taken is not fn:
+        raise ValueError(f"{kind} {name!r} is registered already ({taken.__module__}.{taken.__qualname__}); "
+                         "choose another name")
+    registry[name] = fn
+    return fn
+
+
+def _lookup(registry: dict[str, _Entry], kind: str, name: str) -> _Entry:
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}: one of {', '.join(sorted(registry))}")
+    return registry[name]
+
+
+def register_adv_est(name: str) -> Callable[[Estimator], Estimator]:
+    """Decorator: the estimator under ``name`` (``learner.adv_estimator``). Refuses a name taken."""
+    def register(fn: Estimator) -> Estimator:
+        return _register(ADV_ESTIMATORS, "advantage estimator", name, fn)
+    return register
+
+
+def get_adv_estimator_fn(name: str) -> Estimator:
+    """The estimator registered as ``name``; ``ValueError`` naming the known ones otherwise."""
+    return _lookup(ADV_ESTIMATORS, "advantage estimator", name)
 
 
 @dataclass
@@ -46,13 +83,6 @@ class AdvantageOptions:
     # GAE: the critic's values [B, T] at the update, and lambda (verl's algorithm.lam)
     values: torch.Tensor | None = None
     lam: float = 1.0
-
-
-def _estimator(name: str) -> Callable[[Estimator], Estimator]:
-    def register(fn: Estimator) -> Estimator:
-        ADV_ESTIMATORS[name] = fn
-        return fn
-    return register
 
 
 def _groups(group_ids: Sequence[str]) -> list[list[int]]:
@@ -80,7 +110,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values - mean) * torch.rsqrt(var + 1e-8)
 
 
-@_estimator("grpo")
+@register_adv_est("grpo")
 def grpo_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
                    opt: AdvantageOptions) -> torch.Tensor:
     """``(r - mean_group) / (std_group + eps)`` (Dr. GRPO without the std)."""
@@ -88,8 +118,9 @@ def grpo_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequenc
                                       eps=opt.eps), mask)
 
 
-@_estimator("rloo")
-def rloo_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("rloo")
+def rloo_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                   opt: AdvantageOptions) -> torch.Tensor:
     """Leave-one-out baseline: ``r_i - mean_{j != i} r_j`` (a group of one keeps its reward)."""
     scores = rewards.sum(-1)
     out = scores.clone()
@@ -101,8 +132,9 @@ def rloo_estimator(rewards, mask, group_ids, opt):
     return _per_token(out, mask)
 
 
-@_estimator("opo")
-def opo_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("opo")
+def opo_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                  opt: AdvantageOptions) -> torch.Tensor:
     """The length-weighted group baseline of OPO: ``r_i - sum_j(|y_j| r_j) / sum_j |y_j|``."""
     scores, lengths = rewards.sum(-1), mask.sum(-1)
     out = scores.clone()
@@ -112,8 +144,9 @@ def opo_estimator(rewards, mask, group_ids, opt):
     return _per_token(out, mask)
 
 
-@_estimator("grpo_passk")
-def grpo_passk_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("grpo_passk")
+def grpo_passk_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                         opt: AdvantageOptions) -> torch.Tensor:
     """Pass@k: only the group's best response learns, by ``r_max - r_second`` (over the group's
     std with ``norm_adv_by_std_in_grpo``); the rest get 0. Ties go to the first best."""
     scores = rewards.sum(-1)
@@ -130,8 +163,9 @@ def grpo_passk_estimator(rewards, mask, group_ids, opt):
     return _per_token(out, mask)
 
 
-@_estimator("gpg")
-def gpg_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("gpg")
+def gpg_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                  opt: AdvantageOptions) -> torch.Tensor:
     """GPG: ``alpha (r - mean_group)`` with ``alpha = B / #(r != 0)``, no std."""
     scores = rewards.sum(-1)
     alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
@@ -142,8 +176,9 @@ def gpg_estimator(rewards, mask, group_ids, opt):
     return _per_token(out, mask)
 
 
-@_estimator("reinforce_plus_plus")
-def reinforce_pp_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("reinforce_plus_plus")
+def reinforce_pp_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                           opt: AdvantageOptions) -> torch.Tensor:
     """REINFORCE++: discounted returns per token (a masked token passes the return through),
     whitened over every token of the mini-batch."""
     returns = torch.zeros_like(rewards)
@@ -155,8 +190,9 @@ def reinforce_pp_estimator(rewards, mask, group_ids, opt):
     return masked_whiten(returns, mask) * mask
 
 
-@_estimator("reinforce_plus_plus_baseline")
-def reinforce_pp_baseline_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("reinforce_plus_plus_baseline")
+def reinforce_pp_baseline_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                                    opt: AdvantageOptions) -> torch.Tensor:
     """REINFORCE++ with the group mean as baseline, then whitened over the mini-batch's tokens."""
     scores = rewards.sum(-1)
     out = scores.clone()
@@ -191,8 +227,9 @@ def whitened_advantages(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tenso
     return (rewards - rewards.mean()) / (rewards.std() + eps)
 
 
-@_estimator("gdpo")
-def gdpo_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("gdpo")
+def gdpo_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                   opt: AdvantageOptions) -> torch.Tensor:
     """GDPO: each reward component normalised within its group on its own (GRPO's advantage per
     component, so a dominant one cannot drown the others), their weighted sum, whitened over the
     mini-batch's tokens."""
@@ -208,8 +245,9 @@ def gdpo_estimator(rewards, mask, group_ids, opt):
     return masked_whiten(_per_token(total, mask), mask) * mask
 
 
-@_estimator("remax")
-def remax_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("remax")
+def remax_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                    opt: AdvantageOptions) -> torch.Tensor:
     """ReMax: the return to go less the reward of the group's greedy response (the baseline, a
     record of its own that is never trained on)."""
     if opt.reward_baselines is None:
@@ -239,8 +277,9 @@ def gae_advantages_returns(rewards: torch.Tensor, values: torch.Tensor, mask: to
         return masked_whiten(advantages, mask), returns
 
 
-@_estimator("gae")
-def gae_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("gae")
+def gae_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                  opt: AdvantageOptions) -> torch.Tensor:
     """PPO's estimator with a critic: GAE on the critic's values at the update (``opt.values``)."""
     if opt.values is None:
         raise ValueError("gae needs the critic's values")
@@ -268,8 +307,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1.0 - torch.var(r - v) / (torch.var(r) + 1e-5))
 
 
-@_estimator("ppo")
-def ppo_estimator(rewards, mask, group_ids, opt):
+@register_adv_est("ppo")
+def ppo_estimator(rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[str],
+                  opt: AdvantageOptions) -> torch.Tensor:
     return _per_token(whitened_advantages(rewards.sum(-1)).to(rewards.dtype), mask)
 
 
@@ -342,17 +382,36 @@ class LossOptions:
     tau_pos: float = 1.0
     tau_neg: float = 1.05
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> "LossOptions":
+        """The knobs of ``cfg``, a ``LearnerConfig`` (``learner.*`` and ``learner.policy_loss.*``;
+        not imported: the config looks names up in this module's registries)."""
+        pl = cfg.policy_loss
+        return cls(clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+                   clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
+                   kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
 
-#: A loss: ``(logp, old_logp, advantages, mask, options) -> PolicyLoss`` (all ``[B, T]``).
+
+#: A loss: ``(old_log_prob, log_prob, advantages, response_mask, options) -> PolicyLoss`` (all
+#: ``[B, T]``), verl's argument order.
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossOptions], PolicyLoss]
+#: name -> loss (``register_policy_loss``; verl's ``POLICY_LOSS_REGISTRY``)
 POLICY_LOSSES: dict[str, Loss] = {}
 
 
-def _loss(name: str) -> Callable[[Loss], Loss]:
+def register_policy_loss(name: str, *, sequence_weight: bool = False) -> Callable[[Loss], Loss]:
+    """Decorator: the loss under ``name`` (``learner.policy_loss.loss_mode``). Refuses a name
+    taken. ``sequence_weight``: the decoupled objective's importance weight applies per sequence,
+    the geometric mean of its tokens' (a sequence-level loss), not per token (``policy_loss``)."""
     def register(fn: Loss) -> Loss:
-        POLICY_LOSSES[name] = fn
-        return fn
+        fn.sequence_weight = sequence_weight  # type: ignore[attr-defined]
+        return _register(POLICY_LOSSES, "policy loss", name, fn)
     return register
+
+
+def get_policy_loss_fn(name: str) -> Loss:
+    """The loss registered as ``name``; ``ValueError`` naming the known ones otherwise."""
+    return _lookup(POLICY_LOSSES, "policy loss", name)
 
 
 def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
@@ -365,14 +424,16 @@ def _result(loss: torch.Tensor, clipped: torch.Tensor | None, log_ratio: torch.T
                       approx_kl=-log_ratio.detach(), is_weight=torch.ones_like(loss), agg_mode=agg_mode)
 
 
-@_loss("vanilla")
-def vanilla_loss(logp, old_logp, adv, mask, opt):
-    return ppo_clip_loss(logp, old_logp, adv, clip_low=opt.clip_ratio_low, clip_high=opt.clip_ratio_high,
+@register_policy_loss("vanilla")
+def vanilla_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                 opt: LossOptions) -> PolicyLoss:
+    return ppo_clip_loss(old_logp, logp, adv, clip_low=opt.clip_ratio_low, clip_high=opt.clip_ratio_high,
                          clip_c=opt.clip_ratio_c)
 
 
-@_loss("gspo")
-def gspo_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("gspo")
+def gspo_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+              opt: LossOptions) -> PolicyLoss:
     """GSPO: one importance ratio per sequence, the geometric mean of its tokens' ratios, with the
     gradient of each token's own log-prob; clipped as PPO (no dual clip). Aggregated by
     ``loss_agg_mode`` as verl 0.9.1's is (the paper's objective is seq-mean-token-mean; an older
@@ -385,8 +446,9 @@ def gspo_loss(logp, old_logp, adv, mask, opt):
     return _result(torch.maximum(loss1, loss2), loss2 > loss1, log_ratio)
 
 
-@_loss("cispo")
-def cispo_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("cispo")
+def cispo_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+               opt: LossOptions) -> PolicyLoss:
     """CISPO: REINFORCE weighted by the clipped ratio, which carries no gradient: a clipped token
     still learns."""
     log_ratio = _log_ratio(logp, old_logp)
@@ -395,14 +457,16 @@ def cispo_loss(logp, old_logp, adv, mask, opt):
     return _result(-clipped.detach() * adv * logp, ratio != clipped, log_ratio)
 
 
-@_loss("gpg")
-def gpg_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("gpg")
+def gpg_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+             opt: LossOptions) -> PolicyLoss:
     """GPG: plain policy gradient, ``-A log pi``."""
     return _result(-logp * adv, None, logp - old_logp)
 
 
-@_loss("sapo")
-def sapo_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("sapo")
+def sapo_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+              opt: LossOptions) -> PolicyLoss:
     """SAPO: a smooth gate ``sigmoid(tau (r - 1)) 4 / tau`` instead of the clip, ``tau_pos`` for
     positive advantages and ``tau_neg`` otherwise; always aggregated seq-mean-token-mean."""
     log_ratio = _log_ratio(logp, old_logp)
@@ -412,8 +476,9 @@ def sapo_loss(logp, old_logp, adv, mask, opt):
     return _result(-gate * adv, None, log_ratio, agg_mode=FIXED_AGG_MODES["sapo"])
 
 
-@_loss("geo_mean")
-def geo_mean_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("geo_mean", sequence_weight=True)
+def geo_mean_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  opt: LossOptions) -> PolicyLoss:
     """GMPO: per sequence, the geometric mean of the token ratios clipped in log space by the
     advantage's sign, times the sequence's mean advantage; the mean over sequences (each
     sequence's loss stands on its tokens, aggregated seq-mean-token-mean)."""
@@ -429,8 +494,9 @@ def geo_mean_loss(logp, old_logp, adv, mask, opt):
                    agg_mode=FIXED_AGG_MODES["geo_mean"])
 
 
-@_loss("clip_cov")
-def clip_cov_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("clip_cov")
+def clip_cov_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                  opt: LossOptions) -> PolicyLoss:
     """Clip-Cov: PPO-clip, plus the gradient cut on a random ``clip_cov_ratio`` of the unclipped
     tokens whose covariance of advantage and log-prob lies in ``(clip_cov_lb, clip_cov_ub)``
     (the tokens that collapse entropy)."""
@@ -450,8 +516,9 @@ def clip_cov_loss(logp, old_logp, adv, mask, opt):
     return _result(torch.maximum(loss1, loss2) * keep, keep == 0, log_ratio)
 
 
-@_loss("kl_cov")
-def kl_cov_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("kl_cov")
+def kl_cov_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                opt: LossOptions) -> PolicyLoss:
     """KL-Cov: the unclipped policy gradient, plus ``ppo_kl_coef |log ratio|`` on the
     ``kl_cov_ratio`` of tokens with the largest covariance of advantage and log-prob."""
     log_ratio = logp - old_logp
@@ -470,31 +537,34 @@ def kl_cov_loss(logp, old_logp, adv, mask, opt):
     return _result(loss, penalised, log_ratio)
 
 
-def _dppo(logp, old_logp, adv, opt, valid_pos, valid_neg) -> PolicyLoss:
+def _dppo(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, opt: LossOptions, valid_pos: torch.Tensor,
+          valid_neg: torch.Tensor) -> PolicyLoss:
     log_ratio = _log_ratio(logp, old_logp)
     truncated = torch.exp(log_ratio).clamp(max=opt.clip_ratio_c or 20.0).detach()
     valid = torch.where(adv > 0, valid_pos, valid_neg).detach().float()
     return _result(-adv * truncated * logp * valid, 1.0 - valid, log_ratio)
 
 
-@_loss("dppo_tv")
-def dppo_tv_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("dppo_tv")
+def dppo_tv_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                 opt: LossOptions) -> PolicyLoss:
     """DPPO with a total-variation trust region: a token learns (``-A r_trunc log pi``) while
     its probability moved less than ``clip_ratio_high`` up (A > 0) or ``clip_ratio_low`` down."""
     p, p_old = torch.exp(logp), torch.exp(old_logp)
-    return _dppo(logp, old_logp, adv, opt, (p - p_old) <= opt.clip_ratio_high, (p - p_old) >= -opt.clip_ratio_low)
+    return _dppo(old_logp, logp, adv, opt, (p - p_old) <= opt.clip_ratio_high, (p - p_old) >= -opt.clip_ratio_low)
 
 
-@_loss("dppo_kl")
-def dppo_kl_loss(logp, old_logp, adv, mask, opt):
+@register_policy_loss("dppo_kl")
+def dppo_kl_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                 opt: LossOptions) -> PolicyLoss:
     """DPPO with a binary-KL trust region between the old and new token probabilities."""
     p, p_old = torch.exp(logp), torch.exp(old_logp)
     kl = p_old * (old_logp - logp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
-    return _dppo(logp, old_logp, adv, opt, (kl <= opt.clip_ratio_high) | (p <= p_old),
+    return _dppo(old_logp, logp, adv, opt, (kl <= opt.clip_ratio_high) | (p <= p_old),
                  (kl <= opt.clip_ratio_low) | (p >= p_old))
 
 
-def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
+def ppo_clip_loss(old_logp: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.2, clip_c: float = 3.0,
                   is_weight: torch.Tensor | None = None) -> PolicyLoss:
     """PPO-clip with verl's dual clip (``loss_mode: vanilla``). ``ratio = pi/pi_old``; the loss
@@ -519,14 +589,16 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
                       is_weight=weight)
 
 
-def policy_loss(mode: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+def policy_loss(mode: str, old_logp: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, opt: LossOptions, is_weight: torch.Tensor | None = None) -> PolicyLoss:
     """The loss ``mode`` names, times the (decoupled objective's) importance weight per token;
-    for ``geo_mean``, a sequence's weight is the geometric mean of its tokens'."""
-    out = POLICY_LOSSES[mode](logp, old_logp, advantages, mask, opt)
+    for a loss registered with ``sequence_weight`` (``geo_mean``), a sequence's weight is the
+    geometric mean of its tokens'."""
+    fn = get_policy_loss_fn(mode)
+    out = fn(old_logp, logp, advantages, mask, opt)
     if is_weight is not None:
         w = is_weight.detach()
-        if mode == "geo_mean":
+        if getattr(fn, "sequence_weight", False):
             n = mask.sum(-1, keepdim=True)
             w = torch.exp((torch.log(w + 1e-10) * mask).sum(-1, keepdim=True) / (n + 1e-8)).expand_as(w)
         out.loss, out.is_weight = out.loss * w, w
@@ -556,7 +628,7 @@ def decoupled_ppo_loss(logp: torch.Tensor, prox_logp: torch.Tensor, behav_logp: 
     several versions old) enters only through the truncated weight ``pi_prox/pi_behaviour``.
     Returns the loss and the mask to aggregate with. With ``prox == behav`` it is PPO-clip."""
     weight, mask = importance_weight(prox_logp, behav_logp, mask, cap=cap, mode=mode)
-    loss = ppo_clip_loss(logp, prox_logp, advantages, clip_low=clip_low, clip_high=clip_high,
+    loss = ppo_clip_loss(prox_logp, logp, advantages, clip_low=clip_low, clip_high=clip_high,
                          clip_c=clip_c, is_weight=weight)
     return loss, mask
 
@@ -665,7 +737,7 @@ def distillation_loss(terms: DistillationTerms, mask: torch.Tensor, agg_mode: st
         return aggregate(losses, mask, agg_mode, **agg)
     if logp is None or old_logp is None:
         raise ValueError("use_policy_gradient needs the student's current and old log-probs")
-    pl = ppo_clip_loss(logp, old_logp, -losses.detach(), clip_low=clip_low, clip_high=clip_high, clip_c=3.0)
+    pl = ppo_clip_loss(old_logp, logp, -losses.detach(), clip_low=clip_low, clip_high=clip_high, clip_c=3.0)
     return aggregate(pl.loss, mask, agg_mode, **agg)
 
 

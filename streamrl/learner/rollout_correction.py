@@ -311,7 +311,7 @@ def correct(logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
     return Correction(weights, out_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()})
 
 
-def bypass_loss(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+def bypass_loss(rollout_logp: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: RolloutCorrectionConfig, clip_low: float = 0.2, clip_high: float = 0.2,
                 clip_c: float = 3.0, is_norm: torch.Tensor | None = None) -> tuple["PolicyLoss", torch.Tensor]:
     """verl's ``bypass_mode`` loss per token, and the mask to aggregate it with (rejected tokens
@@ -327,5 +327,5 @@ def bypass_loss(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torc
         w = corr.weights if corr.weights is not None else torch.ones_like(logp)
         return losses.PolicyLoss(loss=-advantages * logp * w, clipped=torch.zeros_like(logp),
                                  approx_kl=(rollout_logp - logp).detach(), is_weight=w), corr.mask
-    return losses.ppo_clip_loss(logp, rollout_logp, advantages, clip_low=clip_low, clip_high=clip_high,
+    return losses.ppo_clip_loss(rollout_logp, logp, advantages, clip_low=clip_low, clip_high=clip_high,
                                 clip_c=clip_c), corr.mask

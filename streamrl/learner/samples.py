@@ -4,6 +4,7 @@ alone, as a ``RecordError`` naming why, before it is in a mini-batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,15 +14,37 @@ from streamrl.reward.bounds import check_reward
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
-    from streamrl.learner.trainer import Sample
 
 
-def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any) -> "Sample":
+@dataclass
+class Sample:
+    """One trajectory ready to train on."""
+
+    id: str
+    group_id: str
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    reward: float
+    policy_version: int
+    behaviour_logprobs: np.ndarray | None = None  # None: recompute with the current weights
+    response_mask: np.ndarray | None = None  # 1 where the policy produced the token
+    # distillation: the teacher's log-probs, one per response token (teacher_topk 0) or
+    # teacher_topk per token row-major with their ids (records.Distilled)
+    teacher_logprobs: np.ndarray | None = None
+    teacher_ids: np.ndarray | None = None
+    teacher_topk: int = 0
+    reward_components: list[float] | None = None  # GDPO: gdpo_reward_keys' values from reward_info
+    reward_baseline: float | None = None  # ReMax: the reward of the group's greedy response
+
+    @property
+    def n_tokens(self) -> int:
+        return int(len(self.response_ids) if self.response_mask is None else self.response_mask.sum())
+
+
+def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any) -> Sample:
     """The record as a training sample, or ``RecordError`` saying why it cannot be one.
     ``vocab``: the policy's vocabulary size; ``tokenizer``: for text-only records
     (``learner.missing_logprobs: recompute``)."""
-    from streamrl.learner.trainer import Sample
-
     check_reward(record.reward, cfg.max_abs_reward, "learner.max_abs_reward", error=RecordError)
     group = (record.reward_info or {}).get("group")
     if (cfg.incomplete_groups == "drop" and isinstance(group, dict)
@@ -65,7 +88,7 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
     return sample
 
 
-def teacher_arrays(sample: "Sample", record: Rewarded, cfg: "LearnerConfig", vocab: int) -> None:
+def teacher_arrays(sample: Sample, record: Rewarded, cfg: "LearnerConfig", vocab: int) -> None:
     """The teacher's annotation (``records.Distilled``) onto ``sample``, checked against the
     loss's needs: one log-prob per response token for the KL estimators, ``topk`` per token and
     their ids for ``forward_kl_topk``; ``RecordError("no_teacher" / "bad_teacher")`` otherwise."""
@@ -108,7 +131,7 @@ def reward_components(record: Rewarded, cfg: "LearnerConfig") -> list[float] | N
     return out
 
 
-def to_samples(records: list[Rewarded], cfg: "LearnerConfig", trainer: Any) -> list["Sample"]:
+def to_samples(records: list[Rewarded], cfg: "LearnerConfig", trainer: Any) -> list[Sample]:
     """Records as ``trainer``'s samples, by the learner's own conversion and checks: the
     synchronous loops of ``streamrl bench`` train exactly what the learner stage would."""
     vocab = trainer.model.get_input_embeddings().num_embeddings

@@ -94,7 +94,7 @@ def _warn_once(what: str) -> bool:
 class _Taken:
     """What the assembler carries for one record."""
 
-    sample: Any  # trainer.Sample
+    sample: Any  # samples.Sample
     message: Message
     record: Rewarded
 

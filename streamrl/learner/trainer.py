@@ -2,9 +2,11 @@
 response_ids``, advantages, the loss of ``losses``, gradient accumulation over micro-batches,
 clipping and an AdamW step. torch + transformers, CPU or CUDA.
 
-The learner owns exactly one ``Trainer``; ``stage`` hands it mini-batches of ``Sample``s and
-reads back the metrics of each step. Everything here is synchronous (the stage runs it in a
-thread so the Kafka client keeps its group membership alive during a long step).
+The learner owns exactly one ``Trainer``; ``stage`` hands it mini-batches of ``Sample``s
+(``samples``) and reads back the metrics of each step. Everything here is synchronous (the stage
+runs it in a thread so the Kafka client keeps its group membership alive during a long step).
+Next to it: the model's files (``checkpoint.ModelState``, which the trainer holds), the ranks'
+wire format (``distributed``) and the ranks other than 0 (``ranks``).
 """
 
 from __future__ import annotations
@@ -15,47 +17,21 @@ import inspect
 import json
 import logging
 import math
-import signal
 import time
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from streamrl.errors import ConfigError
-from streamrl.learner import losses, microbatch
+from streamrl.learner import checkpoint, distributed, losses, microbatch
 from streamrl.learner.config import LearnerConfig, remove_padding_mode
+from streamrl.learner.samples import Sample
 from streamrl.policy import load_policy
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Sample:
-    """One trajectory ready to train on."""
-
-    id: str
-    group_id: str
-    prompt_ids: np.ndarray
-    response_ids: np.ndarray
-    reward: float
-    policy_version: int
-    behaviour_logprobs: np.ndarray | None = None  # None: recompute with the current weights
-    response_mask: np.ndarray | None = None  # 1 where the policy produced the token
-    # distillation: the teacher's log-probs, one per response token (teacher_topk 0) or
-    # teacher_topk per token row-major with their ids (records.Distilled)
-    teacher_logprobs: np.ndarray | None = None
-    teacher_ids: np.ndarray | None = None
-    teacher_topk: int = 0
-    reward_components: list[float] | None = None  # GDPO: gdpo_reward_keys' values from reward_info
-    reward_baseline: float | None = None  # ReMax: the reward of the group's greedy response
-
-    @property
-    def n_tokens(self) -> int:
-        return int(len(self.response_ids) if self.response_mask is None else self.response_mask.sum())
 
 
 @dataclass
@@ -76,6 +52,73 @@ class _Batch:
     student_topk: torch.Tensor | None = None  # set by each forward with teacher_ids: the student's [B, R, K]
 
 
+@dataclass
+class _MiniBatch:
+    """One ``Trainer.step``'s mini-batch as this rank trains it, filled in by the step's named
+    parts in order: the whole mini-batch's samples and totals, this rank's units (micro-batches)
+    and what each part computes for them."""
+
+    samples: list[Sample]  # the whole mini-batch, in id order
+    masks: list[np.ndarray]  # each sample's tokens to train on
+    groups: list[list[Sample]]  # each unit's samples (a 1-token dummy evens out the ranks' unit counts)
+    chunks: list[int]  # each unit's chunk size (0: one forward pass)
+    chunked: bool  # some rank chunks a sequence: gradients stay local until the last unit
+    units: list[_Batch]  # each unit's tensors
+    total_tokens: torch.Tensor  # the mini-batch's trained tokens (metrics' normaliser)
+    totals: dict[str, Any]  # the policy loss's normalisers (``losses.aggregate``'s keywords)
+    rewards: np.ndarray  # each sample's reward
+    proximal: list[torch.Tensor] | None = None  # each unit's log-probs under the weights before the update
+    behaviour: list[torch.Tensor] = field(default_factory=list)  # ... under the policy that sampled them
+    advantages: torch.Tensor | None = None  # [B, R], the whole mini-batch's
+    unit_advantages: list[torch.Tensor] = field(default_factory=list)
+    reward_kl: float | None = None  # use_kl_in_reward: the mean KL to the reference, and its coefficient
+    reward_kl_coef: float = 0.0
+    critic_units: list[_Batch] | None = None  # gae: the critic's tensors, its values at the update
+    old_values: list[torch.Tensor] | None = None
+    values: torch.Tensor | None = None
+    critic_metrics: dict[str, float] = field(default_factory=dict)
+    corrected: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # rollout correction: weights, mask per unit
+    live: list[torch.Tensor | None] | None = None  # bypass: each unit's log-probs in the first epoch
+    is_norm: torch.Tensor | None = None  # bypass with a batch normaliser: the mean weight
+    correction_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class _Metrics:
+    """A step's metrics as they accumulate over micro-batches: sums, and verl's MIN / MAX ones."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.extremes: dict[str, tuple[str, torch.Tensor]] = {}  # name -> (op, value)
+
+    def add(self, name: str, value: torch.Tensor, reduce: str = "sum") -> None:
+        value = value.detach().float()
+        if reduce == "sum":
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        else:
+            prev = self.extremes.get(name)
+            pick = torch.minimum if reduce == "min" else torch.maximum
+            self.extremes[name] = (reduce, value if prev is None else pick(prev[1], value))
+
+    def reduced(self, world: int, epochs: int) -> dict[str, float]:
+        """Summed (or MIN / MAX'd) over the ranks, sums per epoch; an extreme that stayed
+        infinite (no tokens anywhere) is left out. Every rank calls it with the same names."""
+        names = sorted(self.sums)
+        totals = torch.stack([torch.as_tensor(self.sums[k]).reshape(()) for k in names]) if names else torch.zeros(0)
+        if world > 1 and names:
+            import torch.distributed as dist
+
+            dist.all_reduce(totals)
+        out = {k: float(v) / epochs for k, v in zip(names, totals.cpu())}
+        for name, (op, value) in sorted(self.extremes.items()):
+            if world > 1:
+                import torch.distributed as dist
+
+                dist.all_reduce(value, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+            if math.isfinite(float(value)):
+                out[name] = float(value)
+        return out
+
+
 class Trainer:
     """One rank's trainer. Alone (``learner.parallel.nproc`` 1) it is the whole learner's model;
     in a group (``streamrl.learner.distributed``) its model is FSDP2-sharded, every rank gets the
@@ -86,8 +129,6 @@ class Trainer:
     def __init__(self, cfg: LearnerConfig, policy: str | None = None, resume: str | None = None):
         """``policy``: where to load the weights from, else ``cfg.policy``; ``resume``: a
         checkpoint directory (weights from its ``policy/``, then its optimizer / DCP shards)."""
-        from streamrl.learner import distributed
-
         self.cfg = cfg
         self.group = distributed.init(cfg)
         self.world = self.group.world if self.group else 1
@@ -96,8 +137,6 @@ class Trainer:
             distributed.Channel().send("init", json.dumps({"policy": policy, "resume": resume}).encode())
         self.lora = cfg.lora.enabled  # PEFT adapters on a frozen base (streamrl.learner.lora)
         if resume and not self.lora:  # (LoRA: the base as configured, the adapter from the DCP shards)
-            from streamrl.learner import checkpoint
-
             policy = str(checkpoint.policy_dir(resume))
         spec = policy or cfg.policy
         self.memory_estimate = distributed.check_memory(cfg, spec, self.world)  # bytes per rank
@@ -145,11 +184,11 @@ class Trainer:
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.version: int | None = None  # the version being trained towards (+1): the lr schedule's step
-        self._full_state: dict[str, Any] | None = None  # gathered once per version (weights + checkpoint)
-        self._adapter: dict[str, Any] | None = None  # the adapter's, likewise (LoRA)
         self.forward_tokens: list[int] = []  # tokens of each forward pass of the last step (for tests/bench)
+        # the weights and optimizer on disk: each version's weights, checkpoints, resuming
+        self.state = checkpoint.ModelState(self)
         if resume:
-            self.load_checkpoint(resume)
+            self.state.load_checkpoint(resume)
 
     def _enable_packing(self, mode: str) -> tuple[bool, str]:
         """Padding-free micro-batches (``learner.use_remove_padding``) where the model (and the KL
@@ -182,9 +221,7 @@ class Trainer:
         """Rank 0 of a group: have the other ranks join the collective call that follows
         (``payload``: bytes, or a function making them, called on rank 0 only)."""
         if self.group is not None and self.group.leader:
-            from streamrl.learner.distributed import Channel
-
-            Channel().send(op, payload() if callable(payload) else payload)
+            distributed.Channel().send(op, payload() if callable(payload) else payload)
 
     # -- tensors ------------------------------------------------------------------------------
     def _collate(self, samples: Sequence[Sample], packed: bool = False) -> _Batch:
@@ -401,7 +438,7 @@ class Trainer:
 
     def logprobs(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """The current policy's log-probs of each sample's response tokens (rank 0 gets them)."""
-        self._lead("logprobs", lambda: encode_samples(samples))
+        self._lead("logprobs", lambda: distributed.encode_samples(samples))
         samples = list(samples)
         was_training = self.model.training
         self.model.eval()
@@ -441,7 +478,8 @@ class Trainer:
         if values is not None:
             self._returns = losses.gae_advantages_returns(rewards, values.cpu().to(rewards.dtype), mask,
                                                           self.cfg.gamma, self.cfg.lam)[1]
-        return losses.ADV_ESTIMATORS[self.cfg.adv_estimator](rewards, mask, [s.group_id for s in samples], opt)
+        estimator = losses.get_adv_estimator_fn(self.cfg.adv_estimator)
+        return estimator(rewards, mask, [s.group_id for s in samples], opt)
 
     def _reward_kl(self, samples: Sequence[Sample], masks: Sequence[np.ndarray], groups: list[list[Sample]],
                    units: list[_Batch], chunks: list[int],
@@ -535,458 +573,270 @@ class Trainer:
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics
         (summed over the ranks: every rank normalises by the whole mini-batch's totals)."""
-        self._lead("step", lambda: encode_samples(samples))
-        cfg = self.cfg
+        self._lead("step", lambda: distributed.encode_samples(samples))
         started = time.perf_counter()
-        self._full_state = self._adapter = None
+        self.state.forget()
         self.forward_tokens = []
-        samples = sorted(samples, key=lambda s: s.id)  # arrival order must not change the math
+        batch = self._prepare(samples)
+        self._behaviour_logprobs(batch)
+        self._step_advantages(batch)
+        references = self._reference_logprobs(batch.units, batch.chunks) if self.has_reference and self.cfg.kl_coef > 0 else None
+        metrics = _Metrics()
+        options = losses.LossOptions.from_config(self.cfg)
+        if self.critic is not None:  # its update on the returns, before the policy's (as verl's)
+            self._train_critic(batch, metrics)
+        self._prepare_correction(batch)
+        grad_norm, skipped = 0.0, 0
+        for _ in range(self.cfg.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for u in range(len(batch.units)):
+                self._micro_step(batch, u, options, references, metrics)
+            grad_norm, skipped = self._optimizer_step(skipped)
+        self._set_accumulation(False, last=True)
+        out = self._step_metrics(batch, metrics)
+        out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
+        out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(batch.total_tokens),
+                   sequences=float(len(batch.samples)), reward_mean=float(batch.rewards.mean()),
+                   reward_std=float(batch.rewards.std()), step_seconds=time.perf_counter() - started)
+        return out
+
+    def _prepare(self, samples: Sequence[Sample]) -> _MiniBatch:
+        """The mini-batch in id order (arrival order must not change the maths), its totals, and
+        this rank's units collated (with a last 1-token unit where a rank chunks a sequence)."""
+        samples = sorted(samples, key=lambda s: s.id)
         masks = [np.ones(len(s.response_ids), np.float32) if s.response_mask is None else
                  np.asarray(s.response_mask, np.float32) for s in samples]
         total_tokens = torch.tensor(max(1.0, float(sum(m.sum() for m in masks))), device=self.device)
         total_seqs = torch.tensor(max(1, sum(int(m.sum() > 0) for m in masks)), device=self.device)
-        groups, chunks, local, packed = self._plan(samples)
-        if local:
+        groups, chunks, chunked, packed = self._plan(samples)
+        if chunked:
             groups, chunks = groups + [[self._dummy()]], chunks + [0]
-        units = self._collate_units(groups, chunks, packed)
-        current = None
-        rc = cfg.rollout_correction
-        rc_decoupled = rc.enabled and not rc.bypass_mode  # verl's decoupled mode: pi_old recomputed
-        # (bypass mode with a batch normaliser: the mini-batch's weights at its start, one pass more)
-        rc_prepass = rc.bypass_mode and bool(rc.rollout_is) and rc.rollout_is_batch_normalize
-        if cfg.decoupled or rc_decoupled or rc_prepass or any(s.behaviour_logprobs is None for s in samples):
-            current = self._unit_logprobs(self.model, units, chunks)  # the proximal policy (AReaL)
-        behavs = []
-        for u, g in enumerate(groups):
-            behav = torch.zeros_like(units[u].mask)
-            for i, s in enumerate(g):
+        scale = float(self.cfg.loss_scale_factor or max(len(m) for m in masks))
+        return _MiniBatch(samples=samples, masks=masks, groups=groups, chunks=chunks, chunked=chunked,
+                          units=self._collate_units(groups, chunks, packed), total_tokens=total_tokens,
+                          totals=dict(total_tokens=total_tokens, total_seqs=total_seqs, scale=scale),
+                          rewards=np.array([s.reward for s in samples], dtype=np.float64))
+
+    def _behaviour_logprobs(self, batch: _MiniBatch) -> None:
+        """The log-probs each unit's tokens were sampled with (``behaviour``), and the current
+        weights' before the update (``proximal``) where the objective or a record needs them:
+        AReaL's decoupled objective, rollout correction's decoupled mode or its batch-normalised
+        bypass, a record without log-probs (``missing_logprobs: recompute``)."""
+        cfg, rc = self.cfg, self.cfg.rollout_correction
+        batch_normalised_bypass = rc.bypass_mode and bool(rc.rollout_is) and rc.rollout_is_batch_normalize
+        if (cfg.decoupled or (rc.enabled and not rc.bypass_mode) or batch_normalised_bypass
+                or any(s.behaviour_logprobs is None for s in batch.samples)):
+            batch.proximal = self._unit_logprobs(self.model, batch.units, batch.chunks)
+        for u, group in enumerate(batch.groups):
+            behaviour = torch.zeros_like(batch.units[u].mask)
+            for i, s in enumerate(group):
                 if s.behaviour_logprobs is None:
-                    behav[i] = current[u][i]
+                    behaviour[i] = batch.proximal[u][i]
                 else:
-                    behav[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
-            behavs.append(behav)
-        reward_kl, values = None, None
+                    behaviour[i, :len(s.behaviour_logprobs)] = _tensor(s.behaviour_logprobs, np.float32)
+            batch.behaviour.append(behaviour)
+
+    def _step_advantages(self, batch: _MiniBatch) -> None:
+        """The mini-batch's advantages (``advantages``; with the critic's values for ``gae``, the
+        KL to the reference in the reward with ``use_kl_in_reward``, whose controller then
+        adapts), and each unit's rows of them."""
+        cfg, samples = self.cfg, batch.samples
         if self.critic is not None:  # the critic's values at the update, whole on every rank
-            critic_units = [self._collate(g, packed=False) for g in groups]
-            old_values = self.critic.values(critic_units)
-            values = self._rows(samples, groups, old_values)
+            batch.critic_units = [self._collate(g, packed=False) for g in batch.groups]
+            batch.old_values = self.critic.values(batch.critic_units)
+            batch.values = self._rows(samples, batch.groups, batch.old_values)
         if cfg.use_kl_in_reward:
-            kl_tokens, reward_kl = self._reward_kl(samples, masks, groups, units, chunks, current)
-            beta = self.kl_ctrl.value
-            adv_all = self.advantages(samples, masks, kl_tokens, values=values)
-            self.kl_ctrl.update(reward_kl, len(samples))
+            kl_tokens, batch.reward_kl = self._reward_kl(samples, batch.masks, batch.groups, batch.units,
+                                                         batch.chunks, batch.proximal)
+            batch.reward_kl_coef = self.kl_ctrl.value
+            batch.advantages = self.advantages(samples, batch.masks, kl_tokens, values=batch.values)
+            self.kl_ctrl.update(batch.reward_kl, len(samples))
         else:
-            adv_all = self.advantages(samples, masks, values=values)
-        adv_of = {s.id: adv_all[i] for i, s in enumerate(samples)}
-        advs = [torch.stack([adv_of[s.id][:units[u].mask.shape[1]] if s.id in adv_of else
-                             torch.zeros(units[u].mask.shape[1]) for s in g]).to(self.device)
-                for u, g in enumerate(groups)]
-        refs = self._reference_logprobs(units, chunks) if self.has_reference and cfg.kl_coef > 0 else None
-        sums: dict[str, torch.Tensor] = {}
-        extremes: dict[str, tuple[str, torch.Tensor]] = {}  # verl's MIN / MAX metrics: name -> (op, value)
+            batch.advantages = self.advantages(samples, batch.masks, values=batch.values)
+        by_id = {s.id: batch.advantages[i] for i, s in enumerate(samples)}
+        batch.unit_advantages = [
+            torch.stack([by_id[s.id][:unit.mask.shape[1]] if s.id in by_id else torch.zeros(unit.mask.shape[1])
+                         for s in group]).to(self.device)
+            for group, unit in zip(batch.groups, batch.units)]
 
-        def add(name: str, value: torch.Tensor, reduce: str = "sum") -> None:
-            value = value.detach().float()
-            if reduce == "sum":
-                sums[name] = sums.get(name, 0.0) + value
-            else:
-                prev = extremes.get(name)
-                pick = torch.minimum if reduce == "min" else torch.maximum
-                extremes[name] = (reduce, value if prev is None else pick(prev[1], value))
+    def _train_critic(self, batch: _MiniBatch, metrics: _Metrics) -> None:
+        """adv_estimator gae: the critic's epochs on the returns of the advantages, and its
+        metrics (verl's ``critic/*``)."""
+        row = {s.id: k for k, s in enumerate(batch.samples)}
+        returns = self._returns
+        targets = [torch.stack([returns[row[s.id], :unit.mask.shape[1]] if s.id in row else
+                                torch.zeros(unit.mask.shape[1]) for s in group]).to(self.device)
+                   for group, unit in zip(batch.groups, batch.critic_units)]
+        grad = self.critic.update(batch.critic_units, targets, batch.old_values, batch.totals,
+                                  dict(total_tokens=batch.total_tokens), self.world, metrics.add)
+        trained = self._mask_rows(batch.masks).cpu() > 0
+        values = batch.values.cpu()
+        batch.critic_metrics = {
+            "critic/grad_norm": grad, "critic/lr": float(self.critic.optimizer.param_groups[0]["lr"]),
+            "critic/vf_explained_var": losses.explained_variance(values, returns, trained),
+            "critic/values/mean": float(values[trained].mean()), "critic/returns/mean": float(returns[trained].mean())}
 
-        scale = float(cfg.loss_scale_factor or max(len(m) for m in masks))
-        agg = dict(total_tokens=total_tokens, total_seqs=total_seqs, scale=scale)
-        opt = losses.LossOptions(
-            clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-            clip_cov_ratio=cfg.policy_loss.clip_cov_ratio, clip_cov_lb=cfg.policy_loss.clip_cov_lb,
-            clip_cov_ub=cfg.policy_loss.clip_cov_ub, kl_cov_ratio=cfg.policy_loss.kl_cov_ratio,
-            ppo_kl_coef=cfg.policy_loss.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
-        tok = dict(total_tokens=total_tokens)
-        critic_out: dict[str, float] = {}
-        if self.critic is not None:  # its update on the returns, before the policy's (as verl's)
-            row = {x.id: k for k, x in enumerate(samples)}
-            rets = [torch.stack([self._returns[row[x.id], :b.mask.shape[1]] if x.id in row else
-                                 torch.zeros(b.mask.shape[1]) for x in g]).to(self.device)
-                    for g, b in zip(groups, critic_units)]
-            grad = self.critic.update(critic_units, rets, old_values, agg, tok, self.world, add)
-            trained = self._mask_rows(masks).cpu() > 0
-            critic_out = {"critic/grad_norm": grad, "critic/lr": float(self.critic.optimizer.param_groups[0]["lr"]),
-                          "critic/vf_explained_var": losses.explained_variance(values.cpu(), self._returns, trained),
-                          "critic/values/mean": float(values.cpu()[trained].mean()),
-                          "critic/returns/mean": float(self._returns[trained].mean())}
-        corrected, corr_metrics, live = None, {}, None
-        if rc_decoupled:  # the weights and rejection of the whole mini-batch, as verl's on its batch
-            from streamrl.learner import rollout_correction
-
-            corr, corrected = self._correction(samples, masks, groups, current, behavs)
-            corr_metrics = corr.metrics
+    def _prepare_correction(self, batch: _MiniBatch) -> None:
+        """verl's rollout correction before the epochs. Decoupled: the weights and rejection of
+        the whole mini-batch (as verl's on its batch), which also set the normalisers. Bypass:
+        room for the first epoch's live log-probs, and with a batch normaliser the mean weight
+        over the whole mini-batch (every rank alike)."""
+        rc = self.cfg.rollout_correction
+        if rc.enabled and not rc.bypass_mode:
+            corr, batch.corrected = self._correction(batch.samples, batch.masks, batch.groups, batch.proximal,
+                                                     batch.behaviour)
+            batch.correction_metrics = corr.metrics
             kept = corr.mask
-            agg.update(total_tokens=kept.sum().clamp(min=1.0), total_seqs=(kept.sum(-1) > 0).sum().clamp(min=1))
+            batch.totals.update(total_tokens=kept.sum().clamp(min=1.0), total_seqs=(kept.sum(-1) > 0).sum().clamp(min=1))
         elif rc.bypass_mode:
             from streamrl.learner import rollout_correction
 
-            live = [None] * len(units)  # the live log-probs of the first epoch, for rollout_corr/*
-            is_norm = None
-            if rc_prepass:  # the mean weight over the whole mini-batch (every rank alike)
-                full_behav, full_mask = self._rows(samples, groups, behavs), self._mask_rows(masks)
-                weights, _ = rollout_correction.is_weights(self._rows(samples, groups, current) - full_behav, full_mask,
-                                                           rc.rollout_is, rc.rollout_is_threshold)
-                is_norm = rollout_correction.is_weight_mean(weights, full_mask, rc.rollout_is)
-        grad_norm, skipped = 0.0, 0
-        for _ in range(cfg.ppo_epochs):
+            batch.live = [None] * len(batch.units)
+            if rc.bypass_mode and bool(rc.rollout_is) and rc.rollout_is_batch_normalize:
+                behaviour, mask = self._rows(batch.samples, batch.groups, batch.behaviour), self._mask_rows(batch.masks)
+                current = self._rows(batch.samples, batch.groups, batch.proximal)
+                weights, _ = rollout_correction.is_weights(current - behaviour, mask, rc.rollout_is,
+                                                           rc.rollout_is_threshold)
+                batch.is_norm = rollout_correction.is_weight_mean(weights, mask, rc.rollout_is)
+
+    def _micro_step(self, batch: _MiniBatch, u: int, options: losses.LossOptions,
+                    references: list[torch.Tensor] | None, metrics: _Metrics) -> None:
+        """Unit ``u``'s forward pass, loss (policy loss, entropy bonus, KL to the reference,
+        distillation) and backward pass; its gradients add to the mini-batch's."""
+        cfg, unit, totals = self.cfg, batch.units[u], batch.totals
+        token_totals = dict(total_tokens=batch.total_tokens)
+        self._set_accumulation(batch.chunked, last=u == len(batch.units) - 1)
+        logp, ent = self._forward(self.model, unit, entropy=True, chunk=batch.chunks[u])
+        policy, mask = self._policy_loss(batch, u, logp, options)
+        pg_loss = losses.aggregate(policy.loss, mask, policy.agg_mode or cfg.loss_agg_mode, **totals)
+        entropy = losses.aggregate(ent, unit.mask, cfg.loss_agg_mode, **totals)
+        loss = pg_loss - cfg.entropy_coeff * entropy if cfg.entropy_coeff else pg_loss
+        if references is not None and cfg.kl_coef > 0:
+            kl = losses.aggregate(losses.kl_penalty(logp, references[u], cfg.kl_loss_type), mask,
+                                  cfg.loss_agg_mode, **totals)
+            loss = loss + cfg.kl_coef * kl
+            metrics.add("kl", kl)
+        if cfg.distillation.enabled:  # verl's distillation_ppo_loss: with or instead of the task's
+            old = batch.proximal[u] if cfg.decoupled else batch.behaviour[u]
+            loss = self._distillation_loss(loss, unit, logp, old, mask, totals, metrics.add, token_totals)
+        # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
+        # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
+        (loss * self.world if self.sharded else loss).backward()
+        metrics.add("loss", loss)
+        metrics.add("pg_loss", pg_loss)
+        metrics.add("entropy", entropy)
+        metrics.add("clip_fraction", losses.aggregate(policy.clipped, unit.mask, "token-mean", **token_totals))
+        metrics.add("ppo_kl", losses.aggregate(policy.approx_kl, unit.mask, "token-mean", **token_totals))
+        metrics.add("is_weight", losses.aggregate(policy.is_weight, unit.mask, "token-mean", **token_totals))
+
+    def _policy_loss(self, batch: _MiniBatch, u: int, logp: torch.Tensor,
+                     options: losses.LossOptions) -> tuple[losses.PolicyLoss, torch.Tensor]:
+        """Unit ``u``'s per-token policy loss and the mask to aggregate it with, by the objective:
+        rollout correction (decoupled: clipped around pi_old, weighted; bypass: the behaviour
+        log-probs are pi_old), AReaL's decoupled objective (the trust region around the proximal
+        policy, weighted back to the behaviour one), or the loss against the behaviour policy."""
+        cfg, unit, advantages = self.cfg, batch.units[u], batch.unit_advantages[u]
+        mode = cfg.policy_loss.loss_mode
+        if batch.corrected is not None:
+            weight, mask = batch.corrected[u]
+            return losses.policy_loss(mode, batch.proximal[u], logp, advantages, mask, options, weight), mask
+        if batch.live is not None:
+            from streamrl.learner import rollout_correction
+
+            if batch.live[u] is None:
+                batch.live[u] = logp.detach()
+            return rollout_correction.bypass_loss(batch.behaviour[u], logp, advantages, unit.mask,
+                                                  cfg.rollout_correction, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                                                  cfg.clip_ratio_c, batch.is_norm)
+        if cfg.decoupled:
+            weight, mask = losses.importance_weight(batch.proximal[u], batch.behaviour[u], unit.mask,
+                                                    cap=cfg.is_cap, mode=cfg.is_mode)
+            return losses.policy_loss(mode, batch.proximal[u], logp, advantages, mask, options, weight), mask
+        return losses.policy_loss(mode, batch.behaviour[u], logp, advantages, unit.mask, options), unit.mask
+
+    def _optimizer_step(self, skipped: int) -> tuple[float, int]:
+        """Clip the gradients and step; as verl, a non-finite gradient norm skips the step
+        instead of poisoning Adam. Returns the norm and the steps skipped so far."""
+        cfg = self.cfg
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            skipped += 1
             self.optimizer.zero_grad(set_to_none=True)
-            for u, mb in enumerate(units):
-                self._set_accumulation(local, last=u == len(units) - 1)
-                logp, ent = self._forward(self.model, mb, entropy=True, chunk=chunks[u])
-                adv = advs[u]
-                if corrected is not None:  # verl's rollout correction, decoupled: clip around pi_old, weighted
-                    weight, mask = corrected[u]
-                    pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, current[u], adv, mask, opt, weight)
-                elif live is not None:  # ... bypass: the behaviour log-probs are pi_old
-                    if live[u] is None:
-                        live[u] = logp.detach()
-                    pl, mask = rollout_correction.bypass_loss(logp, behavs[u], adv, mb.mask, rc, cfg.clip_ratio_low,
-                                                              cfg.clip_ratio_high, cfg.clip_ratio_c, is_norm)
-                elif cfg.decoupled:  # the trust region around the proximal policy, weighted back to the behaviour one
-                    weight, mask = losses.importance_weight(current[u], behavs[u], mb.mask, cap=cfg.is_cap,
-                                                            mode=cfg.is_mode)
-                    pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, current[u], adv, mask, opt, weight)
-                else:
-                    mask = mb.mask
-                    pl = losses.policy_loss(cfg.policy_loss.loss_mode, logp, behavs[u], adv, mask, opt)
-                pg = losses.aggregate(pl.loss, mask, pl.agg_mode or cfg.loss_agg_mode, **agg)
-                entropy = losses.aggregate(ent, mb.mask, cfg.loss_agg_mode, **agg)
-                loss = pg - cfg.entropy_coeff * entropy if cfg.entropy_coeff else pg
-                if refs is not None and cfg.kl_coef > 0:
-                    kl = losses.aggregate(losses.kl_penalty(logp, refs[u], cfg.kl_loss_type), mask,
-                                          cfg.loss_agg_mode, **agg)
-                    loss = loss + cfg.kl_coef * kl
-                    add("kl", kl)
-                if cfg.distillation.enabled:  # verl's distillation_ppo_loss: with or instead of the task's
-                    old = current[u] if cfg.decoupled else behavs[u]
-                    loss = self._distillation_loss(loss, mb, logp, old, mask, agg, add, tok)
-                # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
-                # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
-                (loss * self.world if self.sharded else loss).backward()
-                add("loss", loss)
-                add("pg_loss", pg)
-                add("entropy", entropy)
-                add("clip_fraction", losses.aggregate(pl.clipped, mb.mask, "token-mean", **tok))
-                add("ppo_kl", losses.aggregate(pl.approx_kl, mb.mask, "token-mean", **tok))
-                add("is_weight", losses.aggregate(pl.is_weight, mb.mask, "token-mean", **tok))
-            norm = torch.nn.utils.clip_grad_norm_(self.trainable,
-                                                  cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:  # as verl: a non-finite gradient skips the step instead of poisoning Adam
-                skipped += 1
-                self.optimizer.zero_grad(set_to_none=True)
-        self._set_accumulation(False, last=True)
-        names = sorted(sums)
-        totals = torch.stack([torch.as_tensor(sums[k]).reshape(()) for k in names]) if names else torch.zeros(0)
-        if self.world > 1 and names:
-            import torch.distributed as dist
+        return grad_norm, skipped
 
-            dist.all_reduce(totals)
-        rewards = np.array([s.reward for s in samples], dtype=np.float64)
-        out = {k: float(v) / cfg.ppo_epochs for k, v in zip(names, totals.cpu())}
-        for name, (op, value) in sorted(extremes.items()):  # every rank adds the same names (inf when empty)
-            if self.world > 1:
-                import torch.distributed as dist
+    def _step_metrics(self, batch: _MiniBatch, metrics: _Metrics) -> dict[str, float]:
+        """The step's metrics, reduced over the ranks (sums per epoch; verl's MIN / MAX ones),
+        with verl's advantages, rewards, rollout correction, critic and GDPO figures."""
+        cfg, samples, masks = self.cfg, batch.samples, batch.masks
+        out = metrics.reduced(self.world, cfg.ppo_epochs)
+        if batch.reward_kl is not None:
+            out.update(reward_kl_penalty=batch.reward_kl, reward_kl_penalty_coeff=batch.reward_kl_coef)
+        trained = torch.cat([batch.advantages[i, :len(m)][torch.from_numpy(m) > 0] for i, m in enumerate(masks)])
+        if trained.numel():  # verl's critic/advantages/*: over the response tokens that are trained
+            out.update(advantages_mean=float(trained.mean()), advantages_max=float(trained.max()),
+                       advantages_min=float(trained.min()))
+        if batch.reward_kl is not None:  # verl's critic/rewards: the score less the KL penalty
+            out.update(rewards_mean=float(batch.rewards.mean()) - batch.reward_kl_coef * batch.reward_kl)
+        if batch.live is not None:  # bypass: the mismatch of the policy at the mini-batch's start (first epoch)
+            from streamrl.learner import rollout_correction
 
-                dist.all_reduce(value, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
-            if math.isfinite(float(value)):
-                out[name] = float(value)
-        if reward_kl is not None:
-            out.update(reward_kl_penalty=reward_kl, reward_kl_penalty_coeff=beta)
-        valid = torch.cat([adv_all[i, :len(m)][torch.from_numpy(m) > 0] for i, m in enumerate(masks)])
-        if valid.numel():  # verl's critic/advantages/*: over the response tokens that are trained
-            out.update(advantages_mean=float(valid.mean()), advantages_max=float(valid.max()),
-                       advantages_min=float(valid.min()))
-        if reward_kl is not None:  # verl's critic/rewards: the score less the KL penalty
-            out.update(rewards_mean=float(rewards.mean()) - beta * reward_kl)
-        if live is not None:  # bypass: the mismatch of the policy at the mini-batch's start (first epoch)
-            full = [self._rows(samples, groups, x) for x in (live, behavs)]
-            corr_metrics = rollout_correction.correct(full[0], full[1], self._mask_rows(masks), rc, is_norm).metrics
-        out.update(corr_metrics)
+            live, behaviour = (self._rows(samples, batch.groups, x) for x in (batch.live, batch.behaviour))
+            batch.correction_metrics = rollout_correction.correct(live, behaviour, self._mask_rows(masks),
+                                                                  cfg.rollout_correction, batch.is_norm).metrics
+        out.update(batch.correction_metrics)
         if self.critic is not None:  # its sums are over its own epochs
             epochs = cfg.critic.ppo_epochs or cfg.ppo_epochs
             out.update({k: v * cfg.ppo_epochs / epochs for k, v in out.items() if k.startswith("critic/")})
-            out.update(critic_out)
+            out.update(batch.critic_metrics)
         if cfg.adv_estimator == "gdpo":  # verl's gdpo/<key>/mean, std
-            comps = np.array([s.reward_components for s in samples], dtype=np.float64)
+            components = np.array([s.reward_components for s in samples], dtype=np.float64)
             for k, key in enumerate(cfg.gdpo_reward_keys):
-                out.update({f"gdpo/{key}/mean": float(comps[:, k].mean()), f"gdpo/{key}/std": float(comps[:, k].std())})
-        out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
-        out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(total_tokens),
-                   sequences=float(len(samples)), reward_mean=float(rewards.mean()),
-                   reward_std=float(rewards.std()), step_seconds=time.perf_counter() - started)
+                out.update({f"gdpo/{key}/mean": float(components[:, k].mean()),
+                            f"gdpo/{key}/std": float(components[:, k].std())})
         return out
 
-    def _distillation_loss(self, task_loss: torch.Tensor, mb: _Batch, logp: torch.Tensor, old: torch.Tensor,
-                           mask: torch.Tensor, agg: dict, add: Any, tok: dict) -> torch.Tensor:
+    def _distillation_loss(self, task_loss: torch.Tensor, unit: _Batch, logp: torch.Tensor, old: torch.Tensor,
+                           mask: torch.Tensor, totals: dict, add: Any, token_totals: dict) -> torch.Tensor:
         """One micro-batch's loss with the teacher's (``learner.distillation``, verl's
         ``distillation_loss``): aggregated over the mini-batch's totals like the policy loss, so
         micro-batches and ranks add up to the whole; metrics as verl's ``distillation/*``."""
         dl = self.cfg.distillation.distillation_loss
         if dl.use_topk:
-            terms = losses.forward_kl_topk(mb.student_topk, mb.teacher_logprobs, dl.log_prob_min_clamp)
+            terms = losses.forward_kl_topk(unit.student_topk, unit.teacher_logprobs, dl.log_prob_min_clamp)
         else:
-            terms = losses.estimator_distillation(logp, mb.teacher_logprobs, dl.loss_mode)
+            terms = losses.estimator_distillation(logp, unit.teacher_logprobs, dl.loss_mode)
         distill = losses.distillation_loss(terms, mask, self.cfg.loss_agg_mode, logp=logp, old_logp=old,
                                            loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=dl.use_policy_gradient,
-                                           clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **agg)
+                                           clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **totals)
         add("distillation/loss", distill)
-        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), mb.mask, "token-mean", **tok))
+        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), unit.mask, "token-mean", **token_totals))
         # verl's distillation/loss_min and loss_max: the per-token loss before loss_max_clamp over
         # the response tokens, reduced as MIN / MAX over micro-batches and ranks
-        valid = terms.losses.detach()[mb.mask > 0]
+        valid = terms.losses.detach()[unit.mask > 0]
         none = valid.new_tensor(math.inf)  # a rank without response tokens still joins the reduction
         add("distillation/loss_min", valid.min() if valid.numel() else none, "min")
         add("distillation/loss_max", valid.max() if valid.numel() else -none, "max")
         for name, value in terms.diagnostics.items():
-            add(f"distillation/{name}", losses.aggregate(value.detach(), mb.mask, "token-mean", **tok))
+            add(f"distillation/{name}", losses.aggregate(value.detach(), unit.mask, "token-mean", **token_totals))
         return losses.combine_distillation(task_loss, distill, use_task_rewards=dl.use_task_rewards,
                                            coef=dl.distillation_loss_coef)
 
-    # -- state --------------------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, Any]:
-        """The whole model's weights on rank 0's CPU (gathered from the shards; once per version:
-        kept until the next step). Every rank must call it; the others get ``{}``."""
-        if not self.sharded:
-            return self.model.state_dict()
-        if self._full_state is None:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            self._full_state = get_model_state_dict(
-                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return self._full_state
-
-    def adapter_state_dict(self) -> dict[str, Any]:
-        """LoRA: the adapter's tensors whole on rank 0's CPU (gathered from the shards, only the
-        adapter's bytes; once per version). Every rank must call it."""
-        if self._adapter is None:
-            from streamrl.learner import lora
-
-            self._adapter = lora.adapter_state(self.model)
-        return self._adapter
-
+    # -- state (``checkpoint.ModelState``: what rank 0 and the followers call) ---------------------
     def save_weights(self, directory: str | Path) -> Path:
-        """What rollout workers load, at ``directory``, written by rank 0: the weights in Hugging
-        Face layout (safetensors); with LoRA the adapter alone in PEFT's layout (on the base
-        ``save_base`` wrote), or the base merged with it (``learner.lora.merge_for_servers``)."""
-        from streamrl.weights import save_policy
-
-        self._lead("weights", str(directory).encode())
-        started = time.perf_counter()
-        path = Path(directory)
-        if self.lora:
-            from streamrl.learner import lora
-
-            if self.cfg.lora.merge_for_servers:
-                state = self.full_state_dict()
-                if self.rank == 0:
-                    path = save_policy(lora.base_model(self.model), self.tokenizer, directory,
-                                       state_dict=lora.merged_state(self.model, state))
-            else:
-                state = self.adapter_state_dict()
-                if self.rank == 0:
-                    path = lora.save_adapter(self.model, directory, state)
-        elif not self.sharded:
-            path = save_policy(self.model, self.tokenizer, directory)
-        else:
-            state = self.full_state_dict()
-            if self.rank == 0:
-                path = save_policy(self.model, self.tokenizer, directory, state_dict=dict(state))
-        from streamrl import metrics
-
-        metrics.LEARNER_WEIGHTS_PUBLISH_SECONDS.observe(time.perf_counter() - started)
-        return path
+        """What rollout workers load (``ModelState.save_weights``)."""
+        return self.state.save_weights(directory)
 
     def save_base(self, directory: str | Path) -> Path:
-        """LoRA: the frozen base in Hugging Face layout (with the tokenizer) at ``directory``, by
-        rank 0; the adapters published each version apply to it. Written once per start."""
-        from streamrl.learner import lora
-        from streamrl.weights import save_policy
-
-        self._lead("base", str(directory).encode())
-        state = self.full_state_dict() if self.sharded else self.model.state_dict()
-        if self.rank == 0:
-            save_policy(lora.base_model(self.model), self.tokenizer, directory,
-                        state_dict=lora.base_state(self.model, state))
-        self._full_state = None  # (gathered for this alone: not kept)
-        return Path(directory)
-
-    def _dcp_options(self) -> Any:
-        """LoRA: the DCP shards hold what trains (adapters) and its optimizer state, not the
-        frozen base (it is the configured policy, loaded as at the first start)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        return StateDictOptions(ignore_frozen_params=self.lora, strict=not self.lora)
+        """LoRA: the frozen base, once per start (``ModelState.save_base``)."""
+        return self.state.save_base(directory)
 
     def write_checkpoint(self, directory: str | Path) -> None:
-        """Into a checkpoint being written (``learner.checkpoint.save``): the weights as
-        ``policy/`` (Hugging Face layout, rank 0; with LoRA the adapter, PEFT's layout) and model
-        + optimizer state as sharded ``torch.distributed.checkpoint`` files in ``dcp/`` (each
-        rank its shard; they load on any number of ranks)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        from streamrl.weights import save_policy
-
-        self._lead("checkpoint", str(directory).encode())
-        directory = Path(directory)
-        if self.lora:
-            from streamrl.learner import lora
-
-            state = self.adapter_state_dict()
-            if self.rank == 0:
-                lora.save_adapter(self.model, directory / "policy", state)
-        elif not self.sharded:
-            save_policy(self.model, self.tokenizer, directory / "policy")
-        else:
-            state = self.full_state_dict()
-            if self.rank == 0:
-                save_policy(self.model, self.tokenizer, directory / "policy", state_dict=dict(state))
-        options = self._dcp_options()
-        state = {"model": get_model_state_dict(self.model, options=options)}
-        if self.optimizer.state:  # (asking a fresh optimizer for its state would take a step)
-            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-        with _single_process_dcp():
-            dcp.save(state, checkpoint_id=str(directory / "dcp"))
-            if self.critic is not None:  # its weights and AdamW states, sharded as the policy's
-                self.critic.save(directory / "critic_dcp")
-
-    def load_checkpoint(self, directory: str | Path) -> None:
-        """Model and optimizer state from a checkpoint's ``dcp/`` (written by any number of
-        ranks), or its ``optimizer.pt`` (single-process checkpoints of earlier versions)."""
-        directory = Path(directory)
-        if (directory / "dcp").is_dir():
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                                 set_model_state_dict, set_state_dict)
-
-            path = str(directory / "dcp")
-            saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-            options = self._dcp_options()
-            with _single_process_dcp():
-                if any(k.startswith("optim.") for k in saved):
-                    model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=options)
-                    state = {"model": model_sd, "optim": optim_sd}
-                    dcp.load(state, checkpoint_id=path)
-                    set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                                   optim_state_dict=state["optim"], options=options)
-                else:
-                    state = {"model": get_model_state_dict(self.model, options=options)}
-                    dcp.load(state, checkpoint_id=path)
-                    set_model_state_dict(self.model, state["model"], options=options)
-            if self.critic is not None and (directory / "critic_dcp").is_dir():
-                with _single_process_dcp():
-                    self.critic.load(directory / "critic_dcp")
-        elif (directory / "optimizer.pt").is_file():
-            self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device,
-                                                      weights_only=True))
-
-    def optimizer_state(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
-
-
-@contextlib.contextmanager
-def _single_process_dcp() -> Iterator[None]:
-    """DCP without a process group is the single-process learner's normal case, not a warning."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-# -- the wire format of mini-batches between ranks, and the ranks other than 0 -------------------
-_ARRAYS = (("prompt_ids", np.int64), ("response_ids", np.int64),
-           ("behaviour_logprobs", np.float32), ("response_mask", np.float32),
-           ("teacher_logprobs", np.float32), ("teacher_ids", np.int64))
-
-
-def encode_samples(samples: Sequence[Sample]) -> bytes:
-    """Samples as bytes: a JSON header (ids, rewards, array lengths) and the arrays' raw bytes."""
-    header, blobs = [], []
-    for s in samples:
-        entry: dict[str, Any] = {"id": s.id, "group_id": s.group_id, "reward": s.reward,
-                                 "policy_version": s.policy_version, "teacher_topk": s.teacher_topk}
-        for name in ("reward_components", "reward_baseline"):  # (optional: absent when None)
-            if getattr(s, name) is not None:
-                entry[name] = getattr(s, name)
-        for name, dtype in _ARRAYS:
-            value = getattr(s, name)
-            if value is None:
-                entry[name] = None
-                continue
-            arr = np.ascontiguousarray(value, dtype=dtype)
-            entry[name] = len(arr)
-            blobs.append(arr.tobytes())
-        header.append(entry)
-    head = json.dumps(header).encode()
-    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
-
-
-def decode_samples(data: bytes) -> list[Sample]:
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    pos, out = 8 + n, []
-    for entry in header:
-        arrays = {}
-        for name, dtype in _ARRAYS:
-            count = entry.pop(name)
-            if count is None:
-                arrays[name] = None
-                continue
-            size = count * np.dtype(dtype).itemsize
-            arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=pos).copy()
-            pos += size
-        out.append(Sample(**entry, **arrays))
-    return out
-
-
-def follow(cfg: LearnerConfig) -> int:
-    """A rank other than 0: build the trainer when rank 0 says from which checkpoint, then run
-    what it sends until it says stop. SIGTERM and SIGINT are ignored (the launcher passes
-    SIGTERM to every rank at a stop, a terminal's Ctrl-C reaches every process of its group;
-    rank 0 drains and checkpoints, which needs this rank, then says stop); a dead rank 0 fails
-    the next collective and ends this process."""
-    from streamrl.learner import distributed
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    group = distributed.init(cfg)
-    assert group is not None and not group.leader
-    channel = distributed.Channel()
-    trainer: Trainer | None = None
-    while True:
-        op, payload = channel.receive()
-        if op == "init":
-            trainer = Trainer(cfg, **json.loads(payload))
-        elif op == "stop":
-            break
-        elif trainer is None:
-            raise RuntimeError(f"learner rank {group.rank}: {op!r} before init")
-        elif op == "step":
-            trainer.step(decode_samples(payload))
-        elif op == "logprobs":
-            trainer.logprobs(decode_samples(payload))
-        elif op == "weights":
-            trainer.save_weights(payload.decode())
-        elif op == "checkpoint":
-            trainer.write_checkpoint(payload.decode())
-        elif op == "base":
-            trainer.save_base(payload.decode())
-        elif op == "version":
-            trainer.set_version(int(payload))
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-    return 0
+        """``policy/`` and the ranks' ``dcp/`` shards into a checkpoint being written
+        (``ModelState.write_checkpoint``)."""
+        self.state.write_checkpoint(directory)
 
 
 def _check_prompt(s: Sample) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.bench.run import export_tree, figures
-from streamrl.observing import Observation, VersionStats
+from streamrl.supervisor.observer import Observation, VersionStats
 
 
 def _git(repo: Path, *args: str) -> str:

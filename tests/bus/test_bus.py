@@ -20,7 +20,7 @@ import pytest
 from streamrl.bus import Bus, Checkpoint, Reader, StageLoop, TopicPartition
 from streamrl.errors import Failure
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
-from tests.helpers import make_trajectory, read_topic, read_topic_sync, rewarded_from, wait_for
+from tests.helpers import read_topic, read_topic_sync, rewarded_from, trajectory, wait_for
 
 
 async def run_loop_until(loop: StageLoop, finished: int, timeout_s: float = 30.0) -> None:
@@ -37,14 +37,14 @@ def test_malformed_messages_go_to_dead_letters_and_the_stream_goes_on(bus_config
     bus_config.max_record_bytes = 200_000  # the consuming side's limit; the writer below allows more
     bus = Bus(bus_config)
     writer = Bus(replace(bus_config, max_record_bytes=16 * 2**20))
-    good = [make_trajectory(id=f"good-{i}", group_id=f"g{i}") for i in range(6)]
+    good = [trajectory(full=True, id=f"good-{i}", group_id=f"g{i}") for i in range(6)]
     wrong_types = orjson.loads(good[0].encode())
     wrong_types["policy_version"] = "seven"
     bad = {
         "bad_json": b'{"schema": "streamrl.trajectory/1", ',
         "wrong_schema": orjson.dumps({"hello": "world"}),
         "wrong_types": orjson.dumps(wrong_types),
-        "oversize": make_trajectory(n_tokens=20_000, id="too-big").encode(),  # ~240 KB
+        "oversize": trajectory(full=True, tokens=20_000, id="too-big").encode(),  # ~240 KB
         "handler_refuses": replace(good[0], id="refused").encode(),
     }
 
@@ -83,7 +83,7 @@ def test_malformed_messages_go_to_dead_letters_and_the_stream_goes_on(bus_config
 
 def test_records_of_real_size_travel_and_over_the_limit_fail_fast(bus):
     """A 16-sample group of 32k-token trajectories (~6 MB) is above Kafka's 1 MB default."""
-    group = [make_trajectory(n_tokens=32_768, id=f"long-{i}", group_id="big") for i in range(16)]
+    group = [trajectory(full=True, tokens=32_768, id=f"long-{i}", group_id="big") for i in range(16)]
 
     async def main():
         async with bus.producer("test") as p:
@@ -125,7 +125,7 @@ asyncio.run(main())
 
 def test_a_member_killed_before_committing_has_its_records_redelivered(bus_config):
     bus = Bus(bus_config)
-    trajs = [make_trajectory(id=f"r{i}", group_id=f"g{i}") for i in range(12)]
+    trajs = [trajectory(full=True, id=f"r{i}", group_id=f"g{i}") for i in range(12)]
 
     async def publish():
         async with bus.producer("test") as p:
@@ -159,7 +159,7 @@ def test_a_member_killed_before_committing_has_its_records_redelivered(bus_confi
 
 
 def test_a_clean_stop_commits_so_nothing_is_redelivered(bus):
-    trajs = [make_trajectory(id=f"c{i}", group_id=f"g{i}") for i in range(8)]
+    trajs = [trajectory(full=True, id=f"c{i}", group_id=f"g{i}") for i in range(8)]
     seen: list[str] = []
 
     async def handle(traj, msg):
@@ -188,8 +188,8 @@ def test_a_group_whose_members_stop_together_is_joined_again(bus):
     together, the leader last) left the embedded broker naming that gone member as the leader of
     every later join, so no member ever got a partition again and the records behind the
     committed offsets were never read. A later member must take them."""
-    first = [make_trajectory(id=f"a{i}", group_id=f"g{i}") for i in range(16)]
-    later = [make_trajectory(id=f"b{i}", group_id=f"h{i}") for i in range(16)]
+    first = [trajectory(full=True, id=f"a{i}", group_id=f"g{i}") for i in range(16)]
+    later = [trajectory(full=True, id=f"b{i}", group_id=f"h{i}") for i in range(16)]
     seen: list[str] = []
 
     async def handle(traj, msg):
@@ -228,7 +228,7 @@ async def produce_batches(bus: Bus, sizes: list[int]) -> None:
         for size in sizes:
             acks = []
             for _ in range(size):
-                acks.append(await p.send(make_trajectory(id=f"b{n}", group_id="one")))
+                acks.append(await p.send(trajectory(full=True, id=f"b{n}", group_id="one")))
                 n += 1
             await asyncio.gather(*acks)
 
@@ -247,7 +247,7 @@ def test_reader_end_offsets_are_exact_and_ranges_read_exactly(bus):
             middle = [m async for batch in reader.read({tp: 3}, {tp: 12}) for m in batch]
             last = [m async for batch in reader.read({tp: 21}, {tp: 22}) for m in batch]
             async with bus.producer("test") as p:
-                await p.send_and_wait(make_trajectory(id="after", group_id="one"))
+                await p.send_and_wait(trajectory(full=True, id="after", group_id="one"))
             followed = []
             deadline = time.monotonic() + 10
             while not followed and time.monotonic() < deadline:
@@ -265,7 +265,7 @@ def test_reader_end_offsets_are_exact_and_ranges_read_exactly(bus):
 def test_checkpoint_flushes_then_saves_then_commits(bus):
     """What ``save`` sees: every output in Kafka, and the offsets not yet committed; after
     ``commit``, the group has them. The rebalance callback speaks streamrl's partitions."""
-    trajs = [make_trajectory(id=f"k{i}", group_id=f"g{i}") for i in range(6)]
+    trajs = [trajectory(full=True, id=f"k{i}", group_id=f"g{i}") for i in range(6)]
 
     async def main():
         async with bus.producer("test") as p:

@@ -13,7 +13,7 @@ import time
 
 from streamrl.bus import Checkpoint, Reader, TopicPartition
 from streamrl.records import DeadLetter, RecordError, Rewarded, Trajectory
-from tests.helpers import make_trajectory, read_topic, rewarded_from
+from tests.helpers import read_topic, rewarded_from, trajectory
 
 #: Kafka's murmur2 (positive hash mod partitions) for these keys on 8 partitions, as Java's
 #: default partitioner, kafka-python and aiokafka place them.
@@ -37,7 +37,7 @@ def test_a_revoke_during_a_slow_flush_commits_only_flushed_outputs_before_the_pa
     """Member A has outputs waiting in its producer (linger 6 s) when member B joins. A's
     revoke callback flushes them, then commits; B, assigned only after that callback returned,
     starts at A's commit and gets nothing again."""
-    trajs = [make_trajectory(id=f"r{i}", group_id=f"g{i}") for i in range(6)]
+    trajs = [trajectory(full=True, id=f"r{i}", group_id=f"g{i}") for i in range(6)]
     group = bus.config.group("revoke")
 
     async def main():
@@ -143,7 +143,7 @@ def test_delivery_reports_are_served_on_the_loop_and_a_raising_on_delivery_stran
 
     async def main():
         async with bus.producer("test", on_delivery=on_delivery) as p:
-            futures = [await p.send(make_trajectory(id=f"d{i}", group_id=f"g{i}")) for i in range(5)]
+            futures = [await p.send(trajectory(full=True, id=f"d{i}", group_id=f"g{i}")) for i in range(5)]
             return await asyncio.wait_for(asyncio.gather(*futures), 30)
 
     delivered = asyncio.run(main())

@@ -13,9 +13,10 @@ import pytest
 from streamrl import metrics
 from streamrl.bus import Bus, Reader, StageLoop, TopicPartition
 from streamrl.errors import Failure
-from streamrl.observing import ConsumerLag
+from streamrl.bus.lag import ConsumerLag
 from streamrl.records import DEADLETTER, REWARDED, ROLLOUTS, Rewarded, Trajectory, topic_of
 from streamrl.testing import memory_bus
+from tests.helpers import trajectory
 
 
 @pytest.fixture(params=["kafka", "memory"])
@@ -23,11 +24,6 @@ def any_bus(request) -> Bus:
     if request.param == "kafka":
         return Bus(request.getfixturevalue("bus_config"))
     return memory_bus(commit_interval_s=0.2)
-
-
-def traj(i: int, group: str) -> Trajectory:
-    return Trajectory(id=f"t{i}", group_id=group, group_size=1, policy_version=0, data_source="d",
-                      prompt="p", response=f"r{i}")
 
 
 async def take(consumer, n: int, timeout_s: float = 30.0) -> list:
@@ -41,7 +37,7 @@ async def take(consumer, n: int, timeout_s: float = 30.0) -> list:
 def test_send_consume_commit_resume_seek_pause(any_bus):
     bus = any_bus
     delivered: list[tuple[str, object]] = []
-    records = [traj(i, f"g{i % 3}") for i in range(9)]
+    records = [trajectory(id=f"t{i}", group_id=f"g{i % 3}") for i in range(9)]
 
     async def main():
         async with bus.producer("test", on_delivery=lambda topic, err: delivered.append((topic, err))) as p:
@@ -86,7 +82,7 @@ def test_send_consume_commit_resume_seek_pause(any_bus):
             # pause: nothing of a paused partition arrives; resumed, it does
             second.pause([tp])
             async with bus.producer("test") as p:
-                await p.send_and_wait(traj(100, keep[0].key.decode()))
+                await p.send_and_wait(trajectory(id="t100", group_id=keep[0].key.decode()))
             assert second.paused() == {tp}
             assert [m for m in await second.getmany(timeout_ms=500) if (m.topic, m.partition) == tp] == []
             second.resume([tp])
@@ -101,9 +97,9 @@ def test_send_consume_commit_resume_seek_pause(any_bus):
 def test_stage_loop_reader_and_dead_letters(any_bus):
     """A StageLoop (its Checkpoint included) and a Reader run unchanged: outputs go to their
     type's topic, a bad message's original bytes go to dead letters with the reason, the loop
-    commits what it finished, and its lag gauges (``observing.ConsumerLag``) say nothing waits."""
+    commits what it finished, and its lag gauges (``bus.lag.ConsumerLag``) say nothing waits."""
     bus = any_bus
-    records = [traj(i, f"g{i}") for i in range(4)]
+    records = [trajectory(id=f"t{i}", group_id=f"g{i}") for i in range(4)]
 
     async def handle(t: Trajectory, msg):
         if t.id == "t3":
@@ -145,8 +141,8 @@ def test_stage_loop_reader_and_dead_letters(any_bus):
 
 def test_topics_route_by_type_and_memory_limits():
     bus = memory_bus()
-    assert topic_of(Rewarded(**{**traj(0, "g").__dict__, "schema": "streamrl.rewarded/1"}, reward=0.0)) is REWARDED
-    assert topic_of(traj(0, "g")) is ROLLOUTS  # a Rewarded is a Trajectory, routed by exact type
+    assert topic_of(Rewarded(**{**trajectory().__dict__, "schema": "streamrl.rewarded/1"}, reward=0.0)) is REWARDED
+    assert topic_of(trajectory()) is ROLLOUTS  # a Rewarded is a Trajectory, routed by exact type
 
     async def main():
         first = await bus.consumer([ROLLOUTS], "g", "test").start()
@@ -156,7 +152,7 @@ def test_topics_route_by_type_and_memory_limits():
         await (await bus.consumer([ROLLOUTS], "g", "test").start()).stop()  # the group is free again
         with pytest.raises(LookupError, match="nope"):
             async with bus.producer("test") as p:
-                await p.send(traj(0, "g"), topic="nope")
+                await p.send(trajectory(), topic="nope")
 
     asyncio.run(main())
     with pytest.raises(ValueError, match="bus.bootstrap_servers"):
@@ -169,7 +165,6 @@ def test_the_reward_stage_runs_unchanged_on_memory():
     """A stage built from a config whose ``bus`` is a memory bus: no broker, well under a second."""
     from streamrl.pipeline_config import PipelineConfig
     from streamrl.reward.stage import RewardStage
-    from streamrl.testing import trajectory
 
     bus = memory_bus(commit_interval_s=0.1)
     cfg = PipelineConfig()

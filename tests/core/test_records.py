@@ -11,11 +11,11 @@ import pytest
 
 from streamrl.records import (DeadLetter, PolicyVersion, Prompt, RecordError, Rewarded, Trajectory,
                               as_plain)
-from tests.helpers import make_trajectory
+from tests.helpers import trajectory
 
 
 def test_trajectory_round_trip_keeps_arrays_bit_exact():
-    traj = make_trajectory()
+    traj = trajectory(full=True)
     back = Trajectory.decode(traj.encode())
     assert as_plain(back) == as_plain(traj)
     logprobs = back.array("response_logprobs")
@@ -26,7 +26,7 @@ def test_trajectory_round_trip_keeps_arrays_bit_exact():
 
 
 def test_every_record_type_round_trips():
-    traj = make_trajectory()
+    traj = trajectory(full=True)
     rewarded = Rewarded.from_trajectory(traj, reward=0.1, reward_info={"status": "ok", "rule": 0.1},
                                         scorer={"name": "gsm8k", "version": "1"})
     assert rewarded.reward == float(np.float32(0.1))  # computed in fp32
@@ -72,11 +72,11 @@ def test_malformed_messages_give_a_reason(payload, reason, needle):
 
 
 def test_wrong_types_name_the_field():
-    data = orjson.loads(make_trajectory().encode())
+    data = orjson.loads(trajectory(full=True).encode())
     data["group_size"] = "4"
     with pytest.raises(RecordError, match="group_size"):
         Trajectory.decode(orjson.dumps(data))
-    data = orjson.loads(make_trajectory().encode())
+    data = orjson.loads(trajectory(full=True).encode())
     data["surprise"] = 1
     with pytest.raises(RecordError, match="surprise|additional"):
         Trajectory.decode(orjson.dumps(data))
@@ -84,19 +84,19 @@ def test_wrong_types_name_the_field():
 
 def test_wrong_record_kind_is_rejected():
     with pytest.raises(RecordError, match="reward"):
-        Rewarded.decode(make_trajectory().encode())
+        Rewarded.decode(trajectory(full=True).encode())
 
 
 def test_packed_arrays_are_checked():
-    data = orjson.loads(make_trajectory().encode())
+    data = orjson.loads(trajectory(full=True).encode())
     data["response_logprobs"]["dtype"] = "int32"
     with pytest.raises(RecordError, match="response_logprobs"):
         Trajectory.decode(orjson.dumps(data))
-    data = orjson.loads(make_trajectory().encode())
+    data = orjson.loads(trajectory(full=True).encode())
     data["response_ids"]["b64"] = base64.b64encode(b"\x01\x02\x03").decode()  # 3 bytes: not int32s
     with pytest.raises(RecordError, match="whole number"):
         Trajectory.decode(orjson.dumps(data))
-    data = orjson.loads(make_trajectory().encode())
+    data = orjson.loads(trajectory(full=True).encode())
     data["response_ids"]["b64"] = "!!!!" * 4
     traj = Trajectory.decode(orjson.dumps(data))  # the alphabet is checked where arrays are read
     with pytest.raises(RecordError, match="base64"):
@@ -104,7 +104,7 @@ def test_packed_arrays_are_checked():
 
 
 def test_oversize_is_a_clear_error_both_ways():
-    big = make_trajectory(n_tokens=32_768)
+    big = trajectory(full=True, tokens=32_768)
     data = big.encode()
     assert 300_000 < len(data) < 500_000  # a 32k-token trajectory is ~400 KB on the wire
     with pytest.raises(RecordError) as err:
@@ -117,7 +117,7 @@ def test_oversize_is_a_clear_error_both_ways():
 
 def test_decoding_never_executes_anything():
     """JSON that looks like an object to instantiate stays inert data."""
-    data = orjson.loads(make_trajectory().encode())
+    data = orjson.loads(trajectory(full=True).encode())
     data["extra_info"] = {"__class__": "os.system", "py/object": "subprocess.Popen", "!!python/object": "x"}
     traj = Trajectory.decode(orjson.dumps(data))
     assert traj.extra_info["py/object"] == "subprocess.Popen"

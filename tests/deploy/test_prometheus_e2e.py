@@ -21,7 +21,7 @@ import yaml
 from streamrl.net import free_port
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
-from tests.helpers import ROOT, PrometheusServer, make_trajectory, stop
+from tests.helpers import ROOT, PrometheusServer, stop, trajectory
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +81,7 @@ def _start_reward(tmp_path: Path, bus_config: BusConfig, metrics_port: int,
 def _publish(bus: Bus, n: int) -> None:
     async def main():
         async with bus.producer("test") as producer:
-            acks = [await producer.send(make_trajectory(
+            acks = [await producer.send(trajectory(full=True,
                 id=f"judged-{i}", group_id=f"g{i}", group_size=1, data_source="e2e_judged"))
                 for i in range(n)]
             await asyncio.gather(*acks)

@@ -100,7 +100,7 @@ def test_the_config_refuses_what_verl_refuses():
 def _samples(vocab: int, k: int, n: int = 4):
     import numpy as np
 
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     rng = np.random.default_rng(0)
     out = []

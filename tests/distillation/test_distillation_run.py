@@ -6,10 +6,6 @@ annotation, and the learner trains each record once (it de-duplicates by ``id``)
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import uuid
 
 import numpy as np
@@ -18,7 +14,7 @@ import pytest
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, Distilled, PolicyVersion, Rewarded
-from tests.helpers import ROOT, gsm8k_run_config, last_json_line, read_topic_sync, stage_pid, wait_for_sync
+from tests.helpers import gsm8k_run_config, kill_stage, read_topic_sync, run_summary, start_run, wait_for_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -32,30 +28,23 @@ SMALL = ["feed.limit=400", "feed.group_size=4", "learner.groups_per_mini_batch=8
 def test_a_teacher_killed_mid_run_loses_nothing_and_the_learner_trains_each_record_once(tmp_path, bootstrap):
     prefix = f"distil{uuid.uuid4().hex[:6]}"
     cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), "--bootstrap-servers", bootstrap,
-         f"run.out_dir={tmp_path}", f"bus.topic_prefix={prefix}", f"learner.consumer_group={prefix}-learner",
-         f"reward.group={prefix}-reward", f"teacher.group={prefix}-teacher", "learner.versions=6", *SMALL],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        def distilled() -> int:
-            try:
-                return len(read_topic_sync(Bus(cfg), "distilled"))
-            except LookupError:  # the run has not created the topics yet
-                return 0
+    proc = start_run(*gsm8k_run_config(), "--bootstrap-servers", bootstrap, f"run.out_dir={tmp_path}",
+                     f"bus.topic_prefix={prefix}", f"learner.consumer_group={prefix}-learner",
+                     f"reward.group={prefix}-reward", f"teacher.group={prefix}-teacher", "learner.versions=6", *SMALL,
+                     env={"PYTHONUNBUFFERED": "1"})
 
+    def distilled() -> int:
+        try:
+            return len(read_topic_sync(Bus(cfg), "distilled"))
+        except LookupError:  # the run has not created the topics yet
+            return 0
+
+    def kill_the_teacher() -> None:
         wait_for_sync(lambda: proc.poll() is None and distilled() >= 16, 150, "the teacher's first records",
                       interval=1.0)
-        pid = wait_for_sync(lambda: proc.poll() is None and stage_pid(proc.pid, "teacher"), 60, "the teacher",
-                            interval=0.2)
-        os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=330)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-4000:]
-    summary = last_json_line(out)
+        kill_stage(proc, "teacher")
+
+    summary, _, err = run_summary(proc, 330, kill_the_teacher)
     assert summary["ended"] == "done" and summary["versions"] == 6, summary
     assert summary["restarts"] >= 1 and "distilled" in err and "teacher lag" in err
     rewarded = {r.id for r in (Rewarded.decode(m.value) for m in read_topic_sync(Bus(cfg), "rewarded"))}

@@ -7,23 +7,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from streamrl.distillation.stage import TeacherStage
 from streamrl.distillation.teacher import parse_prompt_logprobs
 from streamrl.pipeline_config import load_config
-from streamrl.records import Rewarded
-from streamrl.testing import run_stage, trajectory
+from streamrl.records import Rewarded, Trajectory
+from streamrl.testing import run_stage
+from tests.helpers import recompute_logprobs, trajectory
 
 OVERRIDES = ["distillation.enabled=true", "teacher.model=tiny", "teacher.batch_size=4"]
 
 
-def _traj(i: int, **kw):
-    rng = np.random.default_rng(i)
-    r = 3 + i % 4
-    fields = dict(id=f"t{i}", group_id=f"g{i // 2}", group_size=2, prompt_ids=rng.integers(3, 200, 4),
-                  response_ids=rng.integers(3, 200, r), response_logprobs=-rng.random(r).astype(np.float32))
-    return trajectory(**{**fields, **kw})
+def _traj(i: int, **kw) -> Trajectory:
+    """Record ``i``: two to a group, 3 to 6 response tokens, every id in the teacher's vocabulary."""
+    return trajectory(id=f"t{i}", group_id=f"g{i // 2}", group_size=2, tokens=3 + i % 4, prompt_tokens=4,
+                      vocab=(3, 200), seed=i, **kw)
 
 
 def _rewarded(i: int) -> Rewarded:
@@ -36,13 +34,7 @@ def _teacher_logprobs(record, topk: int):
     from streamrl.policy import load_policy
 
     model, _ = load_policy("tiny")
-    p, r = record.array("prompt_ids"), record.array("response_ids")
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor(np.concatenate([p, r]).astype(np.int64))[None]).logits[0]
-    logp = torch.log_softmax(logits[len(p) - 1:len(p) - 1 + len(r)].float(), -1)
-    if topk:
-        return torch.topk(logp, topk, -1).values.numpy()
-    return logp.gather(-1, torch.tensor(r.astype(np.int64))[:, None])[:, 0].numpy()
+    return recompute_logprobs(model, record.array("prompt_ids"), record.array("response_ids"), topk=topk)
 
 
 @pytest.mark.parametrize("mode", ["k3", "forward_kl_topk"])
@@ -170,8 +162,8 @@ def test_a_fleet_of_vllm_servers_through_prompt_logprobs_one_of_them_failing():
 def test_without_task_rewards_the_run_counts_its_rollouts_as_distilled():
     """No reward group runs without task rewards: the teacher takes ``rollouts``, so the run's
     summary accounts for them as distilled (not as "unscored"), and nothing waits on scoring."""
-    from streamrl.commands.run import summary_line
-    from streamrl.observing import Observation
+    from streamrl.supervisor.display import summary_line
+    from streamrl.supervisor.observer import Observation
 
     obs = Observation(teacher_input="rollouts", rollouts=10, trained=7,
                       distilled_ids={f"t{i}" for i in range(8)}, teacher_dead={"t8"})

@@ -1,9 +1,10 @@
 """The learner on several ranks (issue 25): FSDP2 over gloo on CPU, two real processes speaking
-the real rank-0 protocol (``streamrl.learner.trainer.follow`` on rank 1), token-budget
+the real rank-0 protocol (``streamrl.learner.ranks.follow`` on rank 1), token-budget
 micro-batches, sharded checkpoints written by N ranks and read by M."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -15,15 +16,14 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import LearnerConfig, ParallelConfig
-from streamrl.learner.trainer import Trainer, follow
+from streamrl.learner.ranks import follow
+from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.policy import load_policy
-from tests.helpers import PARITY, STEPS, batch, last_json_line, parity_batch
+from tests.helpers import PARITY, STEPS, batch, learner_cfg, parity_batch
 
-def cfg(tmp: Path | None = None, **kw) -> LearnerConfig:
-    base = dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0, checkpoint_dir=str(tmp or "."))
-    base.update(kw)
-    return LearnerConfig(**base).validate()
+#: this module's configs: the shared builder with the Trainer tests' step
+cfg = functools.partial(learner_cfg, trainer=True)
 
 
 def safetensors_names(directory: Path) -> set[str]:
@@ -152,7 +152,7 @@ def test_uniform_lengths_pack_as_a_view_and_match_padded(tmp_path):
     import numpy as np
 
     from streamrl.learner import packing
-    from streamrl.learner.trainer import Sample
+    from streamrl.learner.samples import Sample
 
     rng = np.random.default_rng(9)
     samples = [Sample(id=f"u{i}", group_id=f"g{i // 4}", reward=float(rng.random()), policy_version=0,
@@ -286,21 +286,19 @@ def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
     """``streamrl run learner.parallel.nproc=2`` on the embedded default; rank 1 SIGKILLed
     after a version: the group goes down, the supervisor restarts it from the checkpoint, the
     run completes, versions never go back, and the surviving line trained each mini-batch once."""
-    import subprocess
-    import sys
     import time
 
-    from tests.helpers import ROOT, gsm8k_run_config
+    from tests.helpers import gsm8k_run_config, run_summary, start_run
 
     versions, per_version = 5, 2 * 4  # local.yaml: groups_per_mini_batch x group_size
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), f"run.out_dir={tmp_path}",
-         "run.reward_members=1", "feed.limit=200", f"learner.versions={versions}", "learner.parallel.nproc=2",
-         "learner.groups_per_mini_batch=2", "feed.group_size=4", "run.restart.backoff_s=0.5"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "STREAMRL_LOG_LEVEL": "INFO"})  # the learner logs each version it announces
-    try:
-        out_dir = None
+    proc = start_run(*gsm8k_run_config(), f"run.out_dir={tmp_path}", "run.reward_members=1", "feed.limit=200",
+                     f"learner.versions={versions}", "learner.parallel.nproc=2", "learner.groups_per_mini_batch=2",
+                     "feed.group_size=4", "run.restart.backoff_s=0.5",
+                     env={"STREAMRL_LOG_LEVEL": "INFO"})  # the learner logs each version it announces
+    out_dir = None
+
+    def kill_rank_1() -> None:
+        nonlocal out_dir
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:  # after the first checkpoint
             found = list(tmp_path.glob("*/checkpoints/ckpt-*"))
@@ -312,13 +310,8 @@ def test_run_with_two_learner_ranks_survives_a_killed_rank(tmp_path):
         pid = _rank_pid(proc.pid, 1)
         assert pid is not None, "no learner rank 1"
         os.kill(pid, 9)
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-4000:]
-    summary = last_json_line(out)
+
+    summary, _, _ = run_summary(proc, 400, kill_rank_1)
     assert summary["ended"] in ("done", "data_exhausted"), summary
     assert summary["versions"] == versions and summary["restarts"] >= 1, summary
     log = (out_dir / "logs" / "learner.log").read_text()

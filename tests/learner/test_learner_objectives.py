@@ -107,7 +107,7 @@ CORRECTIONS = {
 
 
 def corrected_cfg(tmp_path, name: str, **kw) -> LearnerConfig:
-    c = LearnerConfig(**{**dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0, checkpoint_dir=str(tmp_path)), **kw}).validate()
+    c = learner_cfg(tmp_path, trainer=True, **kw)
     for k, v in CORRECTIONS[name].items():
         setattr(c.rollout_correction, k, v)
     return c.validate()
@@ -171,7 +171,8 @@ def test_gdpo_reads_its_components_from_reward_info_and_reports_them(tmp_path):
     alone, naming the field."""
     from streamrl.errors import ConfigError
     from streamrl.learner.samples import to_sample
-    from streamrl.learner.trainer import Trainer, decode_samples, encode_samples
+    from streamrl.learner.distributed import decode_samples, encode_samples
+    from streamrl.learner.trainer import Trainer
     from streamrl.records import RecordError
 
     with pytest.raises(ConfigError, match="gdpo_reward_keys"):
@@ -294,7 +295,8 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
     from pathlib import Path
 
     from streamrl.learner import distributed
-    from streamrl.learner.trainer import Trainer, follow
+    from streamrl.learner.ranks import follow
+    from streamrl.learner.trainer import Trainer
     from tests.helpers import batch
 
     c = critic_cfg(Path(tmp))

@@ -62,7 +62,7 @@ def test_policy_losses_and_their_gradients_equal_verls(case, dtype):
     for mode, theirs in want.items():
         logp = t["logp"].clone().requires_grad_(True)
         torch.manual_seed(DATA["seed"])  # clip_cov picks its tokens at random, as verl's does
-        pl = losses.policy_loss(mode, logp, t["old_logp"], t["advantages"], t["mask"], opt)
+        pl = losses.policy_loss(mode, t["old_logp"], logp, t["advantages"], t["mask"], opt)
         loss = losses.aggregate(pl.loss, t["mask"], pl.agg_mode or "token-mean")
         loss.backward()
         close(loss, theirs["loss"], dtype, f"{case}/{dtype} {mode} loss")

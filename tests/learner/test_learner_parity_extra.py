@@ -45,7 +45,7 @@ def test_gspo_and_the_fixed_aggregation_losses_equal_verls_in_every_loss_agg_mod
     for key, theirs in want.items():
         mode, agg = key.split("/")
         logp = t["logp"].clone().requires_grad_(True)
-        pl = losses.policy_loss(mode, logp, t["old_logp"], t["advantages"], t["mask"], opt)
+        pl = losses.policy_loss(mode, t["old_logp"], logp, t["advantages"], t["mask"], opt)
         assert pl.agg_mode == config.FIXED_AGG_MODES.get(mode)
         loss = losses.aggregate(pl.loss, t["mask"], pl.agg_mode or agg, scale=7)
         loss.backward()
@@ -139,7 +139,7 @@ def test_bypass_mode_losses_and_gradients_equal_verls_in_every_loss_agg_mode(cas
         what = f"{case} {c['loss_type']} is={c['rollout_is']} rs={c['rollout_rs']} {c['loss_agg_mode']}"
         logp = t["logp"].clone().requires_grad_(True)
         knobs = DATA["knobs"]
-        pl, mask = rc.bypass_loss(logp, t["old_logp"], t["advantages"], t["mask"], cfg, knobs["clip_ratio_low"],
+        pl, mask = rc.bypass_loss(t["old_logp"], logp, t["advantages"], t["mask"], cfg, knobs["clip_ratio_low"],
                                   knobs["clip_ratio_high"], knobs["clip_ratio_c"])
         loss = losses.aggregate(pl.loss, mask, c["loss_agg_mode"], scale=7)
         loss.backward()
@@ -164,7 +164,7 @@ def test_decoupled_correction_is_the_loss_times_verls_weights_on_the_kept_tokens
     corr = rc.correct(t["logp"], t["old_logp"], t["mask"], cfg)
     logp = t["logp"].clone().requires_grad_(True)
     # reinforce with old = logp's own values: -A log pi w, exactly what bypass's reinforce computes
-    pl = losses.policy_loss("gpg", logp, t["old_logp"], t["advantages"], corr.mask, losses.LossOptions(), corr.weights)
+    pl = losses.policy_loss("gpg", t["old_logp"], logp, t["advantages"], corr.mask, losses.LossOptions(), corr.weights)
     loss = losses.aggregate(pl.loss, corr.mask, "token-mean")
     loss.backward()
     close(loss, c["loss"], case)

@@ -27,7 +27,7 @@ from streamrl.learner.stage import Learner
 from streamrl.policy import load_policy
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded
 from streamrl.testing import run_stage
-from tests.helpers import group, learner_cfg, publish, read_topic, tiny, wait_for
+from tests.helpers import group, learner_cfg, publish, read_topic, recompute_logprobs, tiny, wait_for
 
 def params(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -222,10 +222,7 @@ def plain_grpo_step(records, cfg: LearnerConfig) -> dict[str, torch.Tensor]:
     for r in records:
         rs = np.array(by_group[r.group_id], dtype=np.float32)
         adv = (r.reward - rs.mean()) / (rs.std(ddof=1) + 1e-6)
-        p, resp = r.array("prompt_ids").tolist(), r.array("response_ids").tolist()
-        logits = model(input_ids=torch.tensor([p + resp])).logits[0]
-        logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(p) - 1, len(p) - 1 + len(resp)),
-                                                     torch.tensor(resp)]
+        logp = recompute_logprobs(model, r.array("prompt_ids"), r.array("response_ids"), grad=True)
         ratio = torch.exp(logp - torch.from_numpy(r.array("response_logprobs").copy()))
         loss = loss + (-adv * ratio).sum() / total_tokens
     loss.backward()

@@ -20,13 +20,14 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig, LoraConfig
 from streamrl.learner.stage import Learner
-from streamrl.learner.trainer import Trainer, follow
+from streamrl.learner.ranks import follow
+from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.pipeline_config import load_config
 from streamrl.policy import load_policy
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
-from tests.helpers import (GROUP_SIZE, GROUPS, PARITY, ROOT, STEPS, batch, learner_cfg, parity_batch, publish,
-                           sample_groups, announced)
+from tests.helpers import (GROUP_SIZE, GROUPS, PARITY, ROOT, STEPS, announced, batch, learner_cfg, parity_batch,
+                           publish, recompute_logprobs, sample_groups)
 
 VERSIONS = 12
 #: every linear layer and the output head: the digits task is a shift of the output distribution,
@@ -109,15 +110,12 @@ def test_lora_learner_trains_and_publishes_only_the_adapter(memory_bus, tmp_path
 
 
 # -- one rank against two FSDP2 ranks ------------------------------------------------------------
-def _cfg(tmp: Path, **kw) -> LearnerConfig:
-    base = dict(lr=1e-2, micro_batch_size=3, grad_clip=1.0, checkpoint_dir=str(tmp),
-                lora=LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
-    base.update(kw)
-    return LearnerConfig(**base).validate()
+#: the adapter the rank-parity tests train
+LORA = dict(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
 
 
 def _adapter(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in trainer.adapter_state_dict().items()}
+    return {k: v.clone() for k, v in trainer.state.adapter_state_dict().items()}
 
 
 def _lora_rank(rank: int, world: int, port: int, tmp: str) -> None:
@@ -126,7 +124,7 @@ def _lora_rank(rank: int, world: int, port: int, tmp: str) -> None:
     torch.set_num_threads(1)
     from streamrl.learner import distributed
 
-    c = _cfg(Path(tmp), **PARITY)
+    c = learner_cfg(Path(tmp), trainer=True, lora=LoraConfig(**LORA), **PARITY)
     if rank:
         follow(c)
         return
@@ -148,7 +146,7 @@ def test_two_fsdp_ranks_train_the_same_adapter_as_one(tmp_path):
     optimizer holding states for the adapters alone, and the sharded checkpoint (adapters and
     their AdamW moments, no base) resuming on one rank."""
     torch.manual_seed(0)
-    one = Trainer(_cfg(tmp_path, **PARITY))
+    one = Trainer(learner_cfg(tmp_path, trainer=True, lora=LoraConfig(**LORA), **PARITY))
     trainable = {n for n, p in one.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_" in n for n in trainable)
     expected = [one.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
@@ -170,7 +168,7 @@ def test_two_fsdp_ranks_train_the_same_adapter_as_one(tmp_path):
     dcp_files = sum(f.stat().st_size for f in (tmp_path / "ckpt2" / "dcp").glob("*.distcp"))
     base_bytes = sum(p.numel() * p.element_size() for n, p in one.model.named_parameters() if not p.requires_grad)
     assert dcp_files < base_bytes  # the frozen base is not in the checkpoint
-    back = Trainer(_cfg(tmp_path, **PARITY), resume=str(tmp_path / "ckpt2"))
+    back = Trainer(learner_cfg(tmp_path, trainer=True, lora=LoraConfig(**LORA), **PARITY), resume=str(tmp_path / "ckpt2"))
     for name, value in _adapter(back).items():
         torch.testing.assert_close(value, mine[name], rtol=1e-5, atol=1e-5, msg=name)
     for p_one, p_back in zip(one.trainable, back.trainable):
@@ -187,7 +185,7 @@ def test_export_merge_loads_with_transformers_and_gives_the_learners_logprobs(tm
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    trainer = Trainer(_cfg(tmp_path, lora=LoraConfig(rank=8, alpha=32)))
+    trainer = Trainer(learner_cfg(tmp_path, trainer=True, lora=LoraConfig(rank=8, alpha=32)))
     for seed in range(2):
         trainer.step(batch(seed))
     trainer.save_base(run / "weights" / "base")
@@ -203,14 +201,7 @@ def test_export_merge_loads_with_transformers_and_gives_the_learners_logprobs(tm
         return out
 
     def logprobs(model) -> list[np.ndarray]:
-        out = []
-        with torch.no_grad():
-            for s in samples:
-                ids = torch.tensor(np.concatenate([s.prompt_ids, s.response_ids]))[None]
-                logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
-                p = len(s.prompt_ids)
-                out.append(logp[p - 1:-1].gather(-1, torch.tensor(s.response_ids)[:, None]).squeeze(-1).numpy())
-        return out
+        return [recompute_logprobs(model, s.prompt_ids, s.response_ids) for s in samples]
 
     merged = AutoModelForCausalLM.from_pretrained(export("--merge"), local_files_only=True).eval()
     assert "lora" not in " ".join(merged.state_dict())
@@ -219,7 +210,7 @@ def test_export_merge_loads_with_transformers_and_gives_the_learners_logprobs(tm
     adapter = AutoModelForCausalLM.from_pretrained(export(), local_files_only=True).eval()  # base + adapter (peft)
     for got, ref in zip(logprobs(adapter), want):
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
-    trainer.cfg = _cfg(tmp_path, lora=LoraConfig(rank=8, alpha=32, merge_for_servers=True))
+    trainer.cfg = learner_cfg(tmp_path, trainer=True, lora=LoraConfig(rank=8, alpha=32, merge_for_servers=True))
     trainer.save_weights(tmp_path / "served")
     for got, ref in zip(logprobs(load_policy(str(tmp_path / "served"))[0]), want):
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)

@@ -20,11 +20,11 @@ from streamrl.bus import Bus, TopicPartition
 from streamrl.cli import main as cli
 from streamrl.config import ConfigError
 from streamrl.pipeline_config import PipelineConfig, load_config
-from streamrl.records import Rewarded, Trajectory
+from streamrl.records import Rewarded
 from streamrl.replay import BoundError, Range, evaluate_policy, parse_bound, replay_topic, resolve_scorer
 from streamrl.reward.config import RewardConfig, ScorerSpec
 from streamrl.feed.prompts import gsm8k_ground_truth
-from tests.helpers import JudgeServer, committed, gsm8k_path, read_topic
+from tests.helpers import JudgeServer, committed, gsm8k_path, read_topic, trajectory
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z: record times far from the brokers' own timestamps
 OLD = [0.0, 1.0, 0.25, 0.75]
@@ -407,8 +407,8 @@ def test_cli_replay_publishes_to_an_evaluation_topic(bus: Bus, tmp_path: Path,
 def test_replay_of_trajectories_has_only_new_rewards(memory_bus: Bus, tmp_path: Path) -> None:
     """The rollouts topic carries trajectories: no old reward, so only the new side is reported."""
     bus = memory_bus
-    trajectories = [Trajectory(id=f"t{i}", group_id="g", group_size=3, policy_version=2, data_source="gsm8k",
-                               prompt="q", response=f"#### {i}", ground_truth="1", response_ids=[1, 2, 3])
+    trajectories = [trajectory(id=f"t{i}", group_id="g", group_size=3, policy_version=2, prompt="q",
+                               response=f"#### {i}", ground_truth="1", response_ids=[1, 2, 3])
                     for i in range(3)]
 
     async def scenario() -> Path:

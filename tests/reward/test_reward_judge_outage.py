@@ -14,10 +14,9 @@ from aiohttp import web
 from streamrl import metrics
 from streamrl.broker import free_port
 from streamrl.pipeline_config import PipelineConfig
-from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
-from tests.helpers import Collector, produce, serve_app, wait_for
+from tests.helpers import Collector, produce, serve_app, trajectory, wait_for
 
 NAME = "outage_judge"
 
@@ -48,12 +47,6 @@ class Judge:
         self.runner = None
 
 
-def traj(i: int) -> Trajectory:
-    return Trajectory(id=f"o-{i}", group_id=f"g-{i}", group_size=1, policy_version=1,
-                      data_source="judged", prompt="What is 6 * 7?", response="42",
-                      ground_truth="42")
-
-
 def test_judge_outage_holds_records_and_resumes(memory_bus):
     bus = memory_bus
     port = free_port()
@@ -69,7 +62,8 @@ def test_judge_outage_holds_records_and_resumes(memory_bus):
         "backoff_s": 0.01, "backoff_max_s": 0.02, "eject_after": 1, "health_interval_s": 0.2})
     stage = RewardStage(cfg)
     judge = Judge(port)
-    first, second = [traj(i) for i in range(6)], [traj(i) for i in range(6, 14)]
+    records = [trajectory(i, data_source="judged", response="42") for i in range(14)]
+    first, second = records[:6], records[6:]
     held = metrics.REWARD_HELD.labels(NAME)
 
     async def main():

@@ -18,7 +18,7 @@ from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
 from streamrl.testing import memory_bus, run_stage_async
-from tests.helpers import serve_app
+from tests.helpers import serve_app, trajectory
 
 NAME = "poison_judge"
 POISON = {"null": {"choices": [{"message": {"role": "assistant", "content": None}}]},
@@ -76,8 +76,8 @@ async def score_through_the_stage(urls: list[str], records: list[Trajectory], ma
 
 def test_poison_replies_fail_their_record_alone():
     kinds = ["ok", "null", "ok", "empty", "ok", "garbage", "ok", "huge"] * 3
-    records = [Trajectory(id=f"p-{i}", group_id=f"g-{i}", group_size=1, policy_version=0, data_source="judged",
-                          prompt="q", response=f"answer [{k}]", ground_truth="a") for i, k in enumerate(kinds)]
+    records = [trajectory(id=f"p-{i}", group_id=f"g-{i}", data_source="judged", prompt="q", response=f"answer [{k}]",
+                          ground_truth="a") for i, k in enumerate(kinds)]
 
     async def main():
         healthy_seen: list[str] = []
@@ -115,8 +115,8 @@ def url_of(out: dict[str, list]) -> str:
 
 
 def test_a_judge_that_only_answers_poison_dead_letters_the_record_with_the_reason():
-    records = [Trajectory(id=f"q-{i}", group_id=f"h-{i}", group_size=1, policy_version=0, data_source="judged",
-                          prompt="q", response=f"answer [{k}]", ground_truth="a")
+    records = [trajectory(id=f"q-{i}", group_id=f"h-{i}", data_source="judged", prompt="q", response=f"answer [{k}]",
+                          ground_truth="a")
                for i, k in enumerate(["null", "ok", "garbage", "ok", "huge"])]
 
     async def main():

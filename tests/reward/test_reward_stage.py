@@ -24,7 +24,7 @@ from streamrl.pipeline_config import PipelineConfig
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.stage import RewardStage
 from streamrl.testing import run_stage
-from tests.helpers import ROOT, Collector, produce, traj
+from tests.helpers import ROOT, Collector, produce, trajectory
 
 
 USER_SCORERS = '''
@@ -79,14 +79,15 @@ def test_mixed_stream_every_record_reaches_rewarded_or_dead_letters(memory_bus, 
     cfg = _pipeline(memory_bus.config)
     cfg.reward.scorers["boom"] = ScorerSpec(type="function", path=f"{user_file}:boom")
     cfg.reward.scorers["nan"] = ScorerSpec(type="function", path=f"{user_file}:nan")
-    good_gsm8k = [traj(i, response="The answer is $42." if i % 2 else "#### 41") for i in range(6)]
-    good_math = [traj(f"m{i}", ds="math", response=r, gt="\\frac{1}{2}")
+    good_gsm8k = [trajectory(i, response="The answer is $42." if i % 2 else "#### 41", policy_version=3,
+                             response_ids=[1, 2, 3], response_logprobs=[-0.5, -0.25, -0.125]) for i in range(6)]
+    good_math = [trajectory(f"m{i}", data_source="math", response=r, ground_truth="\\frac{1}{2}")
                  for i, r in enumerate(["so $\\boxed{0.5}$", "$\\boxed{\\frac{1}{3}}$"])]
-    schema_bad = orjson.loads(traj("x").encode())
+    schema_bad = orjson.loads(trajectory("x").encode())
     del schema_bad["response"]
-    records = [*good_gsm8k, *good_math, traj("u", ds="chess"), traj("b", ds="boom"),
-               traj("n", ds="nan"), ("rollouts", b"k1", b'{"schema": "streamrl.traj'),
-               ("rollouts", b"k2", orjson.dumps(schema_bad))]
+    records = [*good_gsm8k, *good_math, trajectory("u", data_source="chess"),
+               trajectory("b", data_source="boom"), trajectory("n", data_source="nan"),
+               ("rollouts", b"k1", b'{"schema": "streamrl.traj'), ("rollouts", b"k2", orjson.dumps(schema_bad))]
     expected_dead = {"t-u": "unknown_data_source", "t-b": "boom", "t-n": "non_finite_reward"}
     stage = RewardStage(cfg)
     scored_before = metrics.REWARD_SCORED.labels("gsm8k", "ok")._value.get()
@@ -148,7 +149,7 @@ def _get(url: str) -> str:
 
 def test_two_members_share_partitions_and_a_killed_one_loses_nothing(bus, user_file):
     n = 240
-    records = [traj(i, ds="slow", response="x" if i % 3 else "y", gt="x") for i in range(n)]
+    records = [trajectory(i, data_source="slow", response="x" if i % 3 else "y", ground_truth="x") for i in range(n)]
     group = f"reward-{bus.config.topic_prefix}"
     ports = [_free_port() for _ in range(2)]
     members = [_member(bus.config, group, user_file, port) for port in ports]
@@ -211,12 +212,13 @@ def test_group_hook_adjusts_complete_groups_and_times_out_incomplete_ones(memory
     cfg = _pipeline(memory_bus.config)
     cfg.reward.group_hook.function = "normalize"
     cfg.reward.group_hook.timeout_s = 3.0
-    full = [traj(f"a{i}", group="A", size=4, response="#### 42" if i < 2 else "#### 7") for i in range(4)]
+    full = [trajectory(f"a{i}", group_id="A", group_size=4, response="#### 42" if i < 2 else "#### 7")
+            for i in range(4)]
     # one member of B cannot be scored (unknown data source): the rest still complete the group
-    partial = [traj(f"b{i}", group="B", size=3, response="#### 42" if i == 0 else "#### 1")
-               for i in range(2)] + [traj("b2", group="B", size=3, ds="chess")]
+    partial = [trajectory(f"b{i}", group_id="B", group_size=3, response="#### 42" if i == 0 else "#### 1")
+               for i in range(2)] + [trajectory("b2", group_id="B", group_size=3, data_source="chess")]
     # C says 3 samples and only 2 ever come: published unadjusted after the timeout
-    incomplete = [traj(f"c{i}", group="C", size=3) for i in range(2)]
+    incomplete = [trajectory(f"c{i}", group_id="C", group_size=3) for i in range(2)]
     records = full + partial + incomplete
     stage = RewardStage(cfg)
 
@@ -245,7 +247,7 @@ def test_an_unavailable_scorer_holds_records_with_back_pressure_and_resumes(memo
     flag.touch()
     cfg = _pipeline(bus.config, max_in_flight=4, unavailable_backoff_max_s=0.2)
     cfg.reward.scorers["flaky_judge"] = ScorerSpec(type="function", path=f"{user_file}:down_while_flagged")
-    records = [traj(i, ds="flaky_judge", flag=str(flag)) for i in range(20)]
+    records = [trajectory(i, data_source="flaky_judge", extra_info={"flag": str(flag)}) for i in range(20)]
     stage = RewardStage(cfg)
 
     async def main():

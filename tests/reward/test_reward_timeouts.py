@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import ROOT, Collector, produce, traj
+from tests.helpers import ROOT, Collector, produce, trajectory
 
 SLEEPY = '''
 import time
@@ -31,7 +31,8 @@ def sleepy(data_source, solution_str, ground_truth, extra_info=None):
 def test_a_scorer_past_its_timeout_fails_its_record_and_the_member_goes_on(bus, tmp_path, executor):
     user = tmp_path / "sleepy.py"
     user.write_text(textwrap.dedent(SLEEPY))
-    records = [traj(i, ds="sleepy", response="sleep" if i % 4 == 0 else "x", gt="x") for i in range(16)]
+    records = [trajectory(i, data_source="sleepy", response="sleep" if i % 4 == 0 else "x", ground_truth="x")
+               for i in range(16)]
     member = subprocess.Popen(
         [sys.executable, "-m", "streamrl", "reward", "--bootstrap-servers", bus.config.bootstrap_servers,
          "--group", f"reward-{bus.config.topic_prefix}", f"bus.topic_prefix={bus.config.topic_prefix}",

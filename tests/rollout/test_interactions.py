@@ -22,6 +22,7 @@ from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import InteractionRunner
 from streamrl.rollout.interactions import BaseInteraction, load_interaction
 from streamrl.rollout.interactions.gsm8k import CORRECT, INCORRECT, Gsm8kInteraction
+from tests.helpers import recompute_logprobs
 
 PARAMS = SamplingParams(max_new_tokens=8, temperature=1.0)
 QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4. How many? Let's think step by step "
@@ -47,13 +48,6 @@ class StopOnSecondTurn(BaseInteraction):
 
     async def finalize_interaction(self, instance_id, **kwargs):
         del self.seen[instance_id]
-
-
-def recompute(model, prompt_ids: np.ndarray, response_ids: np.ndarray, temperature: float) -> np.ndarray:
-    ids = torch.tensor(np.concatenate([prompt_ids, response_ids]), dtype=torch.long)[None]
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids, dtype=torch.long)[:, None])[:, 0].numpy()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +106,7 @@ def test_gsm8k_feedback_loop_transcript_scores_and_mask(backend):
         answers = [tok.decode(ids[a:b], skip_special_tokens=True) for v, a, b in runs if v == 1]
         assert answers == [m["content"] for m in t.turns if m["role"] == "assistant"]
         # log-probs of the sampled tokens are the model's, in the context it really had
-        want = recompute(backend.model, t.array("prompt_ids"), ids, PARAMS.temperature)
+        want = recompute_logprobs(backend.model, t.array("prompt_ids"), ids, PARAMS.temperature)
         np.testing.assert_allclose(lps[mask == 1], want[mask == 1], atol=2e-4)
         assert tok.decode(t.array("prompt_ids")) == "user: " + QUESTION[0]["content"] + "\nassistant: "
         assert t.timings["generation_s"] > 0 and "interaction_s" in t.timings
@@ -159,7 +153,7 @@ def test_a_version_change_inside_an_episode_stamps_the_oldest(tmp_path):
     ids, mask, lps = t.array("response_ids"), t.array("response_mask"), t.array("response_logprobs")
     second = np.zeros(len(mask), bool)
     second[np.flatnonzero(mask == 0)[-1] + 1:] = True
-    want = recompute(model, t.array("prompt_ids"), ids, PARAMS.temperature)
+    want = recompute_logprobs(model, t.array("prompt_ids"), ids, PARAMS.temperature)
     np.testing.assert_allclose(lps[second], want[second], atol=2e-4)
     assert not np.allclose(lps[mask == 1][:3], want[mask == 1][:3], atol=1e-3)
 
@@ -170,7 +164,7 @@ def test_greedy_sampling_is_deterministic_with_untempered_logprobs(backend):
     (a,), (b,) = asyncio.run(backend.generate([ids], 1, greedy)), asyncio.run(backend.generate([ids], 1, greedy))
     a, b = a[0], b[0]
     assert a.response_ids == b.response_ids and len(a.response_ids) == 10 and a.finish_reason == "length"
-    want = recompute(backend.model, np.asarray(ids), np.asarray(a.response_ids), 1.0)
+    want = recompute_logprobs(backend.model, np.asarray(ids), np.asarray(a.response_ids), 1.0)
     np.testing.assert_allclose(a.response_logprobs, want, atol=2e-4)
 
 
@@ -189,7 +183,7 @@ def test_concurrent_requests_share_one_engine_call(backend):
         assert len(group) == 3
         for s in group:  # left-padded together, each sample is still its own prompt's
             assert s.prompt_ids == p
-            want = recompute(backend.model, np.asarray(p), np.asarray(s.response_ids), PARAMS.temperature)
+            want = recompute_logprobs(backend.model, np.asarray(p), np.asarray(s.response_ids), PARAMS.temperature)
             np.testing.assert_allclose(s.response_logprobs, want, atol=2e-4)
     assert len(out[3][0]) == 1
 

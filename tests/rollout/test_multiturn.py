@@ -39,7 +39,7 @@ from streamrl.feed.prompts import build_prompts
 from streamrl.rollout.tools.calculator import CalculationError, CalculatorTool, calculate
 from streamrl.rollout.tools.parser import ToolCall, ToolCallError, parse_tool_calls
 from streamrl.testing import score
-from tests.helpers import last_json_line, read_topic_sync
+from tests.helpers import last_json_line, read_topic_sync, recompute_logprobs
 
 try:  # a verl user's imports; streamrl's compatible bases when verl is not installed
     from verl.interactions.base import BaseInteraction
@@ -170,13 +170,6 @@ def script(context: str) -> str:
     return "so #### 5" if turn == 1 else "so #### 7"
 
 
-def model_logprobs(model, context: list[int], response: list[int], temperature: float) -> np.ndarray:
-    ids = torch.tensor(context + response, dtype=torch.long)[None]
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(context) - 1:-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0].numpy()
-
-
 class ScriptedPolicy(TransformersBackend):
     def __init__(self) -> None:
         super().__init__("tiny", seed=0)
@@ -187,7 +180,7 @@ class ScriptedPolicy(TransformersBackend):
         for p in prompts:
             ids = p if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"]
             resp = tok(script(tok.decode(ids)), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-            lps = model_logprobs(self.model, list(ids), resp, params.temperature or 1.0).astype(np.float32)
+            lps = recompute_logprobs(self.model, list(ids), resp, params.temperature or 1.0).astype(np.float32)
             samples = [Completion(text=tok.decode(resp, skip_special_tokens=True), prompt_ids=list(ids),
                                   response_ids=list(resp), response_logprobs=lps.copy(), finish_reason="stop",
                                   policy_version=self.version) for _ in range(n)]
@@ -327,7 +320,7 @@ def test_tool_schemas_are_in_the_prompt_and_tool_turns_are_not_trained_on(episod
         assert int(mask.sum()) == model_tokens
         assert np.all(lps[mask == 0] == 0.0)
         # log-probs on mask 1 are the model's own in the context it really had
-        want = model_logprobs(policy.model, prompt_ids.tolist(), ids.tolist(), PARAMS.temperature)
+        want = recompute_logprobs(policy.model, prompt_ids.tolist(), ids.tolist(), PARAMS.temperature)
         np.testing.assert_allclose(lps[mask == 1], want[mask == 1], atol=2e-4)
         # and the tools were described to the model (the tiny tokenizer has no template: as text)
         head = tok.decode(prompt_ids)
@@ -488,7 +481,8 @@ def test_config_errors_name_the_field(tmp_path):
 
 def test_the_learner_trains_only_where_the_mask_is_1(episodes):
     from streamrl.learner.config import LearnerConfig
-    from streamrl.learner.trainer import Sample as TrainSample, Trainer
+    from streamrl.learner.samples import Sample as TrainSample
+    from streamrl.learner.trainer import Trainer
 
     _, groups = episodes
     trajs = [t for g in groups for t in g]

@@ -19,8 +19,7 @@ from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
 from streamrl.rollout.worker import RolloutWorker
-from tests.helpers import serve_app
-from tests.helpers import read_topic
+from tests.helpers import read_topic, recompute_logprobs, serve_app
 
 KEY = "sk-test-7d1f0c"
 
@@ -74,13 +73,6 @@ def engine() -> TransformersBackend:
     return TransformersBackend("tiny", seed=0)
 
 
-def recompute(model, prompt_ids, response_ids, temperature: float) -> np.ndarray:
-    ids = torch.tensor(list(prompt_ids) + list(response_ids))[None]
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(list(response_ids))[:, None])[:, 0].numpy()
-
-
 def test_completions_with_token_ids_logprobs_and_key(engine, monkeypatch, caplog):
     monkeypatch.setenv("TEST_OPENAI_KEY", KEY)
     caplog.set_level(logging.DEBUG)
@@ -116,7 +108,7 @@ def test_completions_with_token_ids_logprobs_and_key(engine, monkeypatch, caplog
             assert len(s.response_ids) == len(s.response_logprobs) <= 12
             assert s.response_logprobs.dtype == np.float32
             assert tok.decode(s.response_ids, skip_special_tokens=True) == s.text
-            np.testing.assert_allclose(s.response_logprobs, recompute(engine.model, s.prompt_ids, s.response_ids, 0.8),
+            np.testing.assert_allclose(s.response_logprobs, recompute_logprobs(engine.model, s.prompt_ids, s.response_ids, 0.8),
                                        atol=2e-4)
     assert len(again) == 1 and again[0].text is not None
     assert KEY not in caplog.text

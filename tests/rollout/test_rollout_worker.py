@@ -30,21 +30,13 @@ from streamrl.rollout.config import RolloutConfig
 from streamrl.feed.prompts import build_prompts
 from streamrl.feed.stage import publish_feed
 from streamrl.rollout.worker import RolloutWorker
-from tests.helpers import ROOT, gsm8k_path, read_topic, wait_for
+from tests.helpers import ROOT, gsm8k_path, read_topic, recompute_logprobs, wait_for
 
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     torch.set_num_threads(1)
-
-
-def recompute(model, t: Trajectory, temperature: float = 1.0) -> np.ndarray:
-    p, r = t.array("prompt_ids"), t.array("response_ids")
-    ids = torch.tensor(np.concatenate([p, r]), dtype=torch.long)[None]
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(p) - 1:-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(r, dtype=torch.long)[:, None])[:, 0].numpy()
 
 
 async def count(bus: Bus, topic: str) -> int:
@@ -99,7 +91,7 @@ def test_two_workers_share_one_feed_exactly_once(bus):
         assert 0 < len(ids) <= 12 and lps.dtype == np.float32 and len(lps) == len(ids)
         assert tok.decode(ids, skip_special_tokens=True) == t.response
         assert tok.decode(t.array("prompt_ids")).startswith("user: " + t.prompt[0]["content"])
-        np.testing.assert_allclose(lps, recompute(model, t, 0.9), atol=2e-4)
+        np.testing.assert_allclose(lps, recompute_logprobs(model, t.array("prompt_ids"), t.array("response_ids"), 0.9), atol=2e-4)
         assert t.timings["generation_s"] > 0 and t.timings["generation_started_at"] <= t.created_at
 
 
@@ -169,9 +161,11 @@ def test_gate_holds_a_worker_ahead_and_a_new_version_releases_it(memory_bus, tmp
     assert max(t.timings["gate_wait_s"] for t in later) > 1.0  # the held prompt waited
     assert any(t.timings["weight_load_s"] > 0 for t in later)
     for t in early:  # each version's log-probs are that version's model's
-        np.testing.assert_allclose(t.array("response_logprobs"), recompute(v0, t), atol=2e-4)
+        want = recompute_logprobs(v0, t.array("prompt_ids"), t.array("response_ids"))
+        np.testing.assert_allclose(t.array("response_logprobs"), want, atol=2e-4)
     for t in later:
-        np.testing.assert_allclose(t.array("response_logprobs"), recompute(v1, t), atol=2e-4)
+        want = recompute_logprobs(v1, t.array("prompt_ids"), t.array("response_ids"))
+        np.testing.assert_allclose(t.array("response_logprobs"), want, atol=2e-4)
     assert loads > 0
     assert stop_s < 10  # a worker held by the gate stops promptly (its prompt is not committed)
 

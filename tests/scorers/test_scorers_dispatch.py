@@ -20,7 +20,7 @@ from streamrl.records import Trajectory
 from streamrl.reward.config import ScorerSpec
 from streamrl.reward.scoring import Scoring
 from streamrl.reward.stage import RewardStage
-from tests.helpers import serve_app
+from tests.helpers import serve_app, trajectory
 
 USER_SCORERS = '''
 import asyncio, math, os, time
@@ -104,12 +104,6 @@ def _stage(scorers: dict[str, ScorerSpec], **reward) -> Scoring:
     return Scoring(cfg.reward)
 
 
-def _traj(ds: str, response: str = "42", gt: str | None = "42", **extra) -> Trajectory:
-    return Trajectory(group_id="g", group_size=1, policy_version=0, data_source=ds,
-                      prompt="What is six times seven?", response=response, ground_truth=gt,
-                      extra_info=extra)
-
-
 async def _score(stage: Scoring, traj: Trajectory):
     return await stage.score(stage.table.lookup(traj.data_source), traj)
 
@@ -135,7 +129,8 @@ def test_user_scorers_by_path_sync_inline_and_process_and_async(user_file):
     })
 
     async def go():
-        return [await _score(stage, _traj(ds, tag=ds)) for ds in ("inline", "proc", "async")]
+        return [await _score(stage, trajectory(data_source=ds, response="42", extra_info={"tag": ds}))
+                for ds in ("inline", "proc", "async")]
 
     (r1, i1), (r2, i2), (r3, i3) = _run(stage, go)
     assert (r1, i1["tag"], i1["pid"], i1["status"]) == (1.5, "inline", os.getpid(), "ok")
@@ -150,8 +145,8 @@ def test_user_scorer_by_module_name(user_file, monkeypatch):
     monkeypatch.syspath_prepend(str(user_file.parent))
     stage = _stage({"mod": ScorerSpec(type="function", path="user_scorers:exact",
                                       executor="process", data_sources=["a", "b"])})
-    out = _run(stage, lambda: asyncio.gather(_score(stage, _traj("a")),
-                                             _score(stage, _traj("b", response="41"))))
+    out = _run(stage, lambda: asyncio.gather(_score(stage, trajectory(data_source="a", response="42")),
+                                             _score(stage, trajectory(data_source="b", response="41"))))
     assert [r for r, _ in out] == [1.0, 0.0]
 
 
@@ -181,8 +176,8 @@ def test_a_function_that_needs_the_router_gets_it_when_one_is_configured(user_fi
     stage = _stage({"r": ScorerSpec(type="function", path=f"{user_file}:needs_router"),
                     "j": ScorerSpec(type="function", path=f"{user_file}:judge_like")},
                    reward_router="127.0.0.1:8123")
-    (r1, i1), (r2, i2) = _run(stage, lambda: asyncio.gather(_score(stage, _traj("r")),
-                                                           _score(stage, _traj("j"))))
+    (r1, i1), (r2, i2) = _run(stage, lambda: asyncio.gather(_score(stage, trajectory(data_source="r")),
+                                                           _score(stage, trajectory(data_source="j"))))
     assert i1["router"] == i2["router"] == "127.0.0.1:8123"
 
 
@@ -206,13 +201,14 @@ def test_process_pool_timeout_kills_the_worker_and_never_blocks_the_loop(user_fi
 
         t = asyncio.create_task(ticker())
         started = time.monotonic()
-        slow = asyncio.gather(_score(stage, _traj("slow", response="30")), return_exceptions=True)
-        slow_fb = _score(stage, _traj("slow_fb", response="30"))
-        quick = await _score(stage, _traj("async"))
+        slow = asyncio.gather(_score(stage, trajectory(data_source="slow", response="30")), return_exceptions=True)
+        slow_fb = _score(stage, trajectory(data_source="slow_fb", response="30"))
+        quick = await _score(stage, trajectory(data_source="async"))
         quick_at = time.monotonic() - started
         (dead,), fallback = await asyncio.gather(slow, slow_fb)
         elapsed = time.monotonic() - started
-        after = await _score(stage, _traj("fast"))  # the pool recovered from the killed workers
+        # the pool recovered from the killed workers
+        after = await _score(stage, trajectory(data_source="fast", response="42"))
         t.cancel()
         return quick, quick_at, dead, fallback, elapsed, after, ticks
 
@@ -234,7 +230,7 @@ def test_retries_then_ok_or_dead_letter_and_non_finite(user_file):
     before = metrics.REWARD_ATTEMPT_ERRORS.labels("fails", "no_verdict")._value.get()
 
     async def go():
-        return await asyncio.gather(*(_score(stage, _traj(ds)) for ds in ("flaky", "fails", "nan")),
+        return await asyncio.gather(*(_score(stage, trajectory(data_source=ds)) for ds in ("flaky", "fails", "nan")),
                                     return_exceptions=True)
 
     flaky, fails, nan = _run(stage, go)
@@ -248,7 +244,7 @@ def test_unavailable_scorer_holds_the_record_until_it_answers(user_file):
     stage = _stage({"down": ScorerSpec(type="function", path=f"{user_file}:down_twice")},
                    max_attempts=1, unavailable_backoff_max_s=0.05)
     before = metrics.REWARD_UNAVAILABLE.labels("down")._value.get()
-    reward, info = _run(stage, lambda: _score(stage, _traj("down")))
+    reward, info = _run(stage, lambda: _score(stage, trajectory(data_source="down")))
     assert (reward, info["status"]) == (0.25, "ok")  # held through two outages, never scored 0
     assert metrics.REWARD_UNAVAILABLE.labels("down")._value.get() - before == 2
     assert metrics.REWARD_HELD.labels("down")._value.get() == 0
@@ -259,7 +255,7 @@ def test_hybrid_weights_parts_and_reports_each(user_file):
         "judge_part": ScorerSpec(type="function", path=f"{user_file}:judge_like", data_sources=[]),
         "mix": ScorerSpec(type="hybrid", parts={"gsm8k": 0.75, "judge_part": 0.25}),
     })
-    reward, info = _run(stage, lambda: _score(stage, _traj("mix", response="#### 42")))
+    reward, info = _run(stage, lambda: _score(stage, trajectory(data_source="mix", response="#### 42")))
     assert reward == pytest.approx(0.75 * 1.0 + 0.25 * 0.5)
     assert info["parts"]["gsm8k"] == {"score": 1.0, "weight": 0.75, "pred": "42"}
     assert info["parts"]["judge_part"]["score"] == 0.5
@@ -293,8 +289,8 @@ def test_judge_entry_and_its_router_address_for_an_async_user_scorer(user_file):
                        reward_router="judge")
         await stage.table.start()
         try:
-            judged = await _score(stage, _traj("judge", response="six sevens are 42"))
-            routed = await _score(stage, _traj("via_router", response="hello"))
+            judged = await _score(stage, trajectory(data_source="judge", response="six sevens are 42"))
+            routed = await _score(stage, trajectory(data_source="via_router", response="hello"))
         finally:
             await stage.table.close()
             await runner.cleanup()
@@ -367,7 +363,7 @@ def test_reward_model_tokenizer_reaches_functions_inline_and_in_workers(user_fil
         _stage(dict(specs))  # required, and none configured: fails at start
     stage = _stage(specs, reward_model_tokenizer=str(bundled_minilm_dir()))
     (_, inline), (_, worker) = _run(stage, lambda: asyncio.gather(
-        _score(stage, _traj("inline", response="hello world")),
-        _score(stage, _traj("process", response="hello world"))))
+        _score(stage, trajectory(data_source="inline", response="hello world")),
+        _score(stage, trajectory(data_source="process", response="hello world"))))
     assert inline["tokens"] == worker["tokens"] == 4  # [CLS] hello world [SEP]
     assert inline["pid"] == os.getpid() != worker["pid"]

@@ -28,7 +28,7 @@ from streamrl.reward.scoring import Scoring
 from streamrl.reward.table import build_table
 from streamrl.scorers.model import bundled_minilm_dir
 from streamrl.servers.processes import ServerConfig, ServerProcesses, ServerStartError, redacted, server_argv
-from streamrl.testing import trajectory
+from tests.helpers import trajectory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -1,6 +1,6 @@
 """The reward group's autoscaling policy, on its own (the Ray test drives it end to end)."""
 
-from streamrl.launching import LagAutoscaler
+from streamrl.supervisor.autoscale import LagAutoscaler
 
 
 def test_scales_up_on_sustained_lag_and_down_when_it_is_gone():

@@ -4,7 +4,6 @@ of the records does not freeze the run (the staleness gate gets those slots back
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
-from tests.helpers import ROOT, gsm8k_run_config, last_json_line, read_topic_sync, stage_pid, wait_for_sync
+from tests.helpers import ROOT, gsm8k_run_config, kill_stage, read_topic_sync, run_summary, start_run
 
 pytestmark = pytest.mark.e2e
 
@@ -30,13 +29,9 @@ SMALL = ["feed.limit=400", "feed.group_size=4", "learner.groups_per_mini_batch=8
 
 
 def run(tmp_path: Path, bootstrap: str, prefix: str, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "run", *gsm8k_run_config(), "--bootstrap-servers", bootstrap,
-         f"run.out_dir={tmp_path}",
-         f"bus.topic_prefix={prefix}", f"learner.consumer_group={prefix}-learner",
-         f"reward.group={prefix}-reward", *SMALL, *overrides],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return start_run(*gsm8k_run_config(), "--bootstrap-servers", bootstrap, f"run.out_dir={tmp_path}",
+                     f"bus.topic_prefix={prefix}", f"learner.consumer_group={prefix}-learner",
+                     f"reward.group={prefix}-reward", *SMALL, *overrides, env={"PYTHONUNBUFFERED": "1"})
 
 
 def drain_reward(bootstrap: str, prefix: str, cfg: BusConfig, timeout_s: float = 120) -> None:
@@ -65,25 +60,18 @@ def test_chaos_stages_killed_in_turn_are_restarted_and_nothing_is_lost(tmp_path,
     cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
     proc = run(tmp_path, bootstrap, prefix, "learner.versions=20")
     killed = []
-    try:
+
+    def kill_in_turn() -> None:
         # each kill once the stage has run a while (and its predecessor's restart is up)
         for verb, after_s in (("reward", 12), ("rollout", 8), ("learner", 8)):
             deadline = time.monotonic() + after_s
             while time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.5)
             assert proc.poll() is None, f"the run ended before the {verb} kill: make it longer"
-            # a stage being restarted (or slow to start on a loaded machine) is waited for
-            pid = wait_for_sync(lambda: proc.poll() is None and stage_pid(proc.pid, verb), 60,
-                                f"a {verb} process to kill", interval=0.2)
-            os.kill(pid, signal.SIGKILL)
+            kill_stage(proc, verb)
             killed.append(verb)
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err[-4000:]
-    summary = last_json_line(out)
+
+    summary, _, err = run_summary(proc, 400, kill_in_turn)
     assert summary["ended"] == "done" and summary["versions"] == 20, summary
     assert summary["restarts"] >= 3 and killed == ["reward", "rollout", "learner"]
     assert "restarted" in err
@@ -123,9 +111,7 @@ def test_a_scorer_failing_on_a_third_of_the_records_does_not_freeze_the_run(tmp_
                "learner.group_timeout_s=3",
                "reward.scorers.gsm8k.data_sources=[]", "reward.scorers.flaky.type=function",
                f"reward.scorers.flaky.path={scorer}:compute_score", "reward.scorers.flaky.data_sources=[gsm8k]")
-    out, err = proc.communicate(timeout=400)
-    assert proc.returncode == 0, err[-4000:]
-    summary = last_json_line(out)
+    summary, _, err = run_summary(proc, 400)
     assert summary["ended"] == "done" and summary["versions"] == 4, summary
     dead = [DeadLetter.decode(m.value, 2**26) for m in read_topic_sync(Bus(cfg), "deadletter")]
     failed = [d for d in dead if d.reason == "scorer_error"]

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 
 from streamrl.bus import Bus, TopicPartition
-from streamrl.launching import LocalLauncher
-from streamrl.observing import Observer, diagnose
-from tests.helpers import make_trajectory, produce
+from streamrl.supervisor.launcher import LocalLauncher
+from streamrl.supervisor.observer import Observer
+from streamrl.supervisor.watch import diagnose
+from tests.helpers import produce, trajectory
 
 
 def test_a_stall_names_the_group_and_the_partitions_it_has_not_consumed(bus: Bus, tmp_path):
-    trajs = [make_trajectory(id=f"s{i}", group_id="one-group") for i in range(6)]  # one key: one partition
+    trajs = [trajectory(full=True, id=f"s{i}", group_id="one-group") for i in range(6)]  # one key: one partition
     group = bus.config.group("reward", "")
 
     async def main() -> tuple[list[str], int, int]:

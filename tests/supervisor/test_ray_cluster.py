@@ -23,7 +23,7 @@ from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.errors import StreamrlError
 from streamrl.records import PolicyVersion
-from streamrl.ray_launcher import RayLauncher
+from streamrl.supervisor.ray_launcher import RayLauncher
 from tests.helpers import gsm8k_path, last_json_line, read_topic_sync
 
 pytestmark = pytest.mark.e2e

@@ -20,12 +20,12 @@ import ray
 from streamrl.bus import Bus
 from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
-from streamrl.ray_launcher import RayLauncher, _localise
-from streamrl.ray_placement import actor_options, check_placement, stage_counts, stage_env, stage_resources
+from streamrl.supervisor.ray_launcher import RayLauncher, _localise
+from streamrl.supervisor.placement import actor_options, check_placement, stage_counts, stage_env, stage_resources
 from streamrl.records import Rewarded
-from streamrl.launching import LagAutoscaler
-from streamrl.observing import Observer, resize_reward_group
-from tests.helpers import last_json_line, make_trajectory, read_topic
+from streamrl.supervisor.autoscale import LagAutoscaler, resize_reward_group
+from streamrl.supervisor.observer import Observer
+from tests.helpers import last_json_line, read_topic, trajectory
 
 SLOW_SCORER = '''
 import asyncio
@@ -59,7 +59,7 @@ def test_ray_launcher_runs_the_reward_group_and_autoscales_it(bus_config, tmp_pa
 
     async def main() -> list:
         async with bus.producer("test") as p:
-            await asyncio.gather(*[await p.send(make_trajectory(id=f"t{i}", group_id=f"g{i}", data_source="slow"))
+            await asyncio.gather(*[await p.send(trajectory(full=True, id=f"t{i}", group_id=f"g{i}", data_source="slow"))
                                    for i in range(n)])
         observer = Observer(bus, reward_group=bus.config.group("reward"))
         await observer.start()

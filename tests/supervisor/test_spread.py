@@ -21,7 +21,7 @@ from streamrl.reward.stage import RewardStage, same_partition
 from streamrl.rollout.worker import prompt_position
 from streamrl.runtime import Runtime
 from streamrl.testing import memory_bus
-from tests.helpers import last_json_line, rewarded_from, traj
+from tests.helpers import last_json_line, rewarded_from, trajectory
 
 
 def _position(partition: int, offset: int) -> Message:
@@ -48,7 +48,7 @@ def test_a_stage_places_its_outputs_by_spread_and_counts_the_records_it_committe
 
     async def main() -> list:
         async with bus.producer("test") as producer:  # group i on rollouts partition i % 8
-            await asyncio.gather(*[await producer.send(traj(i), spread=i) for i in range(n)])
+            await asyncio.gather(*[await producer.send(trajectory(i), spread=i) for i in range(n)])
         loop = StageLoop(bus, stage=stage, source=ROLLOUTS, group=f"{stage}-group", handle=handle,
                          spread=same_partition)
         task = asyncio.create_task(loop.run())
@@ -150,7 +150,7 @@ def test_sixteen_rollouts_partitions_give_each_of_ten_reward_members_records(boo
                 await asyncio.sleep(0.2)
             assert settled_since is not None, f"the group did not settle: {held}"
             async with bus.producer("test") as producer:  # group i on partition i % 16, as the worker spreads
-                await asyncio.gather(*[await producer.send(traj(i), spread=i) for i in range(n)])
+                await asyncio.gather(*[await producer.send(trajectory(i), spread=i) for i in range(n)])
             deadline = time.monotonic() + 60
             while sum(m.loop.finished for m in members) < n and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import struct
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, last_json_line, stage_pid, wait_for_sync
+from tests.helpers import ROOT, kill_stage, run_summary, start_run, wait_for_sync
 
 # one run, one worker; its setup (the run, ~2 min alone) counts in the first test's limit
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("tracked-run"), pytest.mark.timeout(600)]
@@ -41,14 +40,12 @@ VERL_KEYS = ["data.val_files=[digits@1]", "trainer.test_freq=3", "trainer.val_be
 @pytest.fixture(scope="session")  # not "module": the group's worker may run other tests between these
 def run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("tracked")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl", "run", "configs/local.yaml", f"run.out_dir={out}", "run.reward_members=1",
-         "feed.limit=300", f"learner.versions={VERSIONS}", "eval.limit=24", "tracking.wandb_mode=offline",
-         "run.restart.backoff_s=0.5", *VERL_KEYS],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "WANDB_SILENT": "true"})
+    proc = start_run("configs/local.yaml", f"run.out_dir={out}", "run.reward_members=1", "feed.limit=300",
+                     f"learner.versions={VERSIONS}", "eval.limit=24", "tracking.wandb_mode=offline",
+                     "run.restart.backoff_s=0.5", *VERL_KEYS, env={"WANDB_SILENT": "true"})
     killed = []
-    try:
+
+    def kill_eval_then_learner() -> None:
         # the eval stage once it has published version 0, the learner a few versions later
         for verb in ("eval", "learner"):
             def ready() -> bool:
@@ -57,16 +54,10 @@ def run(tmp_path_factory) -> dict:
                 return len(list(out.glob("*/checkpoints/ckpt-*"))) >= 2
             wait_for_sync(lambda: proc.poll() is not None or ready(), 240, f"the moment to kill {verb}", interval=0.2)
             assert proc.poll() is None, f"the run ended before the {verb} kill"
-            pid = wait_for_sync(lambda: stage_pid(proc.pid, verb), 60, f"a {verb} process", interval=0.2)
-            os.kill(pid, signal.SIGKILL)
+            kill_stage(proc, verb)
             killed.append(verb)
-        stdout, stderr = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, stderr[-4000:]
-    summary = last_json_line(stdout)
+
+    summary, _, stderr = run_summary(proc, 600, kill_eval_then_learner)
     assert killed == ["eval", "learner"] and summary["restarts"] >= 2, summary
     summary["stderr"] = stderr
     return summary

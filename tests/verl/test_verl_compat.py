@@ -11,7 +11,8 @@ from streamrl.loading import load_object
 from streamrl.records import Rewarded
 from streamrl.reward.config import RewardConfig
 from streamrl.reward.table import build_table
-from streamrl.testing import score, trajectory
+from streamrl.testing import score
+from tests.helpers import trajectory
 
 #: verl's default_compute_score: data source -> the scorer it picks (where streamrl has one)
 VERL_ROUTES = {

@@ -18,11 +18,11 @@ from prometheus_client import REGISTRY
 
 from streamrl.pipeline_config import load_config
 from streamrl.errors import ConfigError
-from streamrl.records import Trajectory
 from streamrl.reward.scoring import Scoring
 from streamrl.feed.prompts import build_prompts
 from streamrl.scorers.loader import BatchFunctionScorer
 from streamrl.testing import score
+from tests.helpers import trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,8 +87,8 @@ def test_a_verl_users_first_run_scores_with_their_reward_file(tmp_path, reward_f
     prompts = list(build_prompts(cfg.feed))
     assert [p.data_source for p in prompts] == ["openai/gsm8k"] * 3
     answers = ["so #### 72", "she earned #### 11", "no idea"]
-    records = [Trajectory(group_id=p.group_id, group_size=1, policy_version=0, data_source=p.data_source,
-                          prompt=p.prompt, response=r, ground_truth=p.ground_truth, extra_info=p.extra_info)
+    records = [trajectory(group_id=p.group_id, data_source=p.data_source, prompt=p.prompt, response=r,
+                          ground_truth=p.ground_truth, extra_info=p.extra_info)
                for p, r in zip(prompts, answers)]
     acc_before = info_sum("openai/gsm8k", "acc")
     out = score(records, reward=cfg.reward)
@@ -197,7 +197,7 @@ def test_a_bad_stage_section_fails_streamrl_run_at_start(tmp_path, reward_file):
 
 
 def test_a_failed_runs_summary_says_what_failed():
-    from streamrl.commands.run import summary_line
+    from streamrl.supervisor.display import summary_line
 
     summary = {"ended": "failed:reward-0", "versions": 0, "reward_first": None, "reward_last": None,
                "records": {"rollouts": 0, "rewarded": 0, "dead_at_reward": 0, "unscored": 0}, "deadletters": 0,

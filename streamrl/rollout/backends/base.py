@@ -28,7 +28,7 @@ class SamplingParams:
 @dataclass
 class Completion:
     """One sampled response. Token fields are None when the backend cannot report them (a
-    text-only server). (``learner.trainer.Sample`` is the training sample made of a record.)"""
+    text-only server). (``learner.samples.Sample`` is the training sample made of a record.)"""
 
     text: str
     prompt_ids: list[int] | None

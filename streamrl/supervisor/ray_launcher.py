@@ -18,7 +18,7 @@ Across nodes (``RayLauncher.for_run`` checks all of this before any stage starts
   run in it; weights reach other nodes through ``learner.weights_uri`` (``streamrl.weights``)
   or a filesystem every node mounts at the same path.
 
-What may go where is worked out first, without Ray, in ``streamrl.ray_placement``; this module
+What may go where is worked out first, without Ray, in ``streamrl.supervisor.placement``; this module
 is the Ray runtime: the actors, placement groups, supervision. ``ray`` is the ``[ray]`` extra,
 imported here only.
 """
@@ -38,8 +38,8 @@ from streamrl.broker import die_with_parent as _die_with_parent
 from streamrl.broker import stop_process
 from streamrl.config import RestartConfig
 from streamrl.errors import ConfigError, StreamrlError
-from streamrl.launching import Launcher, stage_command
-from streamrl.ray_placement import (DEFAULT_RESOURCES, EPS, STAGES, actor_options, check_placement, demand_of,
+from streamrl.supervisor.launcher import Launcher, stage_command
+from streamrl.supervisor.placement import (DEFAULT_RESOURCES, EPS, STAGES, actor_options, check_placement, demand_of,
                                      describe, stage_counts, stage_env, stage_resources)
 
 log = logging.getLogger(__name__)

@@ -2,11 +2,11 @@
 
 A ``Launcher`` starts each stage with the same command a user, compose and Kubernetes run
 (``python -m streamrl VERB ...``): as child processes here (``LocalLauncher``), or as Ray actors
-with resources (``streamrl.ray_launcher.RayLauncher``). It supervises them: a stage that exits
+with resources (``streamrl.supervisor.ray_launcher.RayLauncher``). It supervises them: a stage that exits
 unexpectedly is restarted with exponential backoff, up to ``run.restart.max_restarts`` in
 ``run.restart.window_s``; the run fails only past that limit. Deliberate stops (scale-down,
 Ctrl-C, the end of the run) wait ``run.stop_timeout_s``, longer than a stage's drain or
-checkpoint, and never count as crashes. ``LagAutoscaler`` sizes the reward group by lag.
+checkpoint, and never count as crashes. (``streamrl.supervisor.autoscale`` sizes the reward group by lag.)
 
 Nothing is lost by a restart: a stage commits offsets only after its outputs are acknowledged,
 so a restarted stage (or the member that took its partitions) redoes what was not committed, and
@@ -200,41 +200,3 @@ class LocalLauncher(Launcher):
     def log_tail(self, name: str, lines: int = 20) -> str:
         text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
-
-
-@dataclass
-class LagAutoscaler:
-    """Sizes the reward group by its consumer lag: one member more when the lag stayed above
-    ``scale_up_lag`` for ``window_s``, one fewer when it stayed at or below ``scale_down_lag``;
-    at most one change per ``cooldown_s`` (a rebalance needs a few seconds to settle)."""
-
-    min_members: int
-    max_members: int
-    scale_up_lag: int = 200
-    scale_down_lag: int = 0
-    window_s: float = 5.0
-    cooldown_s: float = 15.0
-    _high_since: float | None = field(default=None, init=False)
-    _low_since: float | None = field(default=None, init=False)
-    _last_change: float = field(default=-1e18, init=False)
-
-    def decide(self, lag: int, members: int, now: float) -> int:
-        """+1, -1 or 0 members."""
-        if lag > self.scale_up_lag:
-            self._high_since = now if self._high_since is None else self._high_since
-        else:
-            self._high_since = None
-        if lag <= self.scale_down_lag:
-            self._low_since = now if self._low_since is None else self._low_since
-        else:
-            self._low_since = None
-        if now - self._last_change < self.cooldown_s:
-            return 0
-        step = 0
-        if self._high_since is not None and now - self._high_since >= self.window_s and members < self.max_members:
-            step = 1
-        elif self._low_since is not None and now - self._low_since >= self.window_s and members > self.min_members:
-            step = -1
-        if step:
-            self._last_change, self._high_since, self._low_since = now, None, None
-        return step

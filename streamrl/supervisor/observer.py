@@ -1,63 +1,26 @@
-"""Watching ``streamrl run`` from the topics: the live status line, the summary and its plot;
-and each consumer's lag, as its stage exports it (``ConsumerLag``).
+"""What the topics say about ``streamrl run`` (``Observer``, ``Observation``), and the records
+each consumer group member committed, read from its metrics (``MemberRecords``).
 
 ``Observer`` reads the topics themselves (no consumer group, no commits) to tell what the pipeline
 is doing: records per stage, rewards by policy version, dead letters, versions. It depends on no
-stage's internals: it sees what a user of the topics would see. ``observe_until`` is the run's
-main loop: poll, supervise the stages, autoscale, show the status, until the learner is done.
+stage's internals: it sees what a user of the topics would see.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from streamrl import metrics
-from streamrl.bus import Bus, Consumer, Reader, TopicPartition
-from streamrl.launching import LagAutoscaler, Launcher
-from streamrl.plotting import pyplot, save
+from streamrl.bus import Bus, Reader, TopicPartition
 from streamrl.records import DEADLETTER, DISTILLED, EVAL, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
 from streamrl.scorers.base import numeric_info
-
-log = logging.getLogger(__name__)
-
-
-class ConsumerLag:
-    """A consuming stage's lag, exported after each commit (a ``Checkpoint``'s ``on_commit``):
-    per partition, log end minus committed position, from the high watermarks the fetcher
-    already knows (no extra request), and the age of the oldest record taken but not finished.
-    Series of partitions no longer held (revoked in a rebalance) are removed, so a group's
-    summed lag does not count a partition twice."""
-
-    def __init__(self) -> None:
-        self._exported: set[tuple[str, ...]] = set()
-
-    def __call__(self, consumer: Consumer, positions: dict[TopicPartition, int],
-                 oldest: dict[TopicPartition, float]) -> None:
-        now = time.time()
-        exported = set()
-        for tp, pos in positions.items():
-            labels = (consumer.stage, consumer.group or "", tp.topic, str(tp.partition))
-            end = consumer.highwater(tp)
-            if end is not None:
-                metrics.CONSUMER_LAG.labels(*labels).set(max(0, end - pos))
-            taken_at = oldest.get(tp)
-            metrics.CONSUMER_OLDEST_AGE.labels(*labels).set(max(0.0, now - taken_at) if taken_at is not None else 0.0)
-            exported.add(labels)
-        for labels in self._exported - exported:
-            for gauge in (metrics.CONSUMER_LAG, metrics.CONSUMER_OLDEST_AGE):
-                try:
-                    gauge.remove(*labels)
-                except KeyError:
-                    pass
-        self._exported = exported
+from streamrl.supervisor.launcher import Launcher
 
 
 @dataclass
@@ -381,132 +344,7 @@ class MemberRecords:
             self._seen[name] = (url, value)
 
 
-def _committed_records(url: str) -> float | None:
-    """A stage's ``streamrl_bus_committed_records_total``, summed; None if it exports none."""
-    values = [value for name, _, value in _scrape(url, ("streamrl_bus_committed_records_total",))]
-    return sum(values) if values else None
-
-
-def _member_order(name: str) -> tuple[str, int]:
-    group, _, n = name.rpartition("-")
-    return (group, int(n)) if group and n.isdigit() else (name, 0)
-
-
-def status_line(obs: Observation, target_versions: int, restarts: int = 0, note: str = "") -> str:
-    last = obs.by_version.get(max(obs.by_version, default=-1))
-    reward = f"{last.mean:.3f}" if last and last.records else "-"
-    lag = obs.unscored
-    dlq = sum(obs.deadletters.values())
-    newest = max((v for v, s in obs.by_version.items() if s.records), default=0)
-    return (f"version {obs.latest_version}/{target_versions} | prompts {obs.prompts} | "
-            f"rollouts {obs.rollouts} | "
-            # distillation without task rewards: no reward group, the teacher reads rollouts
-            + (f"rewarded {obs.rewarded} (lag {lag}) | " if obs.teacher_input != ROLLOUTS.name else "")
-            + (f"distilled {obs.distilled} (teacher lag {obs.teacher_backlog}) | " if obs.teacher_input else "")
-            + f"trained {obs.trained} | "
-            f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
-            f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
-            + (f" | span max {obs.span_max} versions" if obs.span_max > 1 else "")
-            + "".join(f" | {name} {curve[max(curve)]:.3f} (v{max(curve)})" for name, curve in sorted(obs.validation.items())
-                      if curve)
-            + (f" | per member: {obs.members.text()}" if obs.members.text() else "")
-            + (f" | {note}" if note else ""))
-
-
-def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
-    """The run's summary; ``reward_first`` / ``reward_last`` are mean rewards of the records
-    generated by the first and last policy versions that produced any."""
-    versions = sorted(v for v, s in obs.by_version.items() if s.records)
-    plot(obs, plot_path)
-    return {
-        "versions": obs.latest_version,
-        "reward_first": round(obs.by_version[versions[0]].mean, 4) if versions else None,
-        "reward_last": round(obs.by_version[versions[-1]].mean, 4) if versions else None,
-        "reward_by_version": {str(v): round(obs.by_version[v].mean, 4) for v in versions},
-        "records": obs.records(),
-        "trained_all": obs.trained,  # across every session of a resumed run
-        **({"earlier_sessions": obs.earlier} if obs.earlier else {}),
-        "by_data_source": {ds: s.means() for ds, s in sorted(obs.by_source.items())},
-        "deadletters": sum(obs.deadletters.values()),
-        "deadletter_reasons": dict(obs.deadletters),
-        **({"filtered_groups_by_version": {str(v): n for v, n in sorted(obs.filtered.items())}}
-           if obs.filtered else {}),
-        **({"validation_by_version": {name: {str(v): round(x, 4) for v, x in sorted(curve.items())}
-                                      for name, curve in sorted(obs.validation.items())}} if obs.validation else {}),
-        "records_per_member": obs.members.by_group(),
-        "seconds": round(time.time() - obs.started, 1),
-        "plot": str(plot_path),
-    }
-
-
-def plot(obs: Observation, path: Path) -> None:
-    """Mean reward and rewarded records per second, by the policy version that generated them."""
-    plt = pyplot()
-
-    versions = sorted(v for v, s in obs.by_version.items() if s.records)
-    means = [obs.by_version[v].mean for v in versions]
-    rates = []
-    for v in versions:
-        s = obs.by_version[v]
-        span = max(s.last_scored - s.first_scored, 1e-3)
-        rates.append(s.records / span if s.records > 1 else 0.0)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(versions, means, marker="o", label="training reward (by the version that generated it)")
-    for name, curve in sorted(obs.validation.items()):  # the eval stage's held-out figure
-        ax1.plot(sorted(curve), [curve[v] for v in sorted(curve)], marker="s", linestyle="--", label=name)
-    if obs.validation:
-        ax1.legend(fontsize=7, loc="lower right")
-    ax1.set(xlabel="policy version (generated by)", ylabel="mean reward", title="Reward by version")
-    ax1.grid(alpha=0.3)
-    if obs.filtered:  # dynamic sampling: the groups filtered while each version was trained
-        twin = ax1.twinx()
-        twin.step(sorted(obs.filtered), [obs.filtered[v] for v in sorted(obs.filtered)], where="mid",
-                  color="#c0392b", alpha=0.6)
-        twin.set_ylabel("groups filtered (dynamic sampling)", color="#c0392b")
-    ax2.bar(versions, rates)
-    ax2.set(xlabel="policy version (generated by)", ylabel="rewarded records / s", title="Throughput by version")
-    ax2.grid(alpha=0.3)
-    save(fig, path, dpi=100)
-
-
-def cancelling() -> bool:
-    """Whether the running task itself is being cancelled (not a Kafka client's own
-    cancellation leaking out of a call; Python 3.10 cannot tell: then never)."""
-    task = asyncio.current_task()
-    return bool(task is not None and getattr(task, "cancelling", lambda: 0)())
-
-
-@dataclass
-class Watch:
-    """What ``observe_until`` watches besides the stages, and its limits (``run.*`` keys)."""
-
-    broker_exited: Callable[[], str | None] = lambda: None  # the embedded broker: None while it runs
-    bootstrap: str = ""
-    learner_ended: Callable[[], str] = lambda: "done"  # why the learner exited 0
-    stall_warn_s: float = 60.0
-    stall_timeout_s: float = 0.0  # 0: off
-    unavailable_timeout_s: float = 300.0  # 0: wait for the broker forever
-    poll_timeout_s: float = 5.0
-    diagnose_every_s: float = 5.0
-    failure: str = ""  # one line: why the run failed or stalled (set when it returns so)
-    unreachable: bool = False  # the broker did not answer at the last poll (stops cannot drain)
-
-
-#: what the stages' ``streamrl_stage_waiting{on=...}`` means, for the status line
-WAITING_WORDS = {"staleness_gate": "the staleness gate (closed at its limit until the learner trains)",
-                 "records": "rewarded records (fewer whole groups than a mini-batch)",
-                 "incomplete_groups": "incomplete groups (members still being generated or scored)",
-                 "filtered_groups": "groups with variance (every whole group so far was filtered: "
-                                    "learner.filter_groups; raise max_num_gen_batches's bound or wait)"}
-REFUSAL_WORDS = {"not_allowed": "its weights_uri is not under rollout.weights_prefixes",
-                 "no_uri": "it has no weights_uri", "load_failed": "the weights did not load (see its log)"}
-
-
-#: the samples ``diagnose`` reads from each stage's metrics
-DIAGNOSED = ("streamrl_stage_waiting", "streamrl_rollout_weights", "streamrl_rollout_servers")
-
-
-def _scrape(url: str, prefixes: tuple[str, ...] = DIAGNOSED) -> list[tuple[str, dict[str, str], float]]:
+def scrape(url: str, prefixes: tuple[str, ...]) -> list[tuple[str, dict[str, str], float]]:
     """The samples of a stage's metrics whose names start with one of ``prefixes``."""
     import urllib.request
 
@@ -518,156 +356,13 @@ def _scrape(url: str, prefixes: tuple[str, ...] = DIAGNOSED) -> list[tuple[str, 
             for smp in fam.samples if smp.name.startswith(prefixes)]
 
 
-async def diagnose(launcher: Launcher, obs: Observation,
-                   observer: Observer | None = None) -> tuple[list[str], list[str]]:
-    """Errors (a rollout worker refusing weights) and the rollout servers' state, both always on
-    the status line, and what each stage waits on, read from the stages' own metrics and from the
-    topics (with ``observer``: which partitions of ``rollouts``
-    hold the records the reward group has not committed past)."""
-    errors, waits = [], []
-    servers: dict[str, int] = {}  # rollout servers by state, over every worker's fleet
-    for name in launcher.names():
-        if launcher.returncode(name) is not None:
-            if name == "feed" and launcher.returncode(name) == 0:
-                waits.append(f"feed: done ({obs.prompts} prompts published)")
-            continue
-        url = launcher.metrics_url(name)
-        if not url:
-            waits.append(f"{name} is starting")
-            continue
-        try:
-            samples = await asyncio.to_thread(_scrape, url)
-        except Exception:  # starting, restarting, or busy: next time
-            continue
-        for metric, labels, value in samples:
-            if metric == "streamrl_rollout_servers":
-                servers[labels.get("state", "")] = servers.get(labels.get("state", ""), 0) + int(value)
-            if metric == "streamrl_rollout_weights_refused_version" and value >= 0:
-                errors.append(f"ERROR {name} refuses policy version {value:.0f}: "
-                              f"{REFUSAL_WORDS.get(labels.get('reason', ''), labels.get('reason'))}")
-            elif metric == "streamrl_stage_waiting" and value == 1:
-                waits.append(f"{name} waits on {WAITING_WORDS.get(labels.get('on', ''), labels.get('on'))}")
-    if obs.unscored > 0:
-        waits.append(f"reward: {obs.unscored} rollouts not scored yet"
-                     + (await _backlog_words(observer) if observer is not None else ""))
-    if sum(servers.values()):  # always on the line, as errors are: a fleet loading or out explains much
-        errors.append(f"rollout servers: {servers.get('latest', 0)} on the latest version, "
-                      f"{servers.get('loading', 0)} loading, {servers.get('out', 0)} out")
-    return errors, waits
+def _committed_records(url: str) -> float | None:
+    """A stage's ``streamrl_bus_committed_records_total``, summed; None if it exports none."""
+    values = [value for name, _, value in scrape(url, ("streamrl_bus_committed_records_total",))]
+    return sum(values) if values else None
 
 
-async def _backlog_words(observer: Observer) -> str:
-    """Where the records the reward group has not consumed are (it says nothing if the group's
-    offsets cannot be read: the rest of the diagnosis still stands)."""
-    try:
-        backlog = await asyncio.wait_for(observer.reward_backlog(), 5)
-    except (Exception, asyncio.TimeoutError):
-        return ""
-    if not backlog:
-        return ""
-    spans = ", ".join(f"{p} ({end - committed} from offset {committed})" for p, (committed, end) in backlog.items())
-    return f"; group {observer.reward_group} has not consumed partition(s) {spans}"
+def _member_order(name: str) -> tuple[str, int]:
+    group, _, n = name.rpartition("-")
+    return (group, int(n)) if group and n.isdigit() else (name, 0)
 
-
-async def observe_until(observer: Observer, launcher: Launcher, target_versions: int,
-                        stop: asyncio.Event, show, interval_s: float,
-                        scaler: LagAutoscaler | None = None, start_reward=None,
-                        watch: Watch | None = None, keep: Callable[[Observation], None] | None = None) -> str:
-    """Poll and show status until the learner exits (its reason: ``done`` at its versions,
-    ``data_exhausted``), a stage fails past its restarts, the broker goes away, or ``stop``;
-    restart crashed stages and resize the reward group on the way (when ``scaler`` is given).
-    Returns why it ended: ``done``, ``data_exhausted``, ``interrupted``, ``stalled``,
-    ``failed:broker`` or ``failed:<stage>`` (``watch.failure`` says why in one line).
-
-    Nothing waits in silence: when no figure moves for ``watch.stall_warn_s`` the status line
-    says what each stage waits on; errors (weights refused) are on it as soon as seen.
-
-    ``keep(obs)`` is called when the figures move, at most once a second: the run saves what it
-    observed, so a session SIGKILLed later is still in the resumed run's summary and plot."""
-    watch = watch or Watch()
-    last_shown = last_diagnosed = kept_at = 0.0
-    moved_at = time.monotonic()
-    figures: tuple = ()
-    unreachable_since: float | None = None
-    errors: list[str] = []
-    waits: list[str] = []
-    warned = False
-    while True:
-        gone = watch.broker_exited()
-        if gone:
-            watch.failure = f"{gone}: stopping every stage"
-            return "failed:broker"
-        now = time.monotonic()
-        try:
-            obs = await asyncio.wait_for(observer.poll(), watch.poll_timeout_s)
-            unreachable_since, watch.unreachable = None, False
-        except (Exception, asyncio.CancelledError) as exc:  # either client's errors, or no answer in time
-            if cancelling():
-                raise
-            obs, watch.unreachable = observer.obs, True
-            if unreachable_since is None:
-                unreachable_since = now
-                log.warning("run: the broker at %s does not answer (%s)", watch.bootstrap,
-                            type(exc).__name__ if isinstance(exc, asyncio.TimeoutError) else exc)
-            if watch.unavailable_timeout_s and now - unreachable_since >= watch.unavailable_timeout_s:
-                watch.failure = (f"the broker at {watch.bootstrap} did not answer for "
-                                 f"{now - unreachable_since:.0f} s (bus.unavailable_timeout_s)")
-                return "failed:broker"
-        if stop.is_set():  # before supervising: a terminal's Ctrl-C reaches the stages too, and
-            return "interrupted"  # one that already exited 0 is stopping, not to be restarted
-        now = time.monotonic()
-        for event in await asyncio.to_thread(launcher.supervise, now):
-            show(event)
-        await obs.members.scrape(launcher)
-        if scaler is not None and unreachable_since is None:
-            await resize_reward_group(observer, launcher, scaler, start_reward, now, show)
-        current = (obs.prompts, obs.rollouts, obs.rewarded, obs.trained, sum(obs.deadletters.values()),
-                   obs.latest_version)
-        if current != figures:
-            figures, moved_at, warned = current, now, False
-        if keep is not None and moved_at > kept_at and now - kept_at >= 1.0:
-            keep(obs)  # in the loop, not a thread: the observer's figures do not move under it
-            kept_at = now
-        stalled = now - moved_at
-        if now - last_diagnosed >= watch.diagnose_every_s:
-            last_diagnosed = now
-            errors, waits = await diagnose(launcher, obs, observer)
-        notes = list(errors)
-        if unreachable_since is not None:
-            notes.append(f"broker {watch.bootstrap} unreachable for {now - unreachable_since:.0f} s")
-        if stalled >= watch.stall_warn_s:
-            notes.append(f"nothing moved for {stalled:.0f} s: " + ("; ".join(waits) or "no stage says why"))
-        if now - last_shown >= interval_s or (stalled >= watch.stall_warn_s and not warned):
-            warned = warned or stalled >= watch.stall_warn_s
-            show(status_line(obs, target_versions, launcher.restart_count(), " | ".join(notes)))
-            last_shown = now
-        if watch.stall_timeout_s and stalled >= watch.stall_timeout_s:
-            watch.failure = (f"nothing moved for {stalled:.0f} s (run.stall_timeout_s): "
-                             + ("; ".join(errors + waits) or "no stage says why"))
-            return "stalled"
-        if launcher.returncode("learner") == 0:
-            await asyncio.sleep(1.0)  # the last version's records arrive on the topics
-            try:
-                await asyncio.wait_for(observer.poll(), watch.poll_timeout_s)
-            except (Exception, asyncio.CancelledError):
-                if cancelling():
-                    raise
-            return watch.learner_ended()
-        failed = launcher.failed()
-        if failed is not None:
-            return f"failed:{failed}"
-
-
-async def resize_reward_group(observer: Observer, launcher: Launcher, scaler: LagAutoscaler,
-                              start_reward, now: float, show) -> None:
-    """One autoscaling step: members are the running ``reward-N`` stages."""
-    members = sorted((n for n in launcher.names() if n.startswith("reward-") and launcher.returncode(n) is None),
-                     key=lambda n: int(n.split("-")[1]))
-    lag = await observer.reward_lag()
-    step = scaler.decide(lag, len(members), now)
-    if step > 0:
-        start_reward()
-        show(f"autoscale: reward lag {lag}: {len(members)} -> {len(members) + 1} members")
-    elif step < 0:
-        show(f"autoscale: reward lag {lag}: {len(members)} -> {len(members) - 1} members")
-        await asyncio.to_thread(launcher.stop, members[-1])
