@@ -115,8 +115,8 @@ async def check_topics(bus, state, out: Path) -> bool:
 
 def resolve(args: argparse.Namespace, resume: str | None):
     """The run's config as ``streamrl.pipeline_config.Resolution``: the file and overrides, the
-    command line's own flags, then every stage's checks (``validate_stages``), each problem
-    collected, none raised."""
+    command line's own flags, then every stage's checks (each section's ``validate``, the reward
+    stage's scorer table built and closed), each problem collected, none raised."""
     from streamrl.pipeline_config import resolve_config as resolve_pipeline
 
     resolution = resolve_pipeline(args.config, args.overrides or ())
@@ -205,17 +205,6 @@ def validate_reward(cfg) -> None:
         os.chdir(here)
     if table.runner is not None:
         table.runner.close()
-
-
-def validate_stages(cfg) -> None:
-    """Every stage's section checked as that stage checks it at its start, and the reward
-    stage's scorer table built and closed, before the broker or any stage starts: a bad field
-    is one line and exit 2 here, not a stage that fails 15 s later. Nothing heavy loads (no
-    policy, dataset or reward-model weights). ``resolve`` does the same, collecting."""
-    cfg.feed.validate()
-    cfg.rollout.validate()
-    cfg.learner.validate()
-    validate_reward(cfg)
 
 
 def warm_start(cfg, directory: Path) -> list[str]:
