@@ -27,7 +27,8 @@ from streamrl.supervisor.autoscale import Autoscale, LagAutoscaler
 from streamrl.supervisor.display import make_show, status_line, summarise, summary_line
 from streamrl.supervisor.launcher import Launcher
 from streamrl.supervisor.observer import Observation, Observer
-from streamrl.supervisor.plan import FINISHED, archive_uri, check_topics, choose_run_dir, dry_run, plan, warm_start
+from streamrl.supervisor.plan import (FINISHED, archive_uri, check_topics, choose_run_dir, dry_run, plan, teacher_notes,
+                                      warm_start)
 from streamrl.supervisor.watch import Watch, cancelling, observe_until
 from streamrl.verl_keys import ignored_line
 
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     accepted = ignored_line(resolution.verl)
     if accepted:
         print(f"run: verl keys accepted as not applicable here: {accepted}", file=sys.stderr, flush=True)
+    for note in teacher_notes(cfg):  # verl's drop of teacher_model, said at start; the teacher groups
+        print(f"run: {note}", file=sys.stderr, flush=True)
     need("torch", "cpu", "streamrl run")  # the learner and the transformers rollout backend
     out, state = open_run_dir(cfg, resume)
     result = run_in_runtime(cfg, args, out, state)
