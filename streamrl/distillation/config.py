@@ -240,6 +240,8 @@ class TeacherConfig:
     drain_timeout_s: float = 30.0  # at a stop, how long in-flight records may take
     max_attempts: int = 3  # a failing annotation is retried this many times, then dead-lettered
     group: str = ""  # consumer group id; "": <bus.topic_prefix>-teacher
+    # several teachers: which one of distillation.teacher_models this process is (streamrl teacher --teacher NAME)
+    name: str = ""
     # several teachers (distillation.teacher_models): a record whose data source no teacher
     # serves is trained without distillation (train: its tokens add nothing to the distillation
     # loss) or dead-lettered (deadletter, reason no_teacher); the first teacher's group handles it

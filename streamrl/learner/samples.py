@@ -94,6 +94,8 @@ def teacher_arrays(sample: Sample, record: Rewarded, cfg: "LearnerConfig", vocab
     their ids for ``forward_kl_topk``; ``RecordError("no_teacher" / "bad_teacher")`` otherwise."""
     loss = cfg.distillation.distillation_loss
     k = loss.topk if loss.use_topk else 0
+    if (getattr(record, "teacher", None) or {}).get("unserved"):
+        return  # no teacher serves its data source (teacher.unserved: train): trained without distillation
     logprobs = record.array("teacher_logprobs") if hasattr(record, "teacher_logprobs") else None
     if logprobs is None:
         raise RecordError("no_teacher", "no teacher_logprobs and distillation.enabled (is the teacher stage running, "

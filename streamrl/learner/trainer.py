@@ -50,6 +50,9 @@ class _Batch:
     teacher_logprobs: torch.Tensor | None = None  # distillation: [B, R], or [B, R, K] with teacher_ids
     teacher_ids: torch.Tensor | None = None  # forward_kl_topk: [B, R, K]
     student_topk: torch.Tensor | None = None  # set by each forward with teacher_ids: the student's [B, R, K]
+    # distillation: [B, 1] 1 for a sample the teacher annotated, 0 for one no teacher serves
+    # (teacher.unserved: train: its tokens add nothing to the distillation loss)
+    teacher_served: torch.Tensor | None = None
 
 
 @dataclass
@@ -229,6 +232,8 @@ class Trainer:
         batch = self._collate_packed(samples) if packed else self._collate_padded(samples)
         if self.cfg.distillation.enabled:
             batch.teacher_logprobs, batch.teacher_ids = self._teacher(samples, batch.mask.shape[1])
+            batch.teacher_served = torch.tensor([[float(s.teacher_logprobs is not None)] for s in samples],
+                                                device=self.device)
         return batch
 
     def _teacher(self, samples: Sequence[Sample], width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -804,6 +809,8 @@ class Trainer:
         ``distillation_loss``): aggregated over the mini-batch's totals like the policy loss, so
         micro-batches and ranks add up to the whole; metrics as verl's ``distillation/*``."""
         dl = self.cfg.distillation.distillation_loss
+        served = unit.teacher_served if unit.teacher_served is not None else 1.0
+        mask, token_mask = mask * served, unit.mask * served  # a record no teacher serves: no distillation term
         if dl.use_topk:
             terms = losses.forward_kl_topk(unit.student_topk, unit.teacher_logprobs, dl.log_prob_min_clamp)
         else:
@@ -812,15 +819,15 @@ class Trainer:
                                            loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=dl.use_policy_gradient,
                                            clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **totals)
         add("distillation/loss", distill)
-        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), unit.mask, "token-mean", **token_totals))
+        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), token_mask, "token-mean", **token_totals))
         # verl's distillation/loss_min and loss_max: the per-token loss before loss_max_clamp over
         # the response tokens, reduced as MIN / MAX over micro-batches and ranks
-        valid = terms.losses.detach()[unit.mask > 0]
+        valid = terms.losses.detach()[token_mask > 0]
         none = valid.new_tensor(math.inf)  # a rank without response tokens still joins the reduction
         add("distillation/loss_min", valid.min() if valid.numel() else none, "min")
         add("distillation/loss_max", valid.max() if valid.numel() else -none, "max")
         for name, value in terms.diagnostics.items():
-            add(f"distillation/{name}", losses.aggregate(value.detach(), unit.mask, "token-mean", **token_totals))
+            add(f"distillation/{name}", losses.aggregate(value.detach(), token_mask, "token-mean", **token_totals))
         return losses.combine_distillation(task_loss, distill, use_task_rewards=dl.use_task_rewards,
                                            coef=dl.distillation_loss_coef)
 
