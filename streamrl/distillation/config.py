@@ -87,6 +87,7 @@ class Teacher:
     key: str
     config: "TeacherConfig"
     members: int = 0
+    own_group: str = ""  # its entry's group ("": named after the teacher section's)
 
     @property
     def label(self) -> str:
@@ -94,8 +95,10 @@ class Teacher:
         return self.name or "teacher"
 
     def group(self, prefix_group: str) -> str:
-        """The consumer group: the configured one, else ``<prefix>-teacher[-<name>]``."""
-        return self.config.group or (f"{prefix_group}-{self.name}" if self.name else prefix_group)
+        """The consumer group: its entry's, else ``<teacher.group or prefix-teacher>[-<name>]``:
+        one group per teacher, whatever ``teacher.group`` says."""
+        base = self.config.group or prefix_group
+        return self.own_group or (f"{base}-{self.name}" if self.name else base)
 
 
 @dataclass
@@ -187,14 +190,14 @@ class DistillationConfig:
             if entry.members < 0:
                 raise ConfigError(f"{where}.members': must be >= 0 (got {entry.members})")
             over = {k: v for k, v in (("backend", entry.backend), ("servers", list(entry.servers)),
-                                      ("device", entry.device), ("dtype", entry.dtype), ("seed", entry.seed),
-                                      ("group", entry.group)) if v not in ("", [], None)}
+                                      ("device", entry.device), ("dtype", entry.dtype), ("seed", entry.seed))
+                    if v not in ("", [], None)}
             config = replace(base, model=entry.model_path, **over)
             try:
                 config.validate()
             except ConfigError as exc:
                 raise ConfigError(str(exc).replace("config field 'teacher.", f"{where}.")) from None
-            out[name] = Teacher(name, key, config, entry.members)
+            out[name] = Teacher(name, key, config, entry.members, entry.group)
         return out
 
     def notes(self) -> list[str]:

@@ -127,9 +127,12 @@ class Session:
     def start(self, name: str, verb: str, *extra: str) -> None:
         self.launcher.start(name, [verb, *self.common, *extra], verb)
 
-    def start_member(self, verb: str) -> None:
-        """One more member of a consumer group (``reward``, ``teacher``): ``<verb>-<n>``."""
-        self.start(f"{verb}-{next(self.ids.setdefault(verb, itertools.count()))}", verb)
+    def start_member(self, verb: str, teacher: str = "") -> None:
+        """One more member of a consumer group (``reward``, ``teacher``): ``<verb>-<n>``; with
+        several teachers, one of teacher ``NAME``'s group: ``teacher-<NAME>-<n>``."""
+        group = f"{verb}-{teacher}" if teacher else verb
+        self.start(f"{group}-{next(self.ids.setdefault(group, itertools.count()))}", verb,
+                   *(["--teacher", teacher] if teacher else []))
 
 
 async def supervise(runtime, args: argparse.Namespace, out: Path, launcher: Launcher | None = None,
@@ -178,6 +181,14 @@ def teacher_input(cfg) -> str:
     return "rewarded" if cfg.distillation.distillation_loss.use_task_rewards else "rollouts"
 
 
+def teacher_groups(cfg) -> dict[str, str]:
+    """Each teacher's consumer group by its label (``teacher`` for a run's only one); {} without
+    distillation."""
+    if not cfg.distillation.enabled:
+        return {}
+    return {t.label: t.group(cfg.bus.group("teacher", "")) for t in cfg.distillation.teachers(cfg.teacher).values()}
+
+
 def learner_ended(out: Path) -> str:
     """Why the learner exited 0, from its last checkpoint: ``data_exhausted`` or ``done``."""
     from streamrl.learner import checkpoint
@@ -192,7 +203,7 @@ async def open_session(runtime, args: argparse.Namespace, out: Path, launcher: L
     cfg = runtime.cfg
     common, carried = stage_arguments(cfg, args, out, state, fresh)
     observer = Observer(runtime.bus, reward_group=cfg.bus.group("reward", cfg.reward.group), carried=carried,
-                        teacher_group=cfg.bus.group("teacher", cfg.teacher.group), teacher_input=teacher_input(cfg))
+                        teacher_groups=teacher_groups(cfg), teacher_input=teacher_input(cfg))
     interactive = sys.stderr.isatty()
     watch = Watch(target_versions=cfg.learner.versions, stop=runtime.stop_event,
                   broker_exited=broker.exited if broker is not None else (lambda: None),
@@ -229,8 +240,9 @@ def start_stages(session: Session) -> None:
                       f"tracking.experiment={cfg.tracking.experiment or out.name}")
     for _ in range(cfg.run.reward_members if distill != "rollouts" else 0):  # distillation alone: no reward group
         session.start_member("reward")
-    for _ in range(cfg.run.teacher_members if distill else 0):
-        session.start_member("teacher")
+    for teacher in cfg.distillation.teachers(cfg.teacher).values() if distill else ():  # one group per teacher
+        for _ in range(teacher.members or cfg.run.teacher_members):
+            session.start_member("teacher", teacher.name)
     for i in range(cfg.run.rollout_workers):
         session.start(f"rollout-{i}", "rollout")
     session.start("feed", "feed")
