@@ -162,8 +162,9 @@ class DistillationConfig:
     def teachers(self, base: "TeacherConfig") -> dict[str, Teacher]:
         """Every teacher by name, its settings ``base`` (the ``teacher:`` section) with its
         entry's over them. No entry: one teacher, ``base`` itself (name ""). One entry: it
-        serves every record, whatever its key (verl's single-teacher path); several: each its
-        key's records, keys unique (verl's checks)."""
+        serves every record, whatever its key (verl's routing with one teacher; its
+        ``teacher_model`` entry's key is "default"); several: each its key's records, keys
+        unique (verl's checks)."""
         entries = self.entries()
         if not entries:
             return {"": Teacher("", "default", base)}
@@ -180,10 +181,11 @@ class DistillationConfig:
                                   f"group and processes)")
             if not entry.model_path:
                 raise ConfigError(f"{where}.model_path': must be specified for a teacher (verl's check)")
-            if len(entries) > 1 and not entry.key:
-                raise ConfigError(f"{where}.key': must be specified with several teachers: the "
-                                  f"{self.teacher_key} whose records it annotates (verl's check)")
-            key = entry.key if len(entries) > 1 else "default"
+            alone = name == DEFAULT_TEACHER  # verl's single teacher: key "default"
+            if not alone and not entry.key:
+                raise ConfigError(f"{where}.key': must be specified for a teacher: the {self.teacher_key} whose "
+                                  f"records it annotates (verl's check)")
+            key = "default" if alone else str(entry.key)
             if key in keys:
                 raise ConfigError(f"{where}.key': duplicate teacher key {key!r} (also teacher {keys[key]!r})")
             keys[key] = name

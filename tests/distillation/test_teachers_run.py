@@ -50,7 +50,7 @@ def _teacher_pid(run_pid: int, name: str) -> int | None:
     return None
 
 
-@pytest.mark.timeout(500)
+@pytest.mark.timeout(600)
 def test_two_teachers_each_annotate_their_own_source_and_a_killed_one_holds_only_its_own(tmp_path, bootstrap):
     prefix = f"teachers{uuid.uuid4().hex[:6]}"
     data = tmp_path / "rows.jsonl"
@@ -59,14 +59,14 @@ def test_two_teachers_each_annotate_their_own_source_and_a_killed_one_holds_only
     teachers = [f"+distillation.teacher_models.{name}.{k}={v}" for name, source in (("math", "gsm8k"),
                                                                                     ("other", "gsm8k_b"))
                 for k, v in (("key", source), ("model_path", "tiny"), ("seed", SEEDS[name]))]
-    proc = start_run("configs/local-gsm8k.yaml", f"feed.dataset={data}", "feed.data_source=", "feed.limit=600",
+    proc = start_run("configs/local-gsm8k.yaml", f"feed.dataset={data}", "feed.data_source=''", "feed.limit=600",
                      "--bootstrap-servers", bootstrap, f"run.out_dir={tmp_path}", f"bus.topic_prefix={prefix}",
                      f"learner.consumer_group={prefix}-learner", f"reward.group={prefix}-reward",
                      f"teacher.group={prefix}-teacher", "reward.scorers.gsm8k.data_sources=[gsm8k,gsm8k_b,gsm8k_c]",
-                     "learner.versions=6", "feed.group_size=4", "learner.groups_per_mini_batch=8",
+                     "learner.versions=16", "feed.group_size=4", "learner.groups_per_mini_batch=8",
                      "rollout.trajectories_per_version=32", "rollout.max_new_tokens=6", "run.reward_members=1",
                      "learner.group_timeout_s=5", "learner.allow_partial_groups=true", "run.restart.backoff_s=0.5",
-                     "run.timeout_s=400", "distillation.enabled=true", "teacher.batch_size=8", "teacher.unserved=train",
+                     "run.timeout_s=450", "distillation.enabled=true", "teacher.batch_size=8", "teacher.unserved=train",
                      *teachers, env={"PYTHONUNBUFFERED": "1"})
 
     def annotated() -> list[Distilled]:
@@ -78,14 +78,14 @@ def test_two_teachers_each_annotate_their_own_source_and_a_killed_one_holds_only
     killed_at: list[float] = []
 
     def kill_other() -> None:
-        wait_for_sync(lambda: proc.poll() is None and sum(d.teacher.get("name") == "other" for d in annotated()) >= 8,
-                      200, "the other teacher's first records", interval=1.0)
+        wait_for_sync(lambda: proc.poll() is None and sum(d.teacher.get("name") == "other" for d in annotated()) >= 4,
+                      300, "the other teacher's first records", interval=1.0)
         pid = wait_for_sync(lambda: _teacher_pid(proc.pid, "other"), 30, "the other teacher's process")
         killed_at.append(time.time())
         os.kill(pid, signal.SIGKILL)
 
-    summary, _, err = run_summary(proc, 420, kill_other)
-    assert summary["ended"] == "done" and summary["versions"] == 6, summary
+    summary, _, err = run_summary(proc, 480, kill_other)
+    assert summary["ended"] == "done" and summary["versions"] == 16, summary
     assert summary["restarts"] >= 1
     # the status line: each teacher's distilled records and its group's lag
     assert "distilled math " in err and "distilled other " in err and "(teacher lag " in err
