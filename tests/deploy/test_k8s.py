@@ -64,7 +64,9 @@ def _load_dir(directory: Path) -> list[dict]:
         data = {Path(f).name: (directory / f).read_text() for f in gen.get("files", [])}
         data.update(lit.split("=", 1) for lit in gen.get("literals", []))
         docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"]}, "data": data})
-    return docs
+    # a component's generator with behavior replace comes after the base's: the last one stands
+    last = {d["metadata"]["name"]: i for i, d in enumerate(docs) if d["kind"] == "ConfigMap"}
+    return [d for i, d in enumerate(docs) if d["kind"] != "ConfigMap" or last[d["metadata"]["name"]] == i]
 
 
 def kustomize(directory: Path) -> list[dict]:
