@@ -286,18 +286,20 @@ class Observer:
         self.obs.rollout_ids = ids
         return ids
 
-    async def teacher_lag(self) -> int:
-        """The teacher groups' consumer lag on their input, all together: end offsets minus
-        committed, summed over the groups (0: every teacher has committed everything)."""
-        return sum((await self.teacher_lags()).values())
+    async def teacher_lag(self, teacher: str = "") -> int:
+        """A teacher group's consumer lag on its input (``teacher``: its label), or all of them
+        together: end offsets minus committed, summed (0: every teacher committed everything)."""
+        return sum((await self.teacher_lags(teacher)).values())
 
-    async def teacher_lags(self) -> dict[str, int]:
-        """Each teacher group's consumer lag on the input, by teacher."""
+    async def teacher_lags(self, teacher: str = "") -> dict[str, int]:
+        """Each teacher group's consumer lag on the input, by teacher (``teacher``: that one's)."""
         topic = REWARDED if self.obs.teacher_input == REWARDED.name else ROLLOUTS
         ends = await self._reader.end_offsets(await self._reader.partitions_of(topic))
         out = {}
         async with self.bus.admin() as admin:
             for label, group in self.teacher_groups.items():
+                if teacher and label != teacher:
+                    continue
                 committed = await admin.committed(group, ends)
                 out[label] = sum(max(0, end - (committed.get(tp) or 0)) for tp, end in ends.items())
         return out

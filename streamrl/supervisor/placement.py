@@ -60,8 +60,9 @@ def stage_counts(cfg: Any) -> dict[str, int]:
     autoscaling maximum, every teacher group's members)."""
     run = cfg.run
     distill = cfg.distillation
-    teachers = sum(t.members or run.teacher_members for t in distill.teachers(cfg.teacher).values()) \
-        if distill.enabled else 0  # every teacher's group (issue 59: the single teacher was left out)
+    teachers = sum(max(t.members or run.teacher_members, run.teacher_autoscale.max_members)
+                   for t in distill.teachers(cfg.teacher).values()) \
+        if distill.enabled else 0  # every teacher's group at its most (issue 59: the single teacher was left out)
     rewarded = not distill.enabled or distill.distillation_loss.use_task_rewards  # else no reward group runs
     return {"learner": cfg.learner.parallel.nproc,
             "reward": max(run.reward_members, run.autoscale.max_members) if rewarded else 0,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from streamrl.errors import StreamrlError
-from streamrl.supervisor.autoscale import Autoscale, LagAutoscaler
+from streamrl.supervisor.autoscale import Autoscale, GroupAutoscale, LagAutoscaler
 from streamrl.supervisor.display import make_show, status_line, summarise, summary_line
 from streamrl.supervisor.launcher import Launcher
 from streamrl.supervisor.observer import Observation, Observer
@@ -214,11 +214,22 @@ async def open_session(runtime, args: argparse.Namespace, out: Path, launcher: L
                   stall_timeout_s=cfg.run.stall_timeout_s, unavailable_timeout_s=cfg.bus.unavailable_timeout_s)
     session = Session(cfg, out, launcher or make_launcher(cfg, out / "logs"), observer, watch, common,
                       archive_uri(cfg, out), interactive)
+    groups = []
     auto = cfg.run.autoscale
-    if auto.max_members:
+    if auto.max_members and teacher_input(cfg) != "rollouts":  # distillation alone: no reward group
         scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
                                auto.window_s, auto.cooldown_s)
-        watch.autoscale = Autoscale(scaler, functools.partial(session.start_member, "reward"))
+        groups.append(GroupAutoscale("reward", scaler, functools.partial(session.start_member, "reward"),
+                                     observer.reward_lag))
+    auto = cfg.run.teacher_autoscale
+    for teacher in cfg.distillation.teachers(cfg.teacher).values() if auto.max_members and teacher_input(cfg) else ():
+        scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
+                               auto.window_s, auto.cooldown_s)  # each teacher's group on its own lag
+        groups.append(GroupAutoscale(f"teacher-{teacher.name}" if teacher.name else "teacher", scaler,
+                                     functools.partial(session.start_member, "teacher", teacher.name),
+                                     functools.partial(observer.teacher_lag, teacher.label)))
+    if groups:
+        watch.autoscale = Autoscale(groups)
     await observer.start()
     return session
 

@@ -162,3 +162,49 @@ def test_a_teacher_whose_tokenizer_is_not_the_students_is_refused_naming_both(tm
     assert "distillation.teacher_models.geo.model_path" in message and str(tmp_path / "teacher") in message
     assert "learner.policy tiny" in message and f"({len(tok)} tokens)" in message
     TeacherStage(cfg, memory_bus())  # the other teacher, the student's tokenizer: starts
+
+
+@pytest.mark.parametrize("micro_batch_size", [4, 1])
+def test_the_learner_reports_each_teachers_figures_and_leaves_unserved_records_out_of_the_loss(micro_batch_size):
+    """verl's ``distillation/loss`` and ``abs_loss`` by teacher: the token mean of the per-token
+    loss over each teacher's records (whatever the micro-batches), checked against the loss
+    computed by hand; a record no teacher serves adds nothing to the distillation loss (the
+    same step without it gives the same per-teacher figures)."""
+    import dataclasses
+
+    import torch
+
+    from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.trainer import Trainer
+    from tests.distillation.test_distillation_losses import _samples
+
+    def step(samples):
+        cfg = LearnerConfig(policy="tiny", micro_batch_size=micro_batch_size, lr=0.0, grad_clip=0.0,
+                            use_remove_padding="false")
+        cfg.distillation = load_config(None, TWO).distillation
+        cfg.distillation.distillation_loss.use_task_rewards = False
+        return Trainer(cfg).step(samples)
+
+    vocab = 260
+    samples = _samples(vocab, 0, n=6)
+    for i, s in enumerate(samples):
+        s.teacher_name = ("math", "geo", "")[i % 3]
+    unserved = [i for i, s in enumerate(samples) if not s.teacher_name]
+    for i in unserved:
+        samples[i] = dataclasses.replace(samples[i], teacher_logprobs=None)
+    metrics = step(samples)
+    model = Trainer(LearnerConfig(policy="tiny")).model  # the same init: lr 0 leaves it as it was
+    for name in ("math", "geo"):
+        mine = [s for s in samples if s.teacher_name == name]
+        per_token = []
+        for s in mine:  # k3 (verl's low_var_kl, clamped to [-10, 10]) over the student's log-probs
+            student = torch.as_tensor(recompute_logprobs(model, s.prompt_ids, s.response_ids))
+            diff = torch.as_tensor(s.teacher_logprobs) - student
+            per_token.append(torch.clamp(torch.exp(diff) - diff - 1, -10, 10))
+        by_hand = torch.cat(per_token)
+        assert metrics[f"distillation/{name}/loss"] == pytest.approx(float(by_hand.mean()), rel=1e-4, abs=1e-6)
+        assert metrics[f"distillation/{name}/abs_loss"] == pytest.approx(float(by_hand.abs().mean()), rel=1e-4,
+                                                                         abs=1e-6)
+    served_only = step([s for i, s in enumerate(samples) if i not in unserved])
+    for key in ("distillation/math/loss", "distillation/geo/loss", "distillation/loss_min", "distillation/loss_max"):
+        assert metrics[key] == pytest.approx(served_only[key], rel=1e-5, abs=1e-6), key

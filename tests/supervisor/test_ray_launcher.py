@@ -148,6 +148,7 @@ def test_default_asks_and_what_overrides_change():
            "+distillation.teacher_models.geo.key=geo", "+distillation.teacher_models.geo.model_path=tiny",
            "distillation.teacher_models.geo.members=3"]
     assert asks_for(*two)[1]["teacher"] == 2 + 3
+    assert asks_for(*two, "run.teacher_autoscale.max_members=4")[1]["teacher"] == 4 + 4  # each may grow that far
     assert asks_for("distillation.enabled=true")[1]["teacher"] == 1
     alone = asks_for("distillation.enabled=true", "distillation.distillation_loss.use_task_rewards=false",
                      "teacher.backend=openai", "teacher.servers=[http://t:1/v1]")
