@@ -141,3 +141,6 @@ def test_two_teachers_each_annotate_their_own_source_and_a_killed_one_holds_only
 
     trained = max(PolicyVersion.decode(m.value).trained_records for m in read_topic_sync(bus, "policy"))
     assert 0 < trained <= len(ids)  # each id at most once, whatever the topic holds twice
+    print(f"two teachers: {len(rewarded)} rewarded, {len(out)} distilled messages, {len(ids)} distinct "
+          f"({counts}), {len(dead)} dead-lettered at the teachers, {trained} trained; the other teacher down "
+          f"{back - killed_at[0]:.1f} s, {len(meanwhile)} math records annotated meanwhile")
