@@ -259,7 +259,8 @@ class PipelineBench(harness.Bench):
             t.max_in_flight, t.timeout_s = w.teacher_concurrency, 30.0
             a = cfg.run.teacher_autoscale
             a.min_members, a.max_members = 1, self.args.teacher_max_members
-            a.scale_up_lag, a.scale_down_lag, a.window_s, a.cooldown_s = w.group_size * 2, 0, 2.0, 4.0
+            # more than half a version waiting, for 3 s: one more member (a burst of groups is not a backlog)
+            a.scale_up_lag, a.scale_down_lag, a.window_s, a.cooldown_s = w.batch // 2, 0, 3.0, 6.0
         if self.teachers:  # in line after the reward group (use_task_rewards), the k3 estimator
             cfg.distillation.enabled = True
             t = cfg.teacher
