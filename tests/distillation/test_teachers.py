@@ -208,3 +208,53 @@ def test_the_learner_reports_each_teachers_figures_and_leaves_unserved_records_o
     served_only = step([s for i, s in enumerate(samples) if i not in unserved])
     for key in ("distillation/math/loss", "distillation/geo/loss", "distillation/loss_min", "distillation/loss_max"):
         assert metrics[key] == pytest.approx(served_only[key], rel=1e-5, abs=1e-6), key
+
+
+def test_each_teacher_asks_its_own_server_fleet_for_top_k():
+    """Top-k from servers per teacher: teacher ``geo``'s entry sets the openai backend and its
+    own fleet (a real HTTP server speaking vLLM's completions API with ``prompt_logprobs``),
+    ``math`` stays a local model; geo's records carry its server's top-k, asked of it alone."""
+    import asyncio
+
+    from aiohttp import web
+
+    from streamrl.testing import run_stage_async
+    from tests.helpers import serve_app
+
+    asked = []
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        asked.append(body["prompt_logprobs"])
+        entries = [None] + [{str(t): {"logprob": -3.0, "rank": 4}, "7": {"logprob": -0.1, "rank": 1},
+                             "8": {"logprob": -0.2, "rank": 2}, "9": {"logprob": -0.3, "rank": 3}}
+                            for t in body["prompt"][1:]]
+        return web.json_response({"choices": [{"text": "x", "prompt_logprobs": entries}]})
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/health", healthy)
+        runner, url = await serve_app(app)
+        cfg = load_config(None, TWO + ["teacher.name=geo", "distillation.teacher_models.geo.backend=openai",
+                                       f"distillation.teacher_models.geo.servers=[{url}/v1]",
+                                       "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                                       "distillation.distillation_loss.topk=3"])
+        bus = memory_bus()
+        cfg.bus = bus.config
+        try:
+            return await run_stage_async(TeacherStage(cfg, bus), [_rewarded(i) for i in range(6)],
+                                         until={"distilled": 2})
+        finally:
+            await runner.cleanup()
+
+    out = asyncio.run(main())
+    assert sorted(d.id for d in out["distilled"]) == ["t1", "t4"] and set(asked) == {3} and len(asked) == 2
+    for d in out["distilled"]:
+        n = len(d.array("response_ids"))
+        assert (d.teacher["name"], d.teacher["backend"], d.teacher_topk) == ("geo", "openai", 3)
+        np.testing.assert_allclose(d.array("teacher_logprobs").reshape(n, 3), [[-0.1, -0.2, -0.3]] * n)
+        assert d.array("teacher_ids").reshape(n, 3).tolist() == [[7, 8, 9]] * n
