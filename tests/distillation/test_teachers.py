@@ -17,7 +17,7 @@ from streamrl.errors import ConfigError
 from streamrl.pipeline_config import load_config
 from streamrl.records import Rewarded, Trajectory
 from streamrl.testing import memory_bus, run_stage
-from tests.helpers import ROOT, recompute_logprobs, trajectory
+from tests.helpers import ROOT, distill_samples, recompute_logprobs, trajectory
 
 SOURCES = ("gsm8k", "geo", "code")  # math's, geo's, no teacher's
 TWO = ["distillation.enabled=true", "teacher.batch_size=4",
@@ -176,7 +176,6 @@ def test_the_learner_reports_each_teachers_figures_and_leaves_unserved_records_o
 
     from streamrl.learner.config import LearnerConfig
     from streamrl.learner.trainer import Trainer
-    from tests.distillation.test_distillation_losses import _samples
 
     def step(samples):
         cfg = LearnerConfig(policy="tiny", micro_batch_size=micro_batch_size, lr=0.0, grad_clip=0.0,
@@ -186,7 +185,7 @@ def test_the_learner_reports_each_teachers_figures_and_leaves_unserved_records_o
         return Trainer(cfg).step(samples)
 
     vocab = 260
-    samples = _samples(vocab, 0, n=6)
+    samples = distill_samples(vocab, 0, n=6)
     for i, s in enumerate(samples):
         s.teacher_name = ("math", "geo", "")[i % 3]
     unserved = [i for i, s in enumerate(samples) if not s.teacher_name]
