@@ -117,6 +117,7 @@ class OnUpdateBench(harness.Bench):
         w = self.w
         backend = OpenAIBackend("", "sim", servers=[self.url], update_api="sglang", on_update=mode,
                                 health_interval_s=0, timeout_s=600.0, token_ids=True)
+        await backend.use_starting_weights(0)  # the simulated server's starting weights are version 0
         params = SamplingParams(max_new_tokens=w.max_tokens)
         ends: dict[int, float] = {}
         finished: list[tuple[int, Any]] = []  # (the learner's version when it finished, sample)

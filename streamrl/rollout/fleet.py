@@ -47,6 +47,18 @@ does, and the backend continues each from the tokens it had streamed with a new 
 server rejoins. A server the router re-admits after failing health checks may have restarted
 on its initial weights, so it is out until it has loaded the target again.
 
+**Nothing before an announcement.** A server's starting weights are no version until the
+learner's announcement names them (``Member.version`` None: not eligible): an announced path is
+loaded first unless ``started_on`` is exactly it, and a version 0 announced with no path
+declares the starting weights to be version 0 (``starting``). Requests wait until then: a
+token of weights no announcement named would be stamped with a version it is not, and under
+``partial`` a response would mix two sets of weights under one stamp (issue 57).
+
+**Servers that hang.** With ``stream_timeout_s`` the fleet watches its servers' streams
+(``_watch_streams``): one with requests in flight that streamed nothing for that long is
+ejected as a failing one is, and its requests are cut (``Stamp.hung``); the backend continues
+each on another server from the tokens it had streamed, under any ``on_update``.
+
 The path a server loads is the learner's ``weights_uri`` as announced: the servers must see the
 same directory (a shared volume, as in the compose file and the Kubernetes manifests).
 

@@ -31,7 +31,7 @@ from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
 from streamrl.rollout.worker import RolloutWorker
 from tests.helpers import read_topic
-from tests.rollout.streaming import LENGTH, PROMPT, STOP_AT, PausingServer, TokenServer, expected
+from tests.rollout.streaming import LENGTH, PROMPT, STOP_AT, PausingServer, TokenServer, expected, weights_of
 
 @pytest.mark.parametrize("api", ["sglang", "vllm", "vllm-aborting"])
 def test_a_paused_update_resumes_the_requests_in_flight_on_the_new_weights(tmp_path, api):
@@ -321,3 +321,97 @@ def test_the_learner_reports_span_and_worst_staleness_under_verls_names():
     observe_staleness([old, spanning], version=6)
     assert metrics.LEARNER_SPAN._sum.get() - before == 1 + 3
     assert metrics.LEARNER_WORST_STALENESS._value.get() == 3
+
+
+STARTING = -1  # the weights the servers start on: not version 0's
+
+
+@pytest.mark.parametrize("api", ["sglang", "vllm", "no-pause"])
+def test_servers_on_other_starting_weights_stamp_no_token_with_a_version_it_is_not(tmp_path, api):
+    """Issue 57: servers started on weights that are not the announced version 0 (here -1),
+    requests sent before any announcement, then v0 announced (a path: loaded) and v1 while they
+    stream, under ``partial`` with SGLang's and vLLM's pause/resume and with none (cut and
+    continued). Every token is traced to the weights that decoded it (its id and log-prob are
+    those weights' after its context): each is stamped with exactly that version, the runs
+    cover every token, and nothing was decoded on the starting weights."""
+    async def go():
+        servers = [await (PausingServer(rate=100, version=STARTING) if api != "no-pause" else
+                          TokenServer(rate=100, version=STARTING)).start() for _ in range(2)]
+        backend = OpenAIBackend("", "policy", servers=[s.url for s in servers], update_api=api.replace("no-pause", "sglang"),
+                                on_update="partial", health_interval_s=0)
+        try:
+            request = asyncio.create_task(backend.generate([PROMPT], 4, SamplingParams(max_new_tokens=64)))
+            await asyncio.sleep(0.3)
+            sent_before = sum(len(s.requests) for s in servers)  # nothing on weights no announcement named
+            await backend.load_weights(str(tmp_path / "v0"), 0)
+            while not all(len(s.requests) for s in servers):
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # ~10 tokens of v0 in
+            await backend.load_weights(str(tmp_path / "v1"), 1)
+            (group,) = await request
+            return group, servers, sent_before
+        finally:
+            await backend.close()
+            for s in servers:
+                await s.stop()
+
+    group, servers, sent_before = asyncio.run(go())
+    assert sent_before == 0
+    checked = 0
+    for s in group:
+        runs = s.version_runs()
+        assert sum(n for _, n in runs.runs) == len(s.response_ids) == LENGTH  # the runs cover every token
+        stamped = runs.per_token().tolist()
+        traced = weights_of(len(PROMPT), s.response_ids, s.response_logprobs.tolist(), range(STARTING, 2))
+        assert traced == stamped, (s.token_versions, traced)
+        assert stamped[0] == 0 and stamped[-1] == 1 and s.policy_version == 0
+        checked += len(stamped)
+    assert checked == 4 * LENGTH
+    for server in servers:
+        if isinstance(server, PausingServer):
+            assert STARTING not in server.decoded and server.decoded == sorted(server.decoded)
+
+
+def test_the_worker_sends_nothing_until_version_0_is_announced_and_loaded(memory_bus, tmp_path):
+    """The rollout stage up before the learner has announced anything, its servers on other
+    starting weights: a prompt waits (no request) until version 0 is announced and loaded,
+    and every token of its records is stamped with the weights that decoded it (v0, then v1
+    announced mid-response)."""
+    bus = memory_bus
+
+    async def go():
+        server = await PausingServer(rate=40, version=STARTING).start()
+        cfg = RolloutConfig(backend="openai", group_size=2, on_update="partial", servers=[server.url],
+                            weights_prefixes=[str(tmp_path)],
+                            openai=OpenAIBackendConfig(model="policy", api_key_env="", update_api="sglang",
+                                                       health_interval_s=0))
+        worker = RolloutWorker(bus, cfg)
+        producer = bus.producer("learner")
+        await producer.start()
+        task = asyncio.create_task(worker.run())
+        try:
+            await producer.send_and_wait(Prompt(group_id="g0", group_size=2, data_source="gsm8k", prompt="1 + 1 =",
+                                                ground_truth="2"))
+            await asyncio.sleep(1.0)
+            before = len(server.requests)
+            await producer.send_and_wait(PolicyVersion(version=0, weights_uri=str(tmp_path / "v0")))
+            while not server.requests:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            await producer.send_and_wait(PolicyVersion(version=1, weights_uri=str(tmp_path / "v1")))
+            records = [Trajectory.decode(m.value) for m in await read_topic(bus, "rollouts", 2, timeout_s=30)]
+            return records, before, server
+        finally:
+            await producer.stop()
+            worker.stop()
+            await task
+            await server.stop()
+
+    records, before, server = asyncio.run(go())
+    assert before == 0 and STARTING not in server.decoded
+    for r in records:
+        prompt_ids = r.array("prompt_ids").tolist()
+        stamped = r.versions().per_token().tolist()
+        traced = weights_of(len(prompt_ids), r.array("response_ids").tolist(),
+                            r.array("response_logprobs").tolist(), range(STARTING, 2))
+        assert traced == stamped and len(stamped) == LENGTH and stamped[0] == 0 and stamped[-1] == 1

@@ -1,0 +1,121 @@
+"""A policy server that hangs mid-response (issue 57): frozen whole (SIGSTOP: a hung machine, its
+connections left open, which no TCP error reports). The fleet notices within
+``rollout.openai.stream_timeout_s`` of its last chunk, ejects it, and each of its requests
+continues on the other server from the tokens it had streamed, under every ``on_update``; every
+token is kept, with the behaviour log-prob and the version of the weights that decoded it.
+
+The frozen server is a real separate process (``tests.rollout.streaming.TokenProcess``); the
+other runs in the test. Both stream tokens whose ids and log-probs are a function of the
+context and the weights' version (``tests.rollout.streaming``), so each token is traced to the
+weights that decoded it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from streamrl import metrics
+from streamrl.errors import ConfigError
+from streamrl.rollout.backends import SamplingParams
+from streamrl.rollout.backends.openai_server import OpenAIBackend
+from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
+from tests.rollout.streaming import PROMPT, TokenProcess, TokenServer, expected, weights_of
+
+RATE, LENGTH, TIMEOUT = 50.0, 100, 1.0  # 2 s a response; the freeze noticed 1 s after the last chunk
+
+
+@pytest.mark.parametrize("on_update", ["drain", "abort", "partial"])
+def test_a_server_frozen_mid_stream_loses_no_tokens(on_update):
+    frozen = TokenProcess(rate=RATE, length=LENGTH)
+
+    async def go():
+        live = await TokenServer(rate=RATE, length=LENGTH).start()
+        backend = OpenAIBackend("", "policy", servers=[frozen.url, live.url], update_api="sglang",
+                                on_update=on_update, stream_timeout_s=TIMEOUT, health_interval_s=0.5)
+        hangs = metrics.ROLLOUT_SERVER_HANGS.labels(frozen.url)._value.get()
+        try:
+            await backend.use_starting_weights(0)
+            request = asyncio.create_task(backend.generate([PROMPT], 4, SamplingParams(max_new_tokens=2 * LENGTH)))
+            while len(live.requests) < 2:  # two samples on each server
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)  # ~25 tokens in
+            frozen.freeze()
+            at = time.monotonic()
+            (group,) = await asyncio.wait_for(request, 60)
+            ejected = frozen.url in backend.fleet.router.ejected
+            return (group, live, at, backend.fleet.failed_over, ejected,
+                    metrics.ROLLOUT_SERVER_HANGS.labels(frozen.url)._value.get() - hangs)
+        finally:
+            await backend.close()
+            await live.stop()
+
+    try:
+        group, live, frozen_at, failed_over, ejected, hangs = asyncio.run(go())
+    finally:
+        frozen.stop()
+    assert failed_over == 2 and ejected and hangs == 1
+    ids, lps = expected(len(PROMPT), [(0, LENGTH)])
+    for s in group:  # every token kept, each the weights' own after its context, stamped with them
+        assert s.finish_reason == "stop" and s.response_ids == ids and s.prompt_ids == PROMPT
+        np.testing.assert_allclose(s.response_logprobs, lps, rtol=1e-6)
+        assert s.version_runs().per_token().tolist() == weights_of(len(PROMPT), s.response_ids,
+                                                                  s.response_logprobs.tolist(), range(-1, 2))
+        assert s.policy_version == 0 and s.token_versions is None
+    # the frozen server's two requests continued on the live one from the tokens they had
+    # streamed (not from the prompt), asking for what was left of the budget
+    continued = [(r, t) for r, t in zip(live.requests, live.arrivals) if t > frozen_at]
+    assert len(continued) == 2
+    for body, _ in continued:
+        streamed = len(body["prompt"]) - len(PROMPT)
+        assert 5 < streamed < LENGTH and body["prompt"][len(PROMPT):] == ids[:streamed]
+        assert body["max_tokens"] == 2 * LENGTH - streamed
+    took = min(t for _, t in continued) - frozen_at
+    print(f"\n{on_update}: frozen -> continuing on the other server in {took:.2f} s "
+          f"(stream_timeout_s {TIMEOUT})")
+    assert took < TIMEOUT + 1.5
+
+
+def test_a_paused_load_is_not_a_hang(tmp_path):
+    """A server whose requests are paused for a load longer than ``stream_timeout_s`` streams
+    nothing on purpose: it is not cut out."""
+    from tests.rollout.streaming import PausingServer
+
+    async def go():
+        server = await PausingServer(rate=100, load_s=1.0).start()
+        backend = OpenAIBackend("", "policy", servers=[server.url], update_api="sglang", on_update="partial",
+                                stream_timeout_s=0.4, health_interval_s=0)
+        try:
+            await backend.use_starting_weights(0)
+            request = asyncio.create_task(backend.generate([PROMPT], 2, SamplingParams(max_new_tokens=64)))
+            await asyncio.sleep(0.1)
+            await backend.load_weights(str(tmp_path / "v1"), 1)
+            (group,) = await request
+            return group, backend.fleet
+        finally:
+            await backend.close()
+            await server.stop()
+
+    group, fleet = asyncio.run(go())
+    assert fleet.paused == 1 and fleet.failed_over == 0 and not fleet.router.ejected
+    assert all(s.token_versions and s.token_versions[-1][0] == 1 for s in group)
+
+
+def test_stream_timeout_is_validated_and_reaches_the_fleet():
+    cfg = RolloutConfig(backend="openai", openai=OpenAIBackendConfig(model="m", update_api="sglang"))
+    assert cfg.openai.stream_timeout_s == 30.0
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ConfigError, match="rollout.openai.stream_timeout_s"):
+            RolloutConfig(backend="openai", openai=OpenAIBackendConfig(model="m", stream_timeout_s=bad)).validate()
+    watched = OpenAIBackend("", "m", servers=["http://x:1"], update_api="sglang", stream_timeout_s=5.0)
+    assert watched.streamed and watched.fleet.stream_timeout_s == 5.0
+    off = OpenAIBackend("", "m", servers=["http://x:1"], update_api="sglang", stream_timeout_s=0)
+    assert not off.streamed and off.fleet.stream_timeout_s == 0
+    hosted = OpenAIBackend("", "m", servers=["http://x:1"])  # update_api none: whole answers, version 0
+    assert not hosted.streamed and hosted.fleet.members["http://x:1"].version == 0
+    # following servers serve nothing until an announcement names their weights; not following: 0
+    assert watched.fleet.members["http://x:1"].version is None
+    assert OpenAIBackend("", "m", servers=["http://x:1"], update_api="sglang",
+                         follow_policy=False).fleet.members["http://x:1"].version == 0
