@@ -107,6 +107,17 @@ class TokenServer(AppServer):
         context = [b % 100 for b in prompt.encode()] if isinstance(prompt, str) else list(prompt)
         given = sum(1 for t in context if t < 100)  # the prompt's; the response's so far are >= 100
         version = self.version
+        if not body.get("stream"):  # whole: n choices (the same tokens: the weights are deterministic)
+            ids: list[int] = []
+            while len(ids) < int(body["max_tokens"]) and len(context) + len(ids) - given < self.length:
+                await asyncio.sleep(1 / self.rate)
+                ids.append(token(len(context) + len(ids), version))
+            assert self.version == version, "weights changed under a request"
+            done = len(context) + len(ids) - given >= self.length
+            choice = {"text": "".join(f"<{t}>" for t in ids), "finish_reason": "stop" if done else "length",
+                      "token_ids": ids, "prompt_token_ids": context,
+                      "logprobs": {"token_logprobs": [logprob(version)] * len(ids)}}
+            return web.json_response({"choices": [{"index": i, **choice} for i in range(int(body.get("n", 1)))]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         first = True
