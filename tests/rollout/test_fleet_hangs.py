@@ -15,6 +15,7 @@ import asyncio
 import time
 
 import numpy as np
+import orjson
 import pytest
 
 from streamrl import metrics
@@ -119,3 +120,43 @@ def test_stream_timeout_is_validated_and_reaches_the_fleet():
     assert watched.fleet.members["http://x:1"].version is None
     assert OpenAIBackend("", "m", servers=["http://x:1"], update_api="sglang",
                          follow_policy=False).fleet.members["http://x:1"].version == 0
+
+
+def test_stream_events_split_across_network_reads_are_read_whole():
+    """Server-sent events arrive in whatever pieces the network makes: one split mid-JSON,
+    two in one read, CRLF line ends, the last without a newline before the stream closes."""
+    from aiohttp import web
+
+    from tests.helpers import AppServer
+
+    def event(i: int, reason: str | None) -> bytes:
+        choice = {"index": 0, "text": f"<{i}>", "finish_reason": reason,
+                  "logprobs": {"tokens": [f"token_id:{100 + i}"], "token_logprobs": [-0.5]}}
+        return b"data: " + orjson.dumps({"choices": [choice]})
+
+    class Pieces(AppServer):
+        def routes(self, app: web.Application) -> None:
+            app.router.add_post("/v1/completions", self._complete)
+
+        async def _complete(self, request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            first = event(0, None) + b"\r\n\r\n"
+            for piece in (first[:17], first[17:] + event(1, None) + b"\n\n" + event(2, None)[:9],
+                          event(2, None)[9:] + b"\n\n", event(3, "stop")):
+                await resp.write(piece)
+                await asyncio.sleep(0.05)
+            return resp
+
+    async def go():
+        server = await Pieces().start()
+        backend = OpenAIBackend("", "m", servers=[server.url], on_update="partial", health_interval_s=0)
+        try:
+            (group,) = await backend.generate([[1, 2]], 1, SamplingParams(max_new_tokens=8))
+            return group[0]
+        finally:
+            await backend.close()
+            await server.stop()
+
+    s = asyncio.run(go())
+    assert s.response_ids == [100, 101, 102, 103] and s.text == "<0><1><2><3>" and s.finish_reason == "stop"

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from streamrl.rollout.fleet import Stamp
 
 monotonic = time.monotonic
+_NONE: dict[str, Any] = {}  # (a chunk without logprobs)
 
 #: how ``_post_to_one`` sends a request and reads its answer: (url, payload, headers, stamp: the
 #: version its tokens are generated on, which a paused update moves)
@@ -279,17 +280,27 @@ class OpenAIBackend(Backend):
                     raise RouterError(f"http_{'429' if resp.status == 429 else '5xx'}",
                                       f"HTTP {resp.status}: {text[:200]}")
                 raise BackendError(f"{url}: HTTP {resp.status}: {text[:500]}")
-            async for raw in resp.content:
+            # whatever has arrived, split into lines here: one read per network read, not two
+            # aiohttp line reads per event (each token is an event: this is the per-token path)
+            rest = b""
+            async for got in resp.content.iter_any():
                 if alive is not None:
                     alive.last_chunk = monotonic()
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
+                *lines, rest = (rest + got).split(b"\n")
+                for raw in lines:
+                    if not raw.startswith(b"data:"):
+                        continue
+                    data = raw[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    try:
+                        take(orjson.loads(data))
+                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                        raise BackendError(f"{url}: unexpected stream chunk ({type(exc).__name__}: {exc})") from None
+            last = rest[5:].strip() if rest.startswith(b"data:") else b""  # an event the stream ended without a newline
+            if last and last != b"[DONE]":
                 try:
-                    take(orjson.loads(data))
+                    take(orjson.loads(last))
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     raise BackendError(f"{url}: unexpected stream chunk ({type(exc).__name__}: {exc})") from None
 
@@ -320,7 +331,7 @@ class _Partial:
     prompt_ids: list[int] | None = None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    text: str = ""
+    texts: list[str] = field(default_factory=list)  # the text, chunk by chunk (joined once: ``text``)
     runs: VersionRuns = field(default_factory=lambda: VersionRuns([]))
     ids_missing: bool = False  # a chunk came without token ids: the response is text only
     finish_reason: str | None = None
@@ -330,6 +341,10 @@ class _Partial:
     def __post_init__(self) -> None:
         if isinstance(self.prompt, list):
             self.prompt_ids = [int(t) for t in self.prompt]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
 
     @property
     def finished(self) -> bool:
@@ -367,18 +382,20 @@ class _Partial:
         whole, on one version)."""
         if not isinstance(self.prompt, list):
             self.prompt_ids = None
-        self.ids, self.logprobs, self.text = [], [], ""
+        self.ids, self.logprobs, self.texts = [], [], []
         self.runs, self.ids_missing, self.finish_reason, self.cut = VersionRuns([]), False, None, False
 
     def take(self, chunk: dict[str, Any], version: int) -> None:
         """One streamed chunk of choice 0 (vLLM's and SGLang's completions stream)."""
         self.version = version
         for choice in chunk.get("choices") or ():
-            lp = choice.get("logprobs") or {}
+            lp = choice.get("logprobs") or _NONE
             logprobs = [float(x) for x in lp.get("token_logprobs") or ()]
             ids = choice.get("token_ids")
-            if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
-                ids = [int(str(t).removeprefix("token_id:")) for t in lp["tokens"]]
+            if ids is None:
+                tokens = lp.get("tokens")
+                if tokens and all(str(t).startswith("token_id:") for t in tokens):
+                    ids = [int(str(t)[9:]) for t in tokens]
             if self.prompt_ids is None and choice.get("prompt_token_ids"):
                 self.prompt_ids = [int(t) for t in choice["prompt_token_ids"]]
             if ids is None:
@@ -386,7 +403,9 @@ class _Partial:
             else:
                 self.ids += [int(t) for t in ids]
             self.logprobs += logprobs
-            self.text += str(choice.get("text") or "")
+            text = choice.get("text")
+            if text:
+                self.texts.append(str(text))
             self.runs.extend(version, len(logprobs))
             reason = choice.get("finish_reason")
             if reason == "abort":  # not its end: the server cut it (a pause that aborts)
