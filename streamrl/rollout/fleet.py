@@ -488,16 +488,19 @@ class ServerFleet:
         (pause, pause_body), (resume, resume_body) = self.PAUSE[self.update_api]
         m.updating = True  # no new requests; those in flight stay open, paused
         self._notify()
-        m.paused = True  # its streams are silent on purpose: not a hang (_watch_streams)
+        status, text = await self._post(m.url, pause, pause_body)
+        if status == 404:
+            m.pausable = False
+            log.warning("rollout server %s: no %s (HTTP 404): partial rollouts continue by new requests there",
+                        public_url(m.url), pause.split("?")[0])
+            return False
+        if status >= 300:
+            raise UpdateError(f"{pause}: HTTP {status}: {text[:200]}")
+        # paused: its streams are silent on purpose, not a hang (_watch_streams); a server that
+        # froze before it answered the pause is still watched (its requests go elsewhere), one
+        # that freezes while loading is noticed when the load times out (update_timeout_s)
+        m.paused = True
         try:
-            status, text = await self._post(m.url, pause, pause_body)
-            if status == 404:
-                m.pausable = False
-                log.warning("rollout server %s: no %s (HTTP 404): partial rollouts continue by new requests there",
-                            public_url(m.url), pause.split("?")[0])
-                return False
-            if status >= 300:
-                raise UpdateError(f"{pause}: HTTP {status}: {text[:200]}")
             try:
                 await asyncio.wait_for(self._load(m.url, uri, version, paused=True), self.update_timeout_s)
             except BaseException:

@@ -79,6 +79,51 @@ def test_a_server_frozen_mid_stream_loses_no_tokens(on_update):
     assert took < TIMEOUT + 1.5
 
 
+@pytest.mark.parametrize("on_update", ["drain", "partial"])
+def test_a_server_frozen_as_a_version_loads_continues_its_requests_on_the_new_weights(tmp_path, on_update):
+    """The server freezes, and the learner announces version 1 before the freeze is noticed: the
+    frozen server cannot load it (nor answer partial's pause), the live one does. The frozen
+    server's requests continue on the live one once it is on version 1: their tokens of
+    version 0 kept, the rest version 1's, each stamped with the weights that decoded it."""
+    frozen = TokenProcess(rate=RATE, length=LENGTH)
+
+    async def go():
+        live = await TokenServer(rate=RATE, length=LENGTH).start()
+        backend = OpenAIBackend("", "policy", servers=[frozen.url, live.url], update_api="sglang",
+                                on_update=on_update, stream_timeout_s=TIMEOUT, health_interval_s=0.5,
+                                update_timeout_s=2.0, update_retry_s=0.5)
+        try:
+            await backend.use_starting_weights(0)
+            request = asyncio.create_task(backend.generate([PROMPT], 4, SamplingParams(max_new_tokens=2 * LENGTH)))
+            while len(live.requests) < 2:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            frozen.freeze()
+            at = time.monotonic()
+            await backend.load_weights(str(tmp_path / "v1"), 1)
+            (group,) = await asyncio.wait_for(request, 60)
+            return group, live, at, backend.fleet.failed_over
+        finally:
+            await backend.close()
+            await live.stop()
+
+    try:
+        group, live, frozen_at, failed_over = asyncio.run(go())
+    finally:
+        frozen.stop()
+    assert failed_over == 2 and live.version == 1
+    spanning = 0
+    for s in group:
+        stamped = s.version_runs().per_token().tolist()
+        assert len(s.response_ids) == LENGTH and s.finish_reason == "stop"
+        assert stamped == weights_of(len(PROMPT), s.response_ids, s.response_logprobs.tolist(), range(-1, 3))
+        assert stamped[0] == 0 and s.policy_version == 0
+        spanning += stamped[-1] == 1
+    assert spanning >= 2  # the frozen server's two at least (partial: the live one's too)
+    continued = [r for r, t in zip(live.requests, live.arrivals) if t > frozen_at and len(r["prompt"]) > len(PROMPT)]
+    assert len(continued) >= 2 and all(5 < len(r["prompt"]) - len(PROMPT) < LENGTH for r in continued)
+
+
 def test_a_paused_load_is_not_a_hang(tmp_path):
     """A server whose requests are paused for a load longer than ``stream_timeout_s`` streams
     nothing on purpose: it is not cut out."""
