@@ -145,7 +145,6 @@ class Member:
     # its streams are silent on purpose (paused for a load)
     last_chunk: float = 0.0
     paused: bool = False
-    hangs: int = 0  # times it stopped streaming and was cut out
 
 
 def completions_url(given: str, root: str) -> str:
@@ -562,7 +561,6 @@ class ServerFleet:
         """``m`` stopped streaming: ejected as a failing server is (a health check re-admits it,
         and it reloads the learner's version first), and each of its requests cut: the backend
         continues it on another server from the tokens it had streamed (``Stamp.hung``)."""
-        m.hangs += 1
         metrics.ROLLOUT_SERVER_HANGS.labels(public_url(m.url)).inc()
         log.error("rollout server %s: nothing streamed for %.1f s with %d requests in flight "
                   "(rollout.openai.stream_timeout_s %.1f): ejected; its requests continue on another server",

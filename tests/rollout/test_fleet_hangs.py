@@ -205,3 +205,51 @@ def test_stream_events_split_across_network_reads_are_read_whole():
 
     s = asyncio.run(go())
     assert s.response_ids == [100, 101, 102, 103] and s.text == "<0><1><2><3>" and s.finish_reason == "stop"
+
+
+def test_the_rollout_stage_loses_nothing_to_a_frozen_server(memory_bus):
+    """The rollout worker on two servers, one frozen mid-stream: every trajectory reaches the
+    rollouts topic whole, each token the weights' own after its context and stamped with them."""
+    from streamrl.records import PolicyVersion, Prompt, Trajectory
+    from streamrl.rollout.worker import RolloutWorker
+    from tests.helpers import read_topic
+
+    bus = memory_bus
+    frozen = TokenProcess(rate=RATE, length=LENGTH)
+
+    async def go():
+        live = await TokenServer(rate=RATE, length=LENGTH).start()
+        cfg = RolloutConfig(backend="openai", group_size=2, max_new_tokens=2 * LENGTH, servers=[frozen.url, live.url],
+                            openai=OpenAIBackendConfig(model="policy", api_key_env="", update_api="sglang",
+                                                       stream_timeout_s=TIMEOUT, health_interval_s=0.5))
+        worker = RolloutWorker(bus, cfg)
+        producer = bus.producer("learner")
+        await producer.start()
+        await producer.send_and_wait(PolicyVersion(version=0, weights_uri=None))  # the servers' own weights
+        task = asyncio.create_task(worker.run())
+        try:
+            for i in range(2):
+                await producer.send_and_wait(Prompt(group_id=f"g{i}", group_size=2, data_source="gsm8k",
+                                                    prompt=f"{i} + 1 =", ground_truth=str(i + 1)))
+            while len(live.requests) < 2:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            frozen.freeze()
+            records = [Trajectory.decode(m.value) for m in await read_topic(bus, "rollouts", 4, timeout_s=60)]
+            return records, worker.backend.fleet.failed_over
+        finally:
+            await producer.stop()
+            worker.stop()
+            await task
+            await live.stop()
+
+    try:
+        records, failed_over = asyncio.run(go())
+    finally:
+        frozen.stop()
+    assert sorted(r.id for r in records) == ["g0-0", "g0-1", "g1-0", "g1-1"] and failed_over >= 1
+    for r in records:
+        prompt = r.array("prompt_ids").tolist()
+        ids, lps = r.array("response_ids").tolist(), r.array("response_logprobs").tolist()
+        assert len(ids) == LENGTH and r.policy_version == 0 and r.token_versions is None
+        assert weights_of(len(prompt), ids, lps, range(-1, 2)) == [0] * LENGTH
