@@ -169,7 +169,9 @@ class OnUpdateBench(harness.Bench):
             "s_per_version": wall / (w.versions - w.warmup),
             "busy_fraction": (last["busy_slot_s"] - snapshot["busy_slot_s"]) / (w.slots * (last["at"] - snapshot["at"])),
             "tokens_generated": int(last["tokens"]),
-            "tokens_thrown_away": int(last["lost"]),
+            # decoded and never delivered (the server's count), and delivered, then thrown away
+            # by an abort (the client's: requests to following servers are streamed)
+            "tokens_thrown_away": int(last["lost"]) + backend.fleet.discarded,
             "tokens_kept": int(sum(len(s.response_logprobs) for _, s in finished)),
             "responses": len(finished),
             "span_mean": sum(spans) / max(1, len(spans)),

@@ -212,6 +212,7 @@ class ServerFleet:
         self.tag = uuid.uuid4().hex[:6]
         self._retiring: set[asyncio.Task] = set()  # unloads of adapters waiting for their requests
         self.aborted = 0  # requests aborted for an update and resubmitted
+        self.discarded = 0  # tokens streamed, then thrown away by those aborts
         self.continued = 0  # requests cut for an update and continued from their partial response
         self.fatal: str | None = None  # why the fleet cannot follow the learner (a server without LoRA)
         self._changed = asyncio.Event()

@@ -204,6 +204,7 @@ class OpenAIBackend(Backend):
                 metrics.ROLLOUT_REQUESTS_CONTINUED.inc()
             else:
                 if part is not None:  # abort: its tokens are thrown away, all of one version
+                    self.fleet.discarded += len(part.logprobs)
                     part.reset()
                 self.fleet.aborted += 1
                 metrics.ROLLOUT_REQUESTS_ABORTED.inc()
