@@ -14,7 +14,8 @@ HELP = "annotate trajectories with a teacher's log-probs into distilled (one mem
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--group", default="", help="consumer group id (default: teacher.group)")
+    parser.add_argument("--group", default="", help="consumer group id (default: teacher.group; with several "
+                        "teachers, each group is <group>-<NAME>)")
     parser.add_argument("--teacher", default="", metavar="NAME",
                         help="with several teachers (distillation.teacher_models): the one this member runs")
 
