@@ -257,3 +257,21 @@ def test_each_teacher_asks_its_own_server_fleet_for_top_k():
         assert (d.teacher["name"], d.teacher["backend"], d.teacher_topk) == ("geo", "openai", 3)
         np.testing.assert_allclose(d.array("teacher_logprobs").reshape(n, 3), [[-0.1, -0.2, -0.3]] * n)
         assert d.array("teacher_ids").reshape(n, 3).tolist() == [[7, 8, 9]] * n
+
+
+def test_the_status_line_and_summary_give_each_teachers_records_and_lag(tmp_path):
+    """``distilled N (teacher lag L)`` per teacher (its group's lag), the records no teacher
+    serves apart; the summary's ``distilled_by_teacher``; one teacher keeps the one part."""
+    from collections import Counter
+
+    from streamrl.supervisor.display import status_line, summarise
+    from streamrl.supervisor.observer import Observation
+
+    obs = Observation(teacher_input="rewarded", rewarded=9, distilled_ids={f"t{i}" for i in range(9)},
+                      distilled_by=Counter({"math": 4, "geo": 3, "(none)": 2}), teacher_lags={"math": 0, "geo": 17})
+    line = status_line(obs, 5)
+    assert "| distilled math 4 (teacher lag 0) | distilled geo 3 (teacher lag 17) | undistilled (no teacher) 2 |" in line
+    assert summarise(obs, tmp_path / "r.png")["distilled_by_teacher"] == {"(none)": 2, "geo": 3, "math": 4}
+    one = Observation(teacher_input="rewarded", rewarded=5, distilled_ids={"a", "b"}, distilled_by=Counter(teacher=2))
+    assert "| distilled 2 (teacher lag 3) |" in status_line(one, 5)
+    assert "distilled_by_teacher" not in summarise(one, tmp_path / "r.png")
