@@ -33,7 +33,7 @@ from streamrl.feed.prompts import build_prompts
 from streamrl.records import EvalResult, PolicyVersion, Prompt, RecordError, Trajectory
 from streamrl.reward.scoring import Scoring
 from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
-from streamrl.rollout.chat import ChatRenderer
+from streamrl.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.worker import weights_allowed

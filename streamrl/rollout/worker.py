@@ -31,7 +31,7 @@ from streamrl.records import PROMPTS, ROLLOUTS, DeadLetter, Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
 from streamrl.rollout.config import RolloutConfig
-from streamrl.rollout.chat import ChatRenderer
+from streamrl.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.gate import StalenessGate

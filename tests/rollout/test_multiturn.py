@@ -32,7 +32,7 @@ from streamrl.rollout.backends import Completion, SamplingParams
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.feed.config import FeedConfig
 from streamrl.rollout.config import InteractionConfig, MultiTurnConfig, RolloutConfig
-from streamrl.rollout.chat import ChatRenderer
+from streamrl.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.feed.prompts import build_prompts
