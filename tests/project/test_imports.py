@@ -380,3 +380,29 @@ def test_no_undefined_names_in_the_package_tests_or_services():
     found = subprocess.run([str(ruff), "check", "--select", "F821,F822,F823", "--output-format", "concise",
                             "streamrl", "tests", "services"], cwd=root, capture_output=True, text=True)
     assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_the_graph_tool_draws_this_graph(tmp_path):
+    """``python tools/import_graph.py``, the command the layout page gives, prints this tree's
+    numbers and exits 0; pointed at a tree with a circle between packages it names the imports
+    that close it and exits 1."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = PACKAGE.parent
+    tool = root / "tools" / "import_graph.py"
+    out = subprocess.run([sys.executable, str(tool), "--floors"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    packages = package_graph(import_graph(sources()))
+    assert f"{len(sources())} modules in {len(packages)} packages and modules on {max(floors(packages).values()) + 1} floors" \
+        in out.stdout
+    assert "packages in circles: 0" in out.stdout and "arrows up the layers of docs/development/layout.md: 0" in out.stdout
+    other = tmp_path / "other"
+    shutil.copytree(root / "streamrl", other / "streamrl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "docs" / "development", other / "docs" / "development")
+    feed = other / "streamrl" / "feed" / "stage.py"
+    feed.write_text("from streamrl.rollout.worker import RolloutWorker\n" + feed.read_text())
+    out = subprocess.run([sys.executable, str(tool), "--root", str(other)], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "streamrl.feed.stage -> streamrl.rollout.worker" in out.stdout and "packages in circles: 1" in out.stdout
