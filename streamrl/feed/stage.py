@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 from typing import Any, ClassVar
 
+from streamrl import resume
 from streamrl.datasets import describe
 from streamrl.feed.config import FeedConfig
 from streamrl.feed.prompts import build_prompts
-from streamrl import resume
 
 
 async def published_group_ids(bus) -> set[str]:
