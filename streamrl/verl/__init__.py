@@ -62,6 +62,8 @@ def find_row(key: str) -> Row | None:
 
 @lru_cache(maxsize=4096)
 def _find_row(key: str) -> Row | None:
+    if key.endswith("._target_"):  # the class verl builds a section with: the same row in every section
+        return next(r for r in VERL_TABLE if r.key == "*._target_")
     best = None
     for row in VERL_TABLE:
         if row.key == key:

@@ -64,10 +64,8 @@ def refused(key: str, missing: str, harmless: tuple[Any, ...] = ()) -> Row:
 
 # -- reasons shared by several rows (one line each in a report) --------------------------------
 
-CRITIC = "the critic's other machinery (its own micro-batches, FSDP, schedules): the critic runs the learner's"
 CRITIC_WARMUP = ("a critic warm-up (the critic trained alone for the first steps): streamrl trains the critic and "
                  "the policy from the first version")
-CRITIC_LR_SCHEDULE = "a learning-rate schedule for the critic: its lr is learner.critic.lr, constant"
 MULTIMODAL = "images and videos in the prompts: the feed and the rollout workers read text only"
 MEGATRON = "Megatron's parallelism and checkpoints: the learner shards with FSDP2 (learner.parallel)"
 REF_PASS = ("the reference model's log-prob pass (its micro-batches, offload, parallelism): the learner computes "

@@ -114,6 +114,7 @@ VERL_TABLE: tuple[Row, ...] = (
                                                                                   "target_modules")),
     *model_rows("critic.model."),
     ignored("critic.enable", "the critic is on with adv_estimator=gae"),
+    ignored("critic.nccl_timeout", "learner.parallel.timeout_s is streamrl's"),
     *engine_rows("critic.", "learner.critic.cpu_offload", "fsdp"),
     ignored("critic.profiler.*", PROFILER),
     # -- data ---------------------------------------------------------------------------------------------

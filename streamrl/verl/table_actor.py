@@ -130,14 +130,13 @@ def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
         ignored(f"{verl}torchtitan.*", ENGINES_TUNING.format("torchtitan")),
         *_offload_of(f"{verl}veomni.", ("param_offload", "optimizer_offload", "enable_fsdp_offload"), to),
         ignored(f"{verl}veomni.*", ENGINES_TUNING.format("VeOmni")),
-        *_offload_of(f"{verl}megatron.", ("param_offload", "grad_offload", "optimizer_offload"), to),
+        *_offload_of(f"{verl}megatron.", ("param_offload", "optimizer_offload"), to),
         ignored(f"{verl}megatron.*", MEGATRON),
         ignored(f"{verl}strategy", "verl's FSDP, Megatron, torchtitan or VeOmni: the learner is FSDP2"),
         ignored(f"{verl}ulysses_sequence_parallel_size", SEQ_PARALLEL),
         ignored(f"{verl}profiler.*", PROFILER),
         ignored(f"{verl}checkpoint.*", "what a verl checkpoint holds: a streamrl checkpoint always holds the weights, "
                                        "the optimizer and the consumer offsets"),
-        ignored(f"{verl}nccl_timeout", "learner.parallel.timeout_s is streamrl's"),
         ignored(f"{verl}data_loader_seed", "the seed of verl's shuffle of a mini-batch's samples: the same gradients"),
         ignored(f"{verl}shuffle", "verl's shuffle of a mini-batch's samples: the same gradients"),
     ]

@@ -25,8 +25,8 @@ DATA = json.loads(verl_parity_extra_data.DATA)
 
 
 def verl(key: str, value) -> dict:
-    """What verl's ``key=value`` sets here (``streamrl.verl_keys``' table)."""
-    from streamrl.verl_keys import MAPPED, read_verl_keys
+    """What verl's ``key=value`` sets here (``streamrl.verl``' table)."""
+    from streamrl.verl import MAPPED, read_verl_keys
 
     [outcome] = read_verl_keys([(key, value)])
     assert outcome.kind == MAPPED, (key, outcome.kind, outcome.why)
