@@ -42,7 +42,7 @@ from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 from streamrl.verl.overrides import OverrideError, format_value, parse_override
-from streamrl.verl.rows import IGNORED, MAPPED, REFUSED, Given, Refused, Row, _harmless, engine_given
+from streamrl.verl.rows import IGNORED, MAPPED, REFUSED, Given, NotApplicable, Refused, Row, _harmless, engine_given
 from streamrl.verl.schema import engine_of, schema_keys, verl_defaults
 from streamrl.verl.table import VERL_TABLE, VERL_TOPS
 
@@ -145,6 +145,8 @@ def _read_one(typed: str, value: Any, by_key: Given, defaults: Mapping[str, Any]
         return KeyOutcome(typed, key, value, MAPPED, why="null, verl's default: streamrl's own default")
     try:
         return KeyOutcome(typed, key, value, MAPPED, row.apply(key, value, by_key), why=row.note)
+    except NotApplicable as exc:
+        return KeyOutcome(typed, key, value, IGNORED, why=str(exc))
     except Refused as exc:
         if at_default:
             return KeyOutcome(typed, key, value, IGNORED, why=AT_DEFAULT)

@@ -19,6 +19,11 @@ class Refused(Exception):
     """A value with no counterpart here; the message says what is missing."""
 
 
+class NotApplicable(Exception):
+    """A value that changes nothing here (read so with the other keys given, such as the
+    engine); the message says why, and the key is named at start as not applicable."""
+
+
 @dataclass(frozen=True)
 class Row:
     """One verl key (or ``prefix.*``) and what it is here (see the module's doc)."""

@@ -179,7 +179,7 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped("trainer.experiment_name", "tracking.experiment"),
     mapped("trainer.default_local_dir", "run.out_dir", note="each run gets its directory under it"),
     mapped("trainer.resume_mode", "run.resume", read=_resume_mode),
-    mapped("trainer.resume_from_path", note="read with resume_mode=resume_path", read=lambda v, g: {}),
+    mapped("trainer.resume_from_path", "run.resume", note="read with resume_mode=resume_path", read=lambda v, g: {}),
     mapped("trainer.max_actor_ckpt_to_keep", "learner.keep_checkpoints",
            read=lambda v, g: {} if v is None else {"learner.keep_checkpoints": _int(v)}),
     mapped("trainer.n_gpus_per_node", "learner.parallel.nproc",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from streamrl.verl.rows import (_ACTOR, _MODEL, _ROLLOUT, _VAL, ENGINE, FSDP_TUNING, LOGPROB_PASS, MEGATRON, MEMORY,
-                                MULTIMODAL, PROFILER, REF_PASS, SEQ_PARALLEL, STREAMING, Given, Refused, Row,
+                                MULTIMODAL, PROFILER, REF_PASS, SEQ_PARALLEL, STREAMING, Given, NotApplicable, Refused, Row,
                                 _bool, _clip_ratio, _dtype, _dynamic_bsz, _int, _kl_loss_coef, _lora_modules,
                                 _mini_batch, _model_path, _multi_turn_enable, _rollout_name, _temperature,
                                 _token_budget, _use_kl_loss, _val_do_sample, engine_given, ignored, mapped, refused)
@@ -44,7 +44,8 @@ def optim_rows(verl: str, to: str) -> list[Row]:
 
     def extra(value: Any, given: Given) -> dict[str, Any]:
         if engine_given(given) == "megatron":
-            return {}  # Megatron's OptimizerConfig: CPU offload of its states, overlap, precision
+            raise NotApplicable("Megatron's OptimizerConfig fields (CPU offload of its states, overlap, precision): "
+                                "the learner's offload is learner.parallel.cpu_offload")
         return {f"{to}override_optimizer_config": {} if value is None else value}
 
     def null_zero(target: str) -> Any:
@@ -101,7 +102,6 @@ def model_rows(verl: str) -> list[Row]:
         ignored(f"{verl}tiled_mlp.*", MEMORY),
         refused(f"{verl}custom_chat_template", "a chat template other than the tokenizer's"),
         refused(f"{verl}hf_config_path", "a model config apart from the model's own files"),
-        refused(f"{verl}tokenizer_path", "a tokenizer other than the policy's"),
         refused(f"{verl}override_config", "changes to the model's config (dropout, rope, ...): the model loads as saved"),
         refused(f"{verl}override_config.*", "changes to the model's config (dropout, rope, ...): the model loads as saved"),
         refused(f"{verl}mtp.enable", MTP),
@@ -219,6 +219,7 @@ ACTOR_ROWS: tuple[Row, ...] = (
     refused(f"{_MODEL}lora.adapter_path", "starting from a trained LoRA adapter", harmless=("",)),
     *model_rows(_MODEL),
     ignored(f"{_MODEL}torch_dtype", "the learner's dtype is learner.dtype"),
+    refused(f"{_MODEL}tokenizer_path", "a tokenizer other than the policy's"),
     # -- the rollout -------------------------------------------------------------------------------------
     mapped(f"{_ROLLOUT}name", "rollout.backend", read=_rollout_name,
            note="vllm: vLLM's engine; sglang: SGLang servers the worker launches (rollout.servers_launch); "
