@@ -48,7 +48,7 @@ from streamrl.verl.table import VERL_TABLE, VERL_TOPS
 
 __all__ = ["Row", "Refused", "KeyOutcome", "VERL_TABLE", "VERL_TOPS", "MAPPED", "IGNORED", "REFUSED", "is_verl_key",
            "read_verl_keys", "read_command_line", "problem_lines", "ignored_line", "markdown_table", "find_row",
-           "coverage", "format_value", "show"]
+           "coverage", "coverage_table", "format_value", "show"]
 
 AT_DEFAULT = "verl's default, which changes nothing"
 ADDED = ("not in verl's schema: Hydra adds it (+) and verl accepts it; nothing streamrl knows of in verl reads it, "
@@ -227,6 +227,21 @@ def ignored_line(outcomes: Iterable[KeyOutcome]) -> str:
         if o.kind == IGNORED:
             groups.setdefault(o.why, []).append(o.typed)
     return "; ".join(f"{', '.join(keys)} ({why})" for why, keys in groups.items())
+
+
+def coverage_table() -> str:
+    """The verl guide's count of verl's schema by section: mapped, not applicable, refused (their
+    verl default accepted), and the refused keys by name."""
+    from streamrl.verl.schema import VERL_VERSION
+
+    head = (f"verl {VERL_VERSION}'s schema: {len(schema_keys())} keys over its four engines.\n\n"
+            "| section | mapped | not applicable | refused (unless at verl's default) |\n| --- | --- | --- | --- |\n")
+    rows = []
+    for section, kinds in coverage().items():
+        refused_keys = ", ".join(f"`{k}`" for k in kinds.get(REFUSED, []))
+        rows.append(f"| `{section}` | {len(kinds.get(MAPPED, []))} | {len(kinds.get(IGNORED, []))} | "
+                    f"{len(kinds.get(REFUSED, []))}{': ' + refused_keys if refused_keys else ''} |")
+    return head + "\n".join(rows) + "\n"
 
 
 def markdown_table() -> str:

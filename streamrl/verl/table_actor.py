@@ -261,8 +261,12 @@ ACTOR_ROWS: tuple[Row, ...] = (
         "load_format", "layered_summon", "multi_stage_wake_up", "data_parallel_size", "expert_parallel_size",
         "pipeline_model_parallel_size", "max_model_len", "dtype", "engine_kwargs.*", "update_weights_bucket_megabytes",
         "enable_prefix_caching", "cudagraph_capture_sizes", "disable_log_stats", "skip_tokenizer_init",
-        "disaggregation.*", "scheduling_policy", "full_determinism", "moe_tensor_parallel_size", "seed",
-        "n_gpus_per_node", "nnodes", "router_config_path", "moe_load_balance_metrics_interval")),
+        "disaggregation.*", "scheduling_policy", "moe_tensor_parallel_size", "moe_load_balance_metrics_interval")),
+    *(ignored(f"{_ROLLOUT}{k}", "the engine's sampling seed and determinism: other samples from the same distribution")
+      for k in ("seed", "full_determinism")),
+    *(ignored(f"{_ROLLOUT}{k}", "the GPUs and router of verl's standalone rollout servers: here the rollout workers' "
+                                "own (rollout.servers_launch, rollout.openai's router)")
+      for k in ("n_gpus_per_node", "nnodes", "router_config_path")),
     ignored(f"{_ROLLOUT}checkpoint_engine.*", WEIGHTS),
     ignored(f"{_ROLLOUT}prometheus.*", "verl's Prometheus for its rollout servers: streamrl's metrics are its own"),
     ignored(f"{_ROLLOUT}mtp", "verl fills it in from actor_rollout_ref.model.mtp"),
