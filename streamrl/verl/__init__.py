@@ -105,6 +105,7 @@ class KeyOutcome:
 
 
 def show(value: Any) -> str:
+    """A value as the report lines write it (``true``, ``[a,b]``)."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):
