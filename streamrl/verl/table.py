@@ -10,7 +10,7 @@ from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, CRITIC_WARMUP,
                                 STREAMING, TEACHER_SCALE, Given, Refused, Row, _adv_estimator, _batch, _bool,
                                 _critic_warmup, _files, _int, _logger, _minus_one_off, _overlong, _resume_mode, _same,
                                 _save_freq, _total_epochs, _total_steps, ignored, mapped, refused)
-from streamrl.verl.table_actor import ACTOR_ROWS, TARGET, engine_rows, model_rows, optim_rows
+from streamrl.verl.table_actor import ACTOR_ROWS, TARGET, engine_rows, global_micro, model_rows, optim_rows
 
 __all__ = ["VERL_TABLE", "VERL_TOPS", "CRITIC_WARMUP"]
 
@@ -45,14 +45,6 @@ def _filter_groups(name: str) -> Any:
 
 def _critic_micro(value: Any, given: Given) -> dict[str, Any]:
     return {} if value is None else {"learner.critic.micro_batch_size": _int(value)}
-
-
-def _critic_global_micro(value: Any, given: Given) -> dict[str, Any]:
-    """verl's deprecated global form: divided by the GPUs (trainer.n_gpus_per_node x nnodes), as verl does."""
-    if value is None or "critic.ppo_micro_batch_size_per_gpu" in given:
-        return {}
-    gpus = _int(given.get("trainer.n_gpus_per_node", 8)) * _int(given.get("trainer.nnodes", 1))
-    return {"learner.critic.micro_batch_size": max(1, _int(value) // max(1, gpus))}
 
 
 def _critic_tokens(value: Any, given: Given) -> dict[str, Any]:
@@ -96,7 +88,7 @@ VERL_TABLE: tuple[Row, ...] = (
     *optim_rows("critic.optim.", "learner.critic."),
     mapped("critic.ppo_micro_batch_size_per_gpu", "learner.critic.micro_batch_size", read=_critic_micro,
            note="the critic's sequences per forward pass on each rank; null: the learner's"),
-    mapped("critic.ppo_micro_batch_size", "learner.critic.micro_batch_size", read=_critic_global_micro,
+    mapped("critic.ppo_micro_batch_size", "learner.critic.micro_batch_size", read=global_micro("critic.", "learner.critic."),
            note="verl's deprecated global form, divided by the GPUs as verl does"),
     mapped("critic.use_dynamic_bsz", "learner.critic.max_tokens_per_micro_batch", read=_critic_dynamic,
            note="on: the critic's token budget ppo_max_token_len_per_gpu; off: 0 (the learner's)"),

@@ -27,9 +27,13 @@ WEIGHTS = ("how verl moves each version's weights from the trainer into the infe
            "publishes each version (learner.weights_dir / weights_uri) and the rollout workers load it; the same weights")
 
 
-def _torch_optimizer(value: Any, given: Given) -> dict[str, Any]:
-    """verl's optimizer name: Megatron's ``adam`` is Adam with decoupled weight decay, AdamW."""
-    return {"": "AdamW" if str(value).lower() in ("adam", "adamw") else str(value)}
+#: the lowercase names of verl's Megatron, torchtitan and VeOmni engines: Megatron's ``adam`` is Adam
+#: with decoupled weight decay (AdamW); a torch.optim class name (verl FSDP's ``Adam``, ``AdamW``) is itself
+_ENGINE_OPTIMIZERS = {"adam": "AdamW", "adamw": "AdamW", "sgd": "SGD"}
+
+
+def _torch_optimizer(value: Any) -> str:
+    return _ENGINE_OPTIMIZERS.get(str(value), str(value))
 
 
 def optim_rows(verl: str, to: str) -> list[Row]:
@@ -40,7 +44,7 @@ def optim_rows(verl: str, to: str) -> list[Row]:
         return mapped(verl + key, to + (target or key), note=note)
 
     def optimizer(value: Any, given: Given) -> dict[str, Any]:
-        return {f"{to}optimizer": _torch_optimizer(value, given)[""]}
+        return {f"{to}optimizer": _torch_optimizer(value)}
 
     def extra(value: Any, given: Given) -> dict[str, Any]:
         if engine_given(given) == "megatron":
@@ -142,6 +146,17 @@ def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
     ]
 
 
+def global_micro(verl: str, to: str) -> Any:
+    """verl's deprecated ``ppo_micro_batch_size``: the whole world's, divided by its GPUs
+    (``trainer.n_gpus_per_node`` x ``nnodes``, verl's defaults 8 and 1), unless the per-GPU form is given."""
+    def read(value: Any, given: Given) -> dict[str, Any]:
+        if value is None or f"{verl}ppo_micro_batch_size_per_gpu" in given:
+            return {}
+        gpus = _int(given.get("trainer.n_gpus_per_node", 8)) * _int(given.get("trainer.nnodes", 1))
+        return {f"{to}micro_batch_size": max(1, _int(value) // max(1, gpus))}
+    return read
+
+
 _LEARNER_SAME = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "loss_scale_factor",
                  "entropy_coeff", "ppo_epochs", "tau_pos", "tau_neg", "kl_loss_type", "grad_clip")
 
@@ -189,7 +204,8 @@ ACTOR_ROWS: tuple[Row, ...] = (
            note="prompts (groups of rollout.n) per optimizer step"),
     mapped(f"{_ACTOR}ppo_micro_batch_size_per_gpu", "learner.micro_batch_size",
            note="sequences per forward pass on each rank"),
-    mapped(f"{_ACTOR}ppo_micro_batch_size", "learner.micro_batch_size", note="verl's deprecated global form"),
+    mapped(f"{_ACTOR}ppo_micro_batch_size", "learner.micro_batch_size", read=global_micro(f"{_ACTOR}", "learner."),
+           note="verl's deprecated global form, divided by the GPUs (n_gpus_per_node x nnodes) as verl does"),
     mapped(f"{_ACTOR}use_dynamic_bsz", "learner.max_tokens_per_micro_batch", read=_dynamic_bsz,
            note="on: the token budget ppo_max_token_len_per_gpu (verl's 16384 by default); off: 0"),
     mapped(f"{_ACTOR}ppo_max_token_len_per_gpu", "learner.max_tokens_per_micro_batch", read=_token_budget,

@@ -437,3 +437,17 @@ def test_the_refused_rows_name_what_is_missing():
     assert all(row.note for row in VERL_TABLE if row.kind in (IGNORED, REFUSED))
     assert find_row("actor_rollout_ref.actor.optim.muon_momentum").kind == IGNORED
     assert find_row("critic.optim._target_").key == "*._target_"
+
+
+def test_verls_global_micro_batch_and_optimizer_names_read_as_verl_reads_them():
+    """verl divides the deprecated global ppo_micro_batch_size by the world's GPUs; Megatron's lowercase
+    adam is AdamW (decoupled weight decay), FSDP's torch.optim class names are themselves."""
+    outcomes = read_verl_keys([("trainer.n_gpus_per_node", 4), ("trainer.nnodes", 2),
+                               ("actor_rollout_ref.actor.ppo_micro_batch_size", 64), ("critic.ppo_micro_batch_size", 16),
+                               ("actor_rollout_ref.actor.optim.optimizer", "adam"), ("critic.optim.optimizer", "Adam")])
+    sets = {k: v for o in outcomes for k, v in o.sets.items()}
+    assert sets["learner.micro_batch_size"] == 8 and sets["learner.critic.micro_batch_size"] == 2
+    assert sets["learner.optimizer"] == "AdamW" and sets["learner.critic.optimizer"] == "Adam"
+    [per_gpu, _] = read_verl_keys([("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 4),
+                                   ("actor_rollout_ref.actor.ppo_micro_batch_size", 64)])
+    assert per_gpu.sets == {"learner.micro_batch_size": 4}  # the per-GPU form wins, as in verl
