@@ -64,7 +64,7 @@ class Critic:
         c = cfg.critic
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
 
-    def forward(self, batch: Any) -> torch.Tensor:  # batch: the trainer's _Batch (not imported: no circle)
+    def forward(self, batch: Any) -> torch.Tensor:  # batch: a collate.Batch
         """Values ``[B, R]``: the value at the position that predicts each response token (the
         state before it, as verl's ``values[:, -R - 1:-1]``); 0 on padding."""
         out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[..., 0].float()
