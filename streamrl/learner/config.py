@@ -407,8 +407,6 @@ class LearnerConfig:
             bad("gdpo_reward_keys", "adv_estimator gdpo names the reward components it normalises (reward_info fields)")
         if self.gdpo_reward_weights and len(self.gdpo_reward_weights) != len(self.gdpo_reward_keys):
             bad("gdpo_reward_weights", f"one weight per gdpo_reward_keys entry ({len(self.gdpo_reward_keys)})")
-        if self.use_kl_in_reward and self.parallel.nproc * self.parallel.nnodes > 1:
-            bad("use_kl_in_reward", "is built for one learner rank (learner.parallel.nproc 1) for now")
         if self.kl_ctrl.type == "adaptive" and self.kl_ctrl.horizon < 1:
             raise ConfigError(f"config field 'learner.kl_ctrl.horizon': must be >= 1 (got {self.kl_ctrl.horizon!r})")
         if self.clip_ratio_c and self.clip_ratio_c <= 1:

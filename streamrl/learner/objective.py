@@ -172,16 +172,13 @@ class Objective:
                   current: list[torch.Tensor], refs: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
         """verl's KL in the reward: per token, KL(the policy before this update || the
         reference) by ``kl_penalty``, and its mean over sequences (what ``kl_ctrl`` adapts to).
-        ``current`` and ``refs``: each unit's log-probs. One rank holds every sample
-        (``validate`` refuses it on several)."""
-        row = {s.id: (u, i) for u, g in enumerate(groups) for i, s in enumerate(g)}
-        kl = torch.zeros((len(samples), max(max(len(m) for m in masks), 1)))
-        for k, (s, m) in enumerate(zip(samples, masks)):
-            u, i = row[s.id]
-            n = len(m)
-            kl[k, :n] = losses.kl_penalty(current[u][i, :n].float().cpu(), refs[u][i, :n].float().cpu(),
-                                          self.cfg.kl_penalty) * torch.from_numpy(m)
-        per_seq = kl.sum(-1) / (torch.tensor([float(m.sum()) for m in masks]) + 1e-8)
+        ``current`` and ``refs``: each unit's log-probs on this rank, gathered from every rank
+        (``rows``) so each computes the whole mini-batch's, as one process would."""
+        mask = self.mask_rows(masks).cpu()
+        current_rows = self.rows(samples, groups, current).cpu()
+        ref_rows = self.rows(samples, groups, refs).cpu()
+        kl = losses.kl_penalty(current_rows, ref_rows, self.cfg.kl_penalty) * mask
+        per_seq = kl.sum(-1) / (mask.sum(-1) + 1e-8)
         return kl, float(per_seq.mean())
 
     def set_advantages(self, batch: MiniBatch, current: list[torch.Tensor] | None = None,

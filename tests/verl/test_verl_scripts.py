@@ -32,11 +32,6 @@ SHARED = Path(__file__).resolve().parents[3] / "shared"
 #: the scripts that do not start yet, and what each one's problem lines name (all of them)
 REFUSED = {
     "grpo_qwen2_5_vl_7b": [["data.image_key"]],  # multimodal
-    "remax": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=8"]],
-    # KL in the reward is built for one learner rank; the scripts' GPUs are the learner's ranks
-    "rloo_qwen2_7b": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=8"]],
-    "reinforce_pp": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=16"]],
-    "reinforce_pp_baseline": [["algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=16"]],
 }
 
 
