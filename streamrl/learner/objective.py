@@ -52,7 +52,8 @@ class MiniBatch:
     unit_advantages: list[torch.Tensor] = field(default_factory=list)
     reward_kl: float | None = None  # use_kl_in_reward: the mean KL to the reference, and its coefficient
     reward_kl_coef: float = 0.0
-    critic_units: list["Batch"] | None = None  # gae: the critic's tensors, its values at the update
+    critic_groups: list[list[Sample]] | None = None  # gae: the critic's micro-batches (learner.critic's sizes)
+    critic_units: list["Batch"] | None = None  # ... their tensors, its values at the update
     old_values: list[torch.Tensor] | None = None
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None  # gae: the returns of the advantages (the critic's targets)
@@ -189,7 +190,7 @@ class Objective:
         of them."""
         samples = batch.samples
         if batch.old_values is not None:  # the critic's values at the update, whole on every rank
-            batch.values = self.rows(samples, batch.groups, batch.old_values)
+            batch.values = self.rows(samples, batch.critic_groups, batch.old_values)
         kl_tokens = None
         if self.cfg.use_kl_in_reward:
             kl_tokens, batch.reward_kl = self.reward_kl(samples, batch.masks, batch.groups, current, refs)
@@ -209,7 +210,7 @@ class Objective:
         row = {s.id: k for k, s in enumerate(batch.samples)}
         return [torch.stack([batch.returns[row[s.id], :unit.mask.shape[1]] if s.id in row else
                              torch.zeros(unit.mask.shape[1]) for s in group]).to(self.device)
-                for group, unit in zip(batch.groups, batch.critic_units)]
+                for group, unit in zip(batch.critic_groups, batch.critic_units)]
 
     def set_critic_metrics(self, batch: MiniBatch, grad_norm: float, lr: float) -> None:
         """verl's ``critic/*`` figures of the critic's update on ``batch``."""

@@ -29,6 +29,7 @@ import torch
 
 from streamrl.errors import ConfigError
 from streamrl.learner import checkpoint, collate, distributed, losses, microbatch
+from streamrl.learner import optimizer as optim
 from streamrl.learner.collate import Batch
 from streamrl.learner.config import LearnerConfig, remove_padding_mode
 from streamrl.learner.objective import Metrics, MiniBatch, Objective
@@ -102,7 +103,7 @@ class Trainer:
         self.objective = Objective(cfg, self.device, self.world, self.kl_ctrl)
         # only what trains has gradients and AdamW states (with LoRA: the adapters alone)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = optim.build_optimizer(self.trainable, cfg)  # verl's optim.optimizer, betas, ...
         self.version: int | None = None  # the version being trained towards (+1): the lr schedule's step
         self.forward_tokens: list[int] = []  # tokens of each forward pass of the last step (for tests/bench)
         # the weights and optimizer on disk: each version's weights, checkpoints, resuming
@@ -226,18 +227,21 @@ class Trainer:
         return logp.unsqueeze(0), None if ent is None else ent.unsqueeze(0)
 
     # -- the plan: who trains what, in which forward passes -----------------------------------
-    def _plan(self, samples: Sequence[Sample]) -> tuple[list[list[Sample]], list[int], bool, bool]:
+    def _plan(self, samples: Sequence[Sample], micro_batch_size: int = 0, budget: int = 0,
+              packable: bool = True) -> tuple[list[list[Sample]], list[int], bool, bool]:
         """This rank's micro-batches (samples; padded with a 1-token dummy so every rank runs
         as many), their chunk sizes (0: one pass), whether any rank chunks a sequence, and whether
-        they are packed (``_packs``: every rank decides alike from the lengths)."""
+        they are packed (``_packs``: every rank decides alike from the lengths). The sizes are the
+        policy's (``learner.micro_batch_size``, ``max_tokens_per_micro_batch``) unless given (the critic's)."""
         cfg = self.cfg
         lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
         shares = microbatch.balance(lengths, self.world) if self.world > 1 else [list(range(len(samples)))]
-        budget = cfg.max_tokens_per_micro_batch
-        packed = self._packs(lengths)
+        budget = budget or cfg.max_tokens_per_micro_batch
+        packed = self._packs(lengths) if packable else False
         plans = []
         for share in shares:
-            mbs = microbatch.split([lengths[i] for i in share], budget, cfg.micro_batch_size, packed=packed)
+            mbs = microbatch.split([lengths[i] for i in share], budget, micro_batch_size or cfg.micro_batch_size,
+                                   packed=packed)
             plans.append([(tuple(share[j] for j in mb.indices), mb.chunks) for mb in mbs])
         if cfg.gradient_checkpointing:  # HF turns the KV cache off under checkpointing: one pass
             plans = [[(idx, 1) for idx, _ in plan] for plan in plans]
@@ -329,8 +333,9 @@ class Trainer:
 
     # -- the update ---------------------------------------------------------------------------
     def set_version(self, version: int) -> None:
-        """The learning rate of the updates towards version ``version + 1`` on every rank
-        (``streamrl.learner.schedule``); called before each step, a no-op while it stays."""
+        """The learning rate of the updates towards version ``version + 1`` on every rank, the
+        policy's and the critic's (``streamrl.learner.schedule``); called before each step, a
+        no-op while it stays."""
         if version == self.version:
             return
         from streamrl.learner.schedule import lr_at
@@ -339,6 +344,9 @@ class Trainer:
         self.version = version
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.cfg, version)
+        if self.critic is not None:
+            for group in self.critic.optimizer.param_groups:
+                group["lr"] = lr_at(self.cfg.critic, version, self.cfg.versions)
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics
@@ -411,7 +419,13 @@ class Trainer:
         the reward, the policy's and the reference's log-probs), then the objective's
         advantages (``Objective.set_advantages``)."""
         if self.critic is not None:  # the critic's values at the update, whole on every rank
-            batch.critic_units = [self._collate(g, packed=False) for g in batch.groups]
+            c = self.cfg.critic
+            if c.micro_batch_size or c.max_tokens_per_micro_batch:  # its own micro-batches (padded, whole)
+                batch.critic_groups = self._plan(batch.samples, c.micro_batch_size, c.max_tokens_per_micro_batch,
+                                                 packable=False)[0]
+            else:
+                batch.critic_groups = batch.groups
+            batch.critic_units = [self._collate(g, packed=False) for g in batch.critic_groups]
             batch.old_values = self.critic.values(batch.critic_units)
         current = refs = None
         if self.cfg.use_kl_in_reward:
@@ -441,15 +455,8 @@ class Trainer:
     def _optimizer_step(self, skipped: int) -> tuple[float, int]:
         """Clip the gradients and step; as verl, a non-finite gradient norm skips the step
         instead of poisoning Adam. Returns the norm and the steps skipped so far."""
-        cfg = self.cfg
-        norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            skipped += 1
-            self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm, skipped
+        grad_norm = optim.clip_and_step(self.trainable, self.optimizer, self.cfg.grad_clip)
+        return grad_norm, skipped + (not math.isfinite(grad_norm))
 
     # -- state (``checkpoint.ModelState``: what rank 0 and the followers call) ---------------------
     def save_weights(self, directory: str | Path) -> Path:
