@@ -38,9 +38,31 @@ def remove_padding_mode(value: Any) -> str:
     return mode
 
 
-#: verl's optimizer names (``optim.optimizer``) that mean a torch.optim class other than their
-#: own spelling: Megatron's ``adam`` (decoupled weight decay: torch's AdamW) and ``sgd``
-MEGATRON_OPTIMIZERS = {"adam": "AdamW", "sgd": "SGD"}
+#: torch.optim's classes a config may name without torch being imported to check it
+KNOWN_OPTIMIZERS = ("AdamW", "Adam", "SGD", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "ASGD",
+                    "Rprop")
+#: Megatron's names (verl's megatron ``optim.optimizer``): the torch class and the keywords the name
+#: fixes (``adam``: Adam with decoupled weight decay, torch's AdamW; ``sgd``: Megatron's momentum 0.9)
+MEGATRON_OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {"adam": ("AdamW", {}), "sgd": ("SGD", {"momentum": 0.9})}
+
+
+def optimizer_class(name: str) -> tuple[str, dict[str, Any]]:
+    """The torch.optim class that verl's ``optim.optimizer`` ``name`` means, and the keywords its
+    name fixes; ``ValueError`` naming the choices for another (checked at start; torch is
+    imported only for a name outside ``KNOWN_OPTIMIZERS``)."""
+    if name in MEGATRON_OPTIMIZERS:
+        return MEGATRON_OPTIMIZERS[name]
+    if name in KNOWN_OPTIMIZERS:
+        return name, {}
+    try:
+        import torch
+    except ImportError:  # (no torch: the learner cannot run here; it checks the name at start)
+        return name, {}
+    cls = getattr(torch.optim, name, None)
+    if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer:
+        return name, {}
+    raise ValueError(f"a torch.optim optimizer ({', '.join(KNOWN_OPTIMIZERS)}, ...) or Megatron's adam / sgd; "
+                     "Megatron's muon, 8-bit and other libraries' optimizers are not built in")
 LR_SCHEDULERS = ("constant", "cosine")
 LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
@@ -95,8 +117,6 @@ class OptimizerConfig:
                 bad(name, "must be >= 0")
         if self.optimizer_impl != "torch.optim":
             bad("optimizer_impl", "torch.optim only (torchao's and bitsandbytes' optimizers are not built in)")
-        from streamrl.learner.optimizer import optimizer_class
-
         try:
             optimizer_class(self.optimizer)
         except ValueError as exc:

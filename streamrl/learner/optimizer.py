@@ -14,33 +14,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Iterable
 
+from streamrl.learner.config import optimizer_class
+
 if TYPE_CHECKING:
     import torch
 
     from streamrl.learner.config import OptimizerConfig
-
-#: torch.optim's classes a config may name without torch being imported to check it
-KNOWN = ("AdamW", "Adam", "SGD", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "ASGD", "Rprop")
-#: Megatron's names (verl's megatron ``optim.optimizer``): the torch class and its fixed keywords
-MEGATRON = {"adam": ("AdamW", {}), "sgd": ("SGD", {"momentum": 0.9})}
-
-
-def optimizer_class(name: str) -> tuple[str, dict[str, Any]]:
-    """The torch.optim class that verl's ``optim.optimizer`` ``name`` means, and the keywords its
-    name fixes (Megatron's ``sgd``: momentum 0.9); ``ValueError`` naming the choices for another."""
-    if name in MEGATRON:
-        return MEGATRON[name]
-    if name in KNOWN:
-        return name, {}
-    try:
-        import torch
-    except ImportError:  # (no torch: the learner cannot run here; it checks the name at start)
-        return name, {}
-    cls = getattr(torch.optim, name, None)
-    if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer:
-        return name, {}
-    raise ValueError(f"a torch.optim optimizer ({', '.join(KNOWN)}, ...) or Megatron's adam / sgd; "
-                     "Megatron's muon, 8-bit and other libraries' optimizers are not built in")
 
 
 def build_optimizer(params: Iterable["torch.nn.Parameter"], opt: "OptimizerConfig") -> "torch.optim.Optimizer":
