@@ -101,7 +101,7 @@ class Trainer:
             self.critic = Critic(cfg, self.device, self.sharded)
         # what each mini-batch is trained toward: advantages, the critic's targets, the losses
         self.objective = Objective(cfg, self.device, self.world, self.kl_ctrl)
-        # only what trains has gradients and AdamW states (with LoRA: the adapters alone)
+        # only what trains has gradients and optimizer states (with LoRA: the adapters alone)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = optim.build_optimizer(self.trainable, cfg)  # verl's optim.optimizer, betas, ...
         self.version: int | None = None  # the version being trained towards (+1): the lr schedule's step
