@@ -34,16 +34,25 @@ class Batch:
     teacher_logprobs: torch.Tensor | None = None  # distillation: [B, R], or [B, R, K] with teacher_ids
     teacher_ids: torch.Tensor | None = None  # forward_kl_topk: [B, R, K]
     student_topk: torch.Tensor | None = None  # set by each forward with teacher_ids: the student's [B, R, K]
+    # distillation: [B, 1] 1 for a sample the teacher annotated, 0 for one no teacher serves
+    # (teacher.unserved: train: its tokens add nothing to the distillation loss)
+    teacher_served: torch.Tensor | None = None
+    teacher_of: torch.Tensor | None = None  # several teachers: [B, 1] each sample's teacher's index (-1: none)
 
 
 def collate(samples: Sequence[Sample], device: torch.device, model: Any, pad_token_id: int | None,
-            packed: bool = False, teacher_topk: int | None = None) -> Batch:
+            packed: bool = False, teacher_topk: int | None = None, teacher_names: Sequence[str] = ()) -> Batch:
     """The tensors of one forward pass (``packed``: one row without padding, ``model``'s
     keywords for it); ``teacher_topk`` (distillation): the teacher's log-probs too, ``0`` one per
-    token, ``K`` the top-k ones with their ids."""
+    token, ``K`` the top-k ones with their ids, which samples a teacher served, and with several
+    teachers (``teacher_names``) each sample's."""
     batch = collate_packed(samples, device, model) if packed else collate_padded(samples, device, pad_token_id)
     if teacher_topk is not None:
         batch.teacher_logprobs, batch.teacher_ids = teacher(samples, batch.mask.shape[1], teacher_topk, device)
+        batch.teacher_served = torch.tensor([[float(s.teacher_logprobs is not None)] for s in samples], device=device)
+        if teacher_names:
+            batch.teacher_of = torch.tensor([[teacher_names.index(s.teacher_name) if s.teacher_name in teacher_names
+                                              else -1] for s in samples], device=device)
     return batch
 
 

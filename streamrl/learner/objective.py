@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
 
 
+#: the per-teacher sums a step's metrics carry until ``step_metrics`` makes them means
+_PER_TEACHER = "_distillation_by_teacher/"
+
+
 @dataclass
 class MiniBatch:
     """One ``Trainer.step``'s mini-batch as this rank trains it, filled in by the step's named
@@ -109,6 +113,8 @@ class Objective:
         self.device = device
         self.world = world
         self.kl_ctrl = kl_ctrl
+        d = cfg.distillation  # several teachers (distillation.teacher_models): their names, whose figures
+        self.teacher_names: list[str] = list(d.entries()) if d.enabled and d.routed else []  # are apart
 
     # -- the whole mini-batch on every rank -----------------------------------------------------
     def rows(self, samples: Sequence[Sample], groups: list[list[Sample]], per_unit: list[torch.Tensor]
@@ -327,6 +333,8 @@ class Objective:
         ``distillation_loss``): aggregated over the mini-batch's totals like the policy loss, so
         micro-batches and ranks add up to the whole; metrics as verl's ``distillation/*``."""
         dl = self.cfg.distillation.distillation_loss
+        served = unit.teacher_served if unit.teacher_served is not None else 1.0
+        mask, token_mask = mask * served, unit.mask * served  # a record no teacher serves: no distillation term
         if dl.use_topk:
             terms = losses.forward_kl_topk(unit.student_topk, unit.teacher_logprobs, dl.log_prob_min_clamp)
         else:
@@ -335,15 +343,23 @@ class Objective:
                                            loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=dl.use_policy_gradient,
                                            clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **totals)
         add("distillation/loss", distill)
-        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), unit.mask, "token-mean", **token_totals))
+        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), token_mask, "token-mean", **token_totals))
         # verl's distillation/loss_min and loss_max: the per-token loss before loss_max_clamp over
         # the response tokens, reduced as MIN / MAX over micro-batches and ranks
-        valid = terms.losses.detach()[unit.mask > 0]
+        valid = terms.losses.detach()[token_mask > 0]
         none = valid.new_tensor(math.inf)  # a rank without response tokens still joins the reduction
         add("distillation/loss_min", valid.min() if valid.numel() else none, "min")
         add("distillation/loss_max", valid.max() if valid.numel() else -none, "max")
         for name, value in terms.diagnostics.items():
-            add(f"distillation/{name}", losses.aggregate(value.detach(), unit.mask, "token-mean", **token_totals))
+            add(f"distillation/{name}", losses.aggregate(value.detach(), token_mask, "token-mean", **token_totals))
+        # several teachers: each one's figures over its own records' tokens (token means, made
+        # from sums in step_metrics so that micro-batches and ranks add up); every rank adds
+        # every teacher's, so the reduction's names agree
+        for i, name in enumerate(self.teacher_names):
+            mine = token_mask * (unit.teacher_of == i) if unit.teacher_of is not None else token_mask * 0
+            add(f"{_PER_TEACHER}{name}/tokens", mine.sum())
+            add(f"{_PER_TEACHER}{name}/loss", (terms.losses.detach() * mine).sum())
+            add(f"{_PER_TEACHER}{name}/abs_loss", (terms.losses.detach().abs() * mine).sum())
         return losses.combine_distillation(task_loss, distill, use_task_rewards=dl.use_task_rewards,
                                            coef=dl.distillation_loss_coef)
 
@@ -369,6 +385,12 @@ class Objective:
             batch.correction_metrics = rollout_correction.correct(live, behaviour, self.mask_rows(masks),
                                                                   cfg.rollout_correction, batch.is_norm).metrics
         out.update(batch.correction_metrics)
+        for name in self.teacher_names:  # verl's distillation/loss and abs_loss, by teacher
+            tokens = out.pop(f"{_PER_TEACHER}{name}/tokens", 0.0)
+            for part in ("loss", "abs_loss"):
+                total = out.pop(f"{_PER_TEACHER}{name}/{part}", 0.0)
+                if tokens > 0:
+                    out[f"distillation/{name}/{part}"] = total / tokens
         if critic:  # its sums are over its own epochs
             epochs = cfg.critic.ppo_epochs or cfg.ppo_epochs
             out.update({k: v * cfg.ppo_epochs / epochs for k, v in out.items() if k.startswith("critic/")})

@@ -150,7 +150,8 @@ class Trainer:
         log-probs under distillation)."""
         dl = self.cfg.distillation
         topk = (dl.distillation_loss.topk if dl.distillation_loss.use_topk else 0) if dl.enabled else None
-        return collate.collate(samples, self.device, self.model, self.tokenizer.pad_token_id, packed, topk)
+        return collate.collate(samples, self.device, self.model, self.tokenizer.pad_token_id, packed, topk,
+                               self.objective.teacher_names)
 
     def _forward(self, model: Any, batch: Batch, entropy: bool,
                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:

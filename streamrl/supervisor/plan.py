@@ -40,13 +40,13 @@ def choose_run_dir(cfg, required: bool):
     (a new directory), ``auto`` (the unfinished run under ``run.out_dir`` with the newest
     readable checkpoint, else a new one; ``required``: else an error), or a directory."""
     from streamrl.errors import ConfigError, StreamrlError
-    from streamrl.learner import checkpoint
+    from streamrl.resume import latest_good
 
     root = Path(cfg.run.out_dir).resolve()
     mode = cfg.run.resume
     if mode not in ("auto", "never"):
         path = Path(mode).resolve()
-        good = checkpoint.latest_good(path / "checkpoints")
+        good = latest_good(path / "checkpoints")
         if good is None:
             raise ConfigError(f"config field 'run.resume': {path} holds no readable learner checkpoint "
                               f"(checkpoints/ckpt-*): nothing to resume")
@@ -58,7 +58,7 @@ def choose_run_dir(cfg, required: bool):
                 ended = json.loads((path / "summary.json").read_text()).get("ended")
             except (OSError, ValueError, AttributeError):
                 ended = None
-            good = checkpoint.latest_good(path / "checkpoints") if ended not in FINISHED else None
+            good = latest_good(path / "checkpoints") if ended not in FINISHED else None
             if good is not None and good[1].ended != "data_exhausted":
                 found.append((good[0].stat().st_mtime, path, good[1]))
         if found:
@@ -156,7 +156,7 @@ def dry_run(resolution) -> int:
             print(f"# verl keys given: {len(resolution.verl)}")
             for outcome in resolution.verl:
                 print(f"#   {outcome.line()}")
-        for note in run_length(resolution.cfg):
+        for note in run_length(resolution.cfg) + teacher_notes(resolution.cfg):
             print(f"# {note}")
     sys.stdout.flush()
     if resolution.problems:
@@ -164,6 +164,22 @@ def dry_run(resolution) -> int:
         print(f"streamrl run: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def teacher_notes(cfg) -> list[str]:
+    """What is said at start about the teachers (verl's drop of ``teacher_model``, its engine
+    keys not applicable here) and the groups the run starts, one per teacher."""
+    from streamrl.errors import StreamrlError
+
+    if not cfg.distillation.enabled:
+        return []
+    try:
+        teachers = cfg.distillation.teachers(cfg.teacher)
+    except StreamrlError:
+        return []  # reported as a problem
+    groups = [f"{t.label} ({t.key}: {t.config.backend} {t.config.model}, {t.members or cfg.run.teacher_members} "
+              f"members, group {t.group(cfg.bus.group('teacher', ''))})" for t in teachers.values()]
+    return [*cfg.distillation.notes(), "teachers: " + "; ".join(groups)]
 
 
 def run_length(cfg) -> list[str]:
