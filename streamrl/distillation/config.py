@@ -126,8 +126,8 @@ class DistillationConfig:
             raise ConfigError(f"{name}topk': must be >= 1 for loss_mode {loss.loss_mode} (got {loss.topk!r})")
         if loss.policy_loss_mode != "vanilla":
             raise ConfigError(f"{name}policy_loss_mode': only vanilla, as in verl (got {loss.policy_loss_mode!r})")
-        if not loss.use_policy_gradient and loss.loss_mode in ("k1", "kl"):
-            raise ConfigError(f"{name}loss_mode': {loss.loss_mode} backpropagated directly has a gradient that does "
+        if not loss.use_policy_gradient and loss.loss_mode == "k1":  # verl refuses the literal k1 alone
+            raise ConfigError(f"{name}loss_mode': k1 backpropagated directly has a gradient that does "
                               "not depend on the teacher (verl refuses it too): set use_policy_gradient true, "
                               "or use k3 / forward_kl_topk")
         if loss.loss_max_clamp is not None and not loss.loss_max_clamp > 0:

@@ -100,7 +100,7 @@ class ValidationSet:
         self.prompts, self.cfg = prompts, cfg
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens or rollout.max_new_tokens,
                                      temperature=cfg.temperature if cfg.do_sample else 0.0,
-                                     top_p=cfg.top_p if cfg.do_sample else 1.0)
+                                     top_p=cfg.top_p if cfg.do_sample else 1.0, ignore_eos=rollout.ignore_eos)
         self.interaction = MultiTurn.from_config(rollout)  # the rollout workers' interactions and tools
         self.scoring = Scoring(reward, group_hook=False)
 

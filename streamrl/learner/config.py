@@ -38,6 +38,121 @@ def remove_padding_mode(value: Any) -> str:
     return mode
 
 
+#: torch.optim's classes a config may name without torch being imported to check it
+KNOWN_OPTIMIZERS = ("AdamW", "Adam", "SGD", "Adagrad", "Adamax", "NAdam", "RAdam", "RMSprop", "Adadelta", "ASGD",
+                    "Rprop")
+#: Megatron's names (verl's megatron ``optim.optimizer``): the torch class and the keywords the name
+#: fixes (``adam``: Adam with decoupled weight decay, torch's AdamW; ``sgd``: Megatron's momentum 0.9)
+MEGATRON_OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {"adam": ("AdamW", {}), "sgd": ("SGD", {"momentum": 0.9})}
+
+
+def optimizer_class(name: str) -> tuple[str, dict[str, Any]]:
+    """The torch.optim class that verl's ``optim.optimizer`` ``name`` means, and the keywords its
+    name fixes; ``ValueError`` naming the choices for another (checked at start; torch is
+    imported only for a name outside ``KNOWN_OPTIMIZERS``)."""
+    if name in MEGATRON_OPTIMIZERS:
+        return MEGATRON_OPTIMIZERS[name]
+    if name in KNOWN_OPTIMIZERS:
+        return name, {}
+    try:
+        import torch
+    except ImportError:  # (no torch: the learner cannot run here; it checks the name at start)
+        return name, {}
+    cls = getattr(torch.optim, name, None)
+    if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer:
+        return name, {}
+    raise ValueError(f"a torch.optim optimizer ({', '.join(KNOWN_OPTIMIZERS)}, ...) or Megatron's adam / sgd; "
+                     "Megatron's muon, 8-bit and other libraries' optimizers are not built in")
+LR_SCHEDULERS = ("constant", "cosine")
+LR_DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
+WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
+
+
+@dataclass
+class OptimizerConfig:
+    """verl's ``optim.*`` (the actor's and the critic's, each its own): the optimizer
+    (``streamrl.learner.optimizer``) and its learning rate over versions
+    (``streamrl.learner.schedule``). FSDP's schedule by ``lr_scheduler_type``; Megatron's by
+    ``lr_decay_style`` when that is set. ``learner.*`` and ``learner.critic.*`` hold the same
+    fields."""
+
+    lr: float = 1e-6  # the learning rate (verl's optim.lr)
+    # a torch.optim class (verl FSDP's optim.optimizer: AdamW, Adam, SGD, ...); Megatron's adam
+    # (decoupled weight decay: AdamW) and sgd (momentum 0.9) too
+    optimizer: str = "AdamW"
+    optimizer_impl: str = "torch.optim"  # the optimizer's module (verl's optim.optimizer_impl): torch.optim only
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam's betas (an optimizer named *adam*)
+    weight_decay: float = 0.01  # (decoupled, AdamW's) weight decay (verl's optim.weight_decay)
+    grad_clip: float = 1.0  # max gradient norm (verl's optim.clip_grad); 0: off
+    # more keywords of the optimizer (verl's optim.override_optimizer_config), e.g. {eps: 1e-6}
+    override_optimizer_config: dict[str, Any] = field(default_factory=dict)
+    # The schedule over versions, FSDP's (verl's lr_scheduler_type, warmup_style its older
+    # name): constant | cosine; cosine decays over learner.versions, which it needs
+    lr_scheduler_type: str = "constant"
+    lr_warmup_steps: int = -1  # versions of linear warm-up from 0; <= 0: lr_warmup_steps_ratio's
+    lr_warmup_steps_ratio: float = 0.0  # warm-up as a share of learner.versions (Megatron's: of lr_decay_steps)
+    min_lr_ratio: float = 0.0  # cosine: the floor, a share of lr
+    num_cycles: float = 0.5  # cosine: waves over the run (0.5: one half-cosine down)
+    zero_indexed_step: bool = True  # cosine: false counts the versions from 1 (verl's zero_indexed_step)
+    # Megatron's schedule instead (verl's megatron optim.lr_decay_style): constant | linear |
+    # cosine | inverse-square-root | WSD, after a linear warm-up from lr_warmup_init; "": FSDP's
+    lr_decay_style: str = ""
+    min_lr: float = 0.0  # Megatron's floor (an absolute rate)
+    lr_warmup_init: float = 0.0  # Megatron's warm-up starts here
+    lr_decay_steps: int = 0  # Megatron's decay length in versions; 0: learner.versions (verl: the run's steps)
+    lr_wsd_decay_style: str = "exponential"  # WSD's anneal: exponential | linear | cosine | minus_sqrt
+    lr_wsd_decay_steps: int = 0  # WSD's anneal length in versions (the last ones of lr_decay_steps)
+
+    def validate_optimizer(self, prefix: str, versions: int) -> None:
+        """Raise ``ConfigError`` naming the first bad field (``prefix``: ``learner.`` or
+        ``learner.critic.``); ``versions``: the run's length (``learner.versions``, 0: open)."""
+
+        def bad(name: str, why: str) -> None:
+            raise ConfigError(f"config field '{prefix}{name}': {why} (got {getattr(self, name)!r})")
+
+        if not self.lr > 0:
+            bad("lr", "must be > 0")
+        for name in ("weight_decay", "grad_clip", "min_lr", "lr_warmup_init", "lr_decay_steps", "lr_wsd_decay_steps"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        if self.optimizer_impl != "torch.optim":
+            bad("optimizer_impl", "torch.optim only (torchao's and bitsandbytes' optimizers are not built in)")
+        try:
+            optimizer_class(self.optimizer)
+        except ValueError as exc:
+            bad("optimizer", str(exc))
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            bad("betas", "two numbers in [0, 1)")
+        if not isinstance(self.override_optimizer_config, dict):
+            bad("override_optimizer_config", "a mapping of the optimizer's keyword arguments")
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            bad("lr_scheduler_type", f"one of {', '.join(LR_SCHEDULERS)}")
+        if self.lr_decay_style not in ("",) + LR_DECAY_STYLES:
+            bad("lr_decay_style", f"one of {', '.join(LR_DECAY_STYLES)}, or empty (FSDP's lr_scheduler_type)")
+        if self.lr_wsd_decay_style not in WSD_DECAY_STYLES:
+            bad("lr_wsd_decay_style", f"one of {', '.join(WSD_DECAY_STYLES)}")
+        if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.lr_warmup_steps_ratio <= 1:
+            bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
+                f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
+        ratio_warmup = self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0
+        if self.lr_decay_style:
+            decay = self.lr_decay_steps or versions
+            if (self.lr_decay_style != "constant" or ratio_warmup) and not decay:
+                bad("lr_decay_steps", f"lr_decay_style {self.lr_decay_style} decays over lr_decay_steps versions: "
+                    "set it or learner.versions")
+            if self.lr_decay_style != "constant" and decay and (self.lr_warmup_steps if self.lr_warmup_steps > 0 else
+                                                                 int(self.lr_warmup_steps_ratio * decay)) >= decay:
+                bad("lr_warmup_steps", f"Megatron's warm-up ends before its decay does (lr_decay_steps {decay})")
+            if self.lr_decay_style == "WSD" and not 0 < self.lr_wsd_decay_steps <= decay:
+                bad("lr_wsd_decay_steps", "WSD anneals over the last lr_wsd_decay_steps of lr_decay_steps (> 0)")
+            if not self.min_lr <= self.lr or not self.lr_warmup_init <= self.lr:
+                bad("min_lr", f"min_lr and lr_warmup_init are at most lr (lr_warmup_init {self.lr_warmup_init})")
+        elif (self.lr_scheduler_type == "cosine" or ratio_warmup) and not versions:
+            raise ConfigError(f"config field 'learner.versions': {prefix}lr_scheduler_type {self.lr_scheduler_type} "
+                              f"with lr_warmup_steps_ratio {self.lr_warmup_steps_ratio} counts versions towards a "
+                              "total: set learner.versions (got 0)")
+
+
 @dataclass
 class ParallelConfig:
     """How many processes train the policy (``streamrl.learner.distributed``): N ranks of one
@@ -109,16 +224,23 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(OptimizerConfig):
     """verl's ``critic.*``: the value model of ``adv_estimator: gae`` (``streamrl.learner.critic``),
     trained in the learner's processes beside the policy, FSDP2-sharded as it is, with its own
-    AdamW and checkpoint (``critic_dcp/``)."""
+    optimizer and schedule (verl's ``critic.optim.*``: ``OptimizerConfig``'s fields), micro-batches,
+    offload and checkpoint (``critic_dcp/``)."""
 
-    model: str = ""  # its weights (verl's critic.model.path): "" the policy's; a fresh value head on top
     lr: float = 1e-5  # verl's critic.optim.lr
-    weight_decay: float = 0.01  # verl's critic.optim.weight_decay
+    model: str = ""  # its weights (verl's critic.model.path): "" the policy's; a fresh value head on top
     cliprange_value: float = 0.5  # the prediction is clipped to the update's values +- this in the loss
-    grad_clip: float = 1.0  # max gradient norm (verl's critic.grad_clip / optim.clip_grad); 0: off
+    # sequences per forward pass of the critic (verl's critic.ppo_micro_batch_size_per_gpu); 0: learner.micro_batch_size
+    micro_batch_size: int = 0
+    # the critic's token budget per forward pass (verl's critic.ppo_max_token_len_per_gpu with
+    # use_dynamic_bsz); 0: learner.max_tokens_per_micro_batch
+    max_tokens_per_micro_batch: int = 0
+    # FSDP2's CPU offload of the critic's parameters, gradients and optimizer states (verl's
+    # critic.fsdp.param_offload / optimizer_offload), apart from the policy's parallel.cpu_offload
+    cpu_offload: bool = False
     ppo_epochs: int = 0  # passes over each mini-batch; 0: learner.ppo_epochs
     loss_agg_mode: str = ""  # the value loss's aggregation; "": learner.loss_agg_mode
 
@@ -146,7 +268,7 @@ class LoraConfig:
 
 
 @dataclass
-class LearnerConfig:
+class LearnerConfig(OptimizerConfig):
     """The learner: assembles complete groups from rewarded within the staleness bound, trains
     the policy with verl's objectives, checkpoints, and announces each version on policy."""
 
@@ -171,16 +293,8 @@ class LearnerConfig:
     gdpo_reward_keys: list[str] = field(default_factory=list)
     gdpo_reward_weights: list[float] = field(default_factory=list)  # one per gdpo_reward_keys entry; empty: 1 each
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    lr: float = 1e-6  # AdamW's learning rate (verl's actor.optim.lr)
-    weight_decay: float = 0.01  # AdamW's weight decay (verl's actor.optim.weight_decay)
-    # The learning-rate schedule over versions (verl's actor.optim.*; streamrl.learner.schedule):
-    # constant | cosine (verl's lr_scheduler_type, warmup_style its older name); cosine decays
-    # over learner.versions, which it needs
-    lr_scheduler_type: str = "constant"
-    lr_warmup_steps: int = -1  # versions of linear warm-up from 0; <= 0: lr_warmup_steps_ratio's
-    lr_warmup_steps_ratio: float = 0.0  # warm-up as a share of learner.versions
-    min_lr_ratio: float = 0.0  # cosine: the floor, a share of lr
-    num_cycles: float = 0.5  # cosine: waves over the run (0.5: one half-cosine down)
+    # the optimizer and its schedule (verl's actor.optim.*): OptimizerConfig's fields, here flat
+    # (learner.lr, learner.betas, learner.lr_scheduler_type, ...)
     clip_ratio_low: float = 0.2  # PPO clip below: ratio >= 1 - clip_ratio_low (verl)
     clip_ratio_high: float = 0.2  # PPO clip above: ratio <= 1 + clip_ratio_high (DAPO's clip-higher: 0.28)
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (verl); 0 = off
@@ -206,7 +320,6 @@ class LearnerConfig:
     tau_pos: float = 1.0  # sapo's gate for positive advantages
     tau_neg: float = 1.05  # ... and for the others
     entropy_coeff: float = 0.0  # entropy bonus in the loss (verl's actor.entropy_coeff); 0: none
-    grad_clip: float = 1.0  # max gradient norm; 0 = off
     # token-mean | seq-mean-token-mean | token-sum | seq-mean-token-sum | seq-mean-token-sum-norm
     loss_agg_mode: str = "token-mean"
     # seq-mean-token-sum-norm's constant (Dr. GRPO: the longest response allowed); 0: the
@@ -354,7 +467,7 @@ class LearnerConfig:
                    "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
                    "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS,
                    "policy_loss.loss_mode": LOSS_MODES, "kl_ctrl.type": KL_CTRL_TYPES,
-                   "filter_groups.metric": FILTER_METRICS, "lr_scheduler_type": ("constant", "cosine")}
+                   "filter_groups.metric": FILTER_METRICS}
         for name, allowed in choices.items():
             section, _, key = name.rpartition(".")
             value = getattr(getattr(self, section) if section else self, key)
@@ -365,7 +478,7 @@ class LearnerConfig:
 
     def _validate_numbers(self) -> None:
         """Bounds of the numbers, and the lr schedule's."""
-        for name in ("lr", "temperature", "is_cap", "max_abs_reward"):
+        for name in ("temperature", "is_cap", "max_abs_reward"):
             if not getattr(self, name) > 0:
                 self._bad(name, "must be > 0")
         at_least_one = ("groups_per_mini_batch", "mini_batches_per_version", "ppo_epochs",
@@ -374,19 +487,13 @@ class LearnerConfig:
         for name in at_least_one:
             if getattr(self, name) < 1:
                 self._bad(name, "must be >= 1")
-        non_negative = ("checkpoint_every", "keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff", "grad_clip",
+        non_negative = ("checkpoint_every", "keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
                         "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
         for name in non_negative:
             if getattr(self, name) < 0:
                 self._bad(name, "must be >= 0")
-        if (self.lr_scheduler_type == "cosine" or (self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0)) \
-                and not self.versions:
-            self._bad("versions", f"lr_scheduler_type {self.lr_scheduler_type} with lr_warmup_steps_ratio "
-                      f"{self.lr_warmup_steps_ratio} counts versions towards a total: set learner.versions")
-        if not 0 <= self.min_lr_ratio <= 1 or not 0 <= self.lr_warmup_steps_ratio <= 1:
-            self._bad("min_lr_ratio", f"min_lr_ratio and lr_warmup_steps_ratio are in [0, 1] "
-                      f"(lr_warmup_steps_ratio {self.lr_warmup_steps_ratio})")
+        self.validate_optimizer("learner.", self.versions)
 
     def _validate_objective(self) -> None:
         """What the estimator and the losses need: gae's critic, GDPO's components, the KL."""
@@ -396,9 +503,10 @@ class LearnerConfig:
             if critic.loss_agg_mode not in ("",) + LOSS_AGG_MODES:
                 raise ConfigError(f"config field 'learner.critic.loss_agg_mode': one of {', '.join(LOSS_AGG_MODES)} "
                                   f"or empty (got {critic.loss_agg_mode!r})")
-            if not critic.lr > 0 or critic.cliprange_value < 0 or critic.grad_clip < 0 or critic.ppo_epochs < 0:
-                raise ConfigError("config field 'learner.critic': lr > 0, cliprange_value, grad_clip and ppo_epochs "
-                                  f">= 0 (got {critic!r})")
+            critic.validate_optimizer("learner.critic.", self.versions)
+            for name in ("cliprange_value", "ppo_epochs", "micro_batch_size", "max_tokens_per_micro_batch"):
+                if getattr(critic, name) < 0:
+                    raise ConfigError(f"config field 'learner.critic.{name}': must be >= 0 (got {getattr(critic, name)!r})")
             if self.lora.enabled:
                 bad("adv_estimator", "gae's critic is a full model: not with learner.lora")
         if not 0 <= self.lam <= 1:
@@ -407,8 +515,6 @@ class LearnerConfig:
             bad("gdpo_reward_keys", "adv_estimator gdpo names the reward components it normalises (reward_info fields)")
         if self.gdpo_reward_weights and len(self.gdpo_reward_weights) != len(self.gdpo_reward_keys):
             bad("gdpo_reward_weights", f"one weight per gdpo_reward_keys entry ({len(self.gdpo_reward_keys)})")
-        if self.use_kl_in_reward and self.parallel.nproc * self.parallel.nnodes > 1:
-            bad("use_kl_in_reward", "is built for one learner rank (learner.parallel.nproc 1) for now")
         if self.kl_ctrl.type == "adaptive" and self.kl_ctrl.horizon < 1:
             raise ConfigError(f"config field 'learner.kl_ctrl.horizon': must be >= 1 (got {self.kl_ctrl.horizon!r})")
         if self.clip_ratio_c and self.clip_ratio_c <= 1:

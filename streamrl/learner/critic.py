@@ -9,20 +9,22 @@ to every update, for no consumer; in the learner it is one more model in the sam
 
 The model is the policy's architecture (``critic.model``, or the policy's weights) with its
 output head replaced by one value per position; sharded with FSDP2 as the policy is, with its
-own AdamW and its own sharded checkpoint (``critic_dcp/``), which loads on any rank count. Its
+own optimizer and schedule (``learner.critic``'s ``optim`` fields, verl's ``critic.optim.*``), its
+own micro-batches and CPU offload, and its own sharded checkpoint (``critic_dcp/``), which loads
+on any rank count. Its
 loss is verl's ``compute_value_loss`` (``losses.value_loss``), aggregated over the mini-batch
 as the policy loss is (exact over micro-batches and ranks).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from streamrl.learner import losses
+from streamrl.learner import optimizer as optim
 
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
@@ -59,12 +61,11 @@ class Critic:
         if sharded:
             from streamrl.learner import distributed
 
-            distributed.shard(self.model, cfg)
+            distributed.shard(self.model, cfg, offload=cfg.critic.cpu_offload)
         self.model.train()
-        c = cfg.critic
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+        self.optimizer = optim.build_optimizer(self.model.parameters(), cfg.critic)
 
-    def forward(self, batch: Any) -> torch.Tensor:  # batch: the trainer's _Batch (not imported: no circle)
+    def forward(self, batch: Any) -> torch.Tensor:  # batch: a collate.Batch
         """Values ``[B, R]``: the value at the position that predicts each response token (the
         state before it, as verl's ``values[:, -R - 1:-1]``); 0 on padding."""
         out = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[..., 0].float()
@@ -79,7 +80,7 @@ class Critic:
     def update(self, units: list[Any], returns: list[torch.Tensor], old_values: list[torch.Tensor],
                agg: dict[str, Any], tok: dict[str, Any], world: int,
                add: Callable[[str, torch.Tensor], None]) -> float:
-        """``critic.ppo_epochs`` AdamW steps on the clipped value loss over the mini-batch
+        """``critic.ppo_epochs`` optimizer steps on the clipped value loss over the mini-batch
         (every rank its units, each normalised by the mini-batch's totals); the metrics go to
         ``add`` (summed over the ranks); returns the last gradient norm."""
         c, cfg = self.cfg.critic, self.cfg
@@ -95,12 +96,7 @@ class Critic:
                 add("critic/vf_loss", loss)
                 add("critic/vf_clipfrac", losses.aggregate(clipped, mb.mask, "token-mean", **tok))
                 add("critic/vpred_mean", losses.aggregate(vpreds.detach(), mb.mask, "token-mean", **tok))
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip if c.grad_clip > 0 else math.inf)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:
-                self.optimizer.zero_grad(set_to_none=True)
+            grad_norm = optim.clip_and_step(list(self.model.parameters()), self.optimizer, c.grad_clip)
         return grad_norm
 
     # -- checkpoint ---------------------------------------------------------------------------

@@ -192,10 +192,11 @@ def decoder_layers(model: Any) -> list[Any]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard(model: Any, cfg: "LearnerConfig", trainable: bool = True) -> Any:
+def shard(model: Any, cfg: "LearnerConfig", trainable: bool = True, offload: bool | None = None) -> Any:
     """FSDP2: ``fully_shard`` on each decoder layer, then on the root. Mixed precision from
     ``param_dtype``/``reduce_dtype`` (parameters are kept in ``dtype``: the fp32 master copy),
-    ``parallel.cpu_offload`` keeps the shards and optimizer states in host memory."""
+    ``parallel.cpu_offload`` (or ``offload``: the critic's own) keeps the shards and optimizer
+    states in host memory."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -204,7 +205,7 @@ def shard(model: Any, cfg: "LearnerConfig", trainable: bool = True) -> Any:
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=getattr(torch, cfg.param_dtype) if cfg.param_dtype else None,
             reduce_dtype=getattr(torch, cfg.reduce_dtype) if cfg.reduce_dtype else None)
-    if cfg.parallel.cpu_offload:
+    if cfg.parallel.cpu_offload if offload is None else offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     # a PEFT model (learner.lora): its decoder layers are the wrapped model's; each one's
     # adapters are sharded with it

@@ -145,6 +145,9 @@ class RolloutConfig:
     max_new_tokens: int = 256  # per assistant turn
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # nucleus sampling; 1: off
+    # Generation continues past the end-of-sequence token to max_new_tokens (verl's
+    # rollout.ignore_eos; vLLM's ignore_eos, sent to OpenAI-compatible servers as ignore_eos)
+    ignore_eos: bool = False
     # ReMax: one greedy response more per prompt, marked ``baseline`` (its reward is the group's
     # baseline, never trained on); the group's group_size counts it. On by itself where
     # learner.adv_estimator is remax (pipeline config)

@@ -81,7 +81,7 @@ class RolloutWorker:
             self.cfg = cfg
         self.backend = backend or make_backend(cfg)
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                     top_p=cfg.top_p)
+                                     top_p=cfg.top_p, ignore_eos=cfg.ignore_eos)
         self.renderer = ChatRenderer(self.backend.tokenizer)
         # interactions (per sample, by interaction_kwargs.name) and tools, loaded before the
         # first prompt: a bad config file or class fails at start, naming the field

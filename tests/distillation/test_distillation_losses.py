@@ -91,6 +91,11 @@ def test_the_config_refuses_what_verl_refuses():
         cfg.validate()
     cfg.distillation_loss.use_policy_gradient = True
     cfg.validate()
+    # verl refuses the literal k1 alone: its alias kl, backpropagated directly, it trains (the
+    # parity data holds verl's own loss and gradient for it)
+    cfg.distillation_loss.loss_mode, cfg.distillation_loss.use_policy_gradient = "kl", False
+    cfg.validate()
+    assert any(c["mode"] == "kl" and not c["use_policy_gradient"] for c in DATA["results"].values())
     cfg.distillation_loss.loss_mode = "nope"
     with pytest.raises(ConfigError, match="loss_mode"):
         cfg.validate()
@@ -99,7 +104,7 @@ def test_the_config_refuses_what_verl_refuses():
 # -- the learner's trainer: the loss in a real update, exact over micro-batches -------------------
 
 @pytest.mark.parametrize("mode, use_pg, task", [("forward_kl_topk", False, False), ("k3", False, True),
-                                                ("k1", True, True)])
+                                                ("k1", True, True), ("kl", False, True)])
 def test_the_trainer_distils_the_same_over_any_micro_batches(mode, use_pg, task):
     from streamrl.learner.config import LearnerConfig
     from streamrl.learner.trainer import Trainer

@@ -76,8 +76,8 @@ def compute() -> dict:
     n = 0
     for mode in MODES:
         for use_pg in (False, True):
-            if mode in ("k1", "kl") and not use_pg:
-                continue  # verl refuses it (the gradient would not depend on the teacher)
+            if mode == "k1" and not use_pg:
+                continue  # verl refuses it (the gradient would not depend on the teacher); "kl", its alias, it accepts
             for agg in AGG_MODES:
                 loss_max, lp_min = CLAMPS[n % len(CLAMPS)]
                 n += 1

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
-from streamrl.learner.config import LearnerConfig, ParallelConfig
+from streamrl.learner.config import KLControlConfig, LearnerConfig, ParallelConfig
 from streamrl.learner.ranks import follow
 from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
@@ -98,6 +98,45 @@ def test_two_fsdp_ranks_match_one_and_checkpoints_cross_rank_counts(tmp_path):
         torch.testing.assert_close(back.optimizer.state[p_back]["exp_avg"], one.optimizer.state[p_one]["exp_avg"],
                                    rtol=1e-4, atol=1e-7)
     assert memory_one > 0 and out["memory"] <= 0.55 * memory_one, (out["memory"], memory_one)
+
+
+#: KL in the reward (verl's algorithm.use_kl_in_reward), adaptive, with every path that talks
+#: between ranks (PARITY: decoupled proximal log-probs, the sharded reference, a chunked sequence)
+KL_IN_REWARD = dict(PARITY, kl_coef=0.0, use_kl_in_reward=True, kl_penalty="low_var_kl", adv_estimator="reinforce_plus_plus",
+                    kl_ctrl=KLControlConfig(type="adaptive", kl_coef=0.05, target_kl=0.001, horizon=16))
+
+
+def _kl_rank(rank: int, world: int, port: int, tmp: str) -> None:
+    """One of two ranks trains STEPS mini-batches with KL in the reward; rank 0 reports."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from streamrl.learner import distributed
+
+    c = cfg(Path(tmp), **KL_IN_REWARD)
+    if rank:
+        follow(c)
+        return
+    trainer = Trainer(c)
+    outs = [trainer.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
+    (Path(tmp) / "kl.json").write_text(json.dumps(outs))
+    distributed.finish()
+
+
+def test_kl_in_reward_on_two_ranks_matches_one(tmp_path):
+    """use_kl_in_reward on two FSDP2 ranks: each rank gathers the whole mini-batch's log-probs,
+    so the KL penalty, its adapted coefficient, the advantages and the losses are one process's."""
+    mp.spawn(_kl_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    two = json.loads((tmp_path / "kl.json").read_text())
+    one = Trainer(cfg(tmp_path, use_remove_padding=False, **KL_IN_REWARD))
+    expected = [one.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
+    assert expected[-1]["reward_kl_penalty"] > 0  # the policy moved off the reference: a KL to match
+    assert expected[-1]["reward_kl_penalty_coeff"] != 0.05  # ... and the adaptive coefficient moved
+    off = [(step, key, got[key], want[key]) for step, (got, want) in enumerate(zip(two, expected))
+           for key, floor in (("reward_kl_penalty", 1e-3), ("reward_kl_penalty_coeff", 1e-3), ("rewards_mean", 1e-3),
+                              ("advantages_max", 1e-3), ("advantages_mean", 0.1), ("loss", 1e-3), ("grad_norm", 1e-3))
+           if abs(got[key] - want[key]) > 1e-5 * max(abs(want[key]), floor)]  # (whitened: a mean of ~0)
+    assert not off, off
 
 
 def test_token_budget_never_exceeded_and_exact(tmp_path):

@@ -441,13 +441,12 @@ def test_verls_ppo_remax_rollout_correction_and_schedule_scripts_train_what_they
     issue 48, resolve to its parts: PPO's critic keys, ReMax's greedy baseline, the rollout
     correction example (bypass, REINFORCE, sequence weights batch-normalised), GSPO's warm-up."""
     from tests.helpers import resolved_script
-    from tests.verl.test_verl_schema import not_pending  # the critic's micro-batch key is i56b's, until merged
 
     def resolved(name: str):
         return resolved_script(name, tmp_path)
 
     ppo = resolved("ppo_deepseek7b")
-    assert not_pending(ppo.problems) == []
+    assert ppo.problems == []
     learner = ppo.cfg.learner
     assert learner.adv_estimator == "gae" and learner.critic.lr == 1e-5
     assert learner.critic.model == "deepseek-ai/deepseek-llm-7b-chat"

@@ -47,7 +47,7 @@ class CompletionsServer:
         if "REFUSE" in str(body["prompt"]):
             return web.json_response({"error": {"message": "prompt is too long"}}, status=400)
         params = SamplingParams(max_new_tokens=body.get("max_tokens", 16), temperature=body.get("temperature", 1.0),
-                                top_p=body.get("top_p", 1.0))
+                                top_p=body.get("top_p", 1.0), ignore_eos=body.get("ignore_eos", False))
         (samples,) = await self.engine.generate([body["prompt"]], body.get("n", 1), params)
         choices = []
         for i, s in enumerate(samples):
@@ -112,6 +112,46 @@ def test_completions_with_token_ids_logprobs_and_key(engine, monkeypatch, caplog
                                        atol=2e-4)
     assert len(again) == 1 and again[0].text is not None
     assert KEY not in caplog.text
+
+
+def test_ignore_eos_generates_past_the_end_of_sequence_in_process_and_on_a_server():
+    """verl's rollout.ignore_eos: with the end-of-sequence token made the likeliest (a bias on the
+    real model's logits), a response stops at it; with ignore_eos it runs to max_new_tokens, its
+    EOS tokens kept, in process (transformers) and through an OpenAI-compatible server (the
+    request's ignore_eos, which vLLM's server honours as the test server does)."""
+    torch.set_num_threads(1)
+    engine = TransformersBackend("tiny", seed=0)
+    eos = engine.tokenizer.eos_token_id
+    bias = torch.zeros(engine.model.config.vocab_size)
+    bias[eos] = 8.0
+    engine.model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
+
+    async def go(ignore_eos: bool):
+        server = CompletionsServer(engine)
+        runner, url = await start_server(server)
+        backend = OpenAIBackend(url, "tiny-policy", api_key_env="")
+        params = SamplingParams(max_new_tokens=10, temperature=1.0, ignore_eos=ignore_eos)
+        try:
+            local = await engine.generate(["hi", [10, 20]], 4, params)
+            remote = await backend.generate(["hi"], 4, params)
+            return server, [s for group in local + remote for s in group]
+        finally:
+            await backend.close()
+            await runner.cleanup()
+
+    _, stopped = asyncio.run(go(False))
+    assert all(s.finish_reason == "stop" and len(s.response_ids) < 10 and s.response_ids[-1] == eos for s in stopped)
+    server, full = asyncio.run(go(True))
+    assert server.requests[0]["ignore_eos"] is True
+    assert all(s.finish_reason == "length" and len(s.response_ids) == len(s.response_logprobs) == 10 for s in full)
+    assert sum(s.response_ids.count(eos) for s in full) > len(full)  # EOS sampled, and generation went on
+
+def test_the_worker_samples_with_rollout_ignore_eos(memory_bus):
+    """``rollout.ignore_eos`` reaches the sampling parameters of every generation of a worker."""
+    for value in (False, True):
+        cfg = RolloutConfig(backend="openai", ignore_eos=value,
+                            openai=OpenAIBackendConfig(base_url="http://127.0.0.1:9/v1", model="m", api_key_env=""))
+        assert RolloutWorker(memory_bus, cfg).params.ignore_eos is value
 
 
 def test_text_only_server_gives_text_only_samples(engine):

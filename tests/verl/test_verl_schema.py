@@ -31,19 +31,8 @@ from streamrl.verl.schema import ENGINES, MISSING, VERL_VERSION, schema_keys, ve
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: streamrl keys the table maps verl's keys to that branch i56b adds (issue 56's item 4, the learner's
-#: optimizer and schedule keys, the critic's own, rollout.ignore_eos). On a tree without them a key given
-#: is "not in" the config; with them (main after both branches) nothing is filtered.
-I56B_TARGETS = {f"{p}{k}" for p in ("learner.", "learner.critic.") for k in (
-    "optimizer", "optimizer_impl", "betas", "override_optimizer_config", "zero_indexed_step", "lr_decay_style",
-    "min_lr", "lr_warmup_init", "lr_decay_steps", "lr_wsd_decay_style", "lr_wsd_decay_steps")} | {
-    f"learner.critic.{k}" for k in ("lr_scheduler_type", "lr_warmup_steps", "lr_warmup_steps_ratio", "min_lr_ratio",
-                                    "num_cycles", "micro_batch_size", "max_tokens_per_micro_batch", "cpu_offload")} | {
-    "rollout.ignore_eos"}
-
-
 def _absent_targets() -> set[str]:
-    """The table's streamrl keys that this tree's config lacks (each must be one of i56b's)."""
+    """The table's streamrl keys that the config lacks (a row mapping to a key that does not exist)."""
     cfg = OmegaConf.structured(PipelineConfig)
     out = set()
     for to in {to for row in VERL_TABLE for to in row.to}:
@@ -58,16 +47,8 @@ def _absent_targets() -> set[str]:
     return out
 
 
-ABSENT = _absent_targets()
-
-
-def not_pending(problems: list[str]) -> list[str]:
-    """The problems, less a key set on one of i56b's streamrl keys that this tree lacks."""
-    return [p for p in problems if not any(f"(as {t})" in p for t in ABSENT)]
-
-
-def test_every_streamrl_key_of_the_table_exists_or_is_i56bs():
-    assert ABSENT <= I56B_TARGETS, sorted(ABSENT - I56B_TARGETS)
+def test_every_streamrl_key_of_the_table_exists():
+    assert _absent_targets() == set()
 
 
 def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
@@ -113,7 +94,7 @@ def test_the_recorded_schema_is_the_installed_verls():
 #: what each engine's defaults still meet on a tree with i56b's keys: a cosine schedule (VeOmni's default
 #: lr_scheduler_type) over a run whose length is the data's needs learner.versions; verl counts it from the
 #: data loader's length, which the learner does not know at start (issue 56's note)
-ENGINE_GAPS = {"veomni": ["config field 'learner.versions': lr_scheduler_type cosine"]}
+ENGINE_GAPS = {"veomni": ["streamrl run: config field 'learner.versions': learner.lr_scheduler_type cosine"]}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -124,10 +105,10 @@ def test_verls_defaults_start_on_every_engine(engine, tmp_path):
     assert len(args) > 840 and f"model_engine={engine}" in args
     code, out, err = dry_run(args, tmp_path)
     lines = err.strip().splitlines()
-    problems = not_pending([line.strip() for line in (lines[1:] if len(lines) > 1 else lines)])
+    problems = [line.strip() for line in (lines[1:] if len(lines) > 1 else lines)]
     gaps = ENGINE_GAPS.get(engine, [])
     assert len(problems) == len(gaps) and all(p.startswith(g) for p, g in zip(problems, gaps)), err
-    if not gaps and not ABSENT:
+    if not gaps:
         assert code == 0 and err == ""
     report = [line for line in out.splitlines() if line.startswith("#   ")]
     assert len(report) == len(args)  # one line per key given, as typed
@@ -250,16 +231,12 @@ def test_a_changed_value_reaches_its_streamrl_key(key, tmp_path):
         r = resolve_config(None, [*context, f"{key}={format_value(value)}"])
     finally:
         os.chdir(here)
-    assert not [p for p in not_pending(r.problems) if key in p and "refused" in p], r.problems
-    if r.cfg is None:
-        assert not_pending(r.problems) != r.problems or ABSENT, r.problems
-        return
+    assert not [p for p in r.problems if key in p and "refused" in p], r.problems
+    assert r.cfg is not None, r.problems
     resolved = OmegaConf.structured(r.cfg)
     for target, want in changed.items():
         if target.split(".")[0] in ("reward_model", "custom_reward_function"):
             continue  # folded into reward.scorers at resolve time (tests/verl/test_verl_keys.py)
-        if target in ABSENT or any(target.startswith(t + ".") for t in ABSENT):
-            continue
         got = OmegaConf.select(resolved, target)
         if isinstance(want, bool) and isinstance(got, str):  # learner.use_remove_padding: auto, true, false
             got = {"true": True, "false": False}.get(got.lower(), got)
@@ -309,7 +286,7 @@ def test_null_is_accepted_wherever_verls_default_is_null():
     outcomes = read_verl_keys(nulls)
     assert [o.typed for o in outcomes if o.kind not in (MAPPED, IGNORED)] == []
     r = resolve_config(None, [f"{k}=null" for k, _ in nulls])
-    assert not_pending(r.problems) == [], r.problems
+    assert r.problems == [], r.problems
 
 
 # -- the issue's cases -----------------------------------------------------------------------------

@@ -23,6 +23,9 @@ class SamplingParams:
     max_new_tokens: int = 256
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
+    # verl's rollout.ignore_eos: generation goes on past an end-of-sequence token to
+    # max_new_tokens (the EOS tokens stay in the response, as vLLM's ignore_eos)
+    ignore_eos: bool = False
 
 
 @dataclass

@@ -231,6 +231,8 @@ class OpenAIBackend(Backend):
         body: dict[str, Any] = {"model": self.model, "prompt": prompt, "n": n,
                                 "max_tokens": params.max_new_tokens, "temperature": params.temperature,
                                 "top_p": params.top_p, "logprobs": 0}
+        if params.ignore_eos:
+            body["ignore_eos"] = True  # vLLM's and SGLang's sampling extension
         if self.token_ids:
             body["return_token_ids"] = True  # vLLM: choices[].token_ids / prompt_token_ids
             body["return_tokens_as_token_ids"] = True  # vLLM: logprobs tokens as "token_id:N"
@@ -257,6 +259,8 @@ class OpenAIBackend(Backend):
         async def one(part: _Partial) -> Completion:
             base = {"prompt": prompt, "n": 1, "temperature": params.temperature, "top_p": params.top_p,
                     "logprobs": 0, "stream": True}
+            if params.ignore_eos:
+                base["ignore_eos"] = True
             if self.token_ids:
                 base.update(return_token_ids=True, return_tokens_as_token_ids=True)
             while not part.finished:

@@ -44,6 +44,8 @@ class TransformersBackend(_LocalEngine):
         attention = batch["attention_mask"].repeat_interleave(n, 0).to(self.device)
         greedy = params.temperature <= 0
         sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p}
+        if params.ignore_eos:  # no stop token: every sequence runs to max_new_tokens
+            sampling["eos_token_id"] = None
         recorder = _logprob_recorder(1.0 if greedy else params.temperature)
         with torch.inference_mode():
             out = self.model.generate(
@@ -53,7 +55,7 @@ class TransformersBackend(_LocalEngine):
             new = out.sequences[:, input_ids.shape[1]:]
             logprobs = recorder.finish(new)
         new, logprobs = new.cpu().tolist(), logprobs.cpu().numpy().astype(np.float32)
-        eos = tok.eos_token_id
+        eos = None if params.ignore_eos else tok.eos_token_id
         results: list[list[Completion]] = []
         for i, ids in enumerate(prompt_ids):
             samples = []

@@ -40,7 +40,7 @@ class VLLMBackend(_LocalEngine):
         from vllm.inputs import TokensPrompt
 
         sp = VLLMSamplingParams(n=n, temperature=max(params.temperature, 0.0), top_p=params.top_p,
-                                max_tokens=params.max_new_tokens, logprobs=0)
+                                max_tokens=params.max_new_tokens, logprobs=0, ignore_eos=params.ignore_eos)
         inputs = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in prompts]
         results = []
         for request in self.llm.generate(inputs, sp, use_tqdm=False, lora_request=self._lora):
