@@ -397,7 +397,7 @@ async def stop_in_order(launcher: Launcher, observer: Observer, cfg, ended: str)
         deadline = time.monotonic() + cfg.eval.end_timeout_s
         while time.monotonic() < deadline and launcher.returncode("eval") is None:
             await asyncio.sleep(0.5)
-            await asyncio.to_thread(launcher.supervise)  # an eval stage that crashes now is restarted
+            await supervise_once(launcher)  # an eval stage that crashes now is restarted
         await bounded(observer.poll(), 5)
     await asyncio.to_thread(launcher.stop_all)
 
@@ -412,4 +412,10 @@ async def drain(observer: Observer, launcher: Launcher, lag: Callable[[], Any], 
         left = await bounded(lag(), 5)
         if left is None or left <= 0:
             break
-        await asyncio.to_thread(launcher.supervise)
+        await supervise_once(launcher)
+
+
+async def supervise_once(launcher: Launcher) -> None:
+    """One supervision while the run stops (no status line then): its events on stderr."""
+    for event in await asyncio.to_thread(launcher.supervise):
+        print(event, file=sys.stderr, flush=True)

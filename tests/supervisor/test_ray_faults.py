@@ -28,7 +28,7 @@ from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
 from tests.helpers import (ROOT, descendants, gsm8k_path, last_json_line, read_topic_sync, status_gaps,
-                           wait_for_version)
+                           wait_for_sync, wait_for_version)
 
 pytestmark = pytest.mark.e2e
 
@@ -105,6 +105,12 @@ def test_a_frozen_node_is_left_behind_and_the_run_ends_done(cluster, bootstrap, 
         spare = cluster.add_node(num_cpus=2, resources={"gen": 1, "rw": 1})
         after = wait_for_version(tmp_path / "runs", at + 1, proc, timeout_s=300)
         next_version_s = time.monotonic() - frozen_at
+        log = next((tmp_path / "runs").glob("*/logs/rollout-0.log"))
+        wait_for_sync(lambda: log.read_text().count("[ray] node ") == 2, 300, "rollout-0 on another node", interval=0.2)
+        moved_s = time.monotonic() - frozen_at
+        # two versions past the freeze's: the staleness bound (1) needs the moved worker's records
+        fresh = wait_for_version(tmp_path / "runs", at + 3, proc, timeout_s=300)
+        fresh_s = time.monotonic() - frozen_at
         out, err = proc.communicate(timeout=500)
     finally:
         if proc.poll() is None:
@@ -115,6 +121,7 @@ def test_a_frozen_node_is_left_behind_and_the_run_ends_done(cluster, bootstrap, 
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        cluster.remove_node(node, allow_graceful=False)  # gone for good: the next test's cluster lacks it
     assert proc.returncode == 0, err[-4000:]
     summary = last_json_line(out)
     assert out.strip().splitlines() == [json.dumps(summary)], out[-2000:]  # stdout: the summary alone
@@ -139,7 +146,8 @@ def test_a_frozen_node_is_left_behind_and_the_run_ends_done(cluster, bootstrap, 
     policy = [PolicyVersion.decode(m.value).version
               for m in read_topic_sync(Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)), "policy")]
     assert policy == sorted(policy) and policy[-1] == 8, policy
-    print(f"frozen node: version {after} {next_version_s:.1f} s after the freeze (at version {at}); "
+    print(f"frozen node (at version {at}): version {after} {next_version_s:.1f} s after the freeze, rollout-0 "
+          f"started on another node at {moved_s:.1f} s, version {fresh} at {fresh_s:.1f} s; "
           f"{len(rollouts - set(rewarded) - dead)} rollouts lost; status gaps at most {max(gaps)} s")
     if spare is not None:
         cluster.remove_node(spare)
