@@ -99,6 +99,10 @@ class Launcher:
     def _refresh(self, name: str) -> None:
         """Ask the running stage how it is, without waiting for the answer (``_poll`` reads it)."""
 
+    def _placing(self, name: str) -> bool:
+        """Whether the stage waits for a place to run (it cannot answer yet)."""
+        return False
+
     def _alive(self, name: str) -> bool | None:
         """Whether the running stage answers now (bounded: about a second at most): True, False,
         or None when no answer is due yet (a probe in flight). Says True by default."""
@@ -172,6 +176,9 @@ class Launcher:
         self._refresh(name)
         code = self._poll(name)
         why = f"exited with {code}"
+        if code is None and self._placing(name):  # not running yet: the placement has its own timeout
+            st.answered_at = time.monotonic()
+            return []
         if code is None:
             if st.url is None:
                 st.url = self._find_url(name)
@@ -227,8 +234,10 @@ class Launcher:
         """A deliberate stop (scale-down): SIGTERM, wait for the drain, never a crash."""
         with self._lock:
             st = self.stages[name]
+            never = st.restart_at == 0.0  # added, not started yet: nothing to stop
             st.stopping, st.restart_at = True, None
-            self._stop(name, self.stop_timeout_s if timeout_s is None else timeout_s)
+            if not never:
+                self._stop(name, self.stop_timeout_s if timeout_s is None else timeout_s)
 
     def stop_all(self, timeout_s: float | None = None, names: list[str] | None = None) -> None:
         """Stop every stage (or the ``names`` given) at once: SIGTERM, wait for their drains."""

@@ -383,6 +383,9 @@ class RayLauncher(Launcher):
     def _alive(self, name: str) -> bool | None:
         return None  # ``_refresh`` notes each answer as it comes
 
+    def _placing(self, name: str) -> bool:
+        return name in self._pending  # ``placement_timeout_s`` bounds that wait
+
     def _kill(self, name: str) -> None:
         self._exited[name] = -9
         self._probes.pop(name, None)
