@@ -276,8 +276,10 @@ class LocalLauncher(Launcher):
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
         self._log_from: dict[str, int] = {}  # where the current process's output begins in its log
+        self._cpu: dict[str, int] = {}  # CPU ticks of a stage whose metrics did not answer, at that look
 
     def _spawn(self, name: str, argv: list[str], kind: str) -> None:
+        self._cpu.pop(name, None)
         with open(self.log_dir / f"{name}.log", "ab") as out:
             self._log_from[name] = out.tell()
             self.procs[name] = subprocess.Popen(
@@ -305,15 +307,23 @@ class LocalLauncher(Launcher):
         proc.wait()
 
     def _alive(self, name: str) -> bool | None:
-        url = self.stages[name].url
-        if url is None:  # not serving yet: alive unless stopped (SIGSTOP, a debugger)
-            return _state(self.procs[name].pid) not in ("T", "t")
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as reply:
-                reply.read()
-            return True
-        except OSError:
+        """Stopped (SIGSTOP, a debugger): no. Its metrics answer: yes. They do not (not served
+        yet, or slow on a loaded machine): yes while it or a process under it uses CPU (a hung
+        or frozen process uses none), unknown at the first such look."""
+        pid = self.procs[name].pid
+        if _state(pid) in ("T", "t"):
             return False
+        url = self.stages[name].url
+        if url is not None:
+            try:
+                with urllib.request.urlopen(url, timeout=2.0) as reply:
+                    reply.read()
+                self._cpu.pop(name, None)
+                return True
+            except OSError:
+                pass
+        before, self._cpu[name] = self._cpu.get(name), _cpu_ticks([pid, *_descendants(pid)])
+        return None if before is None else self._cpu[name] > before
 
     def _find_url(self, name: str) -> str | None:
         try:
@@ -349,6 +359,18 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    """CPU time (user and system, in clock ticks) the processes have used, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def _descendants(pid: int) -> list[int]:

@@ -124,9 +124,6 @@ class RayLauncher(Launcher):
     (off this thread) and the stage restarted where Ray finds room; its consumer group's
     members take its partitions meanwhile (the broker drops it at its session timeout)."""
 
-    #: how long a status call on a placed actor may take before the run fails, naming it
-    answer_timeout_s = 30.0
-
     def __init__(self, log_dir: Path, address: str = "", num_cpus: int = 0,
                  resources: dict[str, dict[str, float]] | None = None,
                  restart: RestartConfig | None = None, stop_timeout_s: float = 90.0,
@@ -332,10 +329,8 @@ class RayLauncher(Launcher):
             return False
         del self._pending[name]
         try:
-            self._where[name] = self._ray.get(ref, timeout=self.answer_timeout_s)  # done: at once
-        except self._ray.exceptions.RayActorError:  # it died starting: the status call says so
-            self._where[name] = {}
-        except self._ray.exceptions.GetTimeoutError:
+            self._where[name] = self._ray.get(ref, timeout=0)  # done: at once
+        except self._ray.exceptions.RayError:  # it died starting: the status call says so
             self._where[name] = {}
         self.stages[name].answered_at = time.monotonic()
         return True

@@ -92,6 +92,7 @@ def test_chaos_stages_killed_in_turn_are_restarted_and_nothing_is_lost(tmp_path,
     assert rollouts and not rollouts - rewarded - dead
 
 
+@pytest.mark.timeout(600)  # a run of 10 versions with a restart, beside the suite's others on 2 cores
 def test_a_stage_sigstopped_past_the_timeout_is_killed_and_restarted_and_nothing_is_lost(tmp_path, bootstrap):
     prefix = f"frozen{uuid.uuid4().hex[:6]}"
     cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)

@@ -89,6 +89,7 @@ def accounted(bootstrap: str, prefix: str) -> tuple[set[str], list[str], set[str
     return rollouts, rewarded, dead
 
 
+@pytest.mark.timeout(900)  # a run across three raylets on 2 cores
 def test_a_frozen_node_is_left_behind_and_the_run_ends_done(cluster, bootstrap, tmp_path):
     node = cluster.add_node(num_cpus=2, resources={"gen": 1, "rw": 1})
     cluster.wait_for_nodes()
@@ -154,6 +155,7 @@ def test_a_frozen_node_is_left_behind_and_the_run_ends_done(cluster, bootstrap, 
         cluster.remove_node(spare)
 
 
+@pytest.mark.timeout(1200)  # two runs across raylets on 2 cores
 def test_a_run_no_node_can_hold_keeps_its_directory_and_resumes_once_one_can(cluster, bootstrap, tmp_path):
     node = cluster.add_node(num_cpus=2, resources={"gen": 1})
     cluster.wait_for_nodes()
