@@ -267,8 +267,8 @@ class StageLost(StreamrlError):
 class LocalLauncher(Launcher):
     """Child processes, output appended to ``<log_dir>/<name>.log`` (a restart's output follows
     its predecessor's). Children get SIGTERM if this process dies (``PR_SET_PDEATHSIG``), so no
-    stage outlives the run. A stage is alive while its metrics answer (before it serves them:
-    while its process is not stopped)."""
+    stage outlives the run. A stage is alive while its metrics answer, or while it uses CPU when
+    they do not; silent while its process is stopped (``_alive``)."""
 
     def __init__(self, log_dir: Path, restart: RestartConfig | None = None, stop_timeout_s: float = 90.0,
                  stage_timeout_s: float = 30.0):
