@@ -474,12 +474,12 @@ def freeze_stage(proc: subprocess.Popen, verb: str, timeout_s: float = 60) -> in
 def wait_for_version(runs: Path, at_least: int, proc: subprocess.Popen | None = None, timeout_s: float = 240) -> int:
     """Until a run under ``runs`` (its ``run.out_dir``) has checkpointed version ``at_least``;
     returns the version."""
-    from streamrl.learner import checkpoint
+    from streamrl.resume import latest_good
 
     def reached() -> int:
         assert proc is None or proc.poll() is None, "the run ended before the version"
         versions = [good[1].version for ckpts in runs.glob("*/checkpoints")
-                    if (good := checkpoint.latest_good(ckpts)) is not None]
+                    if (good := latest_good(ckpts)) is not None]
         return max(versions, default=-1) >= at_least and max(versions)
 
     return wait_for_sync(reached, timeout_s, f"version {at_least}", interval=0.2)

@@ -91,7 +91,7 @@ def kept(cfg, out: Path, state, exc: BaseException) -> dict | None:
     kept with what it had, ``summary.json`` written (``ended: failed`` and why), how to
     continue it printed. None (and the directory gone) only for a new run that wrote nothing
     (a start refused before anything ran)."""
-    from streamrl.learner import checkpoint
+    from streamrl.resume import latest_good
 
     if state is None and not any(p.is_file() for p in out.rglob("*")):
         shutil.rmtree(out, ignore_errors=True)
@@ -101,7 +101,7 @@ def kept(cfg, out: Path, state, exc: BaseException) -> dict | None:
         why = "interrupted"
     elif not isinstance(exc, StreamrlError):
         why = f"{type(exc).__name__}: {why}"
-    good = checkpoint.latest_good(out / "checkpoints")
+    good = latest_good(out / "checkpoints")
     summary: dict[str, Any] = {"ended": "failed", "failure": {"stage": "run", "error": why}, "out": str(out),
                                "launcher": cfg.run.launcher, "versions": good[1].version if good else 0}
     with contextlib.suppress(OSError, ValueError):  # what the watch saw before, if it saved it
