@@ -212,6 +212,15 @@ class RunConfig:
     # At the end of a run, after the rollout workers stop, the reward group scores what is left
     # in rollouts for up to this long before it is stopped (then the learner)
     drain_timeout_s: float = 60.0
+    # A stage that does not answer for this long (its metrics, or its Ray actor, silent: a
+    # SIGSTOPped process, a frozen node) is killed and restarted like one that crashed; its
+    # consumer group's other members take its partitions meanwhile. Well above a stage's
+    # longest pause (a checkpoint, a model load), below Ray's own verdict on a node (~60 s).
+    stage_timeout_s: float = 30.0
+
+    def validate(self) -> None:
+        if not self.stage_timeout_s > 0:
+            raise ConfigError(f"config field 'run.stage_timeout_s': must be > 0 (got {self.stage_timeout_s})")
 
 
 def apply_override(merged: DictConfig, override: str) -> DictConfig:

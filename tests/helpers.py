@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -458,6 +459,37 @@ def kill_stage(proc: subprocess.Popen, verb: str, timeout_s: float = 60) -> None
     pid = wait_for_sync(lambda: proc.poll() is None and stage_pid(proc.pid, verb), timeout_s,
                         f"a {verb} process to kill", interval=0.2)
     os.kill(pid, signal.SIGKILL)
+
+
+def freeze_stage(proc: subprocess.Popen, verb: str, timeout_s: float = 60) -> int:
+    """SIGSTOP the run's ``verb`` stage process and every process under it (a hung process: it
+    neither exits nor answers); returns its pid."""
+    pid = wait_for_sync(lambda: proc.poll() is None and stage_pid(proc.pid, verb), timeout_s,
+                        f"a {verb} process to freeze", interval=0.2)
+    for each in [pid, *descendants(pid)]:
+        os.kill(each, signal.SIGSTOP)
+    return pid
+
+
+def wait_for_version(runs: Path, at_least: int, proc: subprocess.Popen | None = None, timeout_s: float = 240) -> int:
+    """Until a run under ``runs`` (its ``run.out_dir``) has checkpointed version ``at_least``;
+    returns the version."""
+    from streamrl.resume import latest_good
+
+    def reached() -> int:
+        assert proc is None or proc.poll() is None, "the run ended before the version"
+        versions = [good[1].version for ckpts in runs.glob("*/checkpoints")
+                    if (good := latest_good(ckpts)) is not None]
+        return max(versions, default=-1) >= at_least and max(versions)
+
+    return wait_for_sync(reached, timeout_s, f"version {at_least}", interval=0.2)
+
+
+def status_gaps(err: str) -> list[float]:
+    """The seconds between consecutive status lines of a run (their ``| <elapsed>s`` field)."""
+    times = [int(m.group(1)) for line in err.splitlines() if line.startswith("version ")
+             for m in [re.search(r"\| (\d+)s(?: \||$)", line)] if m]
+    return [b - a for a, b in zip(times, times[1:])]
 
 
 def run_summary(proc: subprocess.Popen, timeout_s: float, during: Callable[[], Any] | None = None

@@ -6,12 +6,13 @@ arguments and calls ``run.run``.
   (``--dry-run``), the run directory (new, or the run to resume), the topics, the warm start;
 - ``run``: the run's steps, one function each: open the run, start the stages, watch them,
   stop them in pipeline order, report a failed stage, summarise;
-- ``watch``: the main loop (``observe_until``): poll, supervise, autoscale, show, until the run
-  ends; what each stage waits on when nothing moves (``diagnose``);
+- ``watch``: the main loop (``observe_until``): poll, supervise (in a thread: the loop never
+  waits on a stage or on Ray), autoscale, show, until the run ends; what each stage waits on when nothing moves (``diagnose``);
 - ``observer``: what the topics say about the run (``Observer``, ``Observation``), and the
   records each group member committed (``MemberRecords``);
 - ``display``: the status line, the summary, its plot and its last line;
-- ``launcher``: ``Launcher`` (start, supervise, restart, stop named stages) and
+- ``launcher``: ``Launcher`` (start, supervise, restart, stop named stages; end one silent for
+  ``run.stage_timeout_s``) and
   ``LocalLauncher`` (child processes); ``ray_launcher``: ``RayLauncher`` (stages as Ray
   actors); ``placement``: where Ray may put them, worked out without Ray;
 - ``autoscale``: the reward group sized by its consumer lag.

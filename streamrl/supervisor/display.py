@@ -125,7 +125,8 @@ def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
     f = summary.get("failure") or {}
     if ended.startswith("failed:") or ended == "stalled":
         who = f.get("stage", ended.split(":", 1)[-1])
-        what = f"stage {who} exited with {f['returncode']}" if "returncode" in f else who
+        what = (f"stage {who} {f['why']}" if f.get("why") else
+                f"stage {who} exited with {f['returncode']}" if "returncode" in f else who)
         head = (f"run {'stalled' if ended == 'stalled' else 'failed'}: {what}"
                 + (f" ({f['error']})" if f.get("error") else ""))
     elif ended == "timeout":
@@ -139,12 +140,17 @@ def summary_line(summary: dict, timeout_s: float = 0.0) -> str:
     sources = "; ".join(f"{ds}: " + ", ".join(f"{k} {v}" for k, v in stats.items() if k != "records")
                         for ds, stats in (summary.get("by_data_source") or {}).items())
     r = summary["records"]
-    if "undistilled" in r:  # distillation without task rewards: the teacher, not a reward group, takes rollouts
+    if "undistilled" in r and "unscored" not in r:  # distillation without task rewards: the teacher takes rollouts
         accounted = (f"{r['rollouts']} rollouts = {r['distilled']} distilled + {r['dead_at_teacher']} dead-lettered + "
                      f"{r['undistilled']} undistilled, {r['trained']} trained")
     else:
         accounted = (f"{r['rollouts']} rollouts = {r['rewarded']} rewarded + {r['dead_at_reward']} dead-lettered + "
                      f"{r['unscored']} unscored" if "unscored" in r else f"{r['rewarded']} rewarded")
+        if "undistilled" in r:  # a teacher on rewarded
+            accounted += (f", {r['rewarded']} rewarded = {r['distilled']} distilled + {r['dead_at_teacher']} "
+                          f"dead-lettered + {r['undistilled']} undistilled")
+    if r.get("dead_at_rollout"):
+        accounted += f", {r['dead_at_rollout']} dead-lettered by the rollout workers (rollout.max_span)"
     validation = "; ".join(f"{name} {curve[max(curve, key=int)]} at v{max(curve, key=int)}"
                            for name, curve in (summary.get("validation_by_version") or {}).items() if curve)
     return (f"{head}: {summary['versions']} versions, {reward}"

@@ -78,8 +78,13 @@ class Observation:
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     seen_ids: set[str] = field(default_factory=set)
     # dead-lettered trajectories, counted once by id, by the topic they were read from:
-    # ``rollouts`` (the reward stage could not score them), ``rewarded`` (the learner dropped them)
+    # ``rollouts`` (the reward stage could not score them), ``rewarded`` or ``distilled`` (the
+    # learner dropped them); the rollout workers' and the teacher's are counted apart
+    # (``rollout_dead``, ``teacher_dead``): each dead letter where it happened
     dead_ids: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # trajectories a rollout worker dead-lettered ``stale`` (tokens spanning more than
+    # rollout.max_span versions): they never reached ``rollouts``
+    rollout_dead: set[str] = field(default_factory=set)
     # a run resumed on new topics (the embedded broker): the records of its earlier sessions, and
     # what its learner had trained when this session began (``trained`` is all-time)
     earlier: list[dict[str, int]] = field(default_factory=list)
@@ -131,31 +136,39 @@ class Observation:
         return max(0, taken - self.distilled - len(self.teacher_dead))
 
     @property
+    def dead_at_learner(self) -> int:
+        """Records the learner dropped, from its input (``rewarded``, or ``distilled`` with a teacher)."""
+        return self.dead(REWARDED.name) + self.dead(DISTILLED.name)
+
+    @property
     def untrained(self) -> int:
-        """Rewarded records neither trained nor dropped by the learner (0 after the data ended)."""
-        return max(0, self.rewarded - (self.trained - self.trained_base) - self.dead(REWARDED.name))
+        """Records of the learner's input (rewarded, or distilled with a teacher) neither trained
+        nor dropped by it (0 after the data ended)."""
+        fed = self.distilled if self.teacher_input else self.rewarded
+        return max(0, fed - (self.trained - self.trained_base) - self.dead_at_learner)
 
     def records(self) -> dict[str, int]:
-        """This session's records, every one accounted for: rollouts = rewarded + dead_at_reward
-        + unscored, and rewarded = trained + dead_at_learner + untrained. Without task rewards
-        (no reward group: the teacher reads ``rollouts``) rollouts = distilled + dead_at_teacher
-        + undistilled, and distilled = trained + dead_at_learner + untrained."""
+        """This session's records, every one accounted for where it went: rollouts = rewarded +
+        dead_at_reward + unscored, and rewarded = trained + dead_at_learner + untrained. With a
+        teacher on ``rewarded``: rewarded = distilled + dead_at_teacher + undistilled, and
+        distilled = trained + dead_at_learner + untrained. Without task rewards (no reward
+        group: the teacher reads ``rollouts``) rollouts = distilled + dead_at_teacher +
+        undistilled, and distilled = trained + dead_at_learner + untrained. ``dead_at_rollout``:
+        trajectories a rollout worker dead-lettered (``rollout.max_span``), never on rollouts."""
         rollouts = len(self.rollout_ids) if self.rollout_ids is not None else self.rollouts
-        if self.teacher_input == ROLLOUTS.name:
-            trained = self.trained - self.trained_base
-            dead_at_learner = self.dead(DISTILLED.name)
-            undistilled = (len(self.rollout_ids - self.distilled_ids - self.teacher_dead)
-                           if self.rollout_ids is not None else self.teacher_backlog)
-            return {"prompts": self.prompts, "rollouts": rollouts, "distilled": self.distilled,
-                    **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
-                    "trained": trained, "dead_at_teacher": len(self.teacher_dead),
-                    "dead_at_learner": dead_at_learner, "undistilled": undistilled,
-                    "untrained": max(0, self.distilled - trained - dead_at_learner)}
-        return {"prompts": self.prompts, "rollouts": rollouts, "rewarded": self.rewarded,
-                **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
-                "trained": self.trained - self.trained_base, "dead_at_reward": self.dead(ROLLOUTS.name),
-                "dead_at_learner": self.dead(REWARDED.name), "unscored": self.unscored,
-                "untrained": self.untrained}
+        out = {"prompts": self.prompts, "rollouts": rollouts,
+               **({"rollout_messages": self.rollouts} if rollouts != self.rollouts else {}),
+               "dead_at_rollout": len(self.rollout_dead)}
+        if self.teacher_input != ROLLOUTS.name:
+            out.update(rewarded=self.rewarded, dead_at_reward=self.dead(ROLLOUTS.name), unscored=self.unscored)
+        if self.teacher_input:
+            taken = (self.rollout_ids if self.teacher_input == ROLLOUTS.name else self.seen_ids)
+            undistilled = (len(taken - self.distilled_ids - self.teacher_dead)
+                           if taken is not None else self.teacher_backlog)
+            out.update(distilled=self.distilled, dead_at_teacher=len(self.teacher_dead), undistilled=undistilled)
+        out.update(trained=self.trained - self.trained_base, dead_at_learner=self.dead_at_learner,
+                   untrained=self.untrained)
+        return out
 
     def to_state(self) -> dict[str, Any]:
         """What a resumed run on new topics (the embedded broker) carries over, so its summary
@@ -248,11 +261,13 @@ class Observer:
                 elif topic == DEADLETTER.name:
                     letter = DEADLETTER.decode(msg.value, self.bus.largest_record)
                     obs.deadletters[letter.reason] += 1
-                    if letter.stage == "teacher":
-                        obs.teacher_dead.add(letter.record_id or f"{letter.source_partition}:{letter.source_offset}")
-                    if letter.source_topic:
-                        source = self.bus.config.short_topic(letter.source_topic)
-                        obs.dead_ids[source].add(letter.record_id or f"{letter.source_partition}:{letter.source_offset}")
+                    key = letter.record_id or f"{letter.source_partition}:{letter.source_offset}"
+                    if letter.stage == "rollout":  # stale (max_span): it never reached rollouts
+                        obs.rollout_dead.add(key)
+                    elif letter.stage == "teacher":  # from its input (rewarded or rollouts): its own count
+                        obs.teacher_dead.add(key)
+                    elif letter.source_topic:
+                        obs.dead_ids[self.bus.config.short_topic(letter.source_topic)].add(key)
                 elif topic == EVAL.name:
                     result = EVAL.decode(msg.value)
                     name = f"val-core/{result.data_source}/{result.core}/mean@{result.n}"
@@ -353,16 +368,14 @@ class MemberRecords:
         if not force and now - self._scraped_at < self.EVERY_S:
             return
         self._scraped_at = now
-        for name in launcher.names():
-            url = launcher.returncode(name) is None and launcher.metrics_url(name)
-            if not url:
-                continue
-            try:
-                value = await asyncio.to_thread(_committed_records, url)
-            except Exception:  # starting, restarting, or busy: next time
-                continue
-            if value is None:
-                continue  # no group member (the feed)
+        urls = {name: url for name in launcher.names()
+                if launcher.returncode(name) is None and (url := launcher.metrics_url(name))}
+        # all at once: a stage that does not answer costs its one-second timeout once, not once each
+        values = await asyncio.gather(*(asyncio.to_thread(_committed_records, url) for url in urls.values()),
+                                      return_exceptions=True)
+        for (name, url), value in zip(urls.items(), values):
+            if value is None or isinstance(value, BaseException):
+                continue  # no group member (the feed); or starting, restarting, busy: next time
             last_url, last = self._seen.get(name, (url, 0.0))
             if last_url != url:
                 self._before[name] = self._before.get(name, 0.0) + last

@@ -139,7 +139,7 @@ def resolve(args: argparse.Namespace, resume: str | None):
             cfg.run.autoscale.min_members, cfg.run.autoscale.max_members = int(low), int(high)
             cfg.run.reward_members = min(max(cfg.run.reward_members, int(low)), int(high))
     for check in (cfg.feed.validate, cfg.rollout.validate, cfg.learner.validate, lambda: validate_reward(cfg),
-                  cfg.teacher.validate):
+                  cfg.teacher.validate, cfg.run.validate):
         resolution.check(check)
     return resolution
 

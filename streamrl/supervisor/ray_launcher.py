@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from streamrl.broker import die_with_parent as _die_with_parent
 from streamrl.broker import stop_process
 from streamrl.config import RestartConfig
 from streamrl.errors import ConfigError, StreamrlError
-from streamrl.supervisor.launcher import Launcher, stage_command
+from streamrl.supervisor.launcher import Launcher, StageLost, _metrics_url, stage_command
 from streamrl.supervisor.placement import (DEFAULT_RESOURCES, EPS, STAGES, actor_options, check_placement, demand_of,
                                      describe, stage_counts, stage_env, stage_resources)
 
@@ -63,6 +64,7 @@ class _StageProcess:
         argv = _localise(argv, files or {}, Path(log_path).parent)
         run_in = cwd if cwd and os.path.isdir(cwd) else os.getcwd()
         with open(log_path, "ab") as out:
+            self.log_from = out.tell()  # this process's output begins here (a restart appends)
             out.write(f"[ray] node {self.node_id} ({self.node_ip}), in {run_in}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(stage_command(argv), stdout=out, stderr=subprocess.STDOUT,
@@ -74,6 +76,15 @@ class _StageProcess:
 
     def returncode(self) -> int | None:
         return self.proc.poll()
+
+    def metrics_url(self) -> str | None:
+        """The ``metrics: URL`` line this actor's process printed, if it has."""
+        try:
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(self.log_from)
+                return _metrics_url(log_file.read().decode(errors="replace"))
+        except OSError:
+            return None
 
     def stop(self, timeout_s: float) -> tuple[int | None, str]:
         stop_process(self.proc, timeout_s)
@@ -104,20 +115,24 @@ def _localise(argv: list[str], files: dict[str, str], into: Path) -> list[str]:
 class RayLauncher(Launcher):
     """Stages as Ray actors. The supervision is ``Launcher``'s (a crashed stage process is started
     again in a new actor); an actor lost with its node is restarted by Ray itself
-    (``max_restarts``, not for the feed), which re-runs the stage. Every wait on Ray is bounded
-    and names the stage it was for."""
+    (``max_restarts``, not for the feed), which re-runs the stage.
 
-    #: how long a started actor may answer a status call before the run fails, naming it
-    answer_timeout_s = 30.0
+    Nothing here waits on Ray: each supervision sends every running actor a status call and
+    collects the answers that came (``ray.wait`` with no timeout), so a frozen node (its actors
+    answer nothing, and Ray marks it dead only a minute later) or a slow control plane holds no
+    one. An actor silent for ``run.stage_timeout_s`` is its stage gone: the actor is ended
+    (off this thread) and the stage restarted where Ray finds room; its consumer group's
+    members take its partitions meanwhile (the broker drops it at its session timeout)."""
 
     def __init__(self, log_dir: Path, address: str = "", num_cpus: int = 0,
                  resources: dict[str, dict[str, float]] | None = None,
                  restart: RestartConfig | None = None, stop_timeout_s: float = 90.0,
                  env: dict[str, str] | None = None, working_dir: str = "",
-                 placement_timeout_s: float = 120.0, cwd: str | None = None, learner_ranks: int = 1):
+                 placement_timeout_s: float = 120.0, cwd: str | None = None, learner_ranks: int = 1,
+                 stage_timeout_s: float = 30.0):
         from streamrl.errors import need
 
-        super().__init__(restart, stop_timeout_s)
+        super().__init__(restart, stop_timeout_s, stage_timeout_s)
         ray = need("ray", "ray", "streamrl run --launcher ray")
         self._ray = ray
         self.connected = False  # this launcher connected to Ray (close() disconnects)
@@ -154,6 +169,9 @@ class RayLauncher(Launcher):
         self._pending: dict[str, tuple[Any, float]] = {}  # not placed (or not started) yet
         self._where: dict[str, dict[str, Any]] = {}  # name -> node id, ip, pid
         self._tails: dict[str, str] = {}  # a stopped stage's log tail (its node may be another)
+        self._codes: dict[str, int | None] = {}  # the last status each actor answered
+        self._probes: dict[str, Any] = {}  # name -> its status call in flight
+        self._url_probes: dict[str, Any] = {}  # name -> its metrics_url call in flight
         # learner.parallel.nproc > 1: one placement group, a bundle per rank (run.ray.resources.learner
         # each), all on one node as torch's launcher starts the ranks there; the actor runs in bundle 0
         self.learner_ranks = learner_ranks
@@ -188,7 +206,7 @@ class RayLauncher(Launcher):
         launcher = cls(log_dir, address=ray_cfg.address, num_cpus=num_cpus, resources=asks,
                        restart=cfg.run.restart, stop_timeout_s=cfg.run.stop_timeout_s, env=env,
                        working_dir=working_dir, placement_timeout_s=ray_cfg.placement_timeout_s,
-                       learner_ranks=cfg.learner.parallel.nproc)
+                       learner_ranks=cfg.learner.parallel.nproc, stage_timeout_s=cfg.run.stage_timeout_s)
         try:
             launcher._check_cluster(cfg, asks, counts, embedded_broker, notes)
         except BaseException:
@@ -247,9 +265,9 @@ class RayLauncher(Launcher):
     def _spawn(self, name: str, argv: list[str], kind: str) -> None:
         old = self.actors.get(name)
         if old is not None:
-            self._ray.kill(old)
-        self._exited.pop(name, None)
-        self._where.pop(name, None)
+            self._end(old)
+        for state in (self._exited, self._where, self._codes, self._probes, self._url_probes):
+            state.pop(name, None)
         generation = self._generation[name] = self._generation.get(name, -1) + 1
         options = {**actor_options(self.resources.get(kind, {})),
                    "max_restarts": 0 if kind == "feed" else self.policy.max_restarts}  # a feed re-run publishes twice
@@ -260,7 +278,7 @@ class RayLauncher(Launcher):
                 argv, str(self.log_dir / f"{name}.log"), self._env, self._cwd, self._files_for(argv))
         except Exception as exc:  # e.g. the working_dir upload refused
             why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise StreamrlError(f"stage {name!r}: Ray cannot start its actor: {why}") from None
+            raise StageLost(f"stage {name!r}: Ray cannot start its actor: {why}") from None
         self.actors[name] = actor
         self._pending[name] = (actor.ready.remote(), time.monotonic())
 
@@ -284,9 +302,20 @@ class RayLauncher(Launcher):
                 self._files[path] = Path(path).read_text()
         return {p: t for p, t in self._files.items() if p in argv}
 
+    def _end(self, actor: Any) -> None:
+        """End an actor without waiting on Ray (its node may be frozen, Ray's control plane
+        slow): in a thread of its own."""
+        def end() -> None:
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:  # already gone, or Ray is
+                pass
+
+        threading.Thread(target=end, name="streamrl-ray-kill", daemon=True).start()
+
     def _placed(self, name: str) -> bool:
-        """Whether the stage's actor runs (its process started); raises, naming the stage, once
-        Ray has not placed it within ``placement_timeout_s``."""
+        """Whether the stage's actor runs (its process started); raises ``StageLost``, naming
+        the stage, once Ray has not placed it within ``placement_timeout_s``."""
         if name not in self._pending:
             return True
         ref, since = self._pending[name]
@@ -294,16 +323,16 @@ class RayLauncher(Launcher):
         if not done:
             waited = time.monotonic() - since
             if waited > self.placement_timeout_s:
-                raise StreamrlError(self._not_placed(name, waited))
+                self._exited[name] = -1
+                del self._pending[name]
+                raise StageLost(self._not_placed(name, waited))
             return False
         del self._pending[name]
         try:
-            self._where[name] = self._ray.get(ref, timeout=self.answer_timeout_s)
-        except self._ray.exceptions.RayActorError:  # it died starting: _poll reports it
+            self._where[name] = self._ray.get(ref, timeout=0)  # done: at once
+        except self._ray.exceptions.RayError:  # it died starting: the status call says so
             self._where[name] = {}
-        except self._ray.exceptions.GetTimeoutError:
-            raise StreamrlError(f"stage {name!r}: its Ray actor did not answer "
-                                f"in {self.answer_timeout_s:.0f} s") from None
+        self.stages[name].answered_at = time.monotonic()
         return True
 
     def _not_placed(self, name: str, waited: float) -> str:
@@ -319,18 +348,59 @@ class RayLauncher(Launcher):
                 f"{free_now} (other jobs may hold them; run.ray.resources.{kind}, run.ray.placement_timeout_s)")
 
     def _poll(self, name: str) -> int | None:
+        """What the actor last answered (``_refresh`` asks it): never waits."""
         if name in self._exited:
             return self._exited[name]
-        if not self._placed(name):
+        return self._codes.get(name)
+
+    def _refresh(self, name: str) -> None:
+        """Collect the actor's answer to its status call if it came, and send the next one: a
+        stage is alive while its actor answers (``Launcher`` ends one silent for
+        ``stage_timeout_s``). Never waits."""
+        if name in self._exited or not self._placed(name):
+            return
+        ref = self._probes.get(name)
+        if ref is not None:
+            done, _ = self._ray.wait([ref], timeout=0)
+            if not done:
+                return
+            del self._probes[name]
+            try:
+                self._codes[name] = self._ray.get(ref, timeout=0)
+            except self._ray.exceptions.GetTimeoutError:
+                return
+            except self._ray.exceptions.RayError:  # the actor itself is gone (died, lost with its node)
+                self._codes[name] = -1
+            self.stages[name].answered_at = time.monotonic()
+        if self._codes.get(name) is None:
+            self._probes[name] = self.actors[name].returncode.remote()
+
+    def _alive(self, name: str) -> bool | None:
+        return None  # ``_refresh`` notes each answer as it comes
+
+    def _placing(self, name: str) -> bool:
+        return name in self._pending  # ``placement_timeout_s`` bounds that wait
+
+    def _kill(self, name: str) -> None:
+        self._exited[name] = -9
+        self._probes.pop(name, None)
+        self._end(self.actors[name])
+
+    def _find_url(self, name: str) -> str | None:
+        if name in self._exited or name in self._pending:
             return None
+        ref = self._url_probes.get(name)
+        if ref is None:
+            self._url_probes[name] = self.actors[name].metrics_url.remote()
+            return None
+        done, _ = self._ray.wait([ref], timeout=0)
+        if not done:
+            return None
+        del self._url_probes[name]
         try:
-            return self._ray.get(self.actors[name].returncode.remote(), timeout=self.answer_timeout_s)
-        except self._ray.exceptions.RayActorError:  # the actor itself is gone for good
-            return -1
-        except self._ray.exceptions.GetTimeoutError:
-            node = self._where.get(name, {}).get("node_ip", "?")
-            raise StreamrlError(f"stage {name!r} did not answer in {self.answer_timeout_s:.0f} s: its Ray actor "
-                                f"on node {node} is overloaded, or the node is gone") from None
+            return self._ray.get(ref, timeout=0)
+        except Exception:  # the actor is gone, or busy: asked again next time
+            return None
 
     def _stop(self, name: str, timeout_s: float) -> None:
         if name in self._exited:
@@ -379,8 +449,8 @@ class RayLauncher(Launcher):
         actor = self.actors.get(name)
         if actor is not None and name not in self._exited and name not in self._pending:
             try:
-                return self._ray.get(actor.tail.remote(lines), timeout=10)
-            except Exception:
+                return self._ray.get(actor.tail.remote(lines), timeout=5)
+            except Exception:  # its node is gone or frozen: what this machine has
                 pass
         if name in self._tails:
             return "\n".join(self._tails[name].splitlines()[-lines:])

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
+import os
 import shutil
 import sys
 import time
@@ -38,7 +40,9 @@ EXIT_CODES = {"done": 0, "data_exhausted": 0, "interrupted": 130}
 
 def run(args: argparse.Namespace) -> int:
     """``streamrl run``: the plan (``--dry-run`` stops there), then the run; its summary is
-    written to ``<run dir>/summary.json`` and printed as one JSON line."""
+    written to ``<run dir>/summary.json`` and printed as one JSON line, the only line on stdout
+    (``summary_stdout``). The run never deletes its directory: a run that fails keeps what it
+    had, and its summary (``ended: failed`` and why) says how to continue it (``kept``)."""
     from streamrl.errors import need
 
     resolution, resume = plan(args)
@@ -52,10 +56,66 @@ def run(args: argparse.Namespace) -> int:
         print(f"run: {note}", file=sys.stderr, flush=True)
     need("torch", "cpu", "streamrl run")  # the learner and the transformers rollout backend
     out, state = open_run_dir(cfg, resume)
-    result = run_in_runtime(cfg, args, out, state)
-    (out / "summary.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result), flush=True)
+    with summary_stdout() as stdout:
+        try:
+            result = run_in_runtime(cfg, args, out, state)
+        except (Exception, KeyboardInterrupt) as exc:
+            result = kept(cfg, out, state, exc)
+            if result is not None:
+                print(json.dumps(result), file=stdout, flush=True)
+            raise  # the command's own report: one line and exit 2 for a StreamrlError
+        (out / "summary.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result), file=stdout, flush=True)
     return EXIT_CODES.get(result["ended"], 1)
+
+
+@contextlib.contextmanager
+def summary_stdout() -> Iterator[Any]:
+    """While the run runs, this process's stdout (``sys.stdout`` and file descriptor 1, which
+    Ray's driver threads, native libraries and any child without a log of its own write to) goes
+    to stderr; yields a file on the real stdout, for the summary's JSON line alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    before, sys.stdout = sys.stdout, sys.stderr
+    real = os.fdopen(os.dup(saved), "w")
+    try:
+        yield real
+    finally:
+        sys.stdout.flush()
+        real.close()
+        sys.stdout = before
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def kept(cfg, out: Path, state, exc: BaseException) -> dict | None:
+    """A run that failed outside its stages (Ray, the broker, a check, a bug): its directory
+    kept with what it had, ``summary.json`` written (``ended: failed`` and why), how to
+    continue it printed. None (and the directory gone) only for a new run that wrote nothing
+    (a start refused before anything ran)."""
+    from streamrl.resume import latest_good
+
+    if state is None and not any(p.is_file() for p in out.rglob("*")):
+        shutil.rmtree(out, ignore_errors=True)
+        return None
+    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, KeyboardInterrupt):
+        why = "interrupted"
+    elif not isinstance(exc, StreamrlError):
+        why = f"{type(exc).__name__}: {why}"
+    good = latest_good(out / "checkpoints")
+    summary: dict[str, Any] = {"ended": "failed", "failure": {"stage": "run", "error": why}, "out": str(out),
+                               "launcher": cfg.run.launcher, "versions": good[1].version if good else 0}
+    with contextlib.suppress(OSError, ValueError):  # what the watch saw before, if it saved it
+        summary["records"] = json.loads((out / "observation.json").read_text())["sessions"][-1]
+    if good is not None:
+        summary["resume"] = f"streamrl run --resume {out}  (from version {good[1].version})"
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"run failed: {why}; {out} is kept"
+          + (f"; continue with: {summary['resume']}" if good else
+             " (no learner checkpoint yet: a new run starts over)"), file=sys.stderr, flush=True)
+    return summary
 
 
 def open_run_dir(cfg, resume: str | None):
@@ -71,23 +131,17 @@ def open_run_dir(cfg, resume: str | None):
 
 def run_in_runtime(cfg, args: argparse.Namespace, out: Path, state) -> dict:
     """The run's summary: Ray joined and checked (``--launcher ray``), the embedded broker
-    started, the warm start made, then ``supervise`` in a ``Runtime``. A new run refused before
-    anything ran leaves no empty run directory behind."""
+    started, the warm start made, then ``supervise`` in a ``Runtime``."""
     from streamrl.runtime import Runtime, open_broker
 
-    try:
-        # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
-        # the broker or any stage starts
-        launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
-        # the embedded broker ends with this process: a SIGKILLed run leaves none behind
-        with open_broker(cfg, die_with_parent=True) as (_, broker):
-            if cfg.run.warm_start_steps:  # after the broker answered; reused when the run resumes
-                args.overrides = [*args.overrides, *warm_start(cfg, out / "warm_start")]
-            return Runtime(cfg, "run").run(lambda runtime: supervise(runtime, args, out, launcher, state, broker))
-    except StreamrlError:
-        if state is None:  # refused before anything ran: leave no empty run behind
-            shutil.rmtree(out, ignore_errors=True)
-        raise
+    # Ray: join the cluster and check it (the broker's reach, every stage's resources) before
+    # the broker or any stage starts
+    launcher = make_launcher(cfg, out / "logs") if cfg.run.launcher == "ray" else None
+    # the embedded broker ends with this process: a SIGKILLed run leaves none behind
+    with open_broker(cfg, die_with_parent=True) as (_, broker):
+        if cfg.run.warm_start_steps:  # after the broker answered; reused when the run resumes
+            args.overrides = [*args.overrides, *warm_start(cfg, out / "warm_start")]
+        return Runtime(cfg, "run").run(lambda runtime: supervise(runtime, args, out, launcher, state, broker))
 
 
 def make_launcher(cfg, log_dir: Path) -> Launcher:
@@ -96,7 +150,7 @@ def make_launcher(cfg, log_dir: Path) -> Launcher:
 
     run = cfg.run
     if run.launcher == "local":
-        return LocalLauncher(log_dir, run.restart, run.stop_timeout_s)
+        return LocalLauncher(log_dir, run.restart, run.stop_timeout_s, run.stage_timeout_s)
     if run.launcher == "ray":
         from streamrl.supervisor.ray_launcher import RayLauncher
 
@@ -130,9 +184,19 @@ class Session:
     def start_member(self, verb: str, teacher: str = "") -> None:
         """One more member of a consumer group (``reward``, ``teacher``): ``<verb>-<n>``; with
         several teachers, one of teacher ``NAME``'s group: ``teacher-<NAME>-<n>``."""
+        self.start(*self._member(verb, teacher))
+
+    def add_member(self, verb: str, teacher: str = "") -> None:
+        """``start_member`` from the run's loop: started by the launcher's next supervision, in
+        its thread (the loop never waits on the launcher)."""
+        name, verb, *extra = self._member(verb, teacher)
+        self.launcher.add(name, [verb, *self.common, *extra], verb)
+
+    def _member(self, verb: str, teacher: str) -> tuple[str, ...]:
+        """``(name, verb, *extra arguments)`` of the group's next member."""
         group = f"{verb}-{teacher}" if teacher else verb
-        self.start(f"{group}-{next(self.ids.setdefault(group, itertools.count()))}", verb,
-                   *(["--teacher", teacher] if teacher else []))
+        return (f"{group}-{next(self.ids.setdefault(group, itertools.count()))}", verb,
+                *(["--teacher", teacher] if teacher else []))
 
 
 async def supervise(runtime, args: argparse.Namespace, out: Path, launcher: Launcher | None = None,
@@ -219,14 +283,14 @@ async def open_session(runtime, args: argparse.Namespace, out: Path, launcher: L
     if auto.max_members and teacher_input(cfg) != "rollouts":  # distillation alone: no reward group
         scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
                                auto.window_s, auto.cooldown_s)
-        groups.append(GroupAutoscale("reward", scaler, functools.partial(session.start_member, "reward"),
+        groups.append(GroupAutoscale("reward", scaler, functools.partial(session.add_member, "reward"),
                                      observer.reward_lag))
     auto = cfg.run.teacher_autoscale
     for teacher in cfg.distillation.teachers(cfg.teacher).values() if auto.max_members and teacher_input(cfg) else ():
         scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
                                auto.window_s, auto.cooldown_s)  # each teacher's group on its own lag
         groups.append(GroupAutoscale(f"teacher-{teacher.name}" if teacher.name else "teacher", scaler,
-                                     functools.partial(session.start_member, "teacher", teacher.name),
+                                     functools.partial(session.add_member, "teacher", teacher.name),
                                      functools.partial(observer.teacher_lag, teacher.label)))
     if groups:
         watch.autoscale = Autoscale(groups)
@@ -287,9 +351,12 @@ def failure_report(session: Session) -> dict | None:
         return None
     name = ended.split(":", 1)[1]
     tail = launcher.log_tail(name)
-    print(f"run: {name} exited with {launcher.returncode(name)}; its log ends:\n{tail}", file=sys.stderr)
-    return {"stage": name, "returncode": launcher.returncode(name),
-            "error": next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")}
+    why = launcher.failure(name) or f"exited with {launcher.returncode(name)}"
+    print(f"run: {name} {why}; its log ends:\n{tail}", file=sys.stderr)
+    last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
+    said = launcher.failure(name)  # the launcher's own reason (not placed, silent), else its log's
+    return {"stage": name, "returncode": launcher.returncode(name), "why": why,
+            "error": said if said and not said.startswith("exited with") else last}
 
 
 def summarise_run(session: Session, failure: dict | None) -> dict:
@@ -360,7 +427,7 @@ async def stop_in_order(launcher: Launcher, observer: Observer, cfg, ended: str)
         deadline = time.monotonic() + cfg.eval.end_timeout_s
         while time.monotonic() < deadline and launcher.returncode("eval") is None:
             await asyncio.sleep(0.5)
-            await asyncio.to_thread(launcher.supervise)  # an eval stage that crashes now is restarted
+            await supervise_once(launcher)  # an eval stage that crashes now is restarted
         await bounded(observer.poll(), 5)
     await asyncio.to_thread(launcher.stop_all)
 
@@ -375,4 +442,10 @@ async def drain(observer: Observer, launcher: Launcher, lag: Callable[[], Any], 
         left = await bounded(lag(), 5)
         if left is None or left <= 0:
             break
-        await asyncio.to_thread(launcher.supervise)
+        await supervise_once(launcher)
+
+
+async def supervise_once(launcher: Launcher) -> None:
+    """One supervision while the run stops (no status line then): its events on stderr."""
+    for event in await asyncio.to_thread(launcher.supervise):
+        print(event, file=sys.stderr, flush=True)

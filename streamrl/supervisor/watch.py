@@ -62,6 +62,12 @@ class _Progress:
     unreachable_since: float | None = None
     errors: list[str] = field(default_factory=list)  # from the last diagnosis
     waits: list[str] = field(default_factory=list)
+    supervising: asyncio.Future | None = None  # the launcher's supervision, in its thread
+
+
+#: how long one pass of the loop waits for the launcher's supervision before it goes on (the
+#: supervision goes on in its thread; its events are shown when it ends)
+SUPERVISE_WAIT_S = 0.5
 
 
 #: what the stages' ``streamrl_stage_waiting{on=...}`` means, for the status line
@@ -88,6 +94,7 @@ async def diagnose(launcher: Launcher, obs: Observation,
     hold the records the reward group has not committed past)."""
     errors, waits = [], []
     servers: dict[str, int] = {}  # rollout servers by state, over every worker's fleet
+    urls = {}
     for name in launcher.names():
         if launcher.returncode(name) is not None:
             if name == "feed" and launcher.returncode(name) == 0:
@@ -97,9 +104,12 @@ async def diagnose(launcher: Launcher, obs: Observation,
         if not url:
             waits.append(f"{name} is starting")
             continue
-        try:
-            samples = await asyncio.to_thread(scrape, url, DIAGNOSED)
-        except Exception:  # starting, restarting, or busy: next time
+        urls[name] = url
+    # all at once: a stage that does not answer costs its one-second timeout once, not once each
+    scraped = await asyncio.gather(*(asyncio.to_thread(scrape, url, DIAGNOSED) for url in urls.values()),
+                                   return_exceptions=True)
+    for name, samples in zip(urls, scraped):
+        if isinstance(samples, BaseException):  # starting, restarting, or busy: next time
             continue
         for metric, labels, value in samples:
             if metric == "streamrl_rollout_servers":
@@ -189,10 +199,17 @@ async def _poll(observer: Observer, watch: Watch, progress: _Progress) -> Observ
 
 async def _supervise(observer: Observer, launcher: Launcher, watch: Watch, progress: _Progress,
                      obs: Observation, now: float) -> None:
-    """Restart what crashed, count each group member's records, and resize the reward group
-    (not while the broker is away: its lag cannot be read)."""
-    for event in await asyncio.to_thread(launcher.supervise, now):
-        watch.show(event)
+    """Restart what crashed or stopped answering, count each group member's records, and
+    resize the reward group (not while the broker is away: its lag cannot be read). The
+    launcher's supervision runs in its own thread, one at a time; the loop waits for it at most
+    ``SUPERVISE_WAIT_S`` (a frozen node or a slow Ray holds that thread, never the status line)."""
+    if progress.supervising is None:
+        progress.supervising = asyncio.ensure_future(asyncio.to_thread(launcher.supervise, now))
+    done, _ = await asyncio.wait({progress.supervising}, timeout=SUPERVISE_WAIT_S)
+    if done:  # else it goes on in its thread, and this is asked again next time
+        finished, progress.supervising = progress.supervising, None
+        for event in finished.result():
+            watch.show(event)
     await obs.members.scrape(launcher)
     if watch.autoscale is not None and progress.unreachable_since is None:
         await watch.autoscale.step(observer, launcher, now, watch.show)
@@ -249,5 +266,5 @@ async def _stages_ended(observer: Observer, launcher: Launcher, watch: Watch) ->
             if cancelling():
                 raise
         return watch.learner_ended()
-    failed = launcher.failed()
+    failed = launcher.gave_up  # the supervision's finding: asking would supervise here, in the loop
     return f"failed:{failed}" if failed is not None else None

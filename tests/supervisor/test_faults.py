@@ -1,9 +1,13 @@
 """Faults while ``streamrl run`` runs, on the real broker: stages SIGKILLed in turn are restarted
-and the run still reaches every version with nothing lost; a scorer that always fails on a third
-of the records does not freeze the run (the staleness gate gets those slots back)."""
+and the run still reaches every version with nothing lost; a stage SIGSTOPped (hung: it neither
+exits nor answers) is killed after ``run.stage_timeout_s`` and restarted, its partitions taken
+by its group meanwhile; a scorer that always fails on a third of the records does not freeze the
+run (the staleness gate gets those slots back)."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +21,8 @@ import pytest
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
 from streamrl.records import DeadLetter, PolicyVersion, Rewarded, Trajectory
-from tests.helpers import ROOT, gsm8k_run_config, kill_stage, read_topic_sync, run_summary, start_run
+from tests.helpers import (ROOT, alive, freeze_stage, gsm8k_run_config, kill_stage, read_topic_sync, run_summary,
+                           start_run, status_gaps, wait_for_version)
 
 pytestmark = pytest.mark.e2e
 
@@ -85,6 +90,49 @@ def test_chaos_stages_killed_in_turn_are_restarted_and_nothing_is_lost(tmp_path,
     rewarded = {Rewarded.decode(m.value).id for m in read_topic_sync(Bus(cfg), "rewarded")}
     dead = {DeadLetter.decode(m.value, 2**26).record_id for m in read_topic_sync(Bus(cfg), "deadletter")}
     assert rollouts and not rollouts - rewarded - dead
+
+
+@pytest.mark.timeout(600)  # a run of 10 versions with a restart, beside the suite's others on 2 cores
+def test_a_stage_sigstopped_past_the_timeout_is_killed_and_restarted_and_nothing_is_lost(tmp_path, bootstrap):
+    prefix = f"frozen{uuid.uuid4().hex[:6]}"
+    cfg = BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)
+    timeout_s = 8
+    proc = run(tmp_path, bootstrap, prefix, "learner.versions=10", f"run.stage_timeout_s={timeout_s}")
+    frozen: list[int] = []
+
+    def freeze() -> None:
+        wait_for_version(tmp_path, 2, proc)
+        frozen.append(freeze_stage(proc, "reward"))
+        frozen.append(time.monotonic())
+
+    try:
+        summary, out, err = run_summary(proc, 400, freeze)
+    finally:
+        for pid in frozen[:1]:  # never left stopped, whatever failed
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert summary["ended"] == "done" and summary["versions"] == 10, summary
+    assert not alive(frozen[0]), "the frozen stage was not killed"
+    # one set of events for the restart: the silence and the restart, each once
+    silent = [line for line in err.splitlines() if line.startswith("reward-") and "did not answer for" in line]
+    assert len(silent) == 1 and silent[0].endswith("(run.stage_timeout_s), killed; restarting in 0.5 s"), err[-3000:]
+    member = silent[0].split(":")[0]
+    assert err.count(f"{member}: restarted (1 so far)") == 1 and summary["restarts"] == 1, err[-3000:]
+    # the status line kept its pace while the stage was frozen (every 5 s, off a terminal; the
+    # last one comes after the stages stopped)
+    gaps = status_gaps(err)[:-1]
+    assert gaps and max(gaps) <= timeout_s, gaps
+    assert out.strip().splitlines() == [json.dumps(summary)]  # stdout: the summary alone
+    # nothing lost: every trajectory rewarded or dead-lettered (what the run left uncommitted is
+    # scored now); nothing trained twice: the learner trained each id at most once
+    drain_reward(bootstrap, prefix, cfg)
+    rollouts = {Trajectory.decode(m.value).id for m in read_topic_sync(Bus(cfg), "rollouts")}
+    rewarded = [Rewarded.decode(m.value).id for m in read_topic_sync(Bus(cfg), "rewarded")]
+    dead = {DeadLetter.decode(m.value, 2**26).record_id for m in read_topic_sync(Bus(cfg), "deadletter")}
+    assert rollouts and not rollouts - set(rewarded) - dead
+    assert 0 < summary["records"]["trained"] <= len(set(rewarded))
+    r = summary["records"]
+    assert r["rollouts"] == r["rewarded"] + r["dead_at_reward"] + r["unscored"], r
 
 
 FLAKY_SCORER = '''

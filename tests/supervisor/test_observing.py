@@ -1,16 +1,22 @@
-"""What the run's status line says when nothing moves, read from a real broker: records that
-exist on ``rollouts`` but that the reward group has not consumed are named by group and
-partition (issue 43: "48 rollouts not scored yet" said the symptom, not where)."""
+"""What the run's status line and summary say, read from a real broker: records that exist on
+``rollouts`` but that the reward group has not consumed are named by group and partition (issue
+43: "48 rollouts not scored yet" said the symptom, not where); every dead letter is counted at
+the stage that made it, so the summary's identities hold (issue 57)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+import pytest
+
 from streamrl.bus import Bus, TopicPartition
+from streamrl.records import DeadLetter, Distilled, PolicyVersion
+from streamrl.supervisor.display import summary_line
 from streamrl.supervisor.launcher import LocalLauncher
 from streamrl.supervisor.observer import Observer
 from streamrl.supervisor.watch import diagnose
-from tests.helpers import produce, trajectory
+from tests.helpers import produce, rewarded_from, trajectory
 
 
 def test_a_stall_names_the_group_and_the_partitions_it_has_not_consumed(bus: Bus, tmp_path):
@@ -43,3 +49,70 @@ def test_a_stall_names_the_group_and_the_partitions_it_has_not_consumed(bus: Bus
     waits, partition, committed = asyncio.run(main())
     assert waits == [f"reward: 6 rollouts not scored yet; group {group} has not consumed partition(s) "
                      f"{partition} (4 from offset {committed})"], waits
+
+
+def _letter(bus: Bus, stage: str, reason: str, source: str, record) -> DeadLetter:
+    """A dead letter as ``stage`` makes it: the record's bytes and id, the topic it came from (a
+    rollout worker's ``stale`` one names ``rollouts``, where the record never went)."""
+    return DeadLetter.for_message(stage=stage, reason=reason, detail="", topic=bus.topic(source), partition=None,
+                                  offset=None, key=record.key, value=record.encode(), record_id=record.id)
+
+
+def _observe(bus: Bus, teacher_input: str, **records: list) -> dict:
+    async def main() -> dict:
+        for topic, batch in records.items():
+            await produce(bus, batch, topic=topic)
+        observer = Observer(bus, reward_group=bus.config.group("reward", ""), teacher_input=teacher_input)
+        await observer.start()
+        try:
+            for _ in range(20):  # until every dead letter is read
+                obs = await observer.poll()
+                if sum(obs.deadletters.values()) == len(records["deadletter"]):
+                    break
+        finally:
+            await observer.stop()
+        return obs.records()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("teacher", ["", "rewarded"])
+def test_every_dead_letter_is_counted_where_it_happened_and_the_identities_hold(bus: Bus, teacher: str):
+    """Issue 57: a rollout worker's ``stale`` letters (``rollout.max_span``) were counted as the
+    reward group's, the teacher's (source ``rewarded``) as the learner's, and the learner's on
+    ``distilled`` nowhere. Each kind made here as its stage makes it, read back from the broker."""
+    trajs = [trajectory(i) for i in range(10)]  # t-0..t-9 on rollouts
+    stale = trajectory("stale")  # dead-lettered by its rollout worker: never on rollouts
+    rewarded = [rewarded_from(t) for t in trajs[:7]]  # t-7 dead at the reward stage; t-8, t-9 unscored
+    letters = [_letter(bus, "rollout", "stale", "rollouts", stale),
+               _letter(bus, "reward", "scorer_error", "rollouts", trajs[7])]
+    records: dict[str, list] = {"rollouts": trajs, "rewarded": rewarded}
+    if teacher:  # t-0..t-4 distilled, t-5 dead at the teacher, t-6 undistilled; the learner drops t-4
+        distilled = [Distilled.annotate(r, logprobs=np.zeros(1, np.float32), ids=None, topk=0, teacher={})
+                     for r in rewarded[:5]]
+        records["distilled"] = distilled
+        letters += [_letter(bus, "teacher", "teacher_error", "rewarded", rewarded[5]),
+                    _letter(bus, "learner", "non_finite", "distilled", distilled[4])]
+        trained = 3
+    else:  # the learner drops t-6
+        letters.append(_letter(bus, "learner", "non_finite", "rewarded", rewarded[6]))
+        trained = 4
+    records["deadletter"] = letters
+    records["policy"] = [PolicyVersion(version=1, trained_records=trained)]
+    r = _observe(bus, teacher, **records)
+    assert r["rollouts"] == r["rewarded"] + r["dead_at_reward"] + r["unscored"], r
+    assert (r["rollouts"], r["rewarded"], r["dead_at_reward"], r["unscored"], r["dead_at_rollout"]) == (10, 7, 1, 2, 1)
+    if teacher:
+        assert r["rewarded"] == r["distilled"] + r["dead_at_teacher"] + r["undistilled"], r
+        assert (r["distilled"], r["dead_at_teacher"], r["undistilled"]) == (5, 1, 1), r
+        assert r["distilled"] == r["trained"] + r["dead_at_learner"] + r["untrained"], r
+        assert (r["trained"], r["dead_at_learner"], r["untrained"]) == (3, 1, 1), r
+    else:
+        assert r["rewarded"] == r["trained"] + r["dead_at_learner"] + r["untrained"], r
+        assert (r["trained"], r["dead_at_learner"], r["untrained"]) == (4, 1, 2), r
+    summary = {"ended": "done", "versions": 1, "reward_first": 1.0, "reward_last": 1.0, "records": r,
+               "deadletters": len(letters), "plot": "r.png"}
+    line = summary_line(summary)
+    assert "10 rollouts = 7 rewarded + 1 dead-lettered + 2 unscored" in line, line
+    assert "1 dead-lettered by the rollout workers (rollout.max_span)" in line, line
+    assert ("7 rewarded = 5 distilled + 1 dead-lettered + 1 undistilled" in line) == bool(teacher), line

@@ -21,7 +21,6 @@ import ray
 
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
-from streamrl.errors import StreamrlError
 from streamrl.records import PolicyVersion
 from streamrl.supervisor.ray_launcher import RayLauncher
 from tests.helpers import gsm8k_path, last_json_line, read_topic_sync
@@ -146,7 +145,8 @@ def test_a_stage_no_node_can_hold_is_named_before_anything_starts(cluster, boots
 def test_working_dir_reaches_the_stage_and_an_unplaceable_stage_is_named(cluster, bootstrap, tmp_path):
     """Through the launcher API: a stage runs in ``run.ray.working_dir`` as Ray shipped it (a
     dataset path relative to it resolves), and a stage no node can hold fails the run naming it
-    once ``placement_timeout_s`` has passed, never as a bare ``GetTimeoutError``."""
+    once ``placement_timeout_s`` has passed, never as a bare ``GetTimeoutError``: the supervision
+    gives up on it with that reason (it never waits on Ray: the run's loop goes on)."""
     work = tmp_path / "work"
     work.mkdir()
     rows = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)]
@@ -162,17 +162,20 @@ def test_working_dir_reaches_the_stage_and_an_unplaceable_stage_is_named(cluster
                        "feed")
         deadline = time.monotonic() + 90
         while launcher.returncode("feed") is None and time.monotonic() < deadline:
+            launcher.supervise()
             time.sleep(0.5)
         assert launcher.returncode("feed") == 0, launcher.log_tail("feed")
         assert len(read_topic_sync(Bus(bus_cfg), "prompts", 5, timeout_s=30)) == 5
         launcher.placement_timeout_s = 3  # short for the stage no node can hold (the feed got 60: a loaded machine)
         launcher.start("reward-0", ["reward", "--bootstrap-servers", bootstrap], "reward")
         started = time.monotonic()
-        with pytest.raises(StreamrlError) as err:
-            while time.monotonic() - started < 30:
-                launcher.returncode("reward-0")
-                time.sleep(0.5)
-        message = str(err.value)
+        while launcher.gave_up is None and time.monotonic() - started < 30:
+            took = time.monotonic()
+            launcher.supervise()
+            assert time.monotonic() - took < 2.0  # never waits on Ray
+            time.sleep(0.5)
+        assert launcher.gave_up == "reward-0" and launcher.returncode("reward-0") == -1
+        message = launcher.failure("reward-0")
         assert message.startswith("stage 'reward-0' was not placed in 3 s: it asks for 0.25 CPU, 1 of the resource "
                                   "'nowhere'"), message
         assert "run.ray.resources.reward" in message and "\n" not in message
@@ -193,6 +196,7 @@ def test_a_two_rank_learner_is_one_placement_group_on_one_node(cluster, bootstra
                                    f"learner.weights_dir={tmp_path / 'w'}"], "learner")
         deadline = time.monotonic() + 180
         while not weights.exists() and time.monotonic() < deadline:
+            launcher.supervise()
             assert launcher.returncode("learner") is None, launcher.log_tail("learner", 40)
             time.sleep(1)
         assert weights.exists(), launcher.log_tail("learner", 40)

@@ -68,6 +68,7 @@ def test_ray_launcher_runs_the_reward_group_and_autoscales_it(bus_config, tmp_pa
         try:
             while time.monotonic() < deadline:
                 await observer.poll(timeout_ms=500)
+                launcher.supervise()  # the members' states, as the run's loop has them
                 await resize_reward_group(observer, launcher, scaler, start_reward, time.monotonic(),
                                           show=lambda line: None)
                 live = [x for x in launcher.names() if x.startswith("reward-") and launcher.returncode(x) is None]
