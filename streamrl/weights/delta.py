@@ -261,7 +261,7 @@ def _write(path: Path, data: bytes) -> None:
 
 # -- the readers' side ------------------------------------------------------------------------------
 @dataclass
-class _Held:
+class Held:
     version: int
     checksum: str
     files: dict[str, np.ndarray]  # the version's weight files' bytes
@@ -290,7 +290,7 @@ class Reconstructor:
 
     def __init__(self, cache: str | Path | None = None):
         self.cache = Path(cache) if cache else None
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._dirs: dict[str, list[Path]] = {}
         self._lock = threading.Lock()
 
@@ -316,7 +316,7 @@ class Reconstructor:
             held = self._held.get(prefix)
             if held is not None and held.checksum == manifest["checksum"]:
                 return
-            self._held[prefix] = _Held(version, manifest["checksum"], _read_full(directory, manifest))
+            self._held[prefix] = Held(version, manifest["checksum"], read_full(directory, manifest))
 
     def resolve(self, uri: str, directory: Path, manifest: dict[str, Any], fetch: Fetch) -> Reconstructed:
         """The full version ``uri`` (a delta, whose files are at ``directory``) as a local directory:
@@ -355,7 +355,7 @@ class Reconstructor:
             full_manifest = read_manifest(full_dir)
             if full_manifest is None or full_manifest.get("kind") != "full":
                 raise DeltaError(f"{sibling(prefix, full)}: not the full version of the chain of v{version}")
-            held = _Held(full, full_manifest["checksum"], _read_full(full_dir, full_manifest))
+            held = Held(full, full_manifest["checksum"], read_full(full_dir, full_manifest))
             self._held[prefix] = held
             start, out.from_full = full, True
         assert held is not None
@@ -366,18 +366,19 @@ class Reconstructor:
                 raise DeltaError(f"{sibling(prefix, k)}: not a delta of the chain from v{full}")
             if step["base_checksum"] != held.checksum:
                 raise DeltaError(f"{sibling(prefix, k)}: its base's checksum differs from the base held (v{held.version})")
-            _apply_version(held, step_dir, step)
+            apply_version(held, step_dir, step)
             held.version, held.checksum, held.directory = k, step["checksum"], None
             out.applied += 1
         out.directory = self._write(prefix, version, directory, held)
         return out
 
-    def _write(self, prefix: str, version: int, source: Path, held: _Held) -> Path:
+    def _write(self, prefix: str, version: int, source: Path, held: Held) -> Path:
         """The reconstructed version as a directory (its files beside the weights copied from the
         delta's directory), written atomically; the ones before the previous removed."""
-        tag = checksum(prefix.encode())[:12]
-        final = self._root() / f"full-{tag}-v{version}-{held.checksum[:8]}"
+        tag = checksum(prefix.encode())[:12]  # (a directory named v<N>, as the version's own)
+        final = self._root() / f"full-{tag}-{held.checksum[:12]}" / f"v{version}"
         if not final.is_dir():
+            final.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
             try:
                 for f in source.iterdir():
@@ -392,12 +393,12 @@ class Reconstructor:
         held.directory = final
         kept = [d for d in self._dirs.get(prefix, []) if d != final] + [final]
         for old in kept[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old.parent, ignore_errors=True)
         self._dirs[prefix] = kept[-2:]
         return final
 
 
-def _read_full(directory: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
+def read_full(directory: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
     """A full version's weight files' bytes, each checked against the manifest's checksum."""
     files = {}
     for name, info in manifest["files"].items():
@@ -411,7 +412,7 @@ def _read_full(directory: Path, manifest: dict[str, Any]) -> dict[str, np.ndarra
     return files
 
 
-def _apply_version(held: _Held, directory: Path, manifest: dict[str, Any]) -> None:
+def apply_version(held: Held, directory: Path, manifest: dict[str, Any]) -> None:
     """One delta applied to the held bytes in place, each file's result checked."""
     if set(manifest["files"]) != set(held.files):
         raise DeltaError(f"{directory}: its files {sorted(manifest['files'])} differ from the base's {sorted(held.files)}")
