@@ -200,3 +200,16 @@ def test_a_layout_change_or_a_gap_publishes_full(tmp_path):
     assert kinds == ["full", "delta", "full", "delta", "full"]
     trainer.model.to(dtype=__import__("torch").bfloat16)  # a dtype change: the layout differs
     assert writer.publish(trainer.save_weights(tmp_path / "w" / "v7"), 7).kind == "full"
+
+
+def test_a_published_delta_version_loads_as_a_policy(tmp_path, fresh_reader):
+    """The teacher's and replay's ``load_policy`` on a version directory that is a delta."""
+    import torch
+    from safetensors.torch import load_file
+
+    from streamrl.policy import load_policy
+
+    published, full = train_chain(tmp_path, "float32")
+    model, _ = load_policy(str(published / "v6"))
+    expected = load_file(str(full / "v6" / "model.safetensors"))
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in expected.items())
