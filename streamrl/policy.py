@@ -64,8 +64,8 @@ def load_tokenizer(spec: str) -> Any:
 
 
 def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` for ``spec`` (``tiny`` or a local directory, a version a learner
-    published by delta included: the teacher, a checkpoint evaluated), in eval mode on ``device``."""
+    """``(model, tokenizer)`` for ``spec`` (``tiny`` or a local directory), in eval mode on
+    ``device``."""
     torch = need("torch", "cpu", "the policy model")
     need("transformers", "cpu", "the policy model")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -77,10 +77,6 @@ def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: in
         path = Path(spec.removeprefix("file://"))
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"policy {spec!r}: no config.json there (a directory in Hugging Face layout, or 'tiny')")
-        if (path / "streamrl-weights.json").is_file():  # a published version (a delta is rebuilt from its chain)
-            from streamrl.weights import weights_path
-
-            path = weights_path(str(path.resolve()))
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
                                                      dtype=getattr(torch, dtype))

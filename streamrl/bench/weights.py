@@ -38,11 +38,12 @@ HELP = "versions by delta against full versions: bytes, encode and reconstruct t
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="4 versions per case (default 20)")
+    parser.add_argument("--quick", action="store_true", help="3 versions per case at lr 1e-6 (default 20, lr 1e-6 and 1e-5)")
     parser.add_argument("--versions", type=int, default=0, help="versions trained per case (after version 0)")
-    parser.add_argument("--model", default="m120", choices=["m120", "qwen0.5b"], help="the policy's shape")
+    parser.add_argument("--model", default="m120", choices=["m120", "qwen0.5b", "small"],
+                        help="the policy's shape (small: 19M parameters, for the bench's own test, not its figures)")
     parser.add_argument("--dtypes", default="bfloat16,float32", help="published dtypes (learner.dtype)")
-    parser.add_argument("--lrs", default="1e-6,1e-5", help="learning rates")
+    parser.add_argument("--lrs", default="", help="learning rates (default 1e-6,1e-5; --quick 1e-6)")
     parser.add_argument("--level", type=int, default=1, help="zstd level (learner.weights_delta_level)")
     parser.add_argument("--sequences", type=int, default=8, help="records per version (groups of 4)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -82,8 +83,9 @@ class WeightsBench(harness.Bench):
 
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
-        self.versions = args.versions or (4 if args.quick else 20)
-        self.variants = [(d, float(lr)) for d in args.dtypes.split(",") for lr in args.lrs.split(",")]
+        self.versions = args.versions or (3 if args.quick else 20)
+        lrs = args.lrs or ("1e-6" if args.quick else "1e-6,1e-5")
+        self.variants = [(d, float(lr)) for d in args.dtypes.split(",") for lr in lrs.split(",")]
         self.units = self.versions
         self.work = Path(tempfile.mkdtemp(prefix="streamrl-bench-weights-"))
         self.params = 0

@@ -274,6 +274,14 @@ def weights_path(uri: str) -> Path:
     return out.directory
 
 
+def local_policy(spec: str) -> str:
+    """A policy spec as ``load_policy`` reads it: a version a learner published by delta (the
+    teacher's model may be one) rebuilt from its chain first; anything else as it is."""
+    if spec != "tiny" and (Path(spec.removeprefix("file://")) / delta.MANIFEST).is_file():
+        return str(weights_path(str(Path(spec.removeprefix("file://")).resolve())))
+    return spec
+
+
 def _as_uri(uri: str) -> str:
     """The key a version's chain is held under: its URI as announced, a path absolute."""
     if is_remote(uri):

@@ -203,13 +203,13 @@ def test_a_layout_change_or_a_gap_publishes_full(tmp_path):
 
 
 def test_a_published_delta_version_loads_as_a_policy(tmp_path, fresh_reader):
-    """The teacher's and replay's ``load_policy`` on a version directory that is a delta."""
+    """The teacher's model named as a version directory that is a delta (``local_policy``)."""
     import torch
     from safetensors.torch import load_file
 
     from streamrl.policy import load_policy
 
     published, full = train_chain(tmp_path, "float32")
-    model, _ = load_policy(str(published / "v6"))
+    model, _ = load_policy(weights.local_policy(str(published / "v6")))
     expected = load_file(str(full / "v6" / "model.safetensors"))
     assert all(torch.equal(model.state_dict()[n], t) for n, t in expected.items())
