@@ -113,9 +113,10 @@ def delta_writer(cfg: "LearnerConfig") -> Any:
     LoRA adapters published (they stay as they are; merged full weights go by delta too)."""
     if not cfg.delta_on or (cfg.lora.enabled and not cfg.lora.merge_for_servers):
         return None
-    from streamrl.weights.delta import DeltaWriter
+    from streamrl.weights import delta
 
-    return DeltaWriter(full_every=cfg.weights_full_every, level=cfg.weights_delta_level, keep_every=cfg.keep_every)
+    delta.require()  # at start, in one line, not at the first version
+    return delta.DeltaWriter(full_every=cfg.weights_full_every, level=cfg.weights_delta_level, keep_every=cfg.keep_every)
 
 
 def publish_delta(writer: Any, path: Path, version: int) -> dict[str, Any]:

@@ -63,11 +63,17 @@ class DeltaError(Exception):
 
 
 def _zstd() -> Any:
-    return need("zstandard", "cpu", "weights by delta (learner.weights_delta)")
+    return need("zstandard", "delta", "weights by delta (learner.weights_delta)")
 
 
 def _xxhash() -> Any:
-    return need("xxhash", "cpu", "weights by delta (learner.weights_delta)")
+    return need("xxhash", "delta", "weights by delta (learner.weights_delta)")
+
+
+def require() -> None:
+    """The packages deltas need are here, or ``MissingExtra`` naming the extra."""
+    _zstd()
+    _xxhash()
 
 
 def checksum(data: np.ndarray | bytes) -> str:

@@ -83,3 +83,11 @@ def test_bad_delta_settings_fail_at_start_naming_the_field(tmp_path):
     assert learner_cfg(tmp_path).delta_on is False  # auto, no weights_uri: off
     assert learner_cfg(tmp_path, weights_uri="memory://x/run").delta_on is True
     assert learner_cfg(tmp_path, weights_uri="memory://x/run", weights_delta="off").delta_on is False
+    from streamrl.learner.config import LoraConfig
+    from streamrl.learner.versions import delta_writer
+
+    assert delta_writer(learner_cfg(tmp_path, weights_delta="on")) is not None
+    lora = LoraConfig(rank=8)
+    assert delta_writer(learner_cfg(tmp_path, weights_delta="on", lora=lora)) is None  # adapters stay as they are
+    merged = LoraConfig(rank=8, merge_for_servers=True)
+    assert delta_writer(learner_cfg(tmp_path, weights_delta="on", lora=merged)) is not None  # full merged weights
