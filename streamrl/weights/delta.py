@@ -140,10 +140,11 @@ def encode(base: np.ndarray, new: np.ndarray, level: int = 1) -> tuple[bytes, li
     for name, begin, end, size in _tensors(new):
         dtype = _UINT[size]
         x = np.bitwise_xor(base[begin:end].view(dtype), new[begin:end].view(dtype))
-        changed = np.flatnonzero(x)
-        if changed.size == 0:
+        count = int(np.count_nonzero(x))  # (counted first: the positions only where they are few)
+        if count == 0:
             continue
-        if changed.size * (4 + size) < x.nbytes // 2 and x.size < 2**32:
+        if count * (4 + size) < x.nbytes // 2 and x.size < 2**32:
+            changed = np.flatnonzero(x)
             gaps = np.diff(changed, prepend=-1).astype(np.uint32)
             parts = [gaps.view(np.uint8), x[changed].view(np.uint8)]
             mode, count = "s", int(changed.size)
