@@ -84,7 +84,7 @@ ROUTER_REQUESTS = Counter("streamrl_reward_router_requests_total",
                           "Requests sent to a judge / reward server", ["router", "url"])
 ROUTER_ERRORS = Counter("streamrl_reward_router_request_errors_total",
                         "Failed requests to a judge / reward server (reason: timeout, connect, "
-                        "http_5xx, http_429, http_4xx, bad_response, health)", ["router", "url", "reason"])
+                        "http_5xx, http_429, http_4xx, bad_response, health, stream_timeout)", ["router", "url", "reason"])
 ROUTER_RETRIES = Counter("streamrl_reward_router_retries_total",
                          "Requests retried after failing on this server", ["router", "url"])
 ROUTER_REQUEST_SECONDS = Histogram("streamrl_reward_router_request_seconds",
@@ -297,6 +297,12 @@ ROLLOUT_SERVERS_OUT = Gauge("streamrl_rollout_servers_out",
                             "Rollout servers out of rotation (update failed or ejected by health checks)")
 ROLLOUT_SERVERS = Gauge("streamrl_rollout_servers",
                         "Rollout servers by state: on the learner's latest version, loading one, or out", ["state"])
+ROLLOUT_SERVER_HANGS = Counter("streamrl_rollout_server_hangs_total",
+                               "Times a rollout server streamed nothing for rollout.openai.stream_timeout_s with "
+                               "requests in flight (ejected; its requests continued on another server)", ["server"])
+ROLLOUT_REQUESTS_FAILED_OVER = Counter("streamrl_rollout_requests_failed_over_total",
+                                       "Requests cut from a rollout server that stopped streaming and continued on "
+                                       "another from the tokens they had streamed")
 ROLLOUT_REQUESTS_CONTINUED = Counter("streamrl_rollout_requests_continued_total",
                                      "Responses interrupted by a weight update and continued from their "
                                      "partial response on the new weights (rollout.on_update: partial)")

@@ -117,6 +117,7 @@ class OnUpdateBench(harness.Bench):
         w = self.w
         backend = OpenAIBackend("", "sim", servers=[self.url], update_api="sglang", on_update=mode,
                                 health_interval_s=0, timeout_s=600.0, token_ids=True)
+        await backend.use_starting_weights(0)  # the simulated server's starting weights are version 0
         params = SamplingParams(max_new_tokens=w.max_tokens)
         ends: dict[int, float] = {}
         finished: list[tuple[int, Any]] = []  # (the learner's version when it finished, sample)
@@ -168,7 +169,9 @@ class OnUpdateBench(harness.Bench):
             "s_per_version": wall / (w.versions - w.warmup),
             "busy_fraction": (last["busy_slot_s"] - snapshot["busy_slot_s"]) / (w.slots * (last["at"] - snapshot["at"])),
             "tokens_generated": int(last["tokens"]),
-            "tokens_thrown_away": int(last["lost"]),
+            # decoded and never delivered (the server's count), and delivered, then thrown away
+            # by an abort (the client's: requests to following servers are streamed)
+            "tokens_thrown_away": int(last["lost"]) + backend.fleet.discarded,
             "tokens_kept": int(sum(len(s.response_logprobs) for _, s in finished)),
             "responses": len(finished),
             "span_mean": sum(spans) / max(1, len(spans)),

@@ -89,7 +89,7 @@ async def evaluate_policy(cfg: PipelineConfig, *, policy: str, prompts: str, sco
     rescorer = Rescorer(resolve_scorer(scorer, cfg.reward))
     rc = dataclasses.replace(cfg.rollout, policy=policy).validate()
     backend = make_backend(rc)
-    backend.version = policy_version
+    await backend.use_starting_weights(policy_version)  # the weights it is on are that version (servers too)
     backend.reseed(cfg.eval.seed)
     params = SamplingParams(max_new_tokens=rc.max_new_tokens, temperature=rc.temperature, top_p=rc.top_p)
     renderer = ChatRenderer(backend.tokenizer)

@@ -86,6 +86,13 @@ class OpenAIBackendConfig:
     # /resume); a server without those endpoints (404), or false here: cut them and continue
     # each with a new request from its partial response
     pause_on_update: bool = True
+    # A server with requests in flight that streams nothing on any of them this long (frozen, or
+    # gone with its connections left open) is ejected and each of its requests continues on
+    # another server from the tokens it had streamed (any on_update: requests to servers that
+    # follow the learner are streamed). Longer than a server's longest prefill and than a
+    # client's wait for its first token when all its requests are queued; a paused load does not
+    # count. 0: not watched, and under drain/abort one whole request per prompt (not streamed).
+    stream_timeout_s: float = 30.0
 
 
 @dataclass
@@ -215,6 +222,8 @@ class RolloutConfig:
         if self.on_update == "partial" and self.backend == "vllm":
             raise ConfigError("config field 'rollout.on_update': partial is not supported by the vllm engine "
                               "in process yet (use backend openai with vllm serve, or transformers)")
+        if not o.stream_timeout_s >= 0:  # (NaN too)
+            raise ConfigError("config field 'rollout.openai.stream_timeout_s': must be >= 0 (0: not watched)")
         for name in ("group_size", "trajectories_per_version", "max_staleness", "max_batch_rows", "max_span"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config field 'rollout.{name}': must be >= 0")

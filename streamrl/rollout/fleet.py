@@ -47,6 +47,18 @@ does, and the backend continues each from the tokens it had streamed with a new 
 server rejoins. A server the router re-admits after failing health checks may have restarted
 on its initial weights, so it is out until it has loaded the target again.
 
+**Nothing before an announcement.** A server's starting weights are no version until the
+learner's announcement names them (``Member.version`` None: not eligible): an announced path is
+loaded first unless ``started_on`` is exactly it, and a version 0 announced with no path
+declares the starting weights to be version 0 (``starting``). Requests wait until then: a
+token of weights no announcement named would be stamped with a version it is not, and under
+``partial`` a response would mix two sets of weights under one stamp (issue 57).
+
+**Servers that hang.** With ``stream_timeout_s`` the fleet watches its servers' streams
+(``_watch_streams``): one with requests in flight that streamed nothing for that long is
+ejected as a failing one is, and its requests are cut (``Stamp.hung``); the backend continues
+each on another server from the tokens it had streamed, under any ``on_update``.
+
 The path a server loads is the learner's ``weights_uri`` as announced: the servers must see the
 same directory (a shared volume, as in the compose file and the Kubernetes manifests). A version
 published as a delta (``learner.weights_delta``) is rebuilt by the rollout worker into a full
@@ -105,9 +117,13 @@ class AdapterUnsupported(UpdateError):
 @dataclass
 class Stamp:
     """The policy version a request's tokens are generated on now: the server's version when it
-    started, moved by the fleet when the server loads new weights under it (a paused update)."""
+    started, moved by the fleet when the server loads new weights under it (a paused update).
+    ``member``: the server it streams from (each chunk is a sign of life, ``Member.last_chunk``);
+    ``hung``: the fleet cut it because that server stopped streaming (continued elsewhere)."""
 
     version: int
+    member: "Member | None" = None
+    hung: bool = False
 
 
 @dataclass
@@ -116,8 +132,10 @@ class Member:
 
     url: str
     completions_url: str = ""  # where its /completions is (an OpenAI base URL keeps its path)
-    version: int | None = 0  # the policy version loaded; None: unknown (restarted), not served
-    started: bool = True  # still on the weights it was started with (served as version 0)
+    # the policy version loaded; None: weights no announcement named (its starting weights before
+    # the learner's version 0 is loaded or declared to be them, or a restart): not served
+    version: int | None = None
+    started: bool = True  # still on the weights it was started with (never loaded one)
     updating: bool = False  # no new requests: draining / aborting / loading
     out: bool = False  # its last update failed: out of rotation until one succeeds
     failures: int = 0  # consecutive failed updates
@@ -127,6 +145,10 @@ class Member:
     task: asyncio.Task | None = None  # the update loop, while one runs
     adapter: str | None = None  # LoRA: the adapter requests name (None: the model's own weights)
     base: str | None = None  # LoRA: the base weights loaded (the adapters' base_uri)
+    # stream watch (stream_timeout_s): when it last streamed a chunk (or became busy), and whether
+    # its streams are silent on purpose (paused for a load)
+    last_chunk: float = 0.0
+    paused: bool = False
 
 
 def completions_url(given: str, root: str) -> str:
@@ -176,13 +198,21 @@ class ServerFleet:
                  max_requests_per_server: int = 0, headers: dict[str, str] | None = None,
                  update_timeout_s: float = 600.0, update_retry_s: float = 1.0, update_retry_max_s: float = 60.0,
                  health_interval_s: float = 5.0, eject_after: int = 3, started_on: str | None = None,
-                 pause_on_update: bool = True):
+                 pause_on_update: bool = True, stream_timeout_s: float = 0.0, initial_version: int | None = None):
         self.urls = expand_servers(urls)
         self.started_on = started_on  # the weights' path the servers were started on, if known
         self.router = Router(self.urls, name="rollout", health_interval_s=health_interval_s,
                              eject_after=eject_after, headers=dict(headers or {}))
         given = {server_root(u): u for u in urls}
-        self.members = {u: Member(u, completions_url(given.get(u, u), u)) for u in self.router.servers}
+        # initial_version: what the servers' starting weights are served as before any load: None
+        # (a fleet that follows the learner: nothing until an announcement names them or they have
+        # loaded one, ``starting``), or 0 where the servers keep their weights (update_api none,
+        # rollout.follow_policy false)
+        self.members = {u: Member(u, completions_url(given.get(u, u), u), version=initial_version)
+                        for u in self.router.servers}
+        self.stream_timeout_s = stream_timeout_s  # 0: streams not watched
+        self.failed_over = 0  # requests cut from a server that stopped streaming, continued elsewhere
+        self._watch: asyncio.Task | None = None
         self.update_api, self.on_update = update_api, on_update
         self.pause_on_update = pause_on_update  # partial: pause/resume where the servers have it
         self.paused = 0  # updates that paused a server's requests in place (partial)
@@ -198,6 +228,7 @@ class ServerFleet:
         self.tag = uuid.uuid4().hex[:6]
         self._retiring: set[asyncio.Task] = set()  # unloads of adapters waiting for their requests
         self.aborted = 0  # requests aborted for an update and resubmitted
+        self.discarded = 0  # tokens streamed, then thrown away by those aborts
         self.continued = 0  # requests cut for an update and continued from their partial response
         self.fatal: str | None = None  # why the fleet cannot follow the learner (a server without LoRA)
         self._changed = asyncio.Event()
@@ -209,9 +240,12 @@ class ServerFleet:
     async def start(self, session: Any) -> None:
         self._session = session
         await self.router.start(session)
+        if self.stream_timeout_s > 0 and self._watch is None:
+            self._watch = asyncio.create_task(self._watch_streams(), name="rollout-stream-watch")
 
     async def close(self) -> None:
         tasks = [m.task for m in self.members.values() if m.task] + list(self._retiring)
+        tasks += [self._watch] if self._watch else []
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -274,20 +308,30 @@ class ServerFleet:
 
     def follow(self, uri: str, version: int, base_uri: str | None = None) -> None:
         """Have every server load ``version`` from ``uri`` (in the background); ``base_uri``: the
-        version is a LoRA adapter on that base (module docstring). A server still
-        on the weights it was started with serves them as version 0 only if it was started on
-        exactly ``uri``: ``streamrl run`` announces its warm start as version 0, and a server
-        started on the base model would otherwise answer the first versions' requests, stamped
-        0, with other weights."""
+        version is a LoRA adapter on that base (module docstring). A server still on the weights
+        it was started with serves them as ``version`` without a load only if it was started on
+        exactly ``uri`` (``started_on``): ``streamrl run`` announces its warm start as version 0,
+        and a server started on the base model would otherwise answer requests stamped 0 with
+        other weights (issue 57: until then it serves nothing, ``Member.version`` None)."""
         self.target, self.target_uri, self.target_base = version, uri, base_uri
-        if not _same_path(self.started_on, base_uri or uri):
-            for m in self.members.values():
-                if m.started and m.version == 0:
-                    m.version = None  # not served until it has loaded
+        same = _same_path(self.started_on, uri) and base_uri is None
+        for m in self.members.values():
+            if m.started:  # on its starting weights
+                m.version = version if same else None  # None: not served until it has loaded
         log.info("rollout servers: loading policy version %d on %d servers (%s)", version,
                  len(self.members), self.on_update)
         for m in self.members.values():
             self._schedule(m)
+        self._notify()
+
+    def starting(self, version: int) -> None:
+        """The learner announced ``version`` (0) with no weights to load: its weights are the
+        ones the servers were started with (``rollout.policy``), so a server on them serves them
+        as that version from now on; one that has loaded other weights keeps its own version."""
+        self.target, self.target_uri, self.target_base = version, None, None
+        for m in self.members.values():
+            if m.started:
+                m.version = version
         self._notify()
 
     def _schedule(self, m: Member) -> None:
@@ -297,8 +341,10 @@ class ServerFleet:
             m.task = asyncio.create_task(self._update_loop(m), name=f"update:{public_url(m.url)}")
 
     def _readmitted(self, url: str) -> None:
-        """A server back from failing health checks may have restarted on its initial weights."""
+        """A server back from failing health checks (or a hang) may have restarted on its
+        initial weights."""
         m = self.members[url]
+        m.last_chunk = time.monotonic()
         if self.target_uri is not None and self.update_api != "none":
             m.version, m.started = None, True
             m.adapter = m.base = None  # (a restart lost its adapters and base: loaded again)
@@ -466,18 +512,25 @@ class ServerFleet:
             return False
         if status >= 300:
             raise UpdateError(f"{pause}: HTTP {status}: {text[:200]}")
+        # paused: its streams are silent on purpose, not a hang (_watch_streams); a server that
+        # froze before it answered the pause is still watched (its requests go elsewhere), one
+        # that freezes while loading is noticed when the load times out (update_timeout_s)
+        m.paused = True
         try:
-            await asyncio.wait_for(self._load(m.url, uri, version, paused=True), self.update_timeout_s)
-        except BaseException:
-            with contextlib.suppress(Exception):  # on the weights it has: the requests go on, stamped as they were
-                await self._post(m.url, resume, resume_body)
-            raise
-        for stamp in m.stamps.values():  # nothing decoded while paused: from here on, the new version's
-            stamp.version = version
-        m.version = version
-        status, text = await self._post(m.url, resume, resume_body)
-        if status >= 300:
-            raise UpdateError(f"{resume}: HTTP {status}: {text[:200]}")
+            try:
+                await asyncio.wait_for(self._load(m.url, uri, version, paused=True), self.update_timeout_s)
+            except BaseException:
+                with contextlib.suppress(Exception):  # on the weights it has: the requests go on, stamped as they were
+                    await self._post(m.url, resume, resume_body)
+                raise
+            for stamp in m.stamps.values():  # nothing decoded while paused: from here on, the new version's
+                stamp.version = version
+            m.version = version
+            status, text = await self._post(m.url, resume, resume_body)
+            if status >= 300:
+                raise UpdateError(f"{resume}: HTTP {status}: {text[:200]}")
+        finally:
+            m.paused, m.last_chunk = False, time.monotonic()  # the silence is measured from the resume
         self.paused += 1
         return True
 
@@ -503,6 +556,40 @@ class ServerFleet:
                     answer = {}
                 if isinstance(answer, dict) and answer.get("success") is False:
                     raise UpdateError(f"{route}: {str(answer.get('message'))[:200]}")
+
+    # -- servers that stop streaming --------------------------------------------------------------
+    async def _watch_streams(self) -> None:
+        """Every server with requests in flight must stream: one that sent nothing on any of
+        them for ``stream_timeout_s`` (a frozen process, a machine gone with its connections
+        left open, which no TCP error ever reports) is cut out (``_hung``). Measured per server,
+        not per request: a request queued behind others streams nothing for a long time on a
+        healthy server, whose running requests stream meanwhile; a paused load is silent on
+        purpose and not counted. One clock read per chunk (``Member.last_chunk``) is all the
+        streams pay; this loop wakes a few times a second."""
+        every = min(0.25, self.stream_timeout_s / 10)
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for m in self.members.values():
+                if m.inflight and not m.paused and now - m.last_chunk > self.stream_timeout_s:
+                    self._hung(m, now - m.last_chunk)
+
+    def _hung(self, m: Member, silent_s: float) -> None:
+        """``m`` stopped streaming: ejected as a failing server is (a health check re-admits it,
+        and it reloads the learner's version first), and each of its requests cut: the backend
+        continues it on another server from the tokens it had streamed (``Stamp.hung``)."""
+        metrics.ROLLOUT_SERVER_HANGS.labels(public_url(m.url)).inc()
+        log.error("rollout server %s: nothing streamed for %.1f s with %d requests in flight "
+                  "(rollout.openai.stream_timeout_s %.1f): ejected; its requests continue on another server",
+                  public_url(m.url), silent_s, len(m.inflight), self.stream_timeout_s)
+        if self.router.health_interval_s > 0:  # else nothing would ever re-admit it
+            self.router.eject(m.url, "stream_timeout")
+        for stamp in m.stamps.values():
+            stamp.hung = True
+        for t in list(m.inflight):
+            t.cancel()
+        m.last_chunk = time.monotonic()
+        self._notify()
 
     # -- reporting ----------------------------------------------------------------------------------
     def _export(self) -> None:

@@ -193,6 +193,7 @@ class RolloutWorker:
             if latest.weights_uri is None:
                 if latest.version == 0:  # the initial weights, which this worker started from
                     self.lineage = latest.lineage
+                    await self.backend.use_starting_weights(0)
                     return 0.0
                 log.error("policy version %d has no weights_uri: keeping version %d",
                           latest.version, self.backend.version)

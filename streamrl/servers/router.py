@@ -274,6 +274,18 @@ class Router:
                         self.name, public_url(url), server.failures, reason)
             self._export()
 
+    def eject(self, url: str, reason: str) -> None:
+        """Take ``url`` out of rotation now, whatever its failure count: its user saw it fail
+        beyond doubt (the rollout fleet: a server that stopped streaming). A health check
+        re-admits it as any ejected server."""
+        metrics.ROUTER_ERRORS.labels(self.name, public_url(url), reason).inc()
+        server = self.servers[url]
+        server.failures = max(server.failures, self.eject_after)
+        if not server.ejected:
+            server.ejected = True
+            log.warning("%s: ejected %s (%s)", self.name, public_url(url), reason)
+            self._export()
+
     def _succeeded(self, url: str) -> None:
         self.servers[url].failures = 0
 

@@ -3,23 +3,21 @@ is continued on them from its partial response, and every token carries the vers
 produced it (``token_versions``) with its behaviour log-prob under those weights.
 
 The server is a real aiohttp server in the test speaking the OpenAI completions API, streamed
-(server-sent events, as vLLM and SGLang stream) and SGLang's ``/update_weights_from_disk``. It
-produces tokens at a fixed rate and its weights are a version number: the token after a context
-is a function of the context's length and the version, with log-prob ``-(version + 1) / 10``,
-so a test knows exactly which tokens each version gives after any prefix.
+(server-sent events, as vLLM and SGLang stream) and SGLang's ``/update_weights_from_disk``
+(``tests.rollout.streaming``). It produces tokens at a fixed rate and its weights are a version
+number: the token after a context is a function of the context's length and the version, with
+log-prob ``-(version + 1) / 10``, so a test knows exactly which tokens each version gives after
+any prefix.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import re
 
 import numpy as np
-import orjson
 import pytest
 import torch
-from aiohttp import web
 
 from streamrl.learner import losses
 from streamrl.learner.config import LearnerConfig
@@ -32,142 +30,8 @@ from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
 from streamrl.rollout.worker import RolloutWorker
-from tests.helpers import AppServer, read_topic
-
-PROMPT = [11, 12, 13, 14]
-LENGTH = 30  # every response is this many tokens (prompt tokens are < 100, response tokens >= 100)
-STOP_AT = len(PROMPT) + LENGTH
-
-
-def token(context_len: int, version: int) -> int:
-    return 100 + (context_len * 7 + version * 1000) % 3000
-
-
-def logprob(version: int) -> float:
-    return -(version + 1) / 10
-
-
-class TokenServer(AppServer):
-    """Completions at ``rate`` tokens per second, streamed or whole; weights = a version."""
-
-    def __init__(self, rate: float = 100.0, load_s: float = 0.05):
-        self.rate, self.load_s, self.version = rate, load_s, 0
-        self.requests: list[dict] = []
-
-    def routes(self, app: web.Application) -> None:
-        app.router.add_get("/health", self._health)
-        app.router.add_post("/v1/completions", self._complete)
-        app.router.add_post("/update_weights_from_disk", self._load)
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response()
-
-    async def _load(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        await asyncio.sleep(self.load_s)
-        self.version = int(re.search(r"v(\d+)$", body["model_path"]).group(1))
-        return web.json_response({"success": True})
-
-    async def _complete(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests.append(body)
-        prompt = body["prompt"]
-        context = [b % 100 for b in prompt.encode()] if isinstance(prompt, str) else list(prompt)
-        given = sum(1 for t in context if t < 100)  # the prompt's; the response's so far are >= 100
-        version = self.version
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        first = True
-        for _ in range(int(body["max_tokens"])):
-            await asyncio.sleep(1 / self.rate)
-            assert self.version == version, "weights changed under a request"
-            t = token(len(context), version)
-            context.append(t)
-            done = len(context) - given >= LENGTH
-            choice = {"index": 0, "text": f"<{t}>", "finish_reason": "stop" if done else None,
-                      "logprobs": {"tokens": [f"token_id:{t}"], "token_logprobs": [logprob(version)]}}
-            if first:
-                choice["prompt_token_ids"] = context[:-1]
-                first = False
-            await resp.write(b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n")
-            if done:
-                break
-        else:
-            await resp.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}\n\n')
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-
-class PausingServer(TokenServer):
-    """``TokenServer`` with the pause/resume endpoints as documented: SGLang ``POST
-    /pause_generation {"mode": "retract"}`` and ``/continue_generation``, vLLM ``POST
-    /pause?mode=keep&clear_cache=true`` and ``/resume`` (its load ``/collective_rpc``). A paused
-    server decodes nothing and its open streams wait; each token is computed on the weights
-    loaded when it is decoded (the caches cleared at the pause: nothing of the old weights
-    carries over). ``abort_on_pause``: a vLLM before the ``keep`` mode, whose pause aborts the
-    requests in flight (``finish_reason: abort``). A load while a request decodes fails the test."""
-
-    def __init__(self, rate: float = 100.0, load_s: float = 0.05, abort_on_pause: bool = False):
-        super().__init__(rate, load_s)
-        self.running = asyncio.Event()
-        self.running.set()
-        self.abort_on_pause = abort_on_pause
-        self.calls: list[str] = []  # the control calls, in order
-        self.decoded: list[int] = []  # the version of every token decoded
-
-    def routes(self, app: web.Application) -> None:
-        super().routes(app)
-        for route in ("/pause_generation", "/continue_generation", "/pause", "/resume", "/collective_rpc"):
-            app.router.add_post(route, self._control)
-
-    async def _control(self, request: web.Request) -> web.Response:
-        route = request.path
-        self.calls.append(route + (f"?{request.query_string}" if request.query_string else ""))
-        body = await request.json() if request.can_read_body else None
-        if route in ("/pause_generation", "/pause"):
-            assert (body == {"mode": "retract"}) if route == "/pause_generation" else \
-                (request.query.get("mode") == "keep" and request.query.get("clear_cache") == "true")
-            self.running.clear()
-        elif route in ("/continue_generation", "/resume"):
-            self.running.set()
-        else:  # vLLM's load through streamrl's worker extension
-            assert not self.running.is_set(), "weights loaded under running requests"
-            await asyncio.sleep(self.load_s)
-            self.version = int(re.search(r"v(\d+)$", body["args"][0]).group(1))
-        return web.json_response({"success": True})
-
-    async def _load(self, request: web.Request) -> web.Response:
-        assert not self.running.is_set(), "weights loaded under running requests"
-        return await super()._load(request)
-
-    async def _complete(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests.append(body)
-        context = list(body["prompt"]) if isinstance(body["prompt"], list) else [1] * 4
-        given = sum(1 for t in context if t < 100)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i in range(int(body["max_tokens"])):
-            await asyncio.sleep(1 / self.rate)
-            if not self.running.is_set():
-                if self.abort_on_pause:
-                    await resp.write(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "abort"}]}\n\n')
-                    break
-                await self.running.wait()
-            t = token(len(context), self.version)
-            self.decoded.append(self.version)
-            context.append(t)
-            done = len(context) - given >= LENGTH
-            choice = {"index": 0, "text": f"<{t}>", "finish_reason": "stop" if done else None,
-                      "logprobs": {"tokens": [f"token_id:{t}"], "token_logprobs": [logprob(self.version)]}}
-            if i == 0:
-                choice["prompt_token_ids"] = context[:-1]
-            await resp.write(b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n")
-            if done:
-                break
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
+from tests.helpers import read_topic
+from tests.rollout.streaming import LENGTH, PROMPT, STOP_AT, PausingServer, TokenServer, expected, weights_of
 
 @pytest.mark.parametrize("api", ["sglang", "vllm", "vllm-aborting"])
 def test_a_paused_update_resumes_the_requests_in_flight_on_the_new_weights(tmp_path, api):
@@ -183,6 +47,7 @@ def test_a_paused_update_resumes_the_requests_in_flight_on_the_new_weights(tmp_p
         backend = OpenAIBackend("", "policy", servers=[server.url], update_api=api.split("-")[0],
                                 on_update="partial", health_interval_s=0)
         try:
+            await backend.use_starting_weights(0)  # the servers' starting weights are version 0
             request = asyncio.create_task(backend.generate([PROMPT], 2, SamplingParams(max_new_tokens=64)))
             await asyncio.sleep(0.12)  # ~10 tokens in
             await backend.load_weights(str(tmp_path / "v1"), 1)
@@ -209,23 +74,13 @@ def test_a_paused_update_resumes_the_requests_in_flight_on_the_new_weights(tmp_p
     assert server.decoded == sorted(server.decoded)  # no token of v0 after one of v1: nothing decoded paused
 
 
-def expected(prefix: int, versions: list[tuple[int, int]]) -> tuple[list[int], list[float]]:
-    """The tokens and log-probs after ``prefix`` tokens of context, run by run."""
-    ids, lps, n = [], [], prefix
-    for version, count in versions:
-        for _ in range(count):
-            ids.append(token(n, version))
-            lps.append(logprob(version))
-            n += 1
-    return ids, lps
-
-
 def test_an_update_mid_response_continues_it_on_the_new_weights(tmp_path):
     async def go():
         server = await TokenServer(rate=100).start()
         backend = OpenAIBackend("", "policy", servers=[server.url], update_api="sglang", on_update="partial",
                                 health_interval_s=0)
         try:
+            await backend.use_starting_weights(0)
             request = asyncio.create_task(backend.generate([PROMPT], 2, SamplingParams(max_new_tokens=64)))
             await asyncio.sleep(0.12)  # ~10 tokens in
             await backend.load_weights(str(tmp_path / "v1"), 1)
@@ -466,3 +321,97 @@ def test_the_learner_reports_span_and_worst_staleness_under_verls_names():
     observe_staleness([old, spanning], version=6)
     assert metrics.LEARNER_SPAN._sum.get() - before == 1 + 3
     assert metrics.LEARNER_WORST_STALENESS._value.get() == 3
+
+
+STARTING = -1  # the weights the servers start on: not version 0's
+
+
+@pytest.mark.parametrize("api", ["sglang", "vllm", "no-pause"])
+def test_servers_on_other_starting_weights_stamp_no_token_with_a_version_it_is_not(tmp_path, api):
+    """Issue 57: servers started on weights that are not the announced version 0 (here -1),
+    requests sent before any announcement, then v0 announced (a path: loaded) and v1 while they
+    stream, under ``partial`` with SGLang's and vLLM's pause/resume and with none (cut and
+    continued). Every token is traced to the weights that decoded it (its id and log-prob are
+    those weights' after its context): each is stamped with exactly that version, the runs
+    cover every token, and nothing was decoded on the starting weights."""
+    async def go():
+        servers = [await (PausingServer(rate=100, version=STARTING) if api != "no-pause" else
+                          TokenServer(rate=100, version=STARTING)).start() for _ in range(2)]
+        backend = OpenAIBackend("", "policy", servers=[s.url for s in servers], update_api=api.replace("no-pause", "sglang"),
+                                on_update="partial", health_interval_s=0)
+        try:
+            request = asyncio.create_task(backend.generate([PROMPT], 4, SamplingParams(max_new_tokens=64)))
+            await asyncio.sleep(0.3)
+            sent_before = sum(len(s.requests) for s in servers)  # nothing on weights no announcement named
+            await backend.load_weights(str(tmp_path / "v0"), 0)
+            while not all(len(s.requests) for s in servers):
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # ~10 tokens of v0 in
+            await backend.load_weights(str(tmp_path / "v1"), 1)
+            (group,) = await request
+            return group, servers, sent_before
+        finally:
+            await backend.close()
+            for s in servers:
+                await s.stop()
+
+    group, servers, sent_before = asyncio.run(go())
+    assert sent_before == 0
+    checked = 0
+    for s in group:
+        runs = s.version_runs()
+        assert sum(n for _, n in runs.runs) == len(s.response_ids) == LENGTH  # the runs cover every token
+        stamped = runs.per_token().tolist()
+        traced = weights_of(len(PROMPT), s.response_ids, s.response_logprobs.tolist(), range(STARTING, 2))
+        assert traced == stamped, (s.token_versions, traced)
+        assert stamped[0] == 0 and stamped[-1] == 1 and s.policy_version == 0
+        checked += len(stamped)
+    assert checked == 4 * LENGTH
+    for server in servers:
+        if isinstance(server, PausingServer):
+            assert STARTING not in server.decoded and server.decoded == sorted(server.decoded)
+
+
+def test_the_worker_sends_nothing_until_version_0_is_announced_and_loaded(memory_bus, tmp_path):
+    """The rollout stage up before the learner has announced anything, its servers on other
+    starting weights: a prompt waits (no request) until version 0 is announced and loaded,
+    and every token of its records is stamped with the weights that decoded it (v0, then v1
+    announced mid-response)."""
+    bus = memory_bus
+
+    async def go():
+        server = await PausingServer(rate=40, version=STARTING).start()
+        cfg = RolloutConfig(backend="openai", group_size=2, on_update="partial", servers=[server.url],
+                            weights_prefixes=[str(tmp_path)],
+                            openai=OpenAIBackendConfig(model="policy", api_key_env="", update_api="sglang",
+                                                       health_interval_s=0))
+        worker = RolloutWorker(bus, cfg)
+        producer = bus.producer("learner")
+        await producer.start()
+        task = asyncio.create_task(worker.run())
+        try:
+            await producer.send_and_wait(Prompt(group_id="g0", group_size=2, data_source="gsm8k", prompt="1 + 1 =",
+                                                ground_truth="2"))
+            await asyncio.sleep(1.0)
+            before = len(server.requests)
+            await producer.send_and_wait(PolicyVersion(version=0, weights_uri=str(tmp_path / "v0")))
+            while not server.requests:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            await producer.send_and_wait(PolicyVersion(version=1, weights_uri=str(tmp_path / "v1")))
+            records = [Trajectory.decode(m.value) for m in await read_topic(bus, "rollouts", 2, timeout_s=30)]
+            return records, before, server
+        finally:
+            await producer.stop()
+            worker.stop()
+            await task
+            await server.stop()
+
+    records, before, server = asyncio.run(go())
+    assert before == 0 and STARTING not in server.decoded
+    for r in records:
+        prompt_ids = r.array("prompt_ids").tolist()
+        stamped = r.versions().per_token().tolist()
+        traced = weights_of(len(prompt_ids), r.array("response_ids").tolist(),
+                            r.array("response_logprobs").tolist(), range(STARTING, 2))
+        assert traced == stamped and len(stamped) == LENGTH and stamped[0] == 0 and stamped[-1] == 1

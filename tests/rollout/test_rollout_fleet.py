@@ -32,6 +32,7 @@ from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig, ServersL
 from streamrl.rollout.worker import RolloutWorker
 from streamrl.servers.processes import ServerConfig, ServerProcesses, server_argv
 from tests.helpers import AppServer, last_json_line, read_topic
+from tests.rollout.streaming import reply
 
 
 class PolicyServer(AppServer):
@@ -69,8 +70,7 @@ class PolicyServer(AppServer):
                     "prompt_token_ids": [1, 2, 3], "logprobs": {"tokens": ["a", "b", "c"],
                                                                  "token_logprobs": [-0.5, -0.25, -1.0]}}
                    for i in range(body.get("n", 1))]
-        return web.json_response({"id": "cmpl", "object": "text_completion", "model": body["model"],
-                                  "choices": choices})
+        return await reply(request, body, choices)
 
     async def _load(self, route: str, body: object, path: str) -> web.Response:
         self.updates.append((route, body))
@@ -172,6 +172,7 @@ def test_an_update_mid_request_drains_or_aborts_and_resubmits(tmp_path, on_updat
                                 health_interval_s=0)
         before = metrics.ROLLOUT_REQUESTS_ABORTED._value.get()
         try:
+            await backend.use_starting_weights(0)
             request = asyncio.create_task(backend.generate(["1 + 1 ="], 2, SamplingParams()))
             await asyncio.sleep(0.3)  # in flight now
             await backend.load_weights(str(tmp_path / "v1"), 1)
@@ -187,7 +188,7 @@ def test_an_update_mid_request_drains_or_aborts_and_resubmits(tmp_path, on_updat
     expected = 0 if on_update == "drain" else 1
     assert len(group) == 2 and all(s.policy_version == expected and s.text == f"v{expected}-v{expected}"
                                    for s in group)
-    assert aborted == (1 if on_update == "abort" else 0)
+    assert aborted == (2 if on_update == "abort" else 0)  # each sample its own (streamed) request
 
 
 def test_a_server_failing_its_update_is_out_retried_and_rejoins(tmp_path):
@@ -226,6 +227,7 @@ def test_router_sends_fewer_requests_to_a_slow_server_and_none_to_a_dead_one():
         backend = OpenAIBackend("", "policy", servers=[fast.url, slow.url], update_api="sglang",
                                 health_interval_s=0.2, eject_after=2, max_retries=3)
         try:
+            await backend.use_starting_weights(0)
             async def client() -> None:  # 4 clients, one request at a time each
                 for i in range(10):
                     await backend.generate([f"{i}"], 1, SamplingParams())

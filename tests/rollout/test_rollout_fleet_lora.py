@@ -25,6 +25,7 @@ from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.config import OpenAIBackendConfig, RolloutConfig
 from streamrl.rollout.worker import RolloutWorker
 from tests.helpers import AppServer
+from tests.rollout.streaming import reply
 
 
 class LoraServer(AppServer):
@@ -91,7 +92,7 @@ class LoraServer(AppServer):
         choices = [{"index": i, "text": f"v{version}", "finish_reason": "stop", "token_ids": [5, 6],
                     "prompt_token_ids": [1, 2], "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -1.0]}}
                    for i in range(body.get("n", 1))]
-        return web.json_response({"id": "cmpl", "object": "text_completion", "model": model, "choices": choices})
+        return await reply(request, body, choices)
 
     async def _load(self, request: web.Request) -> web.Response:
         body = await request.json()

@@ -62,5 +62,6 @@ def make_backend(cfg) -> Backend:
                              update_timeout_s=o.update_timeout_s, update_retry_s=o.update_retry_s,
                              update_retry_max_s=o.update_retry_max_s, health_interval_s=o.health_interval_s,
                              eject_after=o.eject_after, started_on=o.started_on or None,
-                             pause_on_update=o.pause_on_update)
+                             pause_on_update=o.pause_on_update, stream_timeout_s=o.stream_timeout_s,
+                             follow_policy=cfg.follow_policy)
     raise ValueError(f"unknown backend {cfg.backend!r}")

@@ -79,6 +79,12 @@ class Backend(ABC):
         the version is a LoRA adapter (PEFT layout at ``uri``) on the base weights there."""
         raise WeightLoadError(f"the {self.name} backend cannot load weights")
 
+    async def use_starting_weights(self, version: int) -> None:
+        """The learner announced ``version`` with no weights to load: they are the ones this
+        backend started with. A local engine is on them already; a server fleet serves nothing
+        until an announcement names its servers' weights (``OpenAIBackend``)."""
+        self.version = version
+
     def reseed(self, seed: int) -> None:
         """Seed the sampling from here on (an evaluation starts each version from the same seed,
         so its figure does not depend on what ran before). A server's backend cannot: no-op."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
@@ -17,6 +18,9 @@ from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavai
 
 if TYPE_CHECKING:
     from streamrl.rollout.fleet import Stamp
+
+monotonic = time.monotonic
+_NONE: dict[str, Any] = {}  # (a chunk without logprobs)
 
 #: how ``_post_to_one`` sends a request and reads its answer: (url, payload, headers, stamp: the
 #: version its tokens are generated on, which a paused update moves)
@@ -37,15 +41,25 @@ class OpenAIBackend(Backend):
 
     With ``update_api`` sglang or vllm the fleet follows the learner (``load_weights`` has every
     server load the version) and each sample carries the version its server had when the
-    request started. With ``none`` (a hosted model) the servers own their weights:
-    ``can_load_weights`` is False and samples are stamped version 0."""
+    request started. Until the learner's first announcement names the servers' weights
+    (``load_weights``, or ``use_starting_weights``: version 0 *is* the weights they started on)
+    no request is sent: tokens of weights no announcement named would be stamped with a version
+    they are not (issue 57), and the records have no way to say "no version". With ``none`` (a
+    hosted model) the servers own their weights: ``can_load_weights`` is False and samples are
+    stamped version 0; so are they with ``follow_policy`` off.
+
+    Requests to servers that follow the learner are streamed (each sample its own request, as
+    ``partial`` does), so a server that stops streaming mid-response (``stream_timeout_s``,
+    ``ServerFleet._watch_streams``) loses no tokens: each of its requests continues on another
+    server from the tokens it had streamed, whatever ``on_update`` is. ``stream_timeout_s`` 0
+    (or ``update_api`` none) sends one whole request per prompt, as before."""
 
     name = "openai"
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout_s: float = 300.0,
                  max_retries: int = 4, token_ids: bool = True, *, servers: Sequence[str] = (),
                  update_api: str = "none", on_update: str = "drain", started_on: str | None = None,
-                 **fleet: Any):
+                 stream_timeout_s: float = 30.0, follow_policy: bool = True, **fleet: Any):
         super().__init__()
         from streamrl.rollout.fleet import ServerFleet
 
@@ -56,8 +70,13 @@ class OpenAIBackend(Backend):
         self.can_load_weights = update_api != "none"
         if update_api == "none":  # a hosted API has no /health: never eject, as before fleets
             fleet = {**fleet, "health_interval_s": 0.0, "eject_after": 1 << 30}
+        # streamed: partial (continued across updates), and every request to servers that follow
+        # the learner (continued across a server that hangs)
+        self.streamed = on_update == "partial" or (update_api != "none" and stream_timeout_s > 0)
         self.fleet = ServerFleet(list(servers) or [base_url], update_api=update_api, on_update=on_update,
-                                 headers=self._headers, started_on=started_on, **fleet)
+                                 headers=self._headers, started_on=started_on,
+                                 stream_timeout_s=stream_timeout_s if self.streamed else 0.0,
+                                 initial_version=None if update_api != "none" and follow_policy else 0, **fleet)
         self._session = None
 
     @property
@@ -67,7 +86,7 @@ class OpenAIBackend(Backend):
     async def generate(self, prompts: Sequence[PromptInput], n: int,
                        params: SamplingParams) -> list[list[Completion]]:
         await self._ensure_session()
-        complete = self._complete_partial if self.fleet.on_update == "partial" else self._complete
+        complete = self._complete_streamed if self.streamed else self._complete
         return list(await asyncio.gather(*(complete(p, n, params) for p in prompts)))
 
     async def load_weights(self, uri: str, version: int, base_uri: str | None = None) -> float:
@@ -86,6 +105,12 @@ class OpenAIBackend(Backend):
         self.version = version
         return 0.0
 
+    async def use_starting_weights(self, version: int) -> None:
+        """The learner announced ``version`` with no weights (its initial weights, which the
+        servers were started on): the servers serve them as that version."""
+        self.fleet.starting(version)
+        self.version = version
+
     async def _ensure_session(self) -> None:
         import aiohttp
 
@@ -100,7 +125,7 @@ class OpenAIBackend(Backend):
             self._session = None
 
     async def _post(self, body: dict[str, Any] | Callable[[], dict[str, Any]],
-                    send: Sender | None = None) -> tuple[dict[str, Any], int]:
+                    part: "_Partial | None" = None) -> tuple[dict[str, Any], int]:
         """The answer and the policy version of the server that gave it. Connection errors,
         429 and 5xx are retried (on another server where there is one) with exponential
         backoff; a request aborted for a weight update is resubmitted without counting as a
@@ -120,7 +145,7 @@ class OpenAIBackend(Backend):
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await self._post_to_one(tried, body, headers, send)
+                    return await self._post_to_one(tried, body, headers, part)
         except RetryError as exc:
             raise BackendUnavailable(f"{len(tried)} attempts failed, last: {exc.last_attempt.exception()}") from None
         except Unavailable as exc:  # none to pick (RouterError is one too, retried above)
@@ -128,44 +153,62 @@ class OpenAIBackend(Backend):
         raise AssertionError("unreachable: tenacity returns or raises")
 
     async def _post_to_one(self, tried: list[str], body: dict[str, Any] | Callable[[], dict[str, Any]],
-                           headers: dict[str, str], send: Sender | None = None) -> tuple[dict[str, Any], int]:
+                           headers: dict[str, str], part: "_Partial | None" = None) -> tuple[dict[str, Any], int]:
         """One attempt on one server the fleet leases (not one in ``tried``); a request aborted
         for a weight update is resubmitted here, as if never sent (``body`` a function: built
-        again for each send, so that a partial rollout's continues from where it was cut). The
+        again for each send, so that a streamed sample's continues from where it was cut). The
         request names the model the server is on now (its LoRA adapter, when versions are
-        adapters). ``send``: how the request is sent and read (default: one JSON answer)."""
+        adapters). ``part``: the sample it streams into (None: one JSON answer). A request cut
+        because its server stopped streaming (``Stamp.hung``) continues at once on another
+        server, that one counted as tried and failed."""
+        from streamrl import metrics
         from streamrl.rollout.fleet import Stamp
+        from streamrl.servers.router import RouterError
 
+        send = part.stream(self) if part is not None else self._send_once
         while True:
-            async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
-                tried.append(server.url)
-                payload = orjson.dumps({**(body() if callable(body) else body),
-                                        "model": self.fleet.model_for(server, self.model)})
-                stamp = Stamp(version)  # a paused update moves it (fleet docstring)
-                task = asyncio.create_task((send or self._send_once)(server.completions_url, payload, headers,
-                                                                     stamp))
-                server.inflight.add(task)
-                server.stamps[task] = stamp
-                try:
-                    await asyncio.wait({task})
-                finally:
-                    server.inflight.discard(task)
-                    server.stamps.pop(task, None)
-                    if not task.done():  # this caller was cancelled: so is its request
-                        task.cancel()
-                if task.cancelled() or isinstance(task.exception(), Cut):
-                    # cut for a weight update: resubmit (abort) or continue (partial)
-                    from streamrl import metrics
-
-                    if self.fleet.on_update == "partial":
-                        self.fleet.continued += 1
-                        metrics.ROLLOUT_REQUESTS_CONTINUED.inc()
-                    else:
-                        self.fleet.aborted += 1
-                        metrics.ROLLOUT_REQUESTS_ABORTED.inc()
-                    tried.pop()
-                    continue
-                return task.result(), version
+            stamp: Stamp | None = None
+            try:
+                async with self.fleet.lease(tried, wait_s=self.timeout_s) as (server, version):
+                    tried.append(server.url)
+                    payload = orjson.dumps({**(body() if callable(body) else body),
+                                            "model": self.fleet.model_for(server, self.model)})
+                    stamp = Stamp(version, server)  # a paused update moves it (fleet docstring)
+                    if not server.inflight:  # busy from now: its silence is measured from here
+                        server.last_chunk = time.monotonic()
+                    task = asyncio.create_task(send(server.completions_url, payload, headers, stamp))
+                    server.inflight.add(task)
+                    server.stamps[task] = stamp
+                    try:
+                        await asyncio.wait({task})
+                    finally:
+                        server.inflight.discard(task)
+                        server.stamps.pop(task, None)
+                        if not task.done():  # this caller was cancelled: so is its request
+                            task.cancel()
+                    if stamp.hung:  # the server's failure (it is ejected), never its answer
+                        raise RouterError("stream_timeout", f"{server.url}: stopped streaming")
+                    if not (task.cancelled() or isinstance(task.exception(), Cut)):
+                        return task.result(), version  # (its errors count against the server)
+            except RouterError:
+                if stamp is None or not stamp.hung:
+                    raise
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    return task.result(), version  # it ended as the server was cut out
+                self.fleet.failed_over += 1
+                metrics.ROLLOUT_REQUESTS_FAILED_OVER.inc()
+                continue  # from the tokens it had (part), on another server: tried keeps this one
+            # cut for a weight update: resubmit (abort) or continue (partial)
+            if self.fleet.on_update == "partial":
+                self.fleet.continued += 1
+                metrics.ROLLOUT_REQUESTS_CONTINUED.inc()
+            else:
+                if part is not None:  # abort: its tokens are thrown away, all of one version
+                    self.fleet.discarded += len(part.logprobs)
+                    part.reset()
+                self.fleet.aborted += 1
+                metrics.ROLLOUT_REQUESTS_ABORTED.inc()
+            tried.pop()
 
     async def _send_once(self, url: str, payload: bytes, headers: dict[str, str], stamp: "Stamp") -> dict[str, Any]:
         return await self._post_once(url, payload, headers)
@@ -201,12 +244,14 @@ class OpenAIBackend(Backend):
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendError(f"{self.url}: unexpected response shape ({type(exc).__name__}: {exc})") from None
 
-    async def _complete_partial(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Completion]:
-        """``on_update: partial``: each sample its own streamed request (a server's prefix cache
-        shares the prompt), its tokens kept as they arrive. A weight update cuts it (the fleet
-        cancels it like an abort); it then continues, on the new weights, from the prompt plus
-        the tokens so far with what is left of the budget, each token stamped with the version
-        of the server that sent it. A connection lost mid-stream continues the same way."""
+    async def _complete_streamed(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Completion]:
+        """Each sample its own streamed request (a server's prefix cache shares the prompt), its
+        tokens kept as they arrive. Cut by a weight update (the fleet cancels it): under
+        ``partial`` it continues, on the new weights, from the prompt plus the tokens so far
+        with what is left of the budget, each token stamped with the version of the server that
+        sent it; under ``abort`` it starts over. A connection lost mid-stream, or a server that
+        stopped streaming (``stream_timeout_s``), continues it the same way under any
+        ``on_update``: tokens already decoded are never decoded again."""
         parts = [_Partial(prompt, params.max_new_tokens) for _ in range(n)]
 
         async def one(part: _Partial) -> Completion:
@@ -215,16 +260,19 @@ class OpenAIBackend(Backend):
             if self.token_ids:
                 base.update(return_token_ids=True, return_tokens_as_token_ids=True)
             while not part.finished:
-                await self._post(lambda: part.body(base), send=part.stream(self))
+                await self._post(lambda: part.body(base), part)
             return part.completion()
 
         return list(await asyncio.gather(*(one(p) for p in parts)))
 
-    async def _stream_once(self, url: str, payload: bytes, headers: dict[str, str], take: Callable[[dict], None]
-                           ) -> None:
-        """A streamed completion (server-sent events), each chunk handed to ``take`` as it comes.
+    async def _stream_once(self, url: str, payload: bytes, headers: dict[str, str], take: Callable[[dict], None],
+                           stamp: "Stamp | None" = None) -> None:
+        """A streamed completion (server-sent events), each chunk handed to ``take`` as it comes
+        and noted as a sign of its server's life (``stamp.member``: the fleet's stream watch).
         A stream that ends before its finish reason is a ``RouterError`` (retried: continued)."""
         from streamrl.servers.router import RouterError
+
+        alive = stamp.member if stamp is not None else None
 
         async with self._session.post(url, data=payload, headers=headers) as resp:
             if resp.status >= 400:
@@ -233,15 +281,27 @@ class OpenAIBackend(Backend):
                     raise RouterError(f"http_{'429' if resp.status == 429 else '5xx'}",
                                       f"HTTP {resp.status}: {text[:200]}")
                 raise BackendError(f"{url}: HTTP {resp.status}: {text[:500]}")
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    return
+            # whatever has arrived, split into lines here: one read per network read, not two
+            # aiohttp line reads per event (each token is an event: this is the per-token path)
+            rest = b""
+            async for got in resp.content.iter_any():
+                if alive is not None:
+                    alive.last_chunk = monotonic()
+                *lines, rest = (rest + got).split(b"\n")
+                for raw in lines:
+                    if not raw.startswith(b"data:"):
+                        continue
+                    data = raw[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    try:
+                        take(orjson.loads(data))
+                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                        raise BackendError(f"{url}: unexpected stream chunk ({type(exc).__name__}: {exc})") from None
+            last = rest[5:].strip() if rest.startswith(b"data:") else b""  # an event the stream ended without a newline
+            if last and last != b"[DONE]":
                 try:
-                    take(orjson.loads(data))
+                    take(orjson.loads(last))
                 except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     raise BackendError(f"{url}: unexpected stream chunk ({type(exc).__name__}: {exc})") from None
 
@@ -272,7 +332,7 @@ class _Partial:
     prompt_ids: list[int] | None = None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    text: str = ""
+    texts: list[str] = field(default_factory=list)  # the text, chunk by chunk (joined once: ``text``)
     runs: VersionRuns = field(default_factory=lambda: VersionRuns([]))
     ids_missing: bool = False  # a chunk came without token ids: the response is text only
     finish_reason: str | None = None
@@ -282,6 +342,10 @@ class _Partial:
     def __post_init__(self) -> None:
         if isinstance(self.prompt, list):
             self.prompt_ids = [int(t) for t in self.prompt]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
 
     @property
     def finished(self) -> bool:
@@ -303,7 +367,7 @@ class _Partial:
         the version its request is on when the chunk arrives (``stamp``: a paused update moves
         it)."""
         async def send(url: str, payload: bytes, headers: dict[str, str], stamp: "Stamp") -> dict[str, Any]:
-            await backend._stream_once(url, payload, headers, lambda chunk: self.take(chunk, stamp.version))
+            await backend._stream_once(url, payload, headers, lambda chunk: self.take(chunk, stamp.version), stamp)
             if self.cut:
                 self.cut = False
                 raise Cut(f"{url}: the server aborted the request")
@@ -314,15 +378,25 @@ class _Partial:
             return {}
         return send
 
+    def reset(self) -> None:
+        """Forget what it streamed (``abort``: a response cut for an update is generated again,
+        whole, on one version)."""
+        if not isinstance(self.prompt, list):
+            self.prompt_ids = None
+        self.ids, self.logprobs, self.texts = [], [], []
+        self.runs, self.ids_missing, self.finish_reason, self.cut = VersionRuns([]), False, None, False
+
     def take(self, chunk: dict[str, Any], version: int) -> None:
         """One streamed chunk of choice 0 (vLLM's and SGLang's completions stream)."""
         self.version = version
         for choice in chunk.get("choices") or ():
-            lp = choice.get("logprobs") or {}
+            lp = choice.get("logprobs") or _NONE
             logprobs = [float(x) for x in lp.get("token_logprobs") or ()]
             ids = choice.get("token_ids")
-            if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
-                ids = [int(str(t).removeprefix("token_id:")) for t in lp["tokens"]]
+            if ids is None:
+                tokens = lp.get("tokens")
+                if tokens and all(str(t).startswith("token_id:") for t in tokens):
+                    ids = [int(str(t)[9:]) for t in tokens]
             if self.prompt_ids is None and choice.get("prompt_token_ids"):
                 self.prompt_ids = [int(t) for t in choice["prompt_token_ids"]]
             if ids is None:
@@ -330,7 +404,9 @@ class _Partial:
             else:
                 self.ids += [int(t) for t in ids]
             self.logprobs += logprobs
-            self.text += str(choice.get("text") or "")
+            text = choice.get("text")
+            if text:
+                self.texts.append(str(text))
             self.runs.extend(version, len(logprobs))
             reason = choice.get("finish_reason")
             if reason == "abort":  # not its end: the server cut it (a pause that aborts)
