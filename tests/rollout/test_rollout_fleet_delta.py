@@ -25,6 +25,7 @@ from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.vllm_extension import WeightFollowerExtension
 from streamrl.weights import delta, iter_safetensors, save_policy
 from tests.helpers import AppServer, wait_for
+from tests.rollout.streaming import reply
 
 
 def digest(tensors) -> str:
@@ -69,11 +70,11 @@ class LoadingServer(AppServer):
     async def _ok(self, request: web.Request) -> web.Response:
         return web.json_response({})
 
-    async def _complete(self, request: web.Request) -> web.Response:
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         choice = {"index": 0, "text": self.held, "finish_reason": "stop", "token_ids": [5], "prompt_token_ids": [1],
                   "logprobs": {"tokens": ["a"], "token_logprobs": [-0.5]}}
-        return web.json_response({"id": "c", "object": "text_completion", "model": body["model"], "choices": [choice]})
+        return await reply(request, body, [choice])  # JSON, or server-sent events when it asks for a stream
 
     async def _vllm(self, request: web.Request) -> web.Response:
         body = await request.json()
