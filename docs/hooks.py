@@ -5,8 +5,9 @@ BENCHMARKS.md, added to the site each time it is built, so they never go stale i
   ``reference_pages.py`` (run in its own interpreter) from the config dataclasses, the argparse
   parsers and ``streamrl.metrics``; every configuration section gets a nav entry under
   "Configuration".
-- ``benchmarks/results.md``: BENCHMARKS.md (the figures stay at the root, where the benches'
-  authors add them), its image paths made relative to the page.
+- ``benchmarks/results.md``: BENCHMARKS.md (today's figures stay at the root, where the benches'
+  authors add them; their history is ``benchmarks/history.md``, a page of its own), its image and
+  ``docs/`` link paths made relative to the page.
 - ``<!-- generated: NAME -->`` in a hand-written page: replaced by the snippet ``NAME`` that
   ``reference_pages.snippets`` makes from the code (the verl guide's table of keys).
 - Guides in ``OPTIONAL_PAGES`` stay in the nav of ``mkdocs.yml`` but are left out while their

@@ -180,6 +180,8 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     out.check(cfg.tracking.validate)  # type: ignore[attr-defined]
     out.check(cfg.distillation.validate)  # type: ignore[attr-defined]
     cfg.learner.distillation = cfg.distillation  # type: ignore[attr-defined]  # one object: the learner's view of it
+    if cfg.rollout.group_size:  # type: ignore[attr-defined]  # the feed's groups are the size the workers sample
+        cfg.feed.group_size = cfg.rollout.group_size  # type: ignore[attr-defined]  # (the learner counts them by it)
     if cfg.learner.adv_estimator == "remax" and not cfg.rollout.greedy_baseline:  # type: ignore[attr-defined]
         _greedy_baseline(cfg)
     if cfg.eval.enabled and cfg.eval.every and not cfg.learner.keep_every:  # type: ignore[attr-defined]

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from streamrl.bench._sim import Costs
+from streamrl.chat import ChatRenderer
 from streamrl.learner.samples import to_samples
 from streamrl.rollout.backends import SamplingParams
-from streamrl.rollout.chat import ChatRenderer
 from streamrl.runtime import run_until_signalled
 from streamrl.topics import ensure_topics
 from streamrl.weights import save_policy

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from streamrl import metrics
 from streamrl.bus import Bus, Message, Reader, TopicPartition
+from streamrl.chat import ChatRenderer
 from streamrl.errors import Failure
 from streamrl.evaluation.config import EvalConfig
 from streamrl.evaluation.scores import core_variable, response_figures
@@ -33,7 +34,6 @@ from streamrl.feed.prompts import build_prompts
 from streamrl.records import EvalResult, PolicyVersion, Prompt, RecordError, Trajectory
 from streamrl.reward.scoring import Scoring
 from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
-from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.worker import weights_allowed

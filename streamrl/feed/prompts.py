@@ -27,11 +27,11 @@ from typing import Any, Iterator
 
 import orjson
 
+from streamrl.chat import ChatRenderer
 from streamrl.datasets import DatasetError, describe, read_rows
 from streamrl.feed.config import FeedConfig
 from streamrl.policy import load_tokenizer
 from streamrl.records import Prompt
-from streamrl.rollout.chat import ChatRenderer
 
 _GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 

@@ -1,15 +1,15 @@
 """The feed stage: a dataset published once to the prompts topic (``streamrl feed``), resumable
-from the learner's checkpoint."""
+from the learner's checkpoint (read through ``streamrl.resume``)."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any, ClassVar
 
+from streamrl import resume
 from streamrl.datasets import describe
 from streamrl.feed.config import FeedConfig
 from streamrl.feed.prompts import build_prompts
-from streamrl.learner import checkpoint
 
 
 async def published_group_ids(bus) -> set[str]:
@@ -60,7 +60,7 @@ class Feed:
         each. The learner's checkpoint is the feed's position: one source of truth, so a prompt
         is fed again exactly when its group was not trained (or dead-lettered) in the weights
         the run resumes from."""
-        good = checkpoint.latest_good(self.checkpoint_dir) if self.checkpoint_dir else None
+        good = resume.latest_good(self.checkpoint_dir) if self.checkpoint_dir else None
         done = set(good[1].done_groups) if good else set()
         on_topic = await published_group_ids(self.bus)
         return done | on_topic, len(done), len(on_topic - done)

@@ -1,5 +1,6 @@
-"""Learner checkpoints: weights, optimizer state, version, consumer offsets and the
-de-duplication window, saved together so they always agree.
+"""Learner checkpoints, written: weights, optimizer state, version, consumer offsets and the
+de-duplication window, saved together so they always agree. Every stage reads them through
+``streamrl.resume`` (``LearnerState``, ``latest_good``), below the stages.
 
 Layout: ``<checkpoint_dir>/ckpt-<seq>/`` holding ``policy/`` (Hugging Face layout, safetensors:
 ``load_policy`` reads it; with ``learner.lora`` the adapter in PEFT's layout, the base being
@@ -8,7 +9,7 @@ Layout: ``<checkpoint_dir>/ckpt-<seq>/`` holding ``policy/`` (Hugging Face layou
 (version, offsets, de-dup window, counters, lineage). A checkpoint is written into a hidden
 sibling directory, every file fsync'd, and renamed into place (the directory fsync'd too): a crash
 mid-write leaves the previous one as the latest. The previous ones (``keep``) stay as fallbacks:
-``latest_good`` skips a checkpoint that cannot be read. The learner writes ``dcp/`` (model and
+``resume.latest_good`` skips a checkpoint that cannot be read. The learner writes ``dcp/`` (model and
 optimizer as ``torch.distributed.checkpoint`` shards, one per rank, readable by any number of
 ranks: ``ModelState.write_checkpoint``, the trainer's) in place of ``optimizer.pt``, which older
 checkpoints have. ``ModelState`` also writes what rollout workers load each version
@@ -25,71 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
-import re
 import shutil
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
+from streamrl.resume import NAME, LearnerState, checkpoints, latest, policy_dir
+
 if TYPE_CHECKING:
     from streamrl.learner.config import LearnerConfig
-
-_NAME = re.compile(r"^ckpt-(\d{8})$")
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class LearnerState:
-    version: int = 0  # the last finished version
-    mini_batches: int = 0  # mini-batches trained towards version + 1
-    consumed_records: int = 0  # records taken from the topic (trained or dropped), all time
-    trained_records: int = 0
-    offsets: dict[str, int] = field(default_factory=dict)  # partition (as str) -> next offset
-    assembler: dict[str, Any] = field(default_factory=dict)  # de-dup window, closed groups
-    lineage: str = ""  # this training line (streamrl.records.PolicyVersion.lineage)
-    abandoned: dict[str, int] = field(default_factory=dict)  # earlier line -> last version kept
-    # group ids of the feed finished for good (trained, dropped, or lost upstream): a resumed
-    # feed does not publish them again, and the end of the data is counted from them
-    done_groups: list[str] = field(default_factory=list)
-    ended: str = ""  # why the learner stopped: versions | data_exhausted ("" while running)
-    # the figures ``version`` is announced with: a learner killed between its checkpoint and the
-    # announcement announces them on restart, so no tracker misses that version
-    summary: dict[str, float] = field(default_factory=dict)
-    created_at: float = field(default_factory=time.time)
-
-
-def checkpoints(directory: str | Path) -> list[Path]:
-    """Finished checkpoints, oldest first."""
-    root = Path(directory)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name))
-
-
-def latest(directory: str | Path) -> Path | None:
-    found = checkpoints(directory)
-    return found[-1] if found else None
-
-
-def latest_good(directory: str | Path) -> tuple[Path, LearnerState] | None:
-    """The newest checkpoint that reads back whole (state and weights present), newest first;
-    a damaged one is skipped with a warning."""
-    for path in reversed(checkpoints(directory)):
-        try:
-            state = load_state(path)
-            has_policy = any((policy_dir(path) / f).is_file() for f in ("config.json", "adapter_config.json"))
-            if not has_policy or not (
-                    (path / "optimizer.pt").is_file() or (path / "dcp" / ".metadata").is_file()):
-                raise FileNotFoundError("policy/config.json (adapter_config.json with LoRA) or optimizer.pt / "
-                                        "dcp/.metadata missing")
-            return path, state
-        except (OSError, ValueError, TypeError) as exc:
-            log.warning("checkpoint %s is unreadable (%s): falling back to an older one", path, exc)
-    return None
 
 
 def _fsync_tree(root: Path) -> None:
@@ -120,7 +68,7 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     last = latest(root)
-    seq = int(_NAME.match(last.name).group(1)) + 1 if last else 1
+    seq = int(NAME.match(last.name).group(1)) + 1 if last else 1
     final = root / f"ckpt-{seq:08d}"
     tmp = root / f".{final.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -128,7 +76,7 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     if write is not None:
         write(tmp)
     else:
-        save_policy(model, tokenizer, tmp / "policy")
+        save_policy(model, tokenizer, policy_dir(tmp))
         torch.save(optimizer_state, tmp / "optimizer.pt")
     state.created_at = time.time()
     with open(tmp / "state.json", "w") as f:
@@ -141,21 +89,10 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     return final
 
 
-def load_state(path: str | Path) -> LearnerState:
-    with open(Path(path) / "state.json") as f:
-        data = json.load(f)
-    known = LearnerState.__dataclass_fields__
-    return LearnerState(**{k: v for k, v in data.items() if k in known})  # an older or newer streamrl's
-
-
 def load_optimizer_state(path: str | Path, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     return torch.load(Path(path) / "optimizer.pt", map_location=device, weights_only=True)
-
-
-def policy_dir(path: str | Path) -> Path:
-    return Path(path) / "policy"
 
 
 class Owner(Protocol):
@@ -283,13 +220,13 @@ class ModelState:
 
             state = self.adapter_state_dict()
             if self.owner.rank == 0:
-                lora.save_adapter(self.owner.model, directory / "policy", state)
+                lora.save_adapter(self.owner.model, policy_dir(directory), state)
         elif not self.owner.sharded:
-            save_policy(self.owner.model, self.owner.tokenizer, directory / "policy")
+            save_policy(self.owner.model, self.owner.tokenizer, policy_dir(directory))
         else:
             state = self.full_state_dict()
             if self.owner.rank == 0:
-                save_policy(self.owner.model, self.owner.tokenizer, directory / "policy", state_dict=dict(state))
+                save_policy(self.owner.model, self.owner.tokenizer, policy_dir(directory), state_dict=dict(state))
         options = self._dcp_options()
         state = {"model": get_model_state_dict(self.owner.model, options=options)}
         if self.owner.optimizer.state:  # (asking a fresh optimizer for its state would take a step)

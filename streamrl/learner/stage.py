@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 
-from streamrl import metrics
+from streamrl import metrics, resume
 from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
 from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
@@ -41,7 +41,6 @@ from streamrl.records import DISTILLED, REWARDED, DeadLetter, PolicyVersion, Rec
 
 if TYPE_CHECKING:
     from streamrl.feed.config import FeedConfig
-    from streamrl.rollout.config import RolloutConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +49,11 @@ STAGE = "learner"
 
 class LearnerSections(Protocol):
     """What the learner reads of the pipeline's config (a ``PipelineConfig`` is one): its own
-    section, and the feed's and the rollout's to know the feed's groups (the end of the data)."""
+    section, and the feed's to know the feed's groups and their size (the end of the data; a
+    pipeline's config sets ``feed.group_size`` to ``rollout.group_size`` where that is set)."""
 
     learner: LearnerConfig
     feed: "FeedConfig"
-    rollout: "RolloutConfig"
 
 
 def remax_baselines(groups: list[list["_Taken"]], remax: bool) -> list["_Taken"]:
@@ -105,7 +104,7 @@ class Learner:
         from streamrl.learner.trainer import Trainer
 
         self.bus, self.cfg = bus, cfg.validate()
-        good = checkpoint.latest_good(cfg.checkpoint_dir)
+        good = resume.latest_good(cfg.checkpoint_dir)
         last = good[0] if good else None
         # weights, optimizer (DCP shards) from the checkpoint; in a group rank 0 names it to all
         self.trainer = Trainer(cfg, resume=str(last) if last else None)
@@ -115,7 +114,7 @@ class Learner:
             self.state = good[1]
             log.warning("learner: resumed from %s at version %d", last, self.state.version)
         else:
-            self.state = checkpoint.LearnerState()
+            self.state = resume.LearnerState()
         self.state.lineage = self.state.lineage or uuid.uuid4().hex[:12]
         self.resumed_from = last
         self.assembler = Assembler(max_staleness=cfg.max_staleness, group_timeout_s=cfg.group_timeout_s,
@@ -163,7 +162,7 @@ class Learner:
             from streamrl.feed.prompts import feed_group_ids
 
             try:
-                learner.expect(feed_group_ids(cfg.feed), cfg.rollout.group_size or cfg.feed.group_size)
+                learner.expect(feed_group_ids(cfg.feed), cfg.feed.group_size)
             except Exception as exc:  # a dataset this process cannot read: the run ends by versions
                 log.warning("learner: the feed's data (%s) not read (%s): the run ends at learner.versions "
                             "or when stopped", cfg.feed.dataset, exc)
@@ -209,7 +208,7 @@ class Learner:
                         sorted(tp.partition for tp in revoked), self.group)
 
     # -- the loop -----------------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event | None = None) -> checkpoint.LearnerState:
+    async def run(self, stop: asyncio.Event | None = None) -> resume.LearnerState:
         """Train until ``cfg.versions`` is reached (0: forever) or ``stop`` is set; then
         checkpoint and leave. Cancelling the task is a crash: no checkpoint."""
         stop = stop or asyncio.Event()

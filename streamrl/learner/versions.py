@@ -13,7 +13,7 @@ from streamrl.bus import Bus, Reader
 from streamrl.records import PolicyVersion, RecordError
 
 if TYPE_CHECKING:
-    from streamrl.learner.checkpoint import LearnerState
+    from streamrl.resume import LearnerState
     from streamrl.learner.config import LearnerConfig
     from streamrl.learner.trainer import Trainer
 

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from streamrl import metrics
 from streamrl.bus import Bus
+from streamrl.chat import ChatRenderer
 from streamrl.config import ConfigError
 from streamrl.evaluation.scores import response_figures
 from streamrl.feed.prompts import build_prompts
@@ -22,7 +23,6 @@ from streamrl.replay.report import build_report, old_reward, result_row, write_a
 from streamrl.replay.rescore import Rescorer, Scored, resolve_scorer
 from streamrl.replay.sources import STAGE, Failure, Located, Range, read_archive, read_range
 from streamrl.rollout.backends import BackendError, SamplingParams, make_backend
-from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.topics import TOPIC_NAMES, ensure_topics, load_specs

@@ -141,7 +141,7 @@ class RolloutConfig:
     # The consumer group on the prompts topic: workers that share it share the feed. Empty:
     # "<bus.topic_prefix>.rollout", so pipelines with different prefixes never share a group.
     group: str = ""
-    group_size: int = 0  # samples per prompt; 0: the prompt record's own group_size
+    group_size: int = 0  # samples per prompt; 0: the prompt record's own group_size (a pipeline sets feed.group_size to it)
     max_new_tokens: int = 256  # per assistant turn
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # nucleus sampling; 1: off

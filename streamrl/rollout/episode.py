@@ -30,10 +30,10 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
+from streamrl.chat import ChatRenderer
 from streamrl.errors import Failure, Unavailable
 from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import Backend, BackendUnavailable, SamplingParams
-from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode_state import EpisodeState
 from streamrl.rollout.interactions.registry import call_compat
 from streamrl.rollout.multiturn import MultiTurn

@@ -26,12 +26,12 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from streamrl import metrics
 from streamrl.bus import Bus, Message, StageLoop
+from streamrl.chat import ChatRenderer
 from streamrl.errors import Failure, StreamrlError
 from streamrl.records import PROMPTS, ROLLOUTS, DeadLetter, Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
 from streamrl.rollout.config import RolloutConfig
-from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.gate import StalenessGate

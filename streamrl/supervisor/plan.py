@@ -40,13 +40,13 @@ def choose_run_dir(cfg, required: bool):
     (a new directory), ``auto`` (the unfinished run under ``run.out_dir`` with the newest
     readable checkpoint, else a new one; ``required``: else an error), or a directory."""
     from streamrl.errors import ConfigError, StreamrlError
-    from streamrl.learner import checkpoint
+    from streamrl.resume import latest_good
 
     root = Path(cfg.run.out_dir).resolve()
     mode = cfg.run.resume
     if mode not in ("auto", "never"):
         path = Path(mode).resolve()
-        good = checkpoint.latest_good(path / "checkpoints")
+        good = latest_good(path / "checkpoints")
         if good is None:
             raise ConfigError(f"config field 'run.resume': {path} holds no readable learner checkpoint "
                               f"(checkpoints/ckpt-*): nothing to resume")
@@ -58,7 +58,7 @@ def choose_run_dir(cfg, required: bool):
                 ended = json.loads((path / "summary.json").read_text()).get("ended")
             except (OSError, ValueError, AttributeError):
                 ended = None
-            good = checkpoint.latest_good(path / "checkpoints") if ended not in FINISHED else None
+            good = latest_good(path / "checkpoints") if ended not in FINISHED else None
             if good is not None and good[1].ended != "data_exhausted":
                 found.append((good[0].stat().st_mtime, path, good[1]))
         if found:

@@ -177,9 +177,9 @@ def teacher_input(cfg) -> str:
 
 def learner_ended(out: Path) -> str:
     """Why the learner exited 0, from its last checkpoint: ``data_exhausted`` or ``done``."""
-    from streamrl.learner import checkpoint
+    from streamrl.resume import latest_good
 
-    good = checkpoint.latest_good(out / "checkpoints")
+    good = latest_good(out / "checkpoints")
     return "data_exhausted" if good and good[1].ended == "data_exhausted" else "done"
 
 
@@ -269,7 +269,7 @@ def failure_report(session: Session) -> dict | None:
 def summarise_run(session: Session, failure: dict | None) -> dict:
     """The run's summary (``display.summarise`` and the run's own fields), its plot and
     observation saved, the command that resumes it when it did not finish, its last line printed."""
-    from streamrl.learner import checkpoint
+    from streamrl.resume import latest_good
 
     cfg, out, ended, observer = session.cfg, session.out, session.ended, session.observer
     summary = summarise(observer.obs, out / "reward.png")
@@ -280,7 +280,7 @@ def summarise_run(session: Session, failure: dict | None) -> dict:
         summary["failure"] = failure
     elif session.watch.failure:
         summary["failure"] = {"stage": "broker" if ended == "failed:broker" else "run", "error": session.watch.failure}
-    good = checkpoint.latest_good(out / "checkpoints")
+    good = latest_good(out / "checkpoints")
     if ended not in FINISHED and good is not None:
         summary["resume"] = f"streamrl run --resume {out}  (from version {good[1].version})"
         print(f"run: checkpoints stay in {out / 'checkpoints'}; continue with: {summary['resume']}",

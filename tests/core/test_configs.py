@@ -37,3 +37,13 @@ def test_a_secret_named_in_a_config_must_be_in_the_environment(monkeypatch):
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "gsm8k.yaml")
     with pytest.raises(ConfigError, match="JUDGE_API_KEY"):
         build_table(cfg.reward)
+
+
+@pytest.mark.parametrize("rollout_n", [0, 3])
+def test_the_feeds_groups_are_the_size_the_rollout_workers_sample(rollout_n):
+    """``rollout.group_size`` (when set) overrides the prompt record's: the pipeline config makes
+    the feed's ``group_size`` agree, so the feed's prompts say what the workers sample and the
+    learner counts the feed's groups by the feed's section alone (it never reads the rollout's)."""
+    local = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
+    cfg = load_config(local, ["feed.group_size=5", f"rollout.group_size={rollout_n}"])
+    assert (cfg.feed.group_size, cfg.rollout.group_size) == (rollout_n or 5, rollout_n)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamrl.learner import checkpoint, schedule
+from streamrl import resume
+from streamrl.learner import schedule
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.stage import Learner
 from streamrl.records import PolicyVersion
@@ -75,7 +76,7 @@ def test_the_schedule_runs_by_version_and_carries_across_a_resume(memory_bus, tm
             await asyncio.wait_for(task, 120)
             return
         await wait_for(lambda: learner.version >= until and learner.last_checkpoint
-                       and checkpoint.load_state(learner.last_checkpoint).version >= until, what=f"v{until}")
+                       and resume.load_state(learner.last_checkpoint).version >= until, what=f"v{until}")
         task.cancel()  # the first life is killed after its checkpoint
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -385,8 +386,8 @@ def test_ppo_with_a_critic_rollout_correction_and_a_cosine_lr_learn_end_to_end(t
     # RL at 40 versions on 2 shared cores is noisy: two runs here climbed by 0.07 and 0.18 (the mean
     # of the last five over the first three)
     assert last >= first + 0.04, by_version
-    latest = checkpoint.latest(Path(summary["out"]) / "checkpoints")
-    state = checkpoint.load_state(latest)
+    latest = resume.latest(Path(summary["out"]) / "checkpoints")
+    state = resume.load_state(latest)
     assert state.version == versions and (latest / "critic_dcp" / ".metadata").is_file()
     figures = state.summary
     assert figures["lr"] == pytest.approx(schedule.lr_at(LearnerConfig(lr=0.002, versions=versions, lr_warmup_steps=2,
@@ -510,7 +511,7 @@ def test_a_learner_with_a_critic_killed_resumes_on_two_ranks_with_the_critics_st
         try:
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and first.poll() is None:
-                good = [g for c in tmp_path.glob("*/checkpoints") if (g := checkpoint.latest_good(c))]
+                good = [g for c in tmp_path.glob("*/checkpoints") if (g := resume.latest_good(c))]
                 if good and good[0][1].version >= 2:
                     break
                 time.sleep(0.1)
@@ -522,8 +523,8 @@ def test_a_learner_with_a_critic_killed_resumes_on_two_ranks_with_the_critics_st
                 os.killpg(first.pid, signal.SIGKILL)
                 first.wait()
         run_dir = next(tmp_path.glob("*/checkpoints")).parent
-        killed_at = checkpoint.latest_good(run_dir / "checkpoints")[1].version
-        assert critic_adam_steps(checkpoint.latest(run_dir / "checkpoints")) == killed_at * epochs
+        killed_at = resume.latest_good(run_dir / "checkpoints")[1].version
+        assert critic_adam_steps(resume.latest(run_dir / "checkpoints")) == killed_at * epochs
         second = start("second", *common, "--resume", str(run_dir), "learner.parallel.nproc=2")
         second.wait(300)
     err = (tmp_path / "second.err").read_text()
@@ -533,7 +534,7 @@ def test_a_learner_with_a_critic_killed_resumes_on_two_ranks_with_the_critics_st
     assert 2 <= killed_at < versions, killed_at
     log = (run_dir / "logs" / "learner.log").read_text()
     assert "2 ranks through torch.distributed.run" in log and "resumed from" in log
-    last = checkpoint.latest(run_dir / "checkpoints")
-    state = checkpoint.load_state(last)
+    last = resume.latest(run_dir / "checkpoints")
+    state = resume.load_state(last)
     assert state.version == versions and {"critic/vf_loss", "critic/vpred_mean"} <= set(state.summary)
     assert critic_adam_steps(last) == versions * epochs

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl import metrics
-from streamrl.learner import checkpoint
+from streamrl import metrics, resume
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.stage import Learner
 from streamrl.policy import load_policy
@@ -139,8 +138,8 @@ def test_restart_resumes_from_checkpoint(memory_bus, tmp_path):
 
     a = asyncio.run(first_life())
     assert a.state.trained_records == 6
-    ckpt = checkpoint.latest(cfg.checkpoint_dir)
-    saved = checkpoint.load_state(ckpt)
+    ckpt = resume.latest(cfg.checkpoint_dir)
+    saved = resume.load_state(ckpt)
     assert saved.version == 1 and saved.trained_records == 4 and saved.mini_batches == 0
     assert sum(saved.offsets.values()) == 4  # g1 and g2 consumed, nothing more
 
@@ -150,7 +149,7 @@ def test_restart_resumes_from_checkpoint(memory_bus, tmp_path):
         learner = Learner(bus, cfg)
         assert learner.resumed_from == ckpt and learner.version == 1
         loaded = params(learner.trainer.model)
-        saved_w = params(load_policy(str(checkpoint.policy_dir(ckpt)))[0])
+        saved_w = params(load_policy(str(resume.policy_dir(ckpt)))[0])
         assert all(torch.equal(loaded[k], saved_w[k]) for k in loaded)
         assert learner.trainer.optimizer.state  # Adam moments came back
         task = asyncio.create_task(learner.run())
@@ -161,9 +160,9 @@ def test_restart_resumes_from_checkpoint(memory_bus, tmp_path):
     assert state.version == 2
     assert state.trained_records == 8  # g1, g2 (before the crash) + g3 (again) + g4
     assert metrics.LEARNER_RECORDS.labels("duplicate")._value.get() - dup_before == 1  # g1-0
-    final = checkpoint.load_state(checkpoint.latest(cfg.checkpoint_dir))
+    final = resume.load_state(resume.latest(cfg.checkpoint_dir))
     assert final.version == 2 and sum(final.offsets.values()) == 9
-    assert len(checkpoint.checkpoints(cfg.checkpoint_dir)) == cfg.keep_checkpoints
+    assert len(resume.checkpoints(cfg.checkpoint_dir)) == cfg.keep_checkpoints
 
 
 def test_killed_between_checkpoint_and_announcement_announces_the_versions_figures(memory_bus, tmp_path):
@@ -192,7 +191,7 @@ def test_killed_between_checkpoint_and_announcement_announces_the_versions_figur
 
     asyncio.run(first_life())
     assert [p.version for p in policies(asyncio.run(read_topic(bus, "policy")))] == [0]
-    saved = checkpoint.load_state(checkpoint.latest(cfg.checkpoint_dir))
+    saved = resume.load_state(resume.latest(cfg.checkpoint_dir))
     assert saved.version == 1 and "pg_loss" in saved.summary
 
     async def second_life():
@@ -369,8 +368,8 @@ def test_cli_serves_metrics_and_checkpoints_on_sigterm(bus, bus_config, tmp_path
     assert "learner: stopped, version 0" in out
     assert "Traceback" not in out and "SignalException" not in out, out
     assert "partitions revoked" not in out and "second learner" not in out, out
-    latest = checkpoint.latest(tmp_path / "ckpt")
-    state = checkpoint.load_state(latest)
+    latest = resume.latest(tmp_path / "ckpt")
+    state = resume.load_state(latest)
     assert state.version == 0 and state.mini_batches == 1 and state.trained_records == 2
     from safetensors import safe_open
 
@@ -397,7 +396,7 @@ def test_restart_from_an_older_checkpoint_starts_a_new_line_and_drops_the_abando
     first, state = asyncio.run(first_life())
     assert state.version == 2
     old_line = state.lineage
-    newest = checkpoint.latest(cfg.checkpoint_dir)
+    newest = resume.latest(cfg.checkpoint_dir)
     (newest / "state.json").write_text("{ torn")  # a crash mid-write of a disk that lied
 
     async def second_life():

@@ -156,6 +156,38 @@ def test_readme_is_the_front_door():
     assert re.search(r"```bash\n(.*?)```", page, re.S).group(0) in text
 
 
+# -- BENCHMARKS.md: today's figures first, the history beside them ------------------------------
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as both GitHub and the site write it (for headings without ``--``)."""
+    return re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", heading).strip().lower())
+
+
+def test_benchmarks_has_todays_figure_of_every_bench_and_links_its_history():
+    """BENCHMARKS.md answers "how fast is it now, and how was that measured" first: one section
+    per bench of ``streamrl bench --help``, in its order, each with the command, a tree (a
+    commit) and a date, and a link to the bench's section of the history, which holds every
+    earlier figure; the page stays a few screens long and says where a new figure goes."""
+    from streamrl.commands.bench import BENCHES
+
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    history = (DOCS / "benchmarks" / "history.md").read_text()
+    assert len(text.splitlines()) <= 250, len(text.splitlines())
+    assert "**Adding a figure.**" in text.split("\n## ", 1)[0]
+    sections = dict(re.findall(r"^## ([^\n]+)\n(.*?)(?=^## |\Z)", text, re.M | re.S))
+    benches = [m.group(1) for h in sections if (m := re.fullmatch(r"`streamrl bench (\w+)`", h))]
+    assert benches == list(BENCHES), benches
+    anchors = {_slug(h) for h in re.findall(r"^## (.+)$", history, re.M)}
+    for heading, body in sections.items():
+        name = heading.strip("`").removeprefix("streamrl bench ")
+        if name in BENCHES:
+            assert f"`streamrl bench {name}" in body, heading
+        assert re.search(r"`[0-9a-f]{7,40}`", body) and re.search(r"\b20\d\d-\d\d-\d\d\b", body), heading
+        links = re.findall(r"\]\(docs/benchmarks/history\.md#([\w-]+)\)", body)
+        assert links and set(links) <= anchors and _slug(heading) in links, (heading, links)
+    assert all(f"## `streamrl bench {name}`" in history for name in BENCHES)
+
+
 # -- the getting-started page's commands, run as written ----------------------------------------
 
 def first_session() -> list[tuple[list[str], str]]:

@@ -7,7 +7,13 @@
   (a circle hidden in a function still breaks whichever module is imported first);
 - at module level (imports inside functions, lazy by design, left out; those under ``if
   TYPE_CHECKING`` counted: a reader follows them) every module sits in a layer (``LAYERS``) and
-  imports only from its own or lower ones: no arrow runs back up.
+  imports only from its own or lower ones: no arrow runs back up;
+- drawn one node per package (a module directly under ``streamrl/``, or a subpackage with all it
+  holds), the imports, lazy ones included, have no circle either: a reader of ``feed/`` never has
+  to open ``rollout/`` or ``learner/``, and the packages stand on floors (``floors``).
+
+``python tools/import_graph.py`` draws the same graph and prints its numbers (modules, packages,
+floors, arrows), its circles and the arrows that run up; ``--dot`` for Graphviz.
 """
 
 from __future__ import annotations
@@ -101,8 +107,8 @@ def import_graph(mods: dict[str, tuple[Path, ast.Module]], find=None) -> dict[st
     return graph
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle (a path that returns to its start) per strongly connected component."""
+def components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one node (each holds a circle)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -133,8 +139,13 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for v in sorted(graph):
         if v not in index:
             connect(v)
+    return components
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (a path that returns to its start) per strongly connected component."""
     out = []
-    for component in components:
+    for component in components(graph):
         start = min(component)
         paths = {start: [start]}
         todo = [start]
@@ -195,6 +206,64 @@ def test_the_circle_check_sees_every_form_of_import():
     assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
     running = import_graph(mods, lambda tree: imports(tree, type_checking=False))
     assert running["pkg.c"] == {"pkg.a"}  # what runs, for the checks that ask that
+
+
+def package_of(module: str) -> str:
+    """The node a module is drawn in: itself if directly under ``streamrl/``, else its package
+    there (``streamrl.rollout.backends.vllm_engine`` -> ``streamrl.rollout``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph drawn one node per package: an arrow where any module of one imports
+    any module of the other."""
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        out.setdefault(package_of(a), set()).update(package_of(b) for b in targets if package_of(b) != package_of(a))
+    return out
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each node's floor: 0 for one that imports nothing, else one above the highest it imports
+    (the nodes of a circle share one floor, as if one node)."""
+    merged = {v: min(c) for c in components(graph) for v in c}
+    rep = {v: merged.get(v, v) for v in graph}
+    dag: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        dag.setdefault(rep[a], set()).update(rep[b] for b in targets if rep[b] != rep[a])
+    floor: dict[str, int] = {}
+
+    def climb(v: str) -> int:
+        if v not in floor:
+            floor[v] = 1 + max((climb(w) for w in dag[v]), default=-1)
+        return floor[v]
+
+    return {v: climb(rep[v]) for v in graph}
+
+
+def test_the_package_drawing_sees_a_circle_between_packages():
+    """On a made-up graph: two packages whose modules import each other's (no module circle)
+    are one circle when drawn by package; floors count up from what imports nothing."""
+    graph = {"streamrl.feed.prompts": {"streamrl.rollout.chat"}, "streamrl.rollout.chat": set(),
+             "streamrl.rollout.worker": {"streamrl.feed.config", "streamrl.errors"}, "streamrl.feed.config": set(),
+             "streamrl.errors": set()}
+    assert not cycles(graph)
+    packages = package_graph(graph)
+    assert packages == {"streamrl.feed": {"streamrl.rollout"}, "streamrl.rollout": {"streamrl.feed", "streamrl.errors"},
+                        "streamrl.errors": set()}
+    assert cycles(packages) == [["streamrl.feed", "streamrl.rollout", "streamrl.feed"]]
+    assert floors(packages) == {"streamrl.errors": 0, "streamrl.feed": 1, "streamrl.rollout": 1}
+    del graph["streamrl.feed.prompts"]
+    assert floors(package_graph(graph)) == {"streamrl.errors": 0, "streamrl.feed": 0, "streamrl.rollout": 1}
+
+
+def test_packages_import_each_other_without_circles():
+    """Drawn one node per package, every import counted (lazy ones too: a reader follows them,
+    and a process that runs them loads the other package), the graph has no circle: what two
+    packages share lives in a module below both (``streamrl.chat``, ``streamrl.resume``)."""
+    found = cycles(package_graph(import_graph(sources())))
+    assert not found, "packages that import each other (give what they share a home below both):\n" + "\n".join(
+        " -> ".join(c) for c in found)
 
 
 def test_no_import_circles():
@@ -311,3 +380,29 @@ def test_no_undefined_names_in_the_package_tests_or_services():
     found = subprocess.run([str(ruff), "check", "--select", "F821,F822,F823", "--output-format", "concise",
                             "streamrl", "tests", "services"], cwd=root, capture_output=True, text=True)
     assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_the_graph_tool_draws_this_graph(tmp_path):
+    """``python tools/import_graph.py``, the command the layout page gives, prints this tree's
+    numbers and exits 0; pointed at a tree with a circle between packages it names the imports
+    that close it and exits 1."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = PACKAGE.parent
+    tool = root / "tools" / "import_graph.py"
+    out = subprocess.run([sys.executable, str(tool), "--floors"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    packages = package_graph(import_graph(sources()))
+    assert f"{len(sources())} modules in {len(packages)} packages and modules on {max(floors(packages).values()) + 1} floors" \
+        in out.stdout
+    assert "packages in circles: 0" in out.stdout and "arrows up the layers of docs/development/layout.md: 0" in out.stdout
+    other = tmp_path / "other"
+    shutil.copytree(root / "streamrl", other / "streamrl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "docs" / "development", other / "docs" / "development")
+    feed = other / "streamrl" / "feed" / "stage.py"
+    feed.write_text("from streamrl.rollout.worker import RolloutWorker\n" + feed.read_text())
+    out = subprocess.run([sys.executable, str(tool), "--root", str(other)], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "streamrl.feed.stage -> streamrl.rollout.worker" in out.stdout and "packages in circles: 1" in out.stdout

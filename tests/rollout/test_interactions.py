@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from streamrl.chat import ChatRenderer
 from streamrl.config import ConfigError
 from streamrl.policy import load_policy
 from streamrl.weights import save_policy
 from streamrl.records import Prompt, Trajectory
 from streamrl.rollout.backends import SamplingParams
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
-from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import InteractionRunner
 from streamrl.rollout.interactions import BaseInteraction, load_interaction

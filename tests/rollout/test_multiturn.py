@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from streamrl.bus import Bus
+from streamrl.chat import ChatRenderer
 from streamrl.config import BusConfig, ConfigError
 from streamrl.errors import Failure
 from streamrl.records import Prompt, Rewarded, Trajectory
@@ -32,7 +33,6 @@ from streamrl.rollout.backends import Completion, SamplingParams
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
 from streamrl.feed.config import FeedConfig
 from streamrl.rollout.config import InteractionConfig, MultiTurnConfig, RolloutConfig
-from streamrl.rollout.chat import ChatRenderer
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.feed.prompts import build_prompts

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from streamrl import resume
 from streamrl.bus import Bus
 from streamrl.config import BusConfig
-from streamrl.learner import checkpoint
 from streamrl.records import DeadLetter, PolicyVersion, Prompt, Rewarded, Trajectory
 from tests.helpers import ROOT, alive, descendants, gsm8k_run_config, last_json_line, read_topic_sync
 
@@ -83,7 +83,7 @@ class Run:
         while time.monotonic() < deadline and self.proc.poll() is None:
             self.seen |= descendants(self.proc.pid)
             for ckpts in self.out.glob("*/checkpoints"):
-                good = checkpoint.latest_good(ckpts)
+                good = resume.latest_good(ckpts)
                 if good and good[1].version >= at_least:
                     return
             time.sleep(0.1)
@@ -95,8 +95,8 @@ class Run:
             self.proc.wait()
 
 
-def state_of(run_dir: Path) -> checkpoint.LearnerState:
-    good = checkpoint.latest_good(run_dir / "checkpoints")
+def state_of(run_dir: Path) -> resume.LearnerState:
+    good = resume.latest_good(run_dir / "checkpoints")
     assert good is not None, f"no readable checkpoint in {run_dir}"
     return good[1]
 
@@ -283,7 +283,7 @@ def test_the_embedded_broker_killed_mid_run_ends_it_quickly_and_quietly(tmp_path
     assert any("the embedded broker" in line and "killed by signal 9" in line for line in after)
     time.sleep(1.0)
     assert not [pid for pid in seen if alive(pid)], "a stage outlived the run"
-    assert checkpoint.latest_good(Path(summary["out"]) / "checkpoints") is not None  # still readable
+    assert resume.latest_good(Path(summary["out"]) / "checkpoints") is not None  # still readable
 
 
 def test_stage_verbs_started_separately_end_with_their_data(tmp_path, bootstrap):
