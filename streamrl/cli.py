@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: ``key.path=value``: a config override (verl style), anywhere on the command line.
-OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+#: ``key.path=value``: a config override (verl style, Hydra's ``+key`` / ``++key`` too: verl adds a
+#: second teacher as ``+distillation.teacher_models.NAME.key=...``), anywhere on the command line.
+OVERRIDE = re.compile(r"^\+{0,2}[A-Za-z_][\w.]*=")
 
 
 def main(argv: list[str] | None = None) -> int:

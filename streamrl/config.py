@@ -182,7 +182,8 @@ class RunConfig:
 
     launcher: str = "local"  # local | ray
     reward_members: int = 2  # processes in the reward consumer group (the start size when autoscaling)
-    teacher_members: int = 1  # processes in the teacher consumer group (distillation.enabled)
+    # processes in each teacher's consumer group (distillation.enabled; a teacher_models entry's members overrides)
+    teacher_members: int = 1
     rollout_workers: int = 1  # rollout worker processes (a consumer group on prompts)
     out_dir: str = "runs"  # each run writes <out_dir>/<run id>/ (logs, checkpoints, weights, plot)
     status_interval_s: float = 1.0  # how often the live status line is redrawn
@@ -193,6 +194,9 @@ class RunConfig:
     # learner.policy and rollout.policy. 0: off, the policies as configured.
     warm_start_steps: int = 0
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    # distillation: each teacher's group sized by its own lag on the teacher's input, from its
+    # start size (run.teacher_members, or its entry's members) between these bounds; off unless max_members
+    teacher_autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     restart: RestartConfig = field(default_factory=RestartConfig)
     # A deliberate stop (scale-down, Ctrl-C, end of run) waits this long for a stage to drain and

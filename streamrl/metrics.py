@@ -316,11 +316,18 @@ ROLLOUT_REQUESTS_ABORTED = Counter("streamrl_rollout_requests_aborted_total",
 # -- teacher (on-policy distillation) -----------------------------------------------------------
 # Its consumer lag is the common streamrl_consumer_lag_records{stage="teacher"}.
 TEACHER_ANNOTATED = Counter("streamrl_teacher_annotated_records_total",
-                            "Records the teacher annotated and handed on to the distilled topic", ["backend"])
+                            "Records the teacher annotated and handed on to the distilled topic", ["backend", "teacher"])
 TEACHER_TOKENS = Counter("streamrl_teacher_annotated_tokens_total", "Response tokens the teacher annotated",
-                         ["backend"])
+                         ["backend", "teacher"])
 TEACHER_FAILED = Counter("streamrl_teacher_failed_records_total",
-                         "Records the teacher failed on for good (dead-lettered)", ["reason"])
+                         "Records the teacher failed on for good (dead-lettered)", ["reason", "teacher"])
+# several teachers (distillation.teacher_models): records of another teacher's data source passed
+# over, and records no teacher serves (teacher.unserved: train, handed on unannotated, or deadletter)
+TEACHER_PASSED = Counter("streamrl_teacher_passed_records_total",
+                         "Records of another teacher's data source a teacher group passed over", ["teacher"])
+TEACHER_UNSERVED = Counter("streamrl_teacher_unserved_records_total",
+                           "Records whose data source no teacher serves, by what became of them (train, deadletter)",
+                           ["outcome"])
 TEACHER_BATCH_SECONDS = Histogram("streamrl_teacher_batch_seconds", "Time of one teacher forward pass (a batch)",
                                   ["backend"], buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
 TEACHER_BATCH_SIZE = Histogram("streamrl_teacher_batch_records", "Records per teacher forward pass", ["backend"],

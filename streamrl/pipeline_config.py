@@ -179,6 +179,8 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     out.check(cfg.eval.validate)  # type: ignore[attr-defined]
     out.check(cfg.tracking.validate)  # type: ignore[attr-defined]
     out.check(cfg.distillation.validate)  # type: ignore[attr-defined]
+    if cfg.distillation.enabled:  # type: ignore[attr-defined]  # each teacher: its entry over teacher:
+        out.check(lambda: cfg.distillation.teachers(cfg.teacher))  # type: ignore[attr-defined]
     cfg.learner.distillation = cfg.distillation  # type: ignore[attr-defined]  # one object: the learner's view of it
     if cfg.rollout.group_size:  # type: ignore[attr-defined]  # the feed's groups are the size the workers sample
         cfg.feed.group_size = cfg.rollout.group_size  # type: ignore[attr-defined]  # (the learner counts them by it)

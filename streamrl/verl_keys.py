@@ -577,17 +577,13 @@ VERL_TABLE: tuple[Row, ...] = (
     *(_same(f"distillation.distillation_loss.{k}") for k in _DISTILLATION_LOSS),
     ignored("distillation.distillation_loss.use_chunked*", CHUNKED_TOPK),  # (in verl after 0.9.1)
     ignored("distillation.distillation_loss.chunked*", CHUNKED_TOPK),
-    mapped("distillation.teacher_models.teacher_model.model_path", "teacher.model"),
-    ignored("distillation.teacher_models.teacher_model.inference.*",
-            "verl's engine for the teacher, which verl launches: here teacher.backend (transformers in the stage, "
-            "or openai: vLLM servers of yours at teacher.servers, asked for prompt_logprobs)"),
-    ignored("distillation.teacher_models.teacher_model.num_replicas", TEACHER_SCALE),
-    ignored("distillation.teacher_models.teacher_model.key", "the default teacher's routing key: one teacher here"),
-    ignored("distillation.teacher_key", "the field that routes records between several teachers: one teacher here"),
+    # verl's teachers by entry name, one per data source (key, model_path; teacher_model alone is the
+    # single teacher, dropped beside others, said at start); inference.* and num_replicas are accepted
+    # on each entry and named at start as not applicable (streamrl.distillation.config)
+    _same("distillation.teacher_models.*"),
+    _same("distillation.teacher_key"),
     ignored("distillation.n_gpus_per_node", TEACHER_SCALE),
     ignored("distillation.nnodes", TEACHER_SCALE),
-    refused("distillation.teacher_models.*", "several teachers routed by a record field (verl's multi-teacher "
-                                             "distillation): one teacher group per run here"),
 )
 
 #: the first parts of keys that are verl's alone (a key under them that no row matches is unknown)

@@ -635,3 +635,24 @@ def resolved_script(name: str, where: Path):
         return resolve_config("local.yaml", overrides)
     finally:
         os.chdir(here)
+
+
+def distill_samples(vocab: int, k: int, n: int = 4) -> list[Sample]:
+    """``n`` samples with a teacher's annotation over ``vocab``: top-``k`` log-probs and ids
+    (``k`` 0: the sampled token's log-prob), for the distillation losses' trainer tests."""
+    import numpy as np
+
+    from streamrl.learner.samples import Sample
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        r = 3 + i
+        top = np.stack([rng.choice(vocab, k, replace=False) for _ in range(r)]) if k else None
+        lp = np.log(rng.dirichlet(np.ones(k), r) * 0.9) if k else -rng.random(r) * 3
+        out.append(Sample(id=f"s{i}", group_id=f"g{i // 2}", prompt_ids=rng.integers(0, vocab, 2 + i),
+                          response_ids=rng.integers(0, vocab, r), reward=float(i % 2), policy_version=0,
+                          behaviour_logprobs=(-rng.random(r) * 3).astype(np.float32),
+                          teacher_logprobs=lp.reshape(-1).astype(np.float32), teacher_topk=k,
+                          teacher_ids=None if top is None else top.reshape(-1)))
+    return out

@@ -208,16 +208,49 @@ def _learner_process(cfg_path: str, log_path: str, costs: Costs, state_path: str
     run_until_signalled(main)
 
 
+def _teacher_scaling(cfg: Any, cfg_path: Path, bus: Any, launcher: Any) -> tuple[dict[str, str], Callable]:
+    """Each teacher's group by name, and how to build the autoscaler of their groups (given the
+    observer): ``streamrl run``'s own (``GroupAutoscale`` on each group's lag)."""
+    import functools
+    import itertools
+
+    from streamrl.supervisor.autoscale import Autoscale, GroupAutoscale, LagAutoscaler
+
+    teachers = cfg.distillation.teachers(cfg.teacher)
+    groups = {t.label: t.group(cfg.bus.group("teacher", "")) for t in teachers.values()}
+    auto = cfg.run.teacher_autoscale
+    counters = {name: itertools.count() for name in teachers}
+
+    def start(name: str) -> None:
+        launcher.start(f"teacher-{name}-{next(counters[name])}",
+                       ["teacher", "--teacher", name, "--config", str(cfg_path), "--bootstrap-servers",
+                        bus.config.bootstrap_servers, "metrics.port=0"], "teacher")
+
+    def build(observer: Any) -> Autoscale:
+        return Autoscale([GroupAutoscale(f"teacher-{name}", LagAutoscaler(
+            auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag, auto.window_s,
+            auto.cooldown_s), functools.partial(start, name), functools.partial(observer.teacher_lag, name))
+            for name in teachers])
+
+    return groups, build
+
+
 async def run_streaming(bench: str, cfg: Any, cfg_path: Path, prompts: list, run_dir: Path, costs: Costs, *,
                         workers: int = 1, teachers: int = 0, timeout_s: float,
-                        settled: Callable[[Any], bool]) -> tuple[Any, dict]:
+                        settled: Callable[[Any], bool], scaled_teachers: bool = False,
+                        samples: list | None = None) -> tuple[Any, dict]:
     """The real stages as processes (``teachers``: members of the teacher group, ``python -m
     streamrl teacher``, with ``cfg.distillation.enabled``), for ``cfg.learner.versions`` versions: the learner first and
     the others once it has announced version 0 (its model built, its consumer started; otherwise
     generation starts seconds ahead of it, and the backlog it builds would flatter the first
     versions), then the prompts. Once the learner has exited, up to 5 s more for the topics to
     show what ``settled(observation)`` waits for. Returns the observation (through the run's
-    ``Observer``) and the learner's final state."""
+    ``Observer``) and the learner's final state.
+
+    ``scaled_teachers``: every teacher of ``distillation.teacher_models`` its own group, from one
+    member (``--teacher NAME``), sized on its own lag by ``streamrl run``'s autoscaler
+    (``run.teacher_autoscale``); ``samples`` gets ``(seconds, {teacher: (members, lag)})`` about
+    once a second."""
     from streamrl.bus import Bus
     from streamrl.config import RestartConfig
     from streamrl.supervisor.launcher import LocalLauncher
@@ -234,7 +267,9 @@ async def run_streaming(bench: str, cfg: Any, cfg_path: Path, prompts: list, run
     rollouts = [ctx.Process(target=_rollout_process, daemon=True,
                             args=(str(cfg_path), str(logs / f"rollout-{i}.log"), costs)) for i in range(workers)]
     reward = LocalLauncher(logs, RestartConfig(max_restarts=0))  # a crash fails the bench
-    observer = Observer(bus)
+    scaling = _teacher_scaling(cfg, cfg_path, bus, reward) if scaled_teachers else None
+    observer = Observer(bus, teacher_groups=scaling[0] if scaling else None,
+                        teacher_input="rewarded" if scaling else "")
     await observer.start()
     versions = cfg.learner.versions
     try:
@@ -248,13 +283,25 @@ async def run_streaming(bench: str, cfg: Any, cfg_path: Path, prompts: list, run
         for i in range(teachers):
             reward.start(f"teacher-{i}", ["teacher", "--config", str(cfg_path), "--bootstrap-servers",
                                           bus.config.bootstrap_servers, "metrics.port=0"], "teacher")
+        autoscale = None
+        if scaling:
+            autoscale = scaling[1](observer)
+            for group in autoscale.groups:
+                group.start_member()
         for p in rollouts:
             p.start()
         async with bus.producer("bench") as producer:
             await asyncio.gather(*[await producer.send(p) for p in prompts])
-        deadline = time.monotonic() + timeout_s
+        deadline, started, sampled = time.monotonic() + timeout_s, time.monotonic(), 0.0
         while True:
             obs = await observer.poll(timeout_ms=200)
+            if autoscale is not None and time.monotonic() - sampled >= 1.0:
+                sampled = time.monotonic()
+                await autoscale.step(observer, reward, sampled, lambda line: None)
+                if samples is not None:
+                    lags = await observer.teacher_lags()
+                    samples.append((round(sampled - started, 2), {g.group.removeprefix("teacher-"): (
+                        len(g.members(reward)), lags[g.group.removeprefix("teacher-")]) for g in autoscale.groups}))
             if learner.exitcode is not None:
                 break
             broken = reward.failed() or next((f"rollout-{i}" for i, p in enumerate(rollouts)

@@ -40,6 +40,15 @@ barrier's best case) and ``teachers M`` for each M: the streaming stages with M 
 record, 2 in flight) is the slowest stage with one member (3.2 s of its own per version), and
 no longer with two.
 
+With ``--scaled-teachers FAST_MS,SLOW_MS`` (issue 59: several teachers, one per data source) the
+prompts take turns between two data sources, each with its own teacher (a simulated server of
+that cost per record, ``--teacher-concurrency`` in flight per member), each teacher its own
+consumer group from one member, sized on its own lag by ``streamrl run``'s autoscaler
+(``run.teacher_autoscale``, up to ``--teacher-max-members``). One run, ``scaled teachers``: per
+teacher, its members over time, its lag, the records it annotated, and the ratio of the slow
+teacher's mean members to the fast one's (the fleet each needs is ``rate x latency /
+concurrency``: the slow teacher's group should grow, the fast one's stay small).
+
 Figures: seconds per version (the steady state: versions after ``--warmup``, so process start-up
 and group joins fall on neither side; the streaming stages other than the learner start once it
 has announced version 0, so generation gets no head start), ``speedup_vs_sync`` (synchronous over streaming seconds
@@ -81,6 +90,8 @@ HELP = "streaming pipeline vs a synchronous barrier (time per version, speedup, 
 
 DATASET = "gsm8k"  # GSM8K train (Hugging Face openai/gsm8k through datasets, or its cache)
 DATA_SOURCE = "bench"  # what the judge entry serves
+#: --scaled-teachers: the two teachers by name, and the data source each serves
+SCALED_SOURCES = {"fast": "bench", "slow": "bench_slow"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="teacher group sizes to run, e.g. 1,2,4 (on-policy distillation; default: no teacher)")
     parser.add_argument("--teacher-latency-ms", type=float, default=100.0, help="the teacher's time per record")
     parser.add_argument("--teacher-concurrency", type=int, default=2, help="records in flight per teacher member")
+    parser.add_argument("--scaled-teachers", default="", metavar="FAST_MS,SLOW_MS",
+                        help="two teachers on two data sources, these costs per record, each group autoscaled on "
+                             "its own lag (one run: scaled teachers)")
+    parser.add_argument("--teacher-max-members", type=int, default=4, help="--scaled-teachers: each group's most")
     parser.add_argument("--dataset", default=DATASET,
                         help="GSM8K-style dataset: gsm8k (from the hub) or a .jsonl/.parquet file")
 
@@ -185,7 +200,14 @@ class PipelineBench(harness.Bench):
         self.teachers = [int(m) for m in str(args.teacher_members).split(",") if m.strip()]
         if any(m < 1 for m in self.teachers) or (self.teachers and self.w.teacher_concurrency < 1):
             raise SystemExit("streamrl bench pipeline: --teacher-members and --teacher-concurrency must be >= 1")
-        if self.teachers:
+        self.scaled = [float(m) / 1000 for m in str(args.scaled_teachers).split(",") if m.strip()]
+        if self.scaled and (len(self.scaled) != 2 or min(self.scaled) <= 0 or args.teacher_max_members < 1):
+            raise SystemExit("streamrl bench pipeline: --scaled-teachers wants FAST_MS,SLOW_MS (> 0), "
+                             "--teacher-max-members >= 1")
+        if self.scaled:
+            self.stalenesses = self.stalenesses[:1]
+            self.variants = ["scaled teachers"]
+        elif self.teachers:
             self.stalenesses = self.stalenesses[:1]
             self.variants = ["sync"] + [f"teachers {m}" for m in self.teachers]
         else:
@@ -198,9 +220,10 @@ class PipelineBench(harness.Bench):
         w = self.w
         with SimServer(serve_generation, w.gen_latency_s) as gen, \
                 SimServer(serve_judge, w.judge_low_s, w.judge_high_s) as judge, \
-                SimServer(serve_teacher, w.teacher_latency_s) as teacher:
+                SimServer(serve_teacher, w.teacher_latency_s) as teacher, contextlib.ExitStack() as stack:
             self.urls = gen.url, judge.url
             self.teacher_url = teacher.url
+            self.scaled_urls = [stack.enter_context(SimServer(serve_teacher, s)).url for s in self.scaled]
             yield
 
     def config(self, staleness: int, run_dir: Path) -> Any:
@@ -226,6 +249,18 @@ class PipelineBench(harness.Bench):
             judge={"urls": [judge_url], "concurrency": w.judge_concurrency, "timeout_s": 30.0,
                    "health_interval_s": 0.0, "max_tokens": 64})
         cfg.learner.group_timeout_s = 120.0
+        if self.scaled:  # two teachers, one per data source, each group autoscaled on its own lag
+            cfg.distillation.enabled = True
+            cfg.reward.scorers["bench_judge"].data_sources = list(SCALED_SOURCES.values())
+            cfg.distillation.teacher_models = {
+                name: {"key": source, "model_path": "sim", "backend": "openai", "servers": [f"{url}/v1"]}
+                for (name, source), url in zip(SCALED_SOURCES.items(), self.scaled_urls)}
+            t = cfg.teacher
+            t.max_in_flight, t.timeout_s = w.teacher_concurrency, 30.0
+            a = cfg.run.teacher_autoscale
+            a.min_members, a.max_members = 1, self.args.teacher_max_members
+            # more than half a version waiting, for 3 s: one more member (a burst of groups is not a backlog)
+            a.scale_up_lag, a.scale_down_lag, a.window_s, a.cooldown_s = w.batch // 2, 0, 3.0, 6.0
         if self.teachers:  # in line after the reward group (use_task_rewards), the k3 estimator
             cfg.distillation.enabled = True
             t = cfg.teacher
@@ -236,6 +271,8 @@ class PipelineBench(harness.Bench):
     async def measure(self, variant: str, round: int) -> dict[str, Any]:
         w = self.w
         run_dir = self.out / "pipeline" / f"{self.stamp}-{variant.replace(' ', '')}"
+        if variant == "scaled teachers":
+            return await self.measure_scaled(run_dir)
         if variant == "sync":  # first: its batches are every run's prompts
             cfg = self.config(1, run_dir)
             self.prompts = list(build_prompts(cfg.feed))
@@ -255,7 +292,45 @@ class PipelineBench(harness.Bench):
         out["s_per_version"] = steady_seconds_per_version(out["ends"], w.warmup, w.versions)
         return out
 
+    async def measure_scaled(self, run_dir: Path) -> dict[str, Any]:
+        """Two teachers of different costs on two data sources (the prompts take turns), each
+        group from one member, autoscaled on its own lag: each teacher's members and lag over
+        the run."""
+        import dataclasses
+
+        w = self.w
+        cfg = self.config(self.stalenesses[0], run_dir)
+        sources = list(SCALED_SOURCES.values())
+        prompts = [dataclasses.replace(p, data_source=sources[i % 2]) for i, p in enumerate(build_prompts(cfg.feed))]
+        samples: list = []
+        obs, state = await run_streaming(
+            "bench pipeline", cfg, write_config(cfg, run_dir / "pipeline.yaml"), prompts, run_dir, self.costs,
+            workers=w.workers, timeout_s=300 + 10 * w.versions, settled=lambda obs: obs.latest_version >= w.versions,
+            scaled_teachers=True, samples=samples)
+        per = {}
+        for name, latency in zip(SCALED_SOURCES, self.scaled):
+            members = [s[name][0] for _, s in samples]
+            lags = [s[name][1] for _, s in samples]
+            per[name] = {"latency_ms": round(latency * 1000, 1), "members_start": members[0] if members else 0,
+                         "members_max": max(members, default=0),
+                         "members_mean": round(sum(members) / max(len(members), 1), 3),
+                         "lag_mean": round(sum(lags) / max(len(lags), 1), 1), "lag_max": max(lags, default=0),
+                         "annotated": obs.distilled_by.get(name, 0),
+                         "needed": round(w.batch / 2 / (steady_seconds_per_version(dict(obs.versions), w.warmup,
+                                                                                   w.versions))
+                                         * latency / w.teacher_concurrency, 2)}
+        return {"ends": dict(obs.versions), "trained": state["trained_records"], "deadletters": dict(obs.deadletters),
+                "s_per_version": steady_seconds_per_version(dict(obs.versions), w.warmup, w.versions),
+                "teachers": per, "samples": samples}
+
     def summary(self, runs: harness.Runs) -> dict[str, Any]:
+        if self.scaled:
+            (r,) = runs["scaled teachers"]
+            fast, slow = (r["teachers"][n] for n in SCALED_SOURCES)
+            return {"slow_over_fast_members_mean": round(slow["members_mean"] / max(fast["members_mean"], 1e-9), 3),
+                    "teachers": r["teachers"], "s_per_version": round(r["s_per_version"], 3),
+                    "trained": r["trained"], "deadletters": sum(r["deadletters"].values()),
+                    "members_over_time": r["samples"], "workload": asdict(self.w)}
         if self.teachers:
             return self.teacher_summary(runs)
         w, results = self.w, runs.single()
@@ -318,6 +393,17 @@ class PipelineBench(harness.Bench):
 
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
         w = self.w
+        if self.scaled:
+            print(f"two teachers, one per data source, {w.teacher_concurrency} records in flight per member, each "
+                  f"group autoscaled on its own lag (1..{self.args.teacher_max_members} members); "
+                  f"{w.versions} versions x {w.batch} trajectories, {summary['s_per_version']:.2f} s/version")
+            print(harness.table(["teacher", "ms/record", "members start", "max", "mean", "needed", "lag mean",
+                                 "lag max", "annotated"],
+                                [[n, t["latency_ms"], t["members_start"], t["members_max"], t["members_mean"],
+                                  t["needed"], t["lag_mean"], t["lag_max"], t["annotated"]]
+                                 for n, t in summary["teachers"].items()]))
+            print(f"slow teacher's mean members / fast teacher's: {summary['slow_over_fast_members_mean']}")
+            return
         sync_s = runs["sync"][0]["s_per_version"]
         print(f"workload: {w.versions} versions x {w.batch} trajectories; generation {w.gen_latency_s:g} s/request "
               f"x {w.workers * w.prompts_in_flight} prompts in flight; judge log-uniform "
@@ -339,8 +425,23 @@ class PipelineBench(harness.Bench):
             f"{k} {v:.2f}" for k, v in runs["sync"][0]["phases_s"].items()))
 
     def plot(self, runs: harness.Runs, summary: dict[str, Any], path: Path) -> None:
-        """Seconds per version for each run against the bound, and versions over time."""
+        """Seconds per version for each run against the bound, and versions over time (scaled
+        teachers: each teacher group's members and lag over time)."""
         plt = pyplot()
+        if self.scaled:
+            samples = summary["members_over_time"]
+            fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+            for name, t in summary["teachers"].items():
+                ts = [at for at, _ in samples]
+                ax1.step(ts, [s[name][0] for _, s in samples], where="post", label=f"{name} ({t['latency_ms']:g} ms)")
+                ax2.plot(ts, [s[name][1] for _, s in samples], label=name)
+            ax1.set(xlabel="seconds", ylabel="members", title="Each teacher group's members (autoscaled)")
+            ax2.set(xlabel="seconds", ylabel="consumer lag (records)", title="Each teacher group's lag")
+            for ax in (ax1, ax2):
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=8)
+            save(fig, path, dpi=80)
+            return
         bound_s = self.w.batch / self.bounds_of(list(runs)[-1])["bound"]
 
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))

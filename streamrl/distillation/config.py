@@ -9,8 +9,9 @@ installed. The loss names are those ``streamrl.learner.losses.DISTILLATION_LOSSE
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
 
 from streamrl.errors import ConfigError
 
@@ -20,6 +21,10 @@ ESTIMATOR_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 TOPK_MODES = ("forward_kl_topk",)
 LOSS_MODES = TOPK_MODES + ESTIMATOR_MODES
 TEACHER_BACKENDS = ("transformers", "openai")
+#: what becomes of a record whose data source no teacher serves (several teachers)
+UNSERVED = ("train", "deadletter")
+#: verl's name of the single teacher's entry, dropped when others are added (verl's note)
+DEFAULT_TEACHER = "teacher_model"
 
 
 @dataclass
@@ -51,12 +56,65 @@ class DistillationLossConfig:
 
 
 @dataclass
-class DistillationConfig:
-    """verl's ``distillation`` section: on when ``enabled``; the teacher itself is ``teacher:``
-    (verl's ``distillation.teacher_models.teacher_model.model_path`` maps to ``teacher.model``)."""
+class TeacherModelConfig:
+    """One entry of verl's ``distillation.teacher_models`` (``key`` and ``model_path``, verl's
+    names and meaning), with streamrl's settings for this teacher's consumer group over the
+    ``teacher:`` section's (empty / 0 / null: the section's)."""
 
-    enabled: bool = False  # on: streamrl run starts the teacher group, the learner reads the distilled topic
+    key: Optional[str] = None  # the value of distillation.teacher_key (data_source) whose records it annotates
+    model_path: Optional[str] = None  # the teacher model (teacher.model for this teacher)
+    # verl's engine and replicas for the teacher, which verl launches: not applicable here (named
+    # at start): the engine is backend / servers below, the replicas this teacher's group members
+    num_replicas: Optional[int] = 0
+    inference: dict[str, Any] = field(default_factory=dict)
+    members: int = 0  # processes in this teacher's consumer group; 0: run.teacher_members
+    backend: str = ""  # transformers | openai; "": teacher.backend
+    servers: list[str] = field(default_factory=list)  # openai: this teacher's fleet; []: teacher.servers
+    device: str = ""  # "": teacher.device
+    dtype: str = ""  # "": teacher.dtype
+    seed: Optional[int] = None  # the tiny teacher's init; null: teacher.seed
+    group: str = ""  # consumer group id; "": <bus.topic_prefix>-teacher-<name>
+
+
+@dataclass
+class Teacher:
+    """One teacher as it runs: its name (``--teacher NAME``; "" for a run's only teacher given
+    by ``teacher:``), the routing key it serves ("default": every record, verl's single
+    teacher), its stage settings (``teacher:`` with its entry's over them) and its group's size
+    (0: ``run.teacher_members``)."""
+
+    name: str
+    key: str
+    config: "TeacherConfig"
+    members: int = 0
+    own_group: str = ""  # its entry's group ("": named after the teacher section's)
+
+    @property
+    def label(self) -> str:
+        """How figures and the status line name it (``teacher`` for the only one)."""
+        return self.name or "teacher"
+
+    def group(self, prefix_group: str) -> str:
+        """The consumer group: its entry's, else ``<teacher.group or prefix-teacher>[-<name>]``:
+        one group per teacher, whatever ``teacher.group`` says."""
+        base = self.config.group or prefix_group
+        return self.own_group or (f"{base}-{self.name}" if self.name else base)
+
+
+@dataclass
+class DistillationConfig:
+    """verl's ``distillation`` section: on when ``enabled``; the teachers are verl's
+    ``teacher_models`` (several: one per data source, routed by ``teacher_key``), or, without
+    any, the one ``teacher:`` describes."""
+
+    enabled: bool = False  # on: streamrl run starts the teacher groups, the learner reads the distilled topic
     distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)  # verl's loss keys
+    # verl's teachers by entry name: {key, model_path} each (and streamrl's per-teacher settings).
+    # As in verl, the entry named teacher_model is the single teacher, dropped when others are
+    # added (said at start): name several teacher_model1, teacher_model2, ...
+    # (each entry read as a TeacherModelConfig, a bad field named, by ``entries``)
+    teacher_models: dict[str, Any] = field(default_factory=dict)
+    teacher_key: str = "data_source"  # the record field whose value picks the teacher (verl's)
 
     def validate(self) -> "DistillationConfig":
         """Raise ``ConfigError`` naming the first bad field (verl's own checks included)."""
@@ -76,7 +134,94 @@ class DistillationConfig:
             raise ConfigError(f"{name}loss_max_clamp': must be > 0 or null (got {loss.loss_max_clamp!r})")
         if loss.distillation_loss_coef < 0:
             raise ConfigError(f"{name}distillation_loss_coef': must be >= 0 (got {loss.distillation_loss_coef!r})")
+        if self.teacher_key not in _ROUTABLE:
+            raise ConfigError(f"config field 'distillation.teacher_key': a record field of {', '.join(_ROUTABLE)} "
+                              f"(got {self.teacher_key!r})")
         return self
+
+    def entries(self) -> dict[str, TeacherModelConfig]:
+        """verl's ``_resolve_teacher_models``: ``teacher_model`` alone is the single teacher;
+        beside others it is dropped (``dropped``)."""
+        from streamrl.config import load_section
+
+        names = [n for n in self.teacher_models if n != DEFAULT_TEACHER or len(self.teacher_models) == 1]
+        return {str(n): e if isinstance(e, TeacherModelConfig) else
+                load_section(TeacherModelConfig, e or {}, f"distillation.teacher_models.{n}")
+                for n, e in ((n, self.teacher_models[n]) for n in names)}
+
+    @property
+    def dropped(self) -> bool:
+        """Whether verl's rule drops the ``teacher_model`` entry (others were added beside it)."""
+        return DEFAULT_TEACHER in self.teacher_models and len(self.teacher_models) > 1
+
+    @property
+    def routed(self) -> bool:
+        """Several teachers: each record goes to the one its ``teacher_key`` names."""
+        return len(self.entries()) > 1
+
+    def teachers(self, base: "TeacherConfig") -> dict[str, Teacher]:
+        """Every teacher by name, its settings ``base`` (the ``teacher:`` section) with its
+        entry's over them. No entry: one teacher, ``base`` itself (name ""). One entry: it
+        serves every record, whatever its key (verl's routing with one teacher; its
+        ``teacher_model`` entry's key is "default"); several: each its key's records, keys
+        unique (verl's checks)."""
+        entries = self.entries()
+        if not entries:
+            return {"": Teacher("", "default", base)}
+        if len(entries) > 1 and base.unserved == "train" and not self.distillation_loss.use_task_rewards:
+            raise ConfigError("config field 'teacher.unserved': train leaves a record no teacher serves nothing to "
+                              "train on without task rewards (distillation_loss.use_task_rewards is false): "
+                              "set deadletter")
+        out: dict[str, Teacher] = {}
+        keys: dict[str, str] = {}
+        for name, entry in entries.items():
+            where = f"config field 'distillation.teacher_models.{name}"
+            if not _NAME.fullmatch(name):
+                raise ConfigError(f"{where}': a teacher's name is letters, digits, _ and - (it names its consumer "
+                                  f"group and processes)")
+            if not entry.model_path:
+                raise ConfigError(f"{where}.model_path': must be specified for a teacher (verl's check)")
+            alone = name == DEFAULT_TEACHER  # verl's single teacher: key "default"
+            if not alone and not entry.key:
+                raise ConfigError(f"{where}.key': must be specified for a teacher: the {self.teacher_key} whose "
+                                  f"records it annotates (verl's check)")
+            key = "default" if alone else str(entry.key)
+            if key in keys:
+                raise ConfigError(f"{where}.key': duplicate teacher key {key!r} (also teacher {keys[key]!r})")
+            keys[key] = name
+            if entry.members < 0:
+                raise ConfigError(f"{where}.members': must be >= 0 (got {entry.members})")
+            over = {k: v for k, v in (("backend", entry.backend), ("servers", list(entry.servers)),
+                                      ("device", entry.device), ("dtype", entry.dtype), ("seed", entry.seed))
+                    if v not in ("", [], None)}
+            config = replace(base, model=entry.model_path, **over)
+            try:
+                config.validate()
+            except ConfigError as exc:
+                raise ConfigError(str(exc).replace("config field 'teacher.", f"{where}.")) from None
+            out[name] = Teacher(name, key, config, entry.members, entry.group)
+        return out
+
+    def notes(self) -> list[str]:
+        """What is said at start about the teachers: verl's drop of ``teacher_model``, and the
+        verl engine keys that are not applicable here."""
+        out = []
+        if self.dropped:
+            others = ", ".join(n for n in self.teacher_models if n != DEFAULT_TEACHER)
+            out.append(f"distillation.teacher_models.{DEFAULT_TEACHER} is dropped: as in verl, the single teacher's "
+                       f"entry is removed when others are added ({others}); name it {DEFAULT_TEACHER}1 (or any "
+                       f"other name) to keep it")
+        for name, entry in self.entries().items():
+            unused = [f"inference.{k}" for k in entry.inference] + (["num_replicas"] if entry.num_replicas else [])
+            if unused:
+                out.append(f"distillation.teacher_models.{name}.{{{','.join(unused)}}}: not applicable here (verl's "
+                           f"engine and replicas: here backend / servers, and the group's members)")
+        return out
+
+
+#: record fields a teacher may be routed by (distillation.teacher_key)
+_ROUTABLE = ("data_source",)
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 
 
 @dataclass
@@ -100,6 +245,12 @@ class TeacherConfig:
     drain_timeout_s: float = 30.0  # at a stop, how long in-flight records may take
     max_attempts: int = 3  # a failing annotation is retried this many times, then dead-lettered
     group: str = ""  # consumer group id; "": <bus.topic_prefix>-teacher
+    # several teachers: which one of distillation.teacher_models this process is (streamrl teacher --teacher NAME)
+    name: str = ""
+    # several teachers (distillation.teacher_models): a record whose data source no teacher
+    # serves is trained without distillation (train: its tokens add nothing to the distillation
+    # loss) or dead-lettered (deadletter, reason no_teacher); the first teacher's group handles it
+    unserved: str = "train"
 
     def validate(self) -> "TeacherConfig":
         if self.backend not in TEACHER_BACKENDS:
@@ -112,4 +263,6 @@ class TeacherConfig:
                 raise ConfigError(f"config field 'teacher.{name}': must be >= 1 (got {getattr(self, name)!r})")
         if not self.temperature > 0:
             raise ConfigError(f"config field 'teacher.temperature': must be > 0 (got {self.temperature!r})")
+        if self.unserved not in UNSERVED:
+            raise ConfigError(f"config field 'teacher.unserved': one of {', '.join(UNSERVED)} (got {self.unserved!r})")
         return self

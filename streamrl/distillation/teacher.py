@@ -69,13 +69,14 @@ class TransformersTeacher:
     def __init__(self, cfg: TeacherConfig, topk: int):
         self.cfg, self.topk = cfg, topk
         self.model: Any = None
+        self.tokenizer: Any = None
         self.vocab = 0
         self.batcher = MicroBatcher(self._run, cfg.batch_size, cfg.batch_wait_ms / 1000)
 
     def load(self) -> None:
         """Load the model now (at build: a missing model fails before anything connects)."""
-        self.model, _ = load_policy(local_policy(self.cfg.model), device=self.cfg.device, dtype=self.cfg.dtype,
-                                    seed=self.cfg.seed)  # (a version published by delta: rebuilt first)
+        self.model, self.tokenizer = load_policy(local_policy(self.cfg.model), device=self.cfg.device,
+                                                 dtype=self.cfg.dtype, seed=self.cfg.seed)  # (a delta: rebuilt first)
         self.model.eval()
         self.vocab = self.model.get_input_embeddings().num_embeddings
 
@@ -190,6 +191,37 @@ def parse_prompt_logprobs(entries: list[Any], prompt_ids: np.ndarray, response_i
         ids.append([k for k, _ in ranked])
         logprobs.append([v for _, v in ranked])
     return Annotation(np.asarray(logprobs, np.float32), np.asarray(ids, np.int64) if topk else None)
+
+
+def check_tokenizer(teacher: Any, cfg: TeacherConfig, name: str, student: str) -> None:
+    """Refuse a teacher whose tokenizer is not the student's (``student``: its policy spec),
+    naming both: its log-probs are per token of the student's response and its top-k ids are
+    token ids, so they mean something only over the student's tokens (verl's teacher reads the
+    student's token ids as they are too). The transformers backend's tokenizer is the one it
+    loaded; a server fleet's is read from ``teacher.model`` where that is a local directory
+    (a hub name served remotely cannot be read here, and is taken as the student's)."""
+    from pathlib import Path
+
+    from streamrl.errors import ConfigError
+    from streamrl.policy import TINY_SPEC, load_tokenizer
+
+    if not student:
+        return
+    mine = getattr(teacher, "tokenizer", None)
+    if mine is None:
+        spec = cfg.model.removeprefix("file://")
+        if not (cfg.model == TINY_SPEC or Path(spec).is_dir()):
+            return
+        mine = load_tokenizer(cfg.model)
+    theirs = load_tokenizer(student)
+    if len(mine) != len(theirs) or mine.get_vocab() != theirs.get_vocab():
+        raise ConfigError(f"config field 'distillation.teacher_models.{name}.model_path' ({cfg.model}): the teacher's "
+                          f"tokenizer ({len(mine)} tokens) is not the student's (learner.policy {student}, "
+                          f"{len(theirs)} tokens): distillation reads the teacher's log-probs over the student's tokens"
+                          if name != "teacher" else
+                          f"config field 'teacher.model' ({cfg.model}): the teacher's tokenizer ({len(mine)} tokens) is "
+                          f"not the student's (learner.policy {student}, {len(theirs)} tokens): distillation reads the "
+                          f"teacher's log-probs over the student's tokens")
 
 
 def build_teacher(cfg: TeacherConfig, topk: int) -> Teacher:

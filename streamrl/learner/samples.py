@@ -33,6 +33,7 @@ class Sample:
     teacher_logprobs: np.ndarray | None = None
     teacher_ids: np.ndarray | None = None
     teacher_topk: int = 0
+    teacher_name: str = ""  # several teachers (distillation.teacher_models): the one that annotated it
     reward_components: list[float] | None = None  # GDPO: gdpo_reward_keys' values from reward_info
     reward_baseline: float | None = None  # ReMax: the reward of the group's greedy response
 
@@ -94,6 +95,8 @@ def teacher_arrays(sample: Sample, record: Rewarded, cfg: "LearnerConfig", vocab
     their ids for ``forward_kl_topk``; ``RecordError("no_teacher" / "bad_teacher")`` otherwise."""
     loss = cfg.distillation.distillation_loss
     k = loss.topk if loss.use_topk else 0
+    if (getattr(record, "teacher", None) or {}).get("unserved"):
+        return  # no teacher serves its data source (teacher.unserved: train): trained without distillation
     logprobs = record.array("teacher_logprobs") if hasattr(record, "teacher_logprobs") else None
     if logprobs is None:
         raise RecordError("no_teacher", "no teacher_logprobs and distillation.enabled (is the teacher stage running, "
@@ -105,6 +108,7 @@ def teacher_arrays(sample: Sample, record: Rewarded, cfg: "LearnerConfig", vocab
         raise RecordError("bad_teacher", f"{len(logprobs)} teacher_logprobs for {n} response tokens (top-{k}), "
                                          "or not finite")
     sample.teacher_logprobs, sample.teacher_topk = logprobs, k
+    sample.teacher_name = str((getattr(record, "teacher", None) or {}).get("name") or "")
     if k:
         ids = record.array("teacher_ids")
         if ids is None or len(ids) != n * k or (len(ids) and (ids.min() < 0 or ids.max() >= vocab)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import json
 import logging
@@ -50,6 +51,10 @@ class _Batch:
     teacher_logprobs: torch.Tensor | None = None  # distillation: [B, R], or [B, R, K] with teacher_ids
     teacher_ids: torch.Tensor | None = None  # forward_kl_topk: [B, R, K]
     student_topk: torch.Tensor | None = None  # set by each forward with teacher_ids: the student's [B, R, K]
+    # distillation: [B, 1] 1 for a sample the teacher annotated, 0 for one no teacher serves
+    # (teacher.unserved: train: its tokens add nothing to the distillation loss)
+    teacher_served: torch.Tensor | None = None
+    teacher_of: torch.Tensor | None = None  # several teachers: [B, 1] each sample's teacher's index (-1: none)
 
 
 @dataclass
@@ -224,11 +229,24 @@ class Trainer:
             distributed.Channel().send(op, payload() if callable(payload) else payload)
 
     # -- tensors ------------------------------------------------------------------------------
+    @functools.cached_property
+    def _teacher_names(self) -> list[str]:
+        """Several teachers (``distillation.teacher_models``): their names, whose figures the
+        step reports apart; [] otherwise."""
+        d = self.cfg.distillation
+        return list(d.entries()) if d.enabled and d.routed else []
+
     def _collate(self, samples: Sequence[Sample], packed: bool = False) -> _Batch:
         """The tensors of one forward pass (``packed``: one row without padding)."""
         batch = self._collate_packed(samples) if packed else self._collate_padded(samples)
         if self.cfg.distillation.enabled:
             batch.teacher_logprobs, batch.teacher_ids = self._teacher(samples, batch.mask.shape[1])
+            batch.teacher_served = torch.tensor([[float(s.teacher_logprobs is not None)] for s in samples],
+                                                device=self.device)
+            names = self._teacher_names
+            if names:
+                batch.teacher_of = torch.tensor([[names.index(s.teacher_name) if s.teacher_name in names else -1]
+                                                 for s in samples], device=self.device)
         return batch
 
     def _teacher(self, samples: Sequence[Sample], width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -787,6 +805,12 @@ class Trainer:
             batch.correction_metrics = rollout_correction.correct(live, behaviour, self._mask_rows(masks),
                                                                   cfg.rollout_correction, batch.is_norm).metrics
         out.update(batch.correction_metrics)
+        for name in self._teacher_names:  # verl's distillation/loss and abs_loss, by teacher
+            tokens = out.pop(f"{_PER_TEACHER}{name}/tokens", 0.0)
+            for part in ("loss", "abs_loss"):
+                total = out.pop(f"{_PER_TEACHER}{name}/{part}", 0.0)
+                if tokens > 0:
+                    out[f"distillation/{name}/{part}"] = total / tokens
         if self.critic is not None:  # its sums are over its own epochs
             epochs = cfg.critic.ppo_epochs or cfg.ppo_epochs
             out.update({k: v * cfg.ppo_epochs / epochs for k, v in out.items() if k.startswith("critic/")})
@@ -804,6 +828,8 @@ class Trainer:
         ``distillation_loss``): aggregated over the mini-batch's totals like the policy loss, so
         micro-batches and ranks add up to the whole; metrics as verl's ``distillation/*``."""
         dl = self.cfg.distillation.distillation_loss
+        served = unit.teacher_served if unit.teacher_served is not None else 1.0
+        mask, token_mask = mask * served, unit.mask * served  # a record no teacher serves: no distillation term
         if dl.use_topk:
             terms = losses.forward_kl_topk(unit.student_topk, unit.teacher_logprobs, dl.log_prob_min_clamp)
         else:
@@ -812,15 +838,23 @@ class Trainer:
                                            loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=dl.use_policy_gradient,
                                            clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **totals)
         add("distillation/loss", distill)
-        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), unit.mask, "token-mean", **token_totals))
+        add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), token_mask, "token-mean", **token_totals))
         # verl's distillation/loss_min and loss_max: the per-token loss before loss_max_clamp over
         # the response tokens, reduced as MIN / MAX over micro-batches and ranks
-        valid = terms.losses.detach()[unit.mask > 0]
+        valid = terms.losses.detach()[token_mask > 0]
         none = valid.new_tensor(math.inf)  # a rank without response tokens still joins the reduction
         add("distillation/loss_min", valid.min() if valid.numel() else none, "min")
         add("distillation/loss_max", valid.max() if valid.numel() else -none, "max")
         for name, value in terms.diagnostics.items():
-            add(f"distillation/{name}", losses.aggregate(value.detach(), unit.mask, "token-mean", **token_totals))
+            add(f"distillation/{name}", losses.aggregate(value.detach(), token_mask, "token-mean", **token_totals))
+        # several teachers: each one's figures over its own records' tokens (token means, made
+        # from sums in _step_metrics so that micro-batches and ranks add up); every rank adds
+        # every teacher's, so the reduction's names agree
+        for i, name in enumerate(self._teacher_names):
+            mine = token_mask * (unit.teacher_of == i) if unit.teacher_of is not None else token_mask * 0
+            add(f"{_PER_TEACHER}{name}/tokens", mine.sum())
+            add(f"{_PER_TEACHER}{name}/loss", (terms.losses.detach() * mine).sum())
+            add(f"{_PER_TEACHER}{name}/abs_loss", (terms.losses.detach().abs() * mine).sum())
         return losses.combine_distillation(task_loss, distill, use_task_rewards=dl.use_task_rewards,
                                            coef=dl.distillation_loss_coef)
 
@@ -837,6 +871,10 @@ class Trainer:
         """``policy/`` and the ranks' ``dcp/`` shards into a checkpoint being written
         (``ModelState.write_checkpoint``)."""
         self.state.write_checkpoint(directory)
+
+
+#: the per-teacher sums a step's metrics carry until ``_step_metrics`` makes them means
+_PER_TEACHER = "_distillation_by_teacher/"
 
 
 def _check_prompt(s: Sample) -> None:

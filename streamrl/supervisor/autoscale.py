@@ -1,11 +1,12 @@
-"""Sizing the reward group by its consumer lag (``run.autoscale``, ``--autoscale MIN:MAX``):
-``LagAutoscaler`` decides, ``resize_reward_group`` starts or stops one ``reward-N`` stage."""
+"""Sizing consumer groups by their consumer lag: the reward group (``run.autoscale``,
+``--autoscale MIN:MAX``) and each teacher's group (``run.teacher_autoscale``, each on its own
+lag). ``LagAutoscaler`` decides, ``resize_group`` starts or stops one ``<group>-N`` stage."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from streamrl.supervisor.launcher import Launcher
 from streamrl.supervisor.observer import Observer
@@ -50,27 +51,47 @@ class LagAutoscaler:
 
 
 
+@dataclass
+class GroupAutoscale:
+    """One consumer group sized by its own lag: members are the running ``<group>-N`` stages."""
+
+    group: str  # reward, teacher (the only teacher), teacher-<name>
+    scaler: LagAutoscaler
+    start_member: Callable[[], None]
+    lag: Callable[[], Awaitable[int]]
+
+    def members(self, launcher: Launcher) -> list[str]:
+        return sorted((n for n in launcher.names() if n.rpartition("-")[0] == self.group
+                       and n.rpartition("-")[2].isdigit() and launcher.returncode(n) is None),
+                      key=lambda n: int(n.rpartition("-")[2]))
+
+
+async def resize_group(group: GroupAutoscale, launcher: Launcher, now: float, show) -> None:
+    """One autoscaling step of ``group``."""
+    members = group.members(launcher)
+    lag = await group.lag()
+    step = group.scaler.decide(lag, len(members), now)
+    if step > 0:
+        group.start_member()
+        show(f"autoscale: {group.group} lag {lag}: {len(members)} -> {len(members) + 1} members")
+    elif step < 0:
+        show(f"autoscale: {group.group} lag {lag}: {len(members)} -> {len(members) - 1} members")
+        await asyncio.to_thread(launcher.stop, members[-1])
+
+
 async def resize_reward_group(observer: Observer, launcher: Launcher, scaler: LagAutoscaler,
                               start_reward, now: float, show) -> None:
-    """One autoscaling step: members are the running ``reward-N`` stages."""
-    members = sorted((n for n in launcher.names() if n.startswith("reward-") and launcher.returncode(n) is None),
-                     key=lambda n: int(n.split("-")[1]))
-    lag = await observer.reward_lag()
-    step = scaler.decide(lag, len(members), now)
-    if step > 0:
-        start_reward()
-        show(f"autoscale: reward lag {lag}: {len(members)} -> {len(members) + 1} members")
-    elif step < 0:
-        show(f"autoscale: reward lag {lag}: {len(members)} -> {len(members) - 1} members")
-        await asyncio.to_thread(launcher.stop, members[-1])
+    """One autoscaling step of the reward group: members are the running ``reward-N`` stages."""
+    await resize_group(GroupAutoscale("reward", scaler, start_reward, observer.reward_lag), launcher, now, show)
 
 
 @dataclass
 class Autoscale:
-    """What the run's watch needs to resize the reward group: the decision, and how a member starts."""
+    """What the run's watch needs to resize its groups: each group's decision, how a member
+    starts, and its lag."""
 
-    scaler: LagAutoscaler
-    start_member: Callable[[], None]
+    groups: list[GroupAutoscale]
 
     async def step(self, observer: Observer, launcher: Launcher, now: float, show: Callable[[str], None]) -> None:
-        await resize_reward_group(observer, launcher, self.scaler, self.start_member, now, show)
+        for group in self.groups:
+            await resize_group(group, launcher, now, show)

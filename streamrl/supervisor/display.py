@@ -35,7 +35,7 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
             f"rollouts {obs.rollouts} | "
             # distillation without task rewards: no reward group, the teacher reads rollouts
             + (f"rewarded {obs.rewarded} (lag {lag}) | " if obs.teacher_input != ROLLOUTS.name else "")
-            + (f"distilled {obs.distilled} (teacher lag {obs.teacher_backlog}) | " if obs.teacher_input else "")
+            + (distilled_part(obs) if obs.teacher_input else "")
             + f"trained {obs.trained} | "
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
             f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
@@ -45,6 +45,18 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
                       if curve)
             + (f" | per member: {obs.members.text()}" if obs.members.text() else "")
             + (f" | {note}" if note else ""))
+
+
+def distilled_part(obs: Observation) -> str:
+    """``distilled N (teacher lag L) | ``: one teacher; with several, one such part per teacher
+    (its group's consumer lag), then the records no teacher serves handed on unannotated."""
+    if len(obs.teacher_lags) < 2:
+        return f"distilled {obs.distilled} (teacher lag {obs.teacher_backlog}) | "
+    parts = [f"distilled {label} {obs.distilled_by.get(label, 0)} (teacher lag {lag})"
+             for label, lag in obs.teacher_lags.items()]
+    if obs.distilled_by.get("(none)"):
+        parts.append(f"undistilled (no teacher) {obs.distilled_by['(none)']}")
+    return " | ".join(parts) + " | "
 
 
 def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
@@ -58,6 +70,7 @@ def summarise(obs: Observation, plot_path: Path) -> dict[str, Any]:
         "reward_last": round(obs.by_version[versions[-1]].mean, 4) if versions else None,
         "reward_by_version": {str(v): round(obs.by_version[v].mean, 4) for v in versions},
         "records": obs.records(),
+        **({"distilled_by_teacher": dict(sorted(obs.distilled_by.items()))} if len(obs.distilled_by) > 1 else {}),
         "trained_all": obs.trained,  # across every session of a resumed run
         **({"earlier_sessions": obs.earlier} if obs.earlier else {}),
         "by_data_source": {ds: s.means() for ds, s in sorted(obs.by_source.items())},

@@ -93,6 +93,10 @@ class Observation:
     teacher_input: str = ""
     distilled_ids: set[str] = field(default_factory=set)
     teacher_dead: set[str] = field(default_factory=set)
+    # several teachers: records each annotated (by id, once; "(none)": handed on unannotated, no
+    # teacher serving their data source) and each group's consumer lag on the input
+    distilled_by: Counter = field(default_factory=Counter)
+    teacher_lags: dict[str, int] = field(default_factory=dict)
     members: "MemberRecords" = field(default_factory=lambda: MemberRecords())
     span_max: int = 1  # the most versions one rewarded record's tokens span (partial rollouts)
     spanning: int = 0  # rewarded records whose tokens span more than one version
@@ -189,10 +193,14 @@ class Observer:
     """Follows ``rewarded``, ``policy``, ``deadletter`` and ``eval`` from the beginning, and the
     end offsets of ``prompts`` and ``rollouts``, as a plain reader."""
 
+    #: how often each teacher group's lag is read (several teachers: the status line's, per teacher)
+    TEACHER_LAG_EVERY_S = 2.0
+
     def __init__(self, bus: Bus, reward_group: str = "", carried: Observation | None = None,
-                 teacher_group: str = "", teacher_input: str = ""):
+                 teacher_groups: dict[str, str] | None = None, teacher_input: str = ""):
         self.bus = bus
-        self.reward_group, self.teacher_group = reward_group, teacher_group
+        self.reward_group, self.teacher_groups = reward_group, dict(teacher_groups or {})
+        self._lags_at = 0.0
         self.obs = carried or Observation()
         self.obs.teacher_input = teacher_input  # distillation: the teacher group's input ("": none)
         self._reader = Reader(bus, [REWARDED, POLICY, DEADLETTER, EVAL] + ([DISTILLED] if teacher_input else []), "run")
@@ -229,7 +237,11 @@ class Observer:
                     source = rec.data_source if known else "(other)"
                     obs.by_source.setdefault(source, SourceStats()).add(rec.reward, rec.reward_info)
                 elif topic == DISTILLED.name:
-                    obs.distilled_ids.add(DISTILLED.decode(msg.value, self.bus.largest_record).id)
+                    rec = DISTILLED.decode(msg.value, self.bus.largest_record)
+                    if rec.id not in obs.distilled_ids:
+                        obs.distilled_ids.add(rec.id)
+                        obs.distilled_by["(none)" if rec.teacher.get("unserved") else
+                                         str(rec.teacher.get("name") or "teacher")] += 1
                 elif topic == POLICY.name:
                     pv = POLICY.decode(msg.value)
                     obs.versions[pv.version] = pv.created_at
@@ -254,6 +266,9 @@ class Observer:
             except RecordError as exc:
                 obs.deadletters[f"unreadable {topic}: {exc.reason}"] += 1
         obs.prompts, obs.rollouts = await self._end_offsets()
+        if len(self.teacher_groups) > 1 and time.monotonic() - self._lags_at >= self.TEACHER_LAG_EVERY_S:
+            self._lags_at = time.monotonic()
+            obs.teacher_lags = await self.teacher_lags()
         return obs
 
     async def _end_offsets(self) -> tuple[int, int]:
@@ -276,13 +291,23 @@ class Observer:
         self.obs.rollout_ids = ids
         return ids
 
-    async def teacher_lag(self) -> int:
-        """The teacher group's consumer lag on its input: end offsets minus committed."""
+    async def teacher_lag(self, teacher: str = "") -> int:
+        """A teacher group's consumer lag on its input (``teacher``: its label), or all of them
+        together: end offsets minus committed, summed (0: every teacher committed everything)."""
+        return sum((await self.teacher_lags(teacher)).values())
+
+    async def teacher_lags(self, teacher: str = "") -> dict[str, int]:
+        """Each teacher group's consumer lag on the input, by teacher (``teacher``: that one's)."""
         topic = REWARDED if self.obs.teacher_input == REWARDED.name else ROLLOUTS
         ends = await self._reader.end_offsets(await self._reader.partitions_of(topic))
+        out = {}
         async with self.bus.admin() as admin:
-            committed = await admin.committed(self.teacher_group, ends)
-        return sum(max(0, end - (committed.get(tp) or 0)) for tp, end in ends.items())
+            for label, group in self.teacher_groups.items():
+                if teacher and label != teacher:
+                    continue
+                committed = await admin.committed(group, ends)
+                out[label] = sum(max(0, end - (committed.get(tp) or 0)) for tp, end in ends.items())
+        return out
 
     async def reward_lag(self) -> int:
         """The reward group's consumer lag on ``rollouts``: end offsets minus committed."""

@@ -14,7 +14,7 @@ from typing import Any
 from streamrl.errors import ConfigError
 
 #: the stages, in the order ``streamrl run`` starts them (the placement check places them so)
-STAGES = ("learner", "reward", "rollout", "feed")
+STAGES = ("learner", "reward", "teacher", "rollout", "feed")
 #: what each stage's actor asks for unless ``run.ray.resources.<stage>`` says otherwise: the
 #: learner computes (add ``num_gpus`` on GPU nodes); a rollout worker with a local engine
 #: (transformers, vllm) computes; reward members and the feed wait on I/O (judges, reward-model
@@ -23,6 +23,7 @@ DEFAULT_RESOURCES: dict[str, dict[str, float]] = {
     "learner": {"num_cpus": 1.0},
     "rollout": {"num_cpus": 1.0},
     "reward": {"num_cpus": 0.25},
+    "teacher": {"num_cpus": 1.0},  # a local teacher model computes (the openai backend waits: REMOTE_ROLLOUT's ask)
     "feed": {"num_cpus": 0.25},
 }
 #: a rollout worker whose backend is a server (``rollout.backend: openai``) waits on it
@@ -46,17 +47,26 @@ def stage_resources(cfg: Any) -> dict[str, dict[str, float]]:
                 raise ConfigError(f"config field 'run.ray.resources.{kind}.{key}': must be >= 0 (got {value})")
     out = {}
     for kind in STAGES:
-        base = REMOTE_ROLLOUT if kind == "rollout" and cfg.rollout.backend == "openai" else DEFAULT_RESOURCES[kind]
+        remote = (kind == "rollout" and cfg.rollout.backend == "openai"
+                  or kind == "teacher" and cfg.distillation.enabled
+                  and all(t.config.backend == "openai" for t in cfg.distillation.teachers(cfg.teacher).values()))
+        base = REMOTE_ROLLOUT if remote else DEFAULT_RESOURCES[kind]
         out[kind] = {**base, **given.get(kind, {})}
     return out
 
 
 def stage_counts(cfg: Any) -> dict[str, int]:
     """How many actors of each stage ``streamrl run`` may start (the reward group at its
-    autoscaling maximum)."""
+    autoscaling maximum, every teacher group's members)."""
     run = cfg.run
-    return {"learner": cfg.learner.parallel.nproc, "reward": max(run.reward_members, run.autoscale.max_members),
-            "rollout": run.rollout_workers, "feed": 1}
+    distill = cfg.distillation
+    teachers = sum(max(t.members or run.teacher_members, run.teacher_autoscale.max_members)
+                   for t in distill.teachers(cfg.teacher).values()) \
+        if distill.enabled else 0  # every teacher's group at its most (issue 59: the single teacher was left out)
+    rewarded = not distill.enabled or distill.distillation_loss.use_task_rewards  # else no reward group runs
+    return {"learner": cfg.learner.parallel.nproc,
+            "reward": max(run.reward_members, run.autoscale.max_members) if rewarded else 0,
+            "teacher": teachers, "rollout": run.rollout_workers, "feed": 1}
 
 
 def actor_options(ask: dict[str, float]) -> dict[str, Any]:
@@ -106,7 +116,7 @@ def check_placement(asks: dict[str, dict[str, float]], counts: dict[str, int],
     for kind in STAGES:
         demand = demand_of(asks[kind])
         for i in range(counts.get(kind, 0)):
-            name = f"{kind}-{i}" if kind in ("reward", "rollout") else kind
+            name = f"{kind}-{i}" if kind in ("reward", "teacher", "rollout") else kind
             node = next((f for f in free if all(f.get(r, 0.0) + EPS >= a for r, (a, _) in demand.items())), None)
             if node is not None:
                 for resource, (amount, _) in demand.items():

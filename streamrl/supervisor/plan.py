@@ -156,7 +156,7 @@ def dry_run(resolution) -> int:
             print(f"# verl keys given: {len(resolution.verl)}")
             for outcome in resolution.verl:
                 print(f"#   {outcome.line()}")
-        for note in run_length(resolution.cfg):
+        for note in run_length(resolution.cfg) + teacher_notes(resolution.cfg):
             print(f"# {note}")
     sys.stdout.flush()
     if resolution.problems:
@@ -164,6 +164,22 @@ def dry_run(resolution) -> int:
         print(f"streamrl run: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def teacher_notes(cfg) -> list[str]:
+    """What is said at start about the teachers (verl's drop of ``teacher_model``, its engine
+    keys not applicable here) and the groups the run starts, one per teacher."""
+    from streamrl.errors import StreamrlError
+
+    if not cfg.distillation.enabled:
+        return []
+    try:
+        teachers = cfg.distillation.teachers(cfg.teacher)
+    except StreamrlError:
+        return []  # reported as a problem
+    groups = [f"{t.label} ({t.key}: {t.config.backend} {t.config.model}, {t.members or cfg.run.teacher_members} "
+              f"members, group {t.group(cfg.bus.group('teacher', ''))})" for t in teachers.values()]
+    return [*cfg.distillation.notes(), "teachers: " + "; ".join(groups)]
 
 
 def run_length(cfg) -> list[str]:

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from streamrl.errors import StreamrlError
-from streamrl.supervisor.autoscale import Autoscale, LagAutoscaler
+from streamrl.supervisor.autoscale import Autoscale, GroupAutoscale, LagAutoscaler
 from streamrl.supervisor.display import make_show, status_line, summarise, summary_line
 from streamrl.supervisor.launcher import Launcher
 from streamrl.supervisor.observer import Observation, Observer
-from streamrl.supervisor.plan import FINISHED, archive_uri, check_topics, choose_run_dir, dry_run, plan, warm_start
+from streamrl.supervisor.plan import (FINISHED, archive_uri, check_topics, choose_run_dir, dry_run, plan, teacher_notes,
+                                      warm_start)
 from streamrl.supervisor.watch import Watch, cancelling, observe_until
 from streamrl.verl_keys import ignored_line
 
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     accepted = ignored_line(resolution.verl)
     if accepted:
         print(f"run: verl keys accepted as not applicable here: {accepted}", file=sys.stderr, flush=True)
+    for note in teacher_notes(cfg):  # verl's drop of teacher_model, said at start; the teacher groups
+        print(f"run: {note}", file=sys.stderr, flush=True)
     need("torch", "cpu", "streamrl run")  # the learner and the transformers rollout backend
     out, state = open_run_dir(cfg, resume)
     result = run_in_runtime(cfg, args, out, state)
@@ -124,9 +127,12 @@ class Session:
     def start(self, name: str, verb: str, *extra: str) -> None:
         self.launcher.start(name, [verb, *self.common, *extra], verb)
 
-    def start_member(self, verb: str) -> None:
-        """One more member of a consumer group (``reward``, ``teacher``): ``<verb>-<n>``."""
-        self.start(f"{verb}-{next(self.ids.setdefault(verb, itertools.count()))}", verb)
+    def start_member(self, verb: str, teacher: str = "") -> None:
+        """One more member of a consumer group (``reward``, ``teacher``): ``<verb>-<n>``; with
+        several teachers, one of teacher ``NAME``'s group: ``teacher-<NAME>-<n>``."""
+        group = f"{verb}-{teacher}" if teacher else verb
+        self.start(f"{group}-{next(self.ids.setdefault(group, itertools.count()))}", verb,
+                   *(["--teacher", teacher] if teacher else []))
 
 
 async def supervise(runtime, args: argparse.Namespace, out: Path, launcher: Launcher | None = None,
@@ -175,6 +181,14 @@ def teacher_input(cfg) -> str:
     return "rewarded" if cfg.distillation.distillation_loss.use_task_rewards else "rollouts"
 
 
+def teacher_groups(cfg) -> dict[str, str]:
+    """Each teacher's consumer group by its label (``teacher`` for a run's only one); {} without
+    distillation."""
+    if not cfg.distillation.enabled:
+        return {}
+    return {t.label: t.group(cfg.bus.group("teacher", "")) for t in cfg.distillation.teachers(cfg.teacher).values()}
+
+
 def learner_ended(out: Path) -> str:
     """Why the learner exited 0, from its last checkpoint: ``data_exhausted`` or ``done``."""
     from streamrl.resume import latest_good
@@ -189,7 +203,7 @@ async def open_session(runtime, args: argparse.Namespace, out: Path, launcher: L
     cfg = runtime.cfg
     common, carried = stage_arguments(cfg, args, out, state, fresh)
     observer = Observer(runtime.bus, reward_group=cfg.bus.group("reward", cfg.reward.group), carried=carried,
-                        teacher_group=cfg.bus.group("teacher", cfg.teacher.group), teacher_input=teacher_input(cfg))
+                        teacher_groups=teacher_groups(cfg), teacher_input=teacher_input(cfg))
     interactive = sys.stderr.isatty()
     watch = Watch(target_versions=cfg.learner.versions, stop=runtime.stop_event,
                   broker_exited=broker.exited if broker is not None else (lambda: None),
@@ -200,11 +214,22 @@ async def open_session(runtime, args: argparse.Namespace, out: Path, launcher: L
                   stall_timeout_s=cfg.run.stall_timeout_s, unavailable_timeout_s=cfg.bus.unavailable_timeout_s)
     session = Session(cfg, out, launcher or make_launcher(cfg, out / "logs"), observer, watch, common,
                       archive_uri(cfg, out), interactive)
+    groups = []
     auto = cfg.run.autoscale
-    if auto.max_members:
+    if auto.max_members and teacher_input(cfg) != "rollouts":  # distillation alone: no reward group
         scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
                                auto.window_s, auto.cooldown_s)
-        watch.autoscale = Autoscale(scaler, functools.partial(session.start_member, "reward"))
+        groups.append(GroupAutoscale("reward", scaler, functools.partial(session.start_member, "reward"),
+                                     observer.reward_lag))
+    auto = cfg.run.teacher_autoscale
+    for teacher in cfg.distillation.teachers(cfg.teacher).values() if auto.max_members and teacher_input(cfg) else ():
+        scaler = LagAutoscaler(auto.min_members, auto.max_members, auto.scale_up_lag, auto.scale_down_lag,
+                               auto.window_s, auto.cooldown_s)  # each teacher's group on its own lag
+        groups.append(GroupAutoscale(f"teacher-{teacher.name}" if teacher.name else "teacher", scaler,
+                                     functools.partial(session.start_member, "teacher", teacher.name),
+                                     functools.partial(observer.teacher_lag, teacher.label)))
+    if groups:
+        watch.autoscale = Autoscale(groups)
     await observer.start()
     return session
 
@@ -226,8 +251,9 @@ def start_stages(session: Session) -> None:
                       f"tracking.experiment={cfg.tracking.experiment or out.name}")
     for _ in range(cfg.run.reward_members if distill != "rollouts" else 0):  # distillation alone: no reward group
         session.start_member("reward")
-    for _ in range(cfg.run.teacher_members if distill else 0):
-        session.start_member("teacher")
+    for teacher in cfg.distillation.teachers(cfg.teacher).values() if distill else ():  # one group per teacher
+        for _ in range(teacher.members or cfg.run.teacher_members):
+            session.start_member("teacher", teacher.name)
     for i in range(cfg.run.rollout_workers):
         session.start(f"rollout-{i}", "rollout")
     session.start("feed", "feed")

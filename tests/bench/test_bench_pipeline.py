@@ -153,3 +153,27 @@ def test_bench_pipeline_on_update_tiny(tmp_path, capsys):
     assert res["tokens_thrown_away"]["partial"] <= 16 * res["continued"]["partial"]
     assert res["span_max"]["drain"] == res["span_max"]["abort"] == 1 <= res["span_max"]["partial"]
     assert _is_png(res["plot"])
+
+
+@pytest.mark.e2e
+def test_bench_pipeline_scaled_teachers_tiny(bootstrap, tmp_path, capsys):
+    """``--scaled-teachers``: two teachers of different costs, one per data source, each its own
+    group from one member, autoscaled on its own lag (issue 59): both annotate their own records,
+    every trained record was annotated, and the slow teacher's group grows at least as far as the
+    fast one's."""
+    rc = main(["bench", "pipeline", "--bootstrap-servers", bootstrap, "--versions", "4", "--warmup", "1",
+               "--staleness", "1", "--group-size", "2", "--groups-per-version", "4", "--mini-batches", "2",
+               "--gen-latency", "0.05", "--judge-low-ms", "5", "--judge-high-ms", "20", "--step-s", "0.05",
+               "--scaled-teachers", "5,300", "--teacher-concurrency", "1", "--teacher-max-members", "3",
+               "--out", str(tmp_path), "--dataset", str(gsm8k_path("train"))])
+    assert rc == 0
+    res = _last_json(capsys)
+    fast, slow = res["teachers"]["fast"], res["teachers"]["slow"]
+    assert (fast["latency_ms"], slow["latency_ms"]) == (5.0, 300.0)
+    assert fast["annotated"] > 0 and slow["annotated"] > 0
+    assert fast["annotated"] + slow["annotated"] >= res["trained"] > 0
+    assert fast["members_start"] == slow["members_start"] == 1
+    assert 1 <= fast["members_max"] <= slow["members_max"] <= 3
+    assert res["members_over_time"] and _positive(res["s_per_version"])
+    assert res["slow_over_fast_members_mean"] == pytest.approx(slow["members_mean"] / fast["members_mean"], rel=1e-2)
+    assert _is_png(res["plot"])

@@ -64,7 +64,9 @@ def _load_dir(directory: Path) -> list[dict]:
         data = {Path(f).name: (directory / f).read_text() for f in gen.get("files", [])}
         data.update(lit.split("=", 1) for lit in gen.get("literals", []))
         docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"]}, "data": data})
-    return docs
+    # a component's generator with behavior replace comes after the base's: the last one stands
+    last = {d["metadata"]["name"]: i for i, d in enumerate(docs) if d["kind"] == "ConfigMap"}
+    return [d for i, d in enumerate(docs) if d["kind"] != "ConfigMap" or last[d["metadata"]["name"]] == i]
 
 
 def kustomize(directory: Path) -> list[dict]:
@@ -502,3 +504,75 @@ def test_the_fleet_overlay_runs_vllm_servers_that_follow_the_learner(monkeypatch
     assert mounts[weights]["readOnly"] and claim["claimName"] == "streamrl-weights"
     assert vllm["args"][0].startswith(weights + "/")  # the starting weights on the same claim
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+# -- the teachers overlay (issue 59) ------------------------------------------------------------------
+# The Kubernetes teachers overlay (docker/k8s/overlays/teachers: the KEDA overlay with on-policy
+# distillation, one teacher per data source), checked without a cluster like the other variants
+# (tests/deploy/test_k8s.py): every object validates strictly, every container's command loads
+# its config, and each teacher of the pipeline config (verl's ``distillation.teacher_models``) has
+# its own Deployment running ``streamrl teacher --teacher NAME`` and its own ScaledObject on that
+# teacher's consumer group and input topic, bounded by the topic's partitions; the PodMonitor
+# scrapes the teachers.
+
+TEACHERS = "overlays/teachers"
+
+
+def test_the_teachers_overlay_validates_strictly():
+    docs = render(TEACHERS)
+    problems = [f"{d.get('kind')}/{d.get('metadata', {}).get('name')}: {e}" for d in docs for e in validation_errors(d)]
+    assert not problems, "\n".join(problems)
+
+
+def test_each_teacher_is_its_own_group_scaled_by_keda_on_its_own_lag(tmp_path):
+    docs = render(TEACHERS)
+    cfg = _pipeline_config(docs, tmp_path)
+    assert cfg.distillation.enabled and cfg.distillation.routed
+    teachers = cfg.distillation.teachers(cfg.teacher)
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in by_kind(docs, "ScaledObject")}
+    assert set(scaled) == {"streamrl-reward", *(f"streamrl-teacher-{n}" for n in teachers)}
+    topic = cfg.bus.topic("rewarded" if cfg.distillation.distillation_loss.use_task_rewards else "rollouts")
+    groups = set()
+    for name, teacher in teachers.items():
+        deploy = one(docs, "Deployment", f"streamrl-teacher-{name}")
+        args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[:3] == ["teacher", "--teacher", name]
+        assert "replicas" not in deploy["spec"], "KEDA owns the replicas"
+        (trigger,) = scaled[f"streamrl-teacher-{name}"]["spec"]["triggers"]
+        meta = trigger["metadata"]
+        assert trigger["type"] == "kafka" and meta["topic"] == topic
+        assert meta["consumerGroup"] == teacher.group(cfg.bus.group("teacher", "")) == f"streamrl-teacher-{name}"
+        groups.add(meta["consumerGroup"])
+        spec = scaled[f"streamrl-teacher-{name}"]["spec"]
+        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] == _partitions(cfg, "rewarded")
+        assert _target_env(docs, f"streamrl-teacher-{name}")[meta["bootstrapServersFromEnv"]] \
+            == configmap(docs, "streamrl-env")["data"]["STREAMRL_BOOTSTRAP_SERVERS"]
+        # each Deployment's pods are its own (a selector shared by two would mix their counts)
+        selector = deploy["spec"]["selector"]["matchLabels"]
+        assert selector["streamrl.dev/teacher"] == name
+    assert len(groups) == len(teachers), "one consumer group per teacher"
+    monitor = one(docs, "PodMonitor", "streamrl")
+    assert "teacher" in monitor["spec"]["selector"]["matchExpressions"][0]["values"]
+
+
+def test_every_stage_reads_the_teachers_config_and_each_teacher_container_loads_it(monkeypatch, tmp_path):
+    docs = render(TEACHERS)
+    seen = []
+    for where, _, spec in pod_specs(docs):
+        container = spec["containers"][0]
+        volume = next(v for v in spec["volumes"] if v["name"] == "config")
+        assert volume["configMap"]["name"] == configmap(docs, "streamrl-config")["metadata"]["name"], where
+        if container["args"][0] != "teacher":
+            continue
+        args = list(container["args"])
+        local = tmp_path / where.replace("/", "_") / "pipeline.yaml"
+        local.parent.mkdir(parents=True)
+        local.write_text(configmap(docs, "streamrl-config")["data"]["pipeline.yaml"])
+        args[args.index("--config") + 1] = str(local)
+        env = dict(one(docs, "ConfigMap", container["envFrom"][0]["configMapRef"]["name"])["data"])
+        cfg = check_streamrl_command(args, env, tmp_path, monkeypatch, where)
+        name = args[args.index("--teacher") + 1]
+        assert name in cfg.distillation.teachers(cfg.teacher), f"{where}: no teacher {name!r} in the config"
+        seen.append(name)
+    assert sorted(seen) == sorted(_pipeline_config(docs, tmp_path).distillation.teachers(
+        _pipeline_config(docs, tmp_path).teacher))

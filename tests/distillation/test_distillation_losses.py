@@ -17,6 +17,7 @@ import torch
 from streamrl.distillation import config as dconfig
 from streamrl.learner import losses
 from tests.distillation import verl_distill_parity_data
+from tests.helpers import distill_samples
 
 DATA = json.loads(verl_distill_parity_data.DATA)
 TOL = dict(rtol=1e-6, atol=1e-7)
@@ -97,25 +98,6 @@ def test_the_config_refuses_what_verl_refuses():
 
 # -- the learner's trainer: the loss in a real update, exact over micro-batches -------------------
 
-def _samples(vocab: int, k: int, n: int = 4):
-    import numpy as np
-
-    from streamrl.learner.samples import Sample
-
-    rng = np.random.default_rng(0)
-    out = []
-    for i in range(n):
-        r = 3 + i
-        top = np.stack([rng.choice(vocab, k, replace=False) for _ in range(r)]) if k else None
-        lp = np.log(rng.dirichlet(np.ones(k), r) * 0.9) if k else -rng.random(r) * 3
-        out.append(Sample(id=f"s{i}", group_id=f"g{i // 2}", prompt_ids=rng.integers(0, vocab, 2 + i),
-                          response_ids=rng.integers(0, vocab, r), reward=float(i % 2), policy_version=0,
-                          behaviour_logprobs=(-rng.random(r) * 3).astype(np.float32),
-                          teacher_logprobs=lp.reshape(-1).astype(np.float32), teacher_topk=k,
-                          teacher_ids=None if top is None else top.reshape(-1)))
-    return out
-
-
 @pytest.mark.parametrize("mode, use_pg, task", [("forward_kl_topk", False, False), ("k3", False, True),
                                                 ("k1", True, True)])
 def test_the_trainer_distils_the_same_over_any_micro_batches(mode, use_pg, task):
@@ -131,7 +113,7 @@ def test_the_trainer_distils_the_same_over_any_micro_batches(mode, use_pg, task)
         cfg.distillation.validate()
         trainer = Trainer(cfg)
         vocab = trainer.model.get_input_embeddings().num_embeddings
-        metrics = trainer.step(_samples(vocab, 3 if mode == "forward_kl_topk" else 0))
+        metrics = trainer.step(distill_samples(vocab, 3 if mode == "forward_kl_topk" else 0))
         results.append((metrics, [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]))
     (m4, p4), (m1, p1) = results
     assert m4["distillation/loss"] == pytest.approx(m1["distillation/loss"], rel=1e-5, abs=1e-6)

@@ -139,9 +139,20 @@ def asks_for(*overrides: str) -> tuple[dict, dict]:
 
 def test_default_asks_and_what_overrides_change():
     asks, counts = asks_for()
-    assert asks == {"learner": {"num_cpus": 1.0}, "reward": {"num_cpus": 0.25}, "rollout": {"num_cpus": 1.0},
-                    "feed": {"num_cpus": 0.25}}
-    assert counts == {"learner": 1, "reward": 2, "rollout": 1, "feed": 1}
+    assert asks == {"learner": {"num_cpus": 1.0}, "reward": {"num_cpus": 0.25}, "teacher": {"num_cpus": 1.0},
+                    "rollout": {"num_cpus": 1.0}, "feed": {"num_cpus": 0.25}}
+    assert counts == {"learner": 1, "reward": 2, "teacher": 0, "rollout": 1, "feed": 1}
+    # distillation (issue 59): every teacher group's members are placed, each group its own size
+    two = ["distillation.enabled=true", "run.teacher_members=2",
+           "+distillation.teacher_models.math.key=openai/gsm8k", "+distillation.teacher_models.math.model_path=tiny",
+           "+distillation.teacher_models.geo.key=geo", "+distillation.teacher_models.geo.model_path=tiny",
+           "distillation.teacher_models.geo.members=3"]
+    assert asks_for(*two)[1]["teacher"] == 2 + 3
+    assert asks_for(*two, "run.teacher_autoscale.max_members=4")[1]["teacher"] == 4 + 4  # each may grow that far
+    assert asks_for("distillation.enabled=true")[1]["teacher"] == 1
+    alone = asks_for("distillation.enabled=true", "distillation.distillation_loss.use_task_rewards=false",
+                     "teacher.backend=openai", "teacher.servers=[http://t:1/v1]")
+    assert alone[1]["reward"] == 0 and alone[0]["teacher"] == {"num_cpus": 0.25}  # no reward group; a server fleet
     assert asks_for("rollout.backend=openai")[0]["rollout"] == {"num_cpus": 0.25}  # waits on a server
     assert asks_for("run.autoscale.max_members=5")[1]["reward"] == 5  # the group may grow that far
     asks, _ = asks_for("run.ray.resources.learner.num_gpus=1", "run.ray.resources.learner.memory_gb=2",

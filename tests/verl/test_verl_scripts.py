@@ -335,4 +335,6 @@ def test_the_on_policy_distillation_script_distils_as_its_author_wrote(tmp_path)
     assert cfg.distillation.enabled and cfg.learner.distillation is cfg.distillation
     assert (dl.loss_mode, dl.topk, dl.use_task_rewards, dl.use_policy_gradient) == ("k1", 64, False, True)
     assert (dl.loss_max_clamp, dl.log_prob_min_clamp) == (10.0, -10.0)
-    assert cfg.teacher.model == "Qwen/Qwen3-32B" and cfg.learner.policy == "Qwen/Qwen3-8B"
+    (teacher,) = cfg.distillation.teachers(cfg.teacher).values()  # verl's single teacher: every record (issue 59)
+    assert (teacher.name, teacher.key, teacher.config.model) == ("teacher_model", "default", "Qwen/Qwen3-32B")
+    assert cfg.learner.policy == "Qwen/Qwen3-8B"
