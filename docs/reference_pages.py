@@ -417,13 +417,13 @@ def metrics_page() -> str:
 #: parts of hand-written pages made from the code: ``<!-- generated: NAME -->`` in the page
 #: (``docs/hooks.py`` puts them in when the site is built)
 def snippets() -> dict[str, str]:
-    """``{NAME: Markdown}``: the verl guide's table of keys, from ``streamrl.verl_keys.VERL_TABLE``
-    (the table the parser and ``streamrl run --dry-run`` read)."""
+    """``{NAME: Markdown}``: the verl guide's table of keys, from ``streamrl.verl.VERL_TABLE``
+    (the table the parser and ``streamrl run --dry-run`` read), and its count of verl's schema."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from streamrl.verl_keys import markdown_table
+    from streamrl.verl import coverage_table, markdown_table
 
-    return {"verl-keys": markdown_table()}
+    return {"verl-keys": markdown_table(), "verl-coverage": coverage_table()}
 
 
 def pages() -> dict[str, str]:

@@ -29,7 +29,7 @@ from streamrl.reward.config import (CustomRewardFunctionConfig, RewardConfig, Re
 from streamrl.feed.config import FeedConfig
 from streamrl.rollout.config import RolloutConfig
 from streamrl.tracking.config import TrackingConfig
-from streamrl.verl_keys import MAPPED, KeyOutcome, _show, is_verl_key, problem_lines, read_verl_keys
+from streamrl.verl import MAPPED, KeyOutcome, is_verl_key, problem_lines, read_command_line, read_verl_keys, show
 
 __all__ = ["PipelineConfig", "Resolution", "load_config", "resolve_config"]
 
@@ -67,7 +67,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 @dataclass
 class Resolution:
     """A config as resolved from a file and overrides: the config (None when it cannot be
-    built), what each verl key given became (``streamrl.verl_keys``), and every problem found,
+    built), what each verl key given became (``streamrl.verl``), and every problem found,
     one line each."""
 
     cfg: Optional[PipelineConfig]
@@ -115,7 +115,7 @@ _VERL_FILE_SECTIONS = ("algorithm", "actor_rollout_ref", "data", "trainer", "cri
 def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Resolution:
     """``load_config``'s work, collecting every problem instead of stopping at the first (see
     ``Resolution``): verl's keys first (a verl config's sections in the file, then the command
-    line's, through ``streamrl.verl_keys.VERL_TABLE``), then streamrl's own overrides."""
+    line's, through ``streamrl.verl.VERL_TABLE``), then streamrl's own overrides."""
     out = Resolution(None)
     merged = OmegaConf.structured(PipelineConfig)
     given: list[tuple[str, Any]] = []
@@ -136,13 +136,11 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     rest = []
     for override in overrides:
         key, _, value = override.partition("=")
-        if is_verl_key(key.strip()):
-            typed = key.strip()
-            try:
-                parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"{typed.lstrip('+')}={value}"]))
-                given += [(("+" * (len(typed) - len(typed.lstrip("+")))) + k, v) for k, v in _flatten(parsed, "")]
-            except OmegaConfBaseException as exc:
-                out.problems.append(f"{override}: cannot read it ({str(exc).splitlines()[0]})")
+        if is_verl_key(key.strip()):  # Hydra's grammar, as verl reads it (streamrl.verl.overrides)
+            pairs, problem = read_command_line(override)
+            given += pairs
+            if problem:
+                out.problems.append(problem)
         else:
             rest.append(override)
     out.verl = read_verl_keys(given)
@@ -151,12 +149,12 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
         if outcome.kind != MAPPED:
             continue
         for key, value in outcome.sets.items():
-            out.origin[key] = f"{outcome.typed}={_show(outcome.value)}"
+            out.origin[key] = f"{outcome.typed}={show(outcome.value)}"
             try:
                 with config_errors(""):
                     OmegaConf.update(merged, key, value, merge=True)
             except ConfigError as exc:
-                out.problems.append(f"{outcome.typed}={_show(outcome.value)}: {str(exc).split(': ', 1)[-1]} "
+                out.problems.append(f"{outcome.typed}={show(outcome.value)}: {str(exc).split(': ', 1)[-1]} "
                                     f"(as {key})")
     before = _scorer_identities(merged)
     for override in rest:

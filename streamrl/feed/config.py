@@ -43,6 +43,12 @@ class FeedConfig:
     ground_truth: str = "gsm8k"
     answer_field: str = "answer"  # the row's column that holds the answer (see ground_truth)
     prompt_key: str = "prompt"  # the column of a row in verl's format that holds its chat messages (verl's data.prompt_key)
+    # verl's data.image_key / video_key / audio_key: the columns that carry a row's images, videos,
+    # audio. The rollout workers read text prompts only, so a row with a value in one of them is
+    # refused naming the column; set to the empty string to not look.
+    image_key: str = "images"
+    video_key: str = "videos"  # verl's data.video_key: a row with videos there is refused, as with images
+    audio_key: str = "audios"  # verl's data.audio_key: a row with audio there is refused, as with images
     # The longest prompt in tokens (verl's data.max_prompt_length), counted as verl's dataset
     # counts it: the prompt through the chat template of ``tokenizer``. 0: no limit
     max_prompt_length: int = 0

@@ -95,11 +95,27 @@ def _verl_truth(row: dict[str, Any]) -> str | None:
     return None if truth is None else str(truth)
 
 
+def _carries(value: Any) -> bool:
+    """Whether a row's multimodal column holds something (parquet gives an absent one as None
+    or an empty list)."""
+    if value is None:
+        return False
+    try:
+        return len(value) > 0
+    except TypeError:
+        return True
+
+
 def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
                   where: str = "row") -> Prompt:
     """One dataset row as a prompt. The row's ``extra_info`` is copied whole into the prompt's,
     so verl's per-sample fields (``interaction_kwargs``, ``tools_kwargs``) reach the rollout
     worker's interactions and tools as the dataset wrote them."""
+    for kind, key, column in (("images", "image_key", cfg.image_key), ("videos", "video_key", cfg.video_key),
+                              ("audio", "audio_key", cfg.audio_key)):
+        if column and _carries(row.get(column)):
+            raise FeedError(f"{where}: column {column!r} carries {kind} (verl's data.{key}, feed.{key}): "
+                            "streamrl's rollout workers read text prompts only")
     verl = cfg.format == "verl" or (cfg.format == "auto" and is_verl_row(row, cfg.prompt_key))
     if verl and not is_verl_row(row, cfg.prompt_key):
         raise FeedError(f"{where}: " + _unmapped(row, cfg, "not in verl's format"))

@@ -3,7 +3,7 @@
 Names follow verl where verl has one (``adv_estimator``, ``policy_loss.loss_mode``,
 ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c``, ``loss_agg_mode``, ``kl_loss_type``,
 ``use_kl_in_reward``, ``kl_ctrl``, ``filter_groups``, ``entropy_coeff``, ``grad_clip``,
-``ppo_epochs``, ``norm_adv_by_std_in_grpo``), and ``streamrl.verl_keys.VERL_TABLE`` maps a verl config's
+``ppo_epochs``, ``norm_adv_by_std_in_grpo``), and ``streamrl.verl.VERL_TABLE`` maps a verl config's
 own keys (``algorithm.*``, ``actor_rollout_ref.actor.*``) onto them, so a verl user can read it; the streaming parts (staleness,
 groups, mini-batches per version, checkpoints) are streamrl's own. ``validate`` runs at start and
 names the field that is wrong.

@@ -30,7 +30,7 @@ from streamrl.supervisor.observer import Observation, Observer
 from streamrl.supervisor.plan import (FINISHED, archive_uri, check_topics, choose_run_dir, dry_run, plan, teacher_notes,
                                       warm_start)
 from streamrl.supervisor.watch import Watch, cancelling, observe_until
-from streamrl.verl_keys import ignored_line
+from streamrl.verl import ignored_line
 
 #: the process's exit code by how the run ended (any other end: 1)
 EXIT_CODES = {"done": 0, "data_exhausted": 0, "interrupted": 130}

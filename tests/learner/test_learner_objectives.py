@@ -26,8 +26,8 @@ DATA = json.loads(verl_parity_extra_data.DATA)
 
 
 def verl(key: str, value) -> dict:
-    """What verl's ``key=value`` sets here (``streamrl.verl_keys``' table)."""
-    from streamrl.verl_keys import MAPPED, read_verl_keys
+    """What verl's ``key=value`` sets here (``streamrl.verl``' table)."""
+    from streamrl.verl import MAPPED, read_verl_keys
 
     [outcome] = read_verl_keys([(key, value)])
     assert outcome.kind == MAPPED, (key, outcome.kind, outcome.why)
@@ -441,12 +441,13 @@ def test_verls_ppo_remax_rollout_correction_and_schedule_scripts_train_what_they
     issue 48, resolve to its parts: PPO's critic keys, ReMax's greedy baseline, the rollout
     correction example (bypass, REINFORCE, sequence weights batch-normalised), GSPO's warm-up."""
     from tests.helpers import resolved_script
+    from tests.verl.test_verl_schema import not_pending  # the critic's micro-batch key is i56b's, until merged
 
     def resolved(name: str):
         return resolved_script(name, tmp_path)
 
     ppo = resolved("ppo_deepseek7b")
-    assert ppo.problems == []
+    assert not_pending(ppo.problems) == []
     learner = ppo.cfg.learner
     assert learner.adv_estimator == "gae" and learner.critic.lr == 1e-5
     assert learner.critic.model == "deepseek-ai/deepseek-llm-7b-chat"

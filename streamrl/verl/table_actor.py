@@ -1,0 +1,306 @@
+"""The rows of ``actor_rollout_ref`` (the actor, its optimizer, the model, the reference, the
+rollout), and the builders the critic's section shares with it (``optim_rows``, ``model_rows``,
+``engine_rows``): verl gives the actor and the critic the same optimizer, model and engine
+sections, and here each is read the same way for both."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamrl.verl.rows import (_ACTOR, _MODEL, _ROLLOUT, _VAL, ENGINE, FSDP_TUNING, LOGPROB_PASS, MEGATRON, MEMORY,
+                                MULTIMODAL, PROFILER, REF_PASS, SEQ_PARALLEL, STREAMING, Given, NotApplicable, Refused, Row,
+                                _bool, _clip_ratio, _dtype, _dynamic_bsz, _int, _kl_loss_coef, _lora_modules,
+                                _mini_batch, _model_path, _multi_turn_enable, _rollout_name, _temperature,
+                                _token_budget, _use_kl_loss, _val_do_sample, engine_given, ignored, mapped, refused)
+
+TARGET = "the class verl builds the section with (_target_)"
+ENGINES_TUNING = ("the {} engine's parallelism, kernels and memory settings: the learner shards with FSDP2 "
+                  "(learner.parallel)")
+MUON = "Muon's settings, read only with optimizer=Muon (which the learner's torch.optim choice refuses)"
+OPT_PRECISION = "optimizer states and gradients kept below fp32 (Megatron's precision-aware optimizer)"
+MTP = "multi-token prediction (MTP) heads, trained and used for speculative decoding"
+MTP_SETTINGS = "MTP's settings, read only with mtp.enable (refused when on)"
+QAT_SETTINGS = "quantisation-aware training's settings, read only with qat.enable (refused when on)"
+MEGATRON_LORA = ("Megatron-Bridge's LoRA layout (its module names, init, freezing, merge): the learner's LoRA is PEFT's "
+                 "(actor_rollout_ref.model.lora_rank / lora_alpha / target_modules)")
+WEIGHTS = ("how verl moves each version's weights from the trainer into the inference engine: here the learner "
+           "publishes each version (learner.weights_dir / weights_uri) and the rollout workers load it; the same weights")
+
+
+#: the lowercase names of verl's Megatron, torchtitan and VeOmni engines: Megatron's ``adam`` is Adam
+#: with decoupled weight decay (AdamW); a torch.optim class name (verl FSDP's ``Adam``, ``AdamW``) is itself
+_ENGINE_OPTIMIZERS = {"adam": "AdamW", "adamw": "AdamW", "sgd": "SGD"}
+
+
+def _torch_optimizer(value: Any) -> str:
+    return _ENGINE_OPTIMIZERS.get(str(value), str(value))
+
+
+def optim_rows(verl: str, to: str) -> list[Row]:
+    """``verl`` (``actor_rollout_ref.actor.optim.`` or ``critic.optim.``) onto ``to``
+    (``learner.`` or ``learner.critic.``): the optimizer, its schedule, and Megatron's and
+    VeOmni's names for the same things."""
+    def same(key: str, target: str = "", note: str = "") -> Row:
+        return mapped(verl + key, to + (target or key), note=note)
+
+    def optimizer(value: Any, given: Given) -> dict[str, Any]:
+        return {f"{to}optimizer": _torch_optimizer(value)}
+
+    def extra(value: Any, given: Given) -> dict[str, Any]:
+        if engine_given(given) == "megatron":
+            raise NotApplicable("Megatron's OptimizerConfig fields (CPU offload of its states, overlap, precision): "
+                                "the learner's offload is learner.parallel.cpu_offload")
+        return {f"{to}override_optimizer_config": {} if value is None else value}
+
+    def null_zero(target: str) -> Any:
+        return lambda v, g: {to + target: 0 if v is None else _int(v)}
+
+    return [
+        same("lr"), same("weight_decay"), same("betas"), same("clip_grad", "grad_clip", "the max gradient norm"),
+        mapped(f"{verl}optimizer", f"{to}optimizer", read=optimizer,
+               note="a torch.optim class; Megatron's adam is AdamW (decoupled weight decay)"),
+        mapped(f"{verl}name", f"{to}optimizer", read=optimizer, note="VeOmni's name for optimizer"),
+        same("optimizer_impl", note="torch.optim only"),
+        mapped(f"{verl}override_optimizer_config", f"{to}override_optimizer_config", read=extra,
+               note="the torch optimizer's extra arguments (null: none); with the Megatron engine, Megatron's "
+                    "OptimizerConfig fields (its offload and precision), not applicable"),
+        mapped(f"{verl}override_optimizer_config.*", f"{to}override_optimizer_config", read=extra,
+               note="one extra argument (Hydra's +key), as override_optimizer_config"),
+        *(same(k, note="the lr schedule, counted in versions")
+          for k in ("lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type", "num_cycles", "zero_indexed_step")),
+        same("warmup_style", "lr_scheduler_type", note="lr_scheduler_type's older name"),
+        mapped(f"{verl}min_lr_ratio", f"{to}min_lr_ratio", read=lambda v, g: {f"{to}min_lr_ratio": 0.0 if v is None else v},
+               note="null: 0"),
+        *(same(k, note="Megatron's schedule (OptimizerParamScheduler)")
+          for k in ("lr_decay_style", "min_lr", "lr_warmup_init", "lr_wsd_decay_style")),
+        mapped(f"{verl}lr_decay_steps", f"{to}lr_decay_steps", read=null_zero("lr_decay_steps"),
+               note="Megatron's decay length; null: the run's versions"),
+        mapped(f"{verl}lr_wsd_decay_steps", f"{to}lr_wsd_decay_steps", read=null_zero("lr_wsd_decay_steps"),
+               note="WSD's anneal length; null: 0"),
+        ignored(f"{verl}weight_decay_incr_style", "verl gives Megatron the same start and end weight decay: no style "
+                                                  "changes it"),
+        ignored(f"{verl}use_checkpoint_opt_param_scheduler", "the schedule is a function of the version, resumed as it is"),
+        ignored(f"{verl}total_training_steps", "filled in by verl's trainer"),
+        refused(f"{verl}eps", "Adam's epsilon other than 1e-8 (the torch.optim default the learner uses)", harmless=(1e-8,)),
+        *(refused(verl + k, OPT_PRECISION) for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype",
+                                                     "use_precision_aware_optimizer")),
+        ignored(f"{verl}use_layer_wise_distributed_optimizer", MEGATRON),
+        ignored(f"{verl}muon_*", MUON),
+        *(refused(verl + k, "VeOmni's lr schedule (lr_start, lr_min, decay_type, lr_decay_ratio, min_lr_factor): the "
+                            "schedule is lr_scheduler_type's or lr_decay_style's")
+          for k in ("lr_start", "lr_min", "decay_type", "lr_decay_ratio", "min_lr_factor")),
+    ]
+
+
+def model_rows(verl: str) -> list[Row]:
+    """What the actor's and the critic's ``model`` sections share (the keys streamrl reads
+    differently for each, such as ``path`` and LoRA, are their own sections' rows)."""
+    return [
+        ignored(f"{verl}enable_activation_offload", MEMORY),
+        ignored(f"{verl}use_fused_kernels", "fused kernels: the same log-probs"),
+        ignored(f"{verl}fused_kernel_options.*", "fused kernels: the same log-probs"),
+        ignored(f"{verl}use_shm", "verl's copy of the model into shared memory"),
+        ignored(f"{verl}trust_remote_code", "models load with transformers' own classes"),
+        ignored(f"{verl}external_lib", "verl's import of a model's library"),
+        ignored(f"{verl}use_liger", "Liger kernels: the same log-probs"),
+        ignored(f"{verl}tiled_mlp.*", MEMORY),
+        refused(f"{verl}custom_chat_template", "a chat template other than the tokenizer's"),
+        refused(f"{verl}hf_config_path", "a model config apart from the model's own files"),
+        refused(f"{verl}override_config", "changes to the model's config (dropout, rope, ...): the model loads as saved"),
+        refused(f"{verl}override_config.*", "changes to the model's config (dropout, rope, ...): the model loads as saved"),
+        refused(f"{verl}mtp.enable", MTP),
+        refused(f"{verl}mtp.enable_train", MTP),
+        ignored(f"{verl}mtp.*", MTP_SETTINGS),
+        refused(f"{verl}lora.*", MEGATRON_LORA),
+        refused(f"{verl}exclude_modules", "modules left out of LoRA"),
+        refused(f"{verl}lora_adapter_path", "starting from a trained LoRA adapter", harmless=("",)),
+    ]
+
+
+def _offload_of(section: str, keys: tuple[str, ...], to: str) -> list[Row]:
+    def read(value: Any, given: Given) -> dict[str, Any]:
+        return {to: any(_bool(given.get(section + k, False)) for k in keys)}
+    return [mapped(section + k, to, read=read, note="any offload on: FSDP2's CPU offload (parameters, gradients, "
+                                                    "optimizer states)") for k in keys]
+
+
+def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
+    """The engines' own sections (``fsdp`` is the dp engine's: ``fsdp_config`` for the actor,
+    ``fsdp`` for the critic): their offloads onto ``to``, the rest their tuning."""
+    return [
+        *_offload_of(f"{verl}{fsdp}.", ("param_offload", "optimizer_offload"), to),
+        ignored(f"{verl}{fsdp}.*", FSDP_TUNING),
+        *_offload_of(f"{verl}torchtitan.", ("param_offload", "optimizer_offload"), to),
+        ignored(f"{verl}torchtitan.*", ENGINES_TUNING.format("torchtitan")),
+        *_offload_of(f"{verl}veomni.", ("param_offload", "optimizer_offload", "enable_fsdp_offload"), to),
+        ignored(f"{verl}veomni.*", ENGINES_TUNING.format("VeOmni")),
+        *_offload_of(f"{verl}megatron.", ("param_offload", "optimizer_offload"), to),
+        ignored(f"{verl}megatron.*", MEGATRON),
+        ignored(f"{verl}strategy", "verl's FSDP, Megatron, torchtitan or VeOmni: the learner is FSDP2"),
+        ignored(f"{verl}ulysses_sequence_parallel_size", SEQ_PARALLEL),
+        ignored(f"{verl}profiler.*", PROFILER),
+        ignored(f"{verl}checkpoint.*", "what a verl checkpoint holds: a streamrl checkpoint always holds the weights, "
+                                       "the optimizer and the consumer offsets"),
+        ignored(f"{verl}data_loader_seed", "the seed of verl's shuffle of a mini-batch's samples: the same gradients"),
+        ignored(f"{verl}shuffle", "verl's shuffle of a mini-batch's samples: the same gradients"),
+    ]
+
+
+def global_micro(verl: str, to: str) -> Any:
+    """verl's deprecated ``ppo_micro_batch_size``: the whole world's, divided by its GPUs
+    (``trainer.n_gpus_per_node`` x ``nnodes``, verl's defaults 8 and 1), unless the per-GPU form is given."""
+    def read(value: Any, given: Given) -> dict[str, Any]:
+        if value is None or f"{verl}ppo_micro_batch_size_per_gpu" in given:
+            return {}
+        gpus = _int(given.get("trainer.n_gpus_per_node", 8)) * _int(given.get("trainer.nnodes", 1))
+        return {f"{to}micro_batch_size": max(1, _int(value) // max(1, gpus))}
+    return read
+
+
+_LEARNER_SAME = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "loss_scale_factor",
+                 "entropy_coeff", "ppo_epochs", "tau_pos", "tau_neg", "kl_loss_type", "grad_clip")
+
+
+def _loss_scale_factor(value: Any, given: Given) -> dict[str, Any]:
+    return {"learner.loss_scale_factor": 0 if value is None else _int(value)}
+
+
+def _qat(value: Any, given: Given) -> dict[str, Any]:
+    if _bool(value):
+        raise Refused("quantisation-aware training (QAT): the learner trains in learner.dtype")
+    return {}
+
+
+ACTOR_ROWS: tuple[Row, ...] = (
+    # -- the actor's objective --------------------------------------------------------------------
+    *(mapped(f"{_ACTOR}policy_loss.{k}", f"learner.policy_loss.{k}")
+      for k in ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")),
+    *(mapped(f"{_ACTOR}policy_loss.{k}", f"learner.{k}", note=f"not in verl's schema: verl reads actor.{k} (SAPO's "
+                                                               "script gives it here with Hydra's +)")
+      for k in ("tau_pos", "tau_neg")),
+    refused(f"{_ACTOR}policy_loss.dro_beta", "verl's DRO loss's beta (the learner's losses have no DRO)"),
+    *(mapped(_ACTOR + k, f"learner.{k}") for k in _LEARNER_SAME if k != "loss_scale_factor"),
+    mapped(f"{_ACTOR}loss_scale_factor", "learner.loss_scale_factor", read=_loss_scale_factor, note="null: 0 (off)"),
+    mapped(f"{_ACTOR}clip_ratio", "learner.clip_ratio_low", "learner.clip_ratio_high", read=_clip_ratio,
+           note="the low and high clips not given"),
+    mapped(f"{_ACTOR}use_kl_loss", "learner.kl_coef", read=_use_kl_loss,
+           note="on: learner.kl_coef = kl_loss_coef (verl's 0.001 by default); off: 0"),
+    mapped(f"{_ACTOR}kl_loss_coef", "learner.kl_coef", read=_kl_loss_coef, note="read with use_kl_loss"),
+    *optim_rows(f"{_ACTOR}optim.", "learner."),
+    ignored(f"{_ACTOR}calculate_entropy", "the entropy figure: the learner reports its own"),
+    ignored(f"{_ACTOR}calculate_sum_pi_squared", "a figure for verl's optimal-token-baseline estimators, which "
+                                                 "algorithm.adv_estimator refuses"),
+    ignored(f"{_ACTOR}rollout_n", "filled in by verl from rollout.n"),
+    refused(f"{_ACTOR}freeze_vision_tower", MULTIMODAL),
+    mapped(f"{_ACTOR}qat.enable", read=_qat, note="off changes nothing; on is refused (QAT)"),
+    ignored(f"{_ACTOR}qat.*", QAT_SETTINGS),
+    ignored(f"{_ACTOR}use_prefix_grouper", "a forward pass sharing the group's prompt: the same log-probs"),
+    ignored(f"{_ACTOR}use_fused_kernels", "fused kernels: the same log-probs"),
+    ignored(f"{_ACTOR}use_remove_padding", "follows actor_rollout_ref.model.use_remove_padding (verl fills it in)"),
+    ignored(f"{_ACTOR}pad_to_length", MEMORY),
+    ignored(f"{_ACTOR}entropy_from_logits_chunk_size", MEMORY),
+    # -- batch shape ---------------------------------------------------------------------------------
+    mapped(f"{_ACTOR}ppo_mini_batch_size", "learner.groups_per_mini_batch", read=_mini_batch,
+           note="prompts (groups of rollout.n) per optimizer step"),
+    mapped(f"{_ACTOR}ppo_micro_batch_size_per_gpu", "learner.micro_batch_size",
+           note="sequences per forward pass on each rank"),
+    mapped(f"{_ACTOR}ppo_micro_batch_size", "learner.micro_batch_size", read=global_micro(f"{_ACTOR}", "learner."),
+           note="verl's deprecated global form, divided by the GPUs (n_gpus_per_node x nnodes) as verl does"),
+    mapped(f"{_ACTOR}use_dynamic_bsz", "learner.max_tokens_per_micro_batch", read=_dynamic_bsz,
+           note="on: the token budget ppo_max_token_len_per_gpu (verl's 16384 by default); off: 0"),
+    mapped(f"{_ACTOR}ppo_max_token_len_per_gpu", "learner.max_tokens_per_micro_batch", read=_token_budget,
+           note="read with use_dynamic_bsz"),
+    mapped("actor_rollout_ref.rollout.n", "feed.group_size", note="samples per prompt (the group)"),
+    # -- the learner's machinery -----------------------------------------------------------------------
+    mapped(f"{_ACTOR}fsdp_config.model_dtype", "learner.dtype", read=_dtype),
+    *engine_rows(_ACTOR, "learner.parallel.cpu_offload", "fsdp_config"),
+    ignored(f"{_ACTOR}entropy_checkpointing", MEMORY),
+    ignored(f"{_ACTOR}entropy_from_logits_with_chunking", MEMORY),
+    ignored(f"{_ACTOR}use_torch_compile", "torch.compile: the same gradients"),
+    ignored("actor_rollout_ref.ref.*", REF_PASS),
+    ignored("actor_rollout_ref.hybrid_engine", "verl's colocation of actor and rollout"),
+    ignored("actor_rollout_ref.nccl_timeout", "learner.parallel.timeout_s is streamrl's"),
+    # -- the model ------------------------------------------------------------------------------------
+    mapped(f"{_MODEL}path", "learner.policy", "rollout.policy", read=_model_path,
+           note="the policy both trains and samples from"),
+    mapped(f"{_MODEL}use_remove_padding", "learner.use_remove_padding",
+           note="true packs every mini-batch (refused where the model cannot pack); streamrl's default, auto, "
+                "packs a mini-batch whose padding would be >= 20% of it"),
+    mapped(f"{_MODEL}enable_gradient_checkpointing", "learner.gradient_checkpointing"),
+    mapped(f"{_MODEL}lora_rank", "learner.lora.rank"),
+    mapped(f"{_MODEL}lora_alpha", "learner.lora.alpha"),
+    mapped(f"{_MODEL}target_modules", "learner.lora.target_modules", read=_lora_modules),
+    *(mapped(f"{_MODEL}lora.{k}", f"learner.lora.{k}", note="Megatron-Bridge's LoRA section, as lora_rank / lora_alpha")
+      for k in ("rank", "alpha", "dropout")),
+    refused(f"{_MODEL}lora.adapter_path", "starting from a trained LoRA adapter", harmless=("",)),
+    *model_rows(_MODEL),
+    ignored(f"{_MODEL}torch_dtype", "the learner's dtype is learner.dtype"),
+    refused(f"{_MODEL}tokenizer_path", "a tokenizer other than the policy's"),
+    # -- the rollout -------------------------------------------------------------------------------------
+    mapped(f"{_ROLLOUT}name", "rollout.backend", read=_rollout_name,
+           note="vllm: vLLM's engine; sglang: SGLang servers the worker launches (rollout.servers_launch); "
+                "hf: transformers"),
+    mapped(f"{_ROLLOUT}temperature", "rollout.temperature", "learner.temperature", read=_temperature),
+    mapped(f"{_ROLLOUT}top_p", "rollout.top_p"),
+    refused(f"{_ROLLOUT}top_k", "top-k sampling (rollout.top_k)", harmless=(-1, 0)),
+    refused(f"{_ROLLOUT}do_sample", "greedy rollouts", harmless=(True,)),
+    mapped(f"{_ROLLOUT}ignore_eos", "rollout.ignore_eos", note="generation goes on past EOS to the length limit"),
+    mapped(f"{_ROLLOUT}tensor_model_parallel_size", "rollout.vllm.tensor_parallel_size",
+           "rollout.servers_launch.gpus_per_replica", read=lambda v, g: {
+               "rollout.vllm.tensor_parallel_size": _int(v), "rollout.servers_launch.gpus_per_replica": _int(v)}),
+    mapped(f"{_ROLLOUT}gpu_memory_utilization", "rollout.vllm.gpu_memory_utilization"),
+    *(mapped(f"{_ROLLOUT}multi_turn.{k}", f"rollout.multi_turn.{k}")
+      for k in ("max_assistant_turns", "max_user_turns", "tool_config_path", "interaction_config_path", "format",
+                "max_parallel_calls", "max_tool_response_length", "tool_response_truncate_side")),
+    mapped(f"{_ROLLOUT}multi_turn.enable", read=_multi_turn_enable,
+           note="multi-turn is on when a tool or interaction config is given"),
+    refused(f"{_ROLLOUT}multi_turn.function_tool_path", "tools from a Python file's functions: tools come from "
+                                                        "multi_turn.tool_config_path"),
+    refused(f"{_ROLLOUT}multi_turn.use_inference_chat_template", "training on the inference chat template's "
+                                                                 "rendering (the turns are tokenized as sampled)"),
+    ignored(f"{_ROLLOUT}multi_turn.tokenization_sanity_check_mode", "verl's check of its own re-tokenization: the "
+                                                                    "turns here are the sampled tokens"),
+    ignored(f"{_ROLLOUT}multi_turn.num_repeat_rollouts", "verl's deprecated repeat of multi-turn rollouts (rollout.n)"),
+    mapped(f"{_VAL}n", "eval.n"),
+    mapped(f"{_VAL}temperature", "eval.temperature"),
+    mapped(f"{_VAL}top_p", "eval.top_p"),
+    mapped(f"{_VAL}do_sample", "eval.do_sample", read=_val_do_sample,
+           note="sampling at val_kwargs.temperature; at 0 (verl's default) greedy, as verl's engine decodes"),
+    refused(f"{_VAL}top_k", "top-k sampling in validation", harmless=(-1, 0)),
+    ignored(f"{_ROLLOUT}log_prob_*", LOGPROB_PASS),
+    ignored(f"{_ROLLOUT}mode", "verl's sync or async rollout: every rollout worker here streams"),
+    ignored(f"{_ROLLOUT}over_sample_rate", "verl's abort of a step's slowest rollouts: " + STREAMING
+            + ", every rollout finishes"),
+    ignored(f"{_ROLLOUT}calculate_log_probs", "the rollout engine always returns the sampled tokens' log-probs"),
+    *(ignored(f"{_ROLLOUT}{k}", ENGINE) for k in (
+        "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "free_cache_engine",
+        "load_format", "layered_summon", "multi_stage_wake_up", "data_parallel_size", "expert_parallel_size",
+        "pipeline_model_parallel_size", "max_model_len", "dtype", "engine_kwargs.*", "update_weights_bucket_megabytes",
+        "enable_prefix_caching", "cudagraph_capture_sizes", "disable_log_stats", "skip_tokenizer_init",
+        "disaggregation.*", "scheduling_policy", "moe_tensor_parallel_size", "moe_load_balance_metrics_interval")),
+    *(ignored(f"{_ROLLOUT}{k}", "the engine's sampling seed and determinism: other samples from the same distribution")
+      for k in ("seed", "full_determinism")),
+    *(ignored(f"{_ROLLOUT}{k}", "the GPUs and router of verl's standalone rollout servers: here the rollout workers' "
+                                "own (rollout.servers_launch, rollout.openai's router)")
+      for k in ("n_gpus_per_node", "nnodes", "router_config_path")),
+    ignored(f"{_ROLLOUT}checkpoint_engine.*", WEIGHTS),
+    ignored(f"{_ROLLOUT}prometheus.*", "verl's Prometheus for its rollout servers: streamrl's metrics are its own"),
+    ignored(f"{_ROLLOUT}mtp", "verl fills it in from actor_rollout_ref.model.mtp"),
+    ignored(f"{_ROLLOUT}mtp.*", MTP_SETTINGS),
+    ignored(f"{_ROLLOUT}qat", "verl fills it in from actor_rollout_ref.actor.qat"),
+    ignored(f"{_ROLLOUT}qat.*", QAT_SETTINGS),
+    refused(f"{_ROLLOUT}quantization", "quantised rollouts (fp8 and others): the rollout samples from the published "
+                                       "weights"),
+    refused(f"{_ROLLOUT}quantization_config_file", "quantised rollouts"),
+    refused(f"{_ROLLOUT}logprobs_mode", "log-probs of the engine's raw logits (logprobs_mode): the rollout records the "
+                                        "sampling distribution's"),
+    refused(f"{_ROLLOUT}enable_rollout_routing_replay", "MoE routing replay (the rollout's expert choices replayed "
+                                                        "in training)"),
+    ignored(f"{_ROLLOUT}agent.*", "verl's agent-loop workers: multi-turn runs in the rollout workers"),
+    ignored(f"{_ROLLOUT}trace.*", "verl's rollout tracing"),
+    ignored(f"{_ROLLOUT}profiler.*", PROFILER),
+    ignored(f"{_ROLLOUT}prompt_length", "filled in by verl from data.max_prompt_length"),
+    ignored(f"{_ROLLOUT}response_length", "filled in by verl from data.max_response_length"),
+)
+
+__all__ = ["ACTOR_ROWS", "optim_rows", "model_rows", "engine_rows", "TARGET", "MEGATRON_LORA", "WEIGHTS"]
