@@ -148,6 +148,24 @@ LEARNER_WEIGHTS_PUBLISH_SECONDS = Histogram(
     "streamrl_learner_weights_publish_seconds",
     "Time to gather the full weights (from the FSDP shards) and write them for rollout workers",
     buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300))
+# learner.weights_delta (streamrl.weights.delta): what each version published, and what readers rebuild
+LEARNER_WEIGHTS_BYTES = Counter("streamrl_learner_weights_bytes_total",
+                                "Bytes of weight files published, by kind (full: a whole version; delta: "
+                                "the XOR against the previous version, compressed)", ["kind"])
+LEARNER_WEIGHTS_DELTA_RATIO = Gauge("streamrl_learner_weights_delta_ratio",
+                                    "The last delta's bytes as a share of its full version's")
+LEARNER_WEIGHTS_ENCODE_SECONDS = Histogram(
+    "streamrl_learner_weights_encode_seconds",
+    "Time to checksum a written version and encode it as a delta (or mark it full)",
+    buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+WEIGHTS_RECONSTRUCT_SECONDS = Histogram(
+    "streamrl_weights_reconstruct_seconds",
+    "Time for a reader (rollout worker, eval, teacher, export) to rebuild a version published as a delta",
+    buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+WEIGHTS_RECONSTRUCT_FAILURES = Counter(
+    "streamrl_weights_reconstruct_failures_total",
+    "Versions a reader could not rebuild from their delta (a checksum differed, a file was missing): the load "
+    "failed and the next one starts from the chain's full version")
 
 
 # -- reward --------------------------------------------------------------------------------------

@@ -369,6 +369,11 @@ class PolicyVersion(_Record):
     # The run's last version (learner.versions reached, or the data exhausted): the eval stage
     # evaluates it whatever ``eval.every``, and then ends.
     final: bool = False
+    # learner.weights_delta: this version is the XOR of its weights against version
+    # ``delta_base``'s (the one before), on the chain from the full version ``delta_full``;
+    # None (or absent): a full version (streamrl.weights.delta)
+    delta_base: int | None = None
+    delta_full: int | None = None
     created_at: float = field(default_factory=_now)
     schema: str = POLICY_SCHEMA
 

@@ -20,6 +20,7 @@ BENCHES = {
     "archive": "streamrl.bench.archive",
     "learning": "streamrl.bench.learning",
     "run": "streamrl.bench.run",
+    "weights": "streamrl.bench.weights",
 }
 
 

@@ -26,6 +26,7 @@ from streamrl import metrics
 from streamrl.distillation.config import TeacherConfig
 from streamrl.errors import Failure
 from streamrl.policy import load_policy
+from streamrl.weights import local_policy
 from streamrl.records import Trajectory
 from streamrl.scorers.batching import MicroBatcher
 
@@ -74,8 +75,8 @@ class TransformersTeacher:
 
     def load(self) -> None:
         """Load the model now (at build: a missing model fails before anything connects)."""
-        self.model, self.tokenizer = load_policy(self.cfg.model, device=self.cfg.device, dtype=self.cfg.dtype,
-                                                 seed=self.cfg.seed)
+        self.model, self.tokenizer = load_policy(local_policy(self.cfg.model), device=self.cfg.device,
+                                                 dtype=self.cfg.dtype, seed=self.cfg.seed)  # (a delta: rebuilt first)
         self.model.eval()
         self.vocab = self.model.get_input_embeddings().num_embeddings
 

@@ -395,6 +395,20 @@ class LearnerConfig(OptimizerConfig):
     # file:///shared/dir) and announce that URI, for rollout workers on other nodes; empty: they
     # load weights_dir's path (streamrl.weights)
     weights_uri: str = ""
+    # Publish each version as the bitwise XOR of its tensors against the previous version's
+    # (in the published dtype), compressed with zstd (streamrl.weights.delta): a few percent of
+    # the bytes in bf16 at RL learning rates; readers reconstruct it bit-exactly. LoRA adapters
+    # are published as they are. auto: on when weights_uri is set (the bytes cross a network or
+    # a store), off for weights_dir alone, where it was measured not to pay (BENCHMARKS.md)
+    weights_delta: str = "auto"  # auto | on | off
+    weights_full_every: int = 10  # a full version every this many versions (the chain a late reader rebuilds)
+    weights_delta_level: int = 1  # zstd's level (1 measured as small as 3 on weight deltas, faster)
+
+    @property
+    def delta_on(self) -> bool:
+        """Whether versions are published by delta (``weights_delta``, ``auto`` resolved)."""
+        mode = str(self.weights_delta).lower()
+        return mode in ("on", "true") or (mode == "auto" and bool(self.weights_uri))
 
     def _validate_rollout_correction(self) -> None:
         rc = self.rollout_correction
@@ -483,13 +497,17 @@ class LearnerConfig(OptimizerConfig):
                 self._bad(name, "must be > 0")
         at_least_one = ("groups_per_mini_batch", "mini_batches_per_version", "ppo_epochs",
                         "micro_batch_size", "dedup_window", "keep_checkpoints",
-                        "keep_weights")
+                        "keep_weights", "weights_full_every")
         for name in at_least_one:
             if getattr(self, name) < 1:
                 self._bad(name, "must be >= 1")
         non_negative = ("checkpoint_every", "keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
                         "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
+        if str(self.weights_delta).lower() not in ("auto", "on", "off", "true", "false"):
+            self._bad("weights_delta", "one of auto, on, off")
+        if not 1 <= self.weights_delta_level <= 22:
+            self._bad("weights_delta_level", "zstd's levels are 1 to 22")
         for name in non_negative:
             if getattr(self, name) < 0:
                 self._bad(name, "must be >= 0")

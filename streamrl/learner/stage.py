@@ -35,7 +35,8 @@ from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.metrics import mean_metrics, observe_staleness, observe_update, record_figures
 from streamrl.learner.samples import to_sample
-from streamrl.learner.versions import prune_weights, publish_base, read_latest_policy, start_line
+from streamrl.learner.versions import (delta_writer, prune_weights, publish_base, publish_delta, read_latest_policy,
+                                       start_line)
 from streamrl.records import DISTILLED, REWARDED, DeadLetter, PolicyVersion, RecordError, Rewarded, Trajectory
 
 if TYPE_CHECKING:
@@ -146,6 +147,9 @@ class Learner:
         self._group_size = 1
         self._dead: Reader | None = None
         self._base_uri: str | None = None  # LoRA: where the base the adapters apply to is (written once)
+        # learner.weights_delta: versions published as the change from the previous one (its
+        # first version in this process is full: no reader could know a base of ours before it)
+        self._delta = delta_writer(cfg)
         metrics.LEARNER_VERSION.set(self.state.version)
         metrics.LEARNER_MAX_STALENESS.set(cfg.max_staleness)
 
@@ -477,6 +481,10 @@ class Learner:
         """Write the weights to ``<weights_dir>/v<version>`` and publish the version."""
         target = Path(self.cfg.weights_dir) / f"v{version}"
         path = await asyncio.to_thread(self.trainer.save_weights, target)  # gathered from the shards
+        fields: dict[str, Any] = {}
+        if self._delta is not None:  # the full version as written, turned into a delta where one can be
+            published = await asyncio.to_thread(publish_delta, self._delta, path, version)
+            fields, summary = published["fields"], {**summary, **published["metrics"]}
         uri = str(path.resolve())
         if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
             from streamrl import weights
@@ -488,7 +496,7 @@ class Learner:
             self._base_uri = await asyncio.to_thread(publish_base, self.trainer, self.cfg)
         record = PolicyVersion(version=version, weights_uri=uri, base_uri=self._base_uri or None,
                                trained_records=self.state.trained_records, metrics=summary,
-                               lineage=self.state.lineage, final=final)
+                               lineage=self.state.lineage, final=final, **fields)
         await self.producer.send_and_wait(record)
         self._last = record
         log.info("learner: version %d at %s (%d records trained)", version, uri, self.state.trained_records)

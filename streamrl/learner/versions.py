@@ -5,10 +5,9 @@ policy (one rule, for the learner and every rollout worker), the learner's start
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamrl.bus import Bus, Reader
 from streamrl.records import PolicyVersion, RecordError
@@ -98,18 +97,40 @@ def publish_base(trainer: "Trainer", cfg: "LearnerConfig") -> str:
 
 def prune_weights(cfg: "LearnerConfig", version: int) -> None:
     """Keep the newest ``keep_weights`` version directories (rollout workers load the newest;
-    the checkpoints keep their own copy), and every ``keep_every``-th (the eval stage's)."""
-    root = Path(cfg.weights_dir)
-    for path in root.glob("v*"):
-        if not path.name[1:].isdigit():
-            continue
-        n = int(path.name[1:])
-        if n <= version - cfg.keep_weights and not (cfg.keep_every and n % cfg.keep_every == 0):
-            shutil.rmtree(path, ignore_errors=True)
-    if cfg.weights_uri:
-        from streamrl import weights
+    the checkpoints keep their own copy), every ``keep_every``-th (the eval stage's), and the
+    versions a kept delta is rebuilt from (``streamrl.weights.prune``)."""
+    from streamrl import weights
 
+    for where in (cfg.weights_dir, *([cfg.weights_uri] if cfg.weights_uri else [])):
         try:
-            weights.prune(cfg.weights_uri, version, cfg.keep_weights, cfg.keep_every)
+            weights.prune(where, version, cfg.keep_weights, cfg.keep_every)
         except Exception as exc:  # a failed clean-up costs storage, not the run
-            log.warning("learner: pruning old versions at %s failed: %s", cfg.weights_uri, exc)
+            log.warning("learner: pruning old versions at %s failed: %s", where, exc)
+
+
+def delta_writer(cfg: "LearnerConfig") -> Any:
+    """The learner's publisher of versions by delta (``learner.weights_delta``), or None: off, or
+    LoRA adapters published (they stay as they are; merged full weights go by delta too)."""
+    if not cfg.delta_on or (cfg.lora.enabled and not cfg.lora.merge_for_servers):
+        return None
+    from streamrl.weights import delta
+
+    delta.require()  # at start, in one line, not at the first version
+    return delta.DeltaWriter(full_every=cfg.weights_full_every, level=cfg.weights_delta_level, keep_every=cfg.keep_every)
+
+
+def publish_delta(writer: Any, path: Path, version: int) -> dict[str, Any]:
+    """``path`` (the version as written) turned into what is published (``DeltaWriter.publish``),
+    the metrics counted; returns the announcement's fields (``delta_base``, ``delta_full``) and
+    the figures for its metrics."""
+    from streamrl import metrics
+
+    out = writer.publish(path, version)
+    metrics.LEARNER_WEIGHTS_BYTES.labels(out.kind).inc(out.weight_bytes)
+    metrics.LEARNER_WEIGHTS_ENCODE_SECONDS.observe(out.encode_seconds)
+    if out.kind == "delta":
+        metrics.LEARNER_WEIGHTS_DELTA_RATIO.set(out.share)
+    log.info("learner: version %d published %s (%.1f MB, %.2f%% of the full version's, encoded in %.2f s)",
+             version, out.kind, out.weight_bytes / 1e6, 100 * out.share, out.encode_seconds)
+    return {"fields": {"delta_base": out.base_version, "delta_full": out.full_version if out.kind == "delta" else None},
+            "metrics": {"weights/delta_share": out.share, "weights/encode_seconds": out.encode_seconds}}

@@ -60,7 +60,10 @@ ejected as a failing one is, and its requests are cut (``Stamp.hung``); the back
 each on another server from the tokens it had streamed, under any ``on_update``.
 
 The path a server loads is the learner's ``weights_uri`` as announced: the servers must see the
-same directory (a shared volume, as in the compose file and the Kubernetes manifests).
+same directory (a shared volume, as in the compose file and the Kubernetes manifests). A version
+published as a delta (``learner.weights_delta``) is rebuilt by the rollout worker into a full
+directory under ``$STREAMRL_WEIGHTS_CACHE`` (``server_path``), which the servers load as any
+full version: on a shared volume, point that variable at it too.
 
 **LoRA adapters** (``learner.lora``: a version is an adapter on a base, ``base_uri`` in its
 record). A server loads the base once through the full-weights API above (unless it was started
@@ -92,8 +95,9 @@ from typing import Any, AsyncIterator
 import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_not_exception_type, wait_exponential
 
-from streamrl import metrics
+from streamrl import metrics, weights
 from streamrl.errors import Unavailable
+from streamrl.weights.delta import MANIFEST
 from streamrl.servers.router import Router, public_url, server_root
 
 log = logging.getLogger(__name__)
@@ -175,6 +179,18 @@ def _same_path(a: str | None, b: str) -> bool:
     if not a:
         return False
     return Path(a.removeprefix("file://")).resolve() == Path(b.removeprefix("file://")).resolve()
+
+
+def server_path(uri: str) -> str:
+    """The path a server loads for version ``uri``: the directory as announced, or, for a version
+    published as a delta (``learner.weights_delta``), the full version rebuilt from it beside the
+    servers (``streamrl.weights.weights_path``: under ``$STREAMRL_WEIGHTS_CACHE``, which the
+    servers must see too). A delta that cannot be rebuilt fails the load (a ``WeightLoadError``),
+    and the retry starts from the chain's full version."""
+    path = uri.removeprefix("file://")
+    if (Path(path) / MANIFEST).is_file():
+        return str(weights.weights_path(uri))
+    return path
 
 
 class ServerFleet:
@@ -521,7 +537,7 @@ class ServerFleet:
     async def _load(self, url: str, uri: str, version: int, paused: bool = False) -> None:
         """The update API's load calls; ``paused``: vLLM's pause already cleared the prefix cache
         (its reset would fail with requests frozen in place)."""
-        path = uri.removeprefix("file://")
+        path = await asyncio.to_thread(server_path, uri)
         if self.update_api == "sglang":
             calls = [("/update_weights_from_disk", {"model_path": path})]
         elif self.update_api == "vllm":

@@ -40,6 +40,7 @@ def status_line(obs: Observation, target_versions: int, restarts: int = 0, note:
             f"reward(last gen) {reward} | rollouts behind by {obs.latest_version - newest} | "
             f"dead letters {dlq} | restarts {restarts} | {time.time() - obs.started:.0f}s"
             + (f" | span max {obs.span_max} versions" if obs.span_max > 1 else "")
+            + (f" | weights {100 * obs.weights_share:.1f}% of full" if obs.weights_share is not None else "")
             + "".join(f" | {name} {curve[max(curve)]:.3f} (v{max(curve)})" for name, curve in sorted(obs.validation.items())
                       if curve)
             + (f" | per member: {obs.members.text()}" if obs.members.text() else "")

@@ -71,6 +71,9 @@ class Observation:
     deadletters: Counter = field(default_factory=Counter)
     versions: dict[int, float] = field(default_factory=dict)  # version -> announced at (unix s)
     filtered: dict[int, int] = field(default_factory=dict)  # version -> groups dynamic sampling filtered
+    # learner.weights_delta: the last version's weights as a share of a full version's (1 when it
+    # was full); None while no version was published by delta
+    weights_share: float | None = None
     # the eval stage's figures: verl's val-core name (val-core/<data source>/<core>/mean@n) ->
     # {version: value}
     validation: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
@@ -258,6 +261,8 @@ class Observer:
                     if "filtered_groups" in pv.metrics:  # learner.filter_groups (DAPO's dynamic sampling)
                         obs.filtered[pv.version] = int(pv.metrics["filtered_groups"])
                     obs.trained = max(obs.trained, pv.trained_records)
+                    if "weights/delta_share" in pv.metrics and pv.version >= obs.latest_version:
+                        obs.weights_share = pv.metrics["weights/delta_share"]
                 elif topic == DEADLETTER.name:
                     letter = DEADLETTER.decode(msg.value, self.bus.largest_record)
                     obs.deadletters[letter.reason] += 1

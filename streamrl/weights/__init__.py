@@ -20,6 +20,7 @@ fsspec comes with torch (the ``cpu``/``gpu`` extras) and with the ``ray`` extra;
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -29,9 +30,13 @@ from typing import Any
 
 from streamrl.errors import ConfigError, need
 from streamrl.policy import load_policy
+from streamrl.weights import delta
+
+log = logging.getLogger(__name__)
 
 _downloads: dict[str, Path] = {}  # uri -> the local copy being loaded
 _lock = threading.Lock()
+reconstructor = delta.Reconstructor()  # this process's bases of versions published by delta
 
 
 def is_remote(uri: str) -> bool:
@@ -81,16 +86,32 @@ def upload(local_dir: Path, uri: str) -> str:
 
 def prune(prefix: str, version: int, keep: int, keep_every: int = 0) -> None:
     """Remove ``<prefix>/v<N>`` for N <= version - keep (the newest ``keep`` stay), except the
-    multiples of ``keep_every``."""
-    fs, root = _fs(prefix)
+    multiples of ``keep_every`` and the versions a kept delta is rebuilt from (its chain, from
+    its full version on: ``streamrl.weights.delta``). ``prefix``: a path or any fsspec URI."""
+    fs, root = _fs(prefix) if "://" in prefix else _fs(f"file://{Path(prefix).resolve()}")
     root = root.rstrip("/")
     if not fs.exists(root):
         return
+    found: dict[int, str] = {}
     for entry in fs.ls(root, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if name[:1] == "v" and name[1:].isdigit() and int(name[1:]) <= version - keep:
-            if not (keep_every and int(name[1:]) % keep_every == 0):
-                fs.rm(entry, recursive=True)
+        if name[:1] == "v" and name[1:].isdigit():
+            found[int(name[1:])] = entry
+    kept = [n for n in found if n > version - keep or (keep_every and n % keep_every == 0)]
+    floors = {}
+    for n in kept:  # a full version's manifest names itself; a delta's, its chain's full version
+        path = f"{found[n].rstrip('/')}/{delta.MANIFEST}"
+        try:
+            floors[n] = json.loads(fs.cat_file(path)) if fs.exists(path) else None
+        except (OSError, ValueError):
+            floors[n] = None
+    needed: set[int] = set()
+    for n, manifest in floors.items():
+        if manifest is not None and manifest.get("kind") == "delta":
+            needed.update(range(int(manifest["full_version"]), n))
+    for n, entry in found.items():
+        if n <= version - keep and not (keep_every and n % keep_every == 0) and n not in needed:
+            fs.rm(entry, recursive=True)
 
 
 def download(uri: str) -> Path:
@@ -179,10 +200,13 @@ def export_version(src: str | Path, out: str | Path, merge: bool = False, base: 
     ``AutoModelForCausalLM.from_pretrained(out)`` loads as is: full weights as they are; a LoRA
     adapter (``base``: the base it applies to) as PEFT's files naming that base, or with
     ``merge`` the base with the adapter merged in (PEFT's ``merge_and_unload``), and the
-    tokenizer."""
+    tokenizer. A version published as a delta is rebuilt from its chain first (its siblings)."""
     src, out = Path(src), Path(out)
     if not (src / ADAPTER_CONFIG).is_file():
-        shutil.copytree(src, out, dirs_exist_ok=True)  # full weights (merge: nothing to merge)
+        if (src / delta.MANIFEST).is_file():
+            src = weights_path(str(src.resolve()))  # the full version, bit-exact
+        shutil.copytree(src, out, dirs_exist_ok=True,  # full weights (merge: nothing to merge)
+                        ignore=shutil.ignore_patterns(delta.MANIFEST))
         return out
     if base is None or not (Path(base) / "config.json").is_file():
         raise FileNotFoundError(f"{src} is a LoRA adapter, but its base ({base}) has no config.json")
@@ -208,9 +232,65 @@ def export_version(src: str | Path, out: str | Path, merge: bool = False, base: 
 
 # -- reading a version here (the rollout backends) ---------------------------------------------
 def weights_path(uri: str) -> Path:
-    """A ``weights_uri`` as a local directory: a path (optionally ``file://``) as it is; any other
-    URI (``s3://``, ``gs://``, ...: ``learner.weights_uri``) downloaded first with fsspec, into a
-    directory of this process that ``load_weights`` removes once loaded (``download``)."""
+    """A ``weights_uri`` as a local directory of full weights: a path (optionally ``file://``) as
+    it is; any other URI (``s3://``, ``gs://``, ...: ``learner.weights_uri``) downloaded first
+    with fsspec, into a directory of this process that ``load_weights`` removes once loaded
+    (``download``). A version published as a delta (``learner.weights_delta``) is reconstructed,
+    bit-exact, from the base this process holds or from its chain's full version
+    (``streamrl.weights.delta``); a corrupt or missing file fails here, naming it."""
+    local = _fetch(uri)
+    try:
+        manifest = delta.read_manifest(local)
+    except (OSError, ValueError, delta.DeltaError) as exc:
+        raise WeightLoadError(f"weights {uri!r}: unreadable manifest: {exc}") from exc
+    if manifest is None:
+        return local
+    if manifest.get("kind") != "delta":
+        try:
+            reconstructor.note_full(_as_uri(uri), local, manifest)
+        except (OSError, delta.DeltaError) as exc:
+            raise WeightLoadError(f"weights {uri!r}: {exc}") from exc
+        return local
+    fetched: list[str] = []
+
+    def fetch(version_uri: str) -> Path:
+        fetched.append(version_uri)
+        return _fetch(version_uri)
+
+    from streamrl import metrics
+
+    try:
+        out = reconstructor.resolve(_as_uri(uri), local, manifest, fetch)
+    except delta.DeltaError as exc:
+        metrics.WEIGHTS_RECONSTRUCT_FAILURES.inc()
+        raise WeightLoadError(f"weights {uri!r}: cannot reconstruct the delta: {exc}") from exc
+    finally:
+        for u in (uri, *fetched):
+            if u != uri or is_remote(uri):
+                release(u)
+    metrics.WEIGHTS_RECONSTRUCT_SECONDS.observe(out.seconds)
+    log.info("weights %s: reconstructed from %d delta(s)%s in %.2f s", uri, out.applied,
+             " after the chain's full version" if out.from_full else "", out.seconds)
+    return out.directory
+
+
+def local_policy(spec: str) -> str:
+    """A policy spec as ``load_policy`` reads it: a version a learner published by delta (the
+    teacher's model may be one) rebuilt from its chain first; anything else as it is."""
+    if spec != "tiny" and (Path(spec.removeprefix("file://")) / delta.MANIFEST).is_file():
+        return str(weights_path(str(Path(spec.removeprefix("file://")).resolve())))
+    return spec
+
+
+def _as_uri(uri: str) -> str:
+    """The key a version's chain is held under: its URI as announced, a path absolute."""
+    if is_remote(uri):
+        return uri.rstrip("/")
+    return str(Path(uri.removeprefix("file://")).resolve())
+
+
+def _fetch(uri: str) -> Path:
+    """One version's files here, as they are (a path, or a download)."""
     if is_remote(uri):
         try:
             return download(uri)
