@@ -1,6 +1,6 @@
 """``streamrl bench weights`` end to end on a small shape (its figures come from the 123M one:
-docs/benchmarks/weights.md): the learner trains each case, every version is published as a
-delta and rebuilt, and the JSON line carries one case per dtype and lr with the contract's keys."""
+docs/benchmarks/history.md, the bench weights section): the learner trains each case, every
+version is published as a delta and rebuilt, and the JSON line carries one case per dtype and lr with the contract's keys."""
 
 from __future__ import annotations
 
