@@ -87,7 +87,8 @@ class OptimizerConfig:
     # more keywords of the optimizer (verl's optim.override_optimizer_config), e.g. {eps: 1e-6}
     override_optimizer_config: dict[str, Any] = field(default_factory=dict)
     # The schedule over versions, FSDP's (verl's lr_scheduler_type, warmup_style its older
-    # name): constant | cosine; cosine decays over learner.versions, which it needs
+    # name): constant | cosine; cosine decays over learner.versions, or where that is 0 (the
+    # run ends with the data) over the versions the data makes (streamrl.learner.schedule.data_versions)
     lr_scheduler_type: str = "constant"
     lr_warmup_steps: int = -1  # versions of linear warm-up from 0; <= 0: lr_warmup_steps_ratio's
     lr_warmup_steps_ratio: float = 0.0  # warm-up as a share of learner.versions (Megatron's: of lr_decay_steps)
@@ -103,9 +104,11 @@ class OptimizerConfig:
     lr_wsd_decay_style: str = "exponential"  # WSD's anneal: exponential | linear | cosine | minus_sqrt
     lr_wsd_decay_steps: int = 0  # WSD's anneal length in versions (the last ones of lr_decay_steps)
 
-    def validate_optimizer(self, prefix: str, versions: int) -> None:
+    def validate_optimizer(self, prefix: str, versions: int | None) -> None:
         """Raise ``ConfigError`` naming the first bad field (``prefix``: ``learner.`` or
-        ``learner.critic.``); ``versions``: the run's length (``learner.versions``, 0: open)."""
+        ``learner.critic.``); ``versions``: the run's length (``learner.versions``, 0: open;
+        None: the data's, counted at the learner's start, where the checks against it are made
+        again with the count: a dry-run's dataset need not exist)."""
 
         def bad(name: str, why: str) -> None:
             raise ConfigError(f"config field '{prefix}{name}': {why} (got {getattr(self, name)!r})")
@@ -137,20 +140,21 @@ class OptimizerConfig:
         ratio_warmup = self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0
         if self.lr_decay_style:
             decay = self.lr_decay_steps or versions
-            if (self.lr_decay_style != "constant" or ratio_warmup) and not decay:
+            if (self.lr_decay_style != "constant" or ratio_warmup) and decay == 0:
                 bad("lr_decay_steps", f"lr_decay_style {self.lr_decay_style} decays over lr_decay_steps versions: "
-                    "set it or learner.versions")
+                    "set it or learner.versions (or learner.end_with_data: the versions the data makes)")
             if self.lr_decay_style != "constant" and decay and (self.lr_warmup_steps if self.lr_warmup_steps > 0 else
                                                                  int(self.lr_warmup_steps_ratio * decay)) >= decay:
                 bad("lr_warmup_steps", f"Megatron's warm-up ends before its decay does (lr_decay_steps {decay})")
-            if self.lr_decay_style == "WSD" and not 0 < self.lr_wsd_decay_steps <= decay:
+            if self.lr_decay_style == "WSD" and not 0 < self.lr_wsd_decay_steps <= (decay or self.lr_wsd_decay_steps):
                 bad("lr_wsd_decay_steps", "WSD anneals over the last lr_wsd_decay_steps of lr_decay_steps (> 0)")
             if not self.min_lr <= self.lr or not self.lr_warmup_init <= self.lr:
                 bad("min_lr", f"min_lr and lr_warmup_init are at most lr (lr_warmup_init {self.lr_warmup_init})")
-        elif (self.lr_scheduler_type == "cosine" or ratio_warmup) and not versions:
+        elif (self.lr_scheduler_type == "cosine" or ratio_warmup) and versions == 0:
             raise ConfigError(f"config field 'learner.versions': {prefix}lr_scheduler_type {self.lr_scheduler_type} "
                               f"with lr_warmup_steps_ratio {self.lr_warmup_steps_ratio} counts versions towards a "
-                              "total: set learner.versions (got 0)")
+                              "total: set learner.versions, or learner.end_with_data for the versions the data "
+                              "makes (got 0)")
 
 
 @dataclass
@@ -452,6 +456,14 @@ class LearnerConfig(OptimizerConfig):
                     "GSPO paper's sequence-level objective is loss_agg_mode: seq-mean-token-mean"]
         return []
 
+    def schedule_total(self) -> int | None:
+        """The versions the lr schedule counts towards, as the config knows them (verl's
+        total_training_steps): ``versions``; None where the run ends with the data (verl's
+        ``len(train_dataloader) * total_epochs``, counted at the learner's start from the feed's
+        data: ``streamrl.learner.schedule.data_versions``); 0: an open run, where a schedule that
+        needs a total is refused."""
+        return self.versions or (None if self.end_with_data else 0)
+
     def validate(self) -> "LearnerConfig":
         """Raise ``ConfigError`` naming the first bad field."""
         self._validate_choices()
@@ -511,7 +523,7 @@ class LearnerConfig(OptimizerConfig):
         for name in non_negative:
             if getattr(self, name) < 0:
                 self._bad(name, "must be >= 0")
-        self.validate_optimizer("learner.", self.versions)
+        self.validate_optimizer("learner.", self.schedule_total())
 
     def _validate_objective(self) -> None:
         """What the estimator and the losses need: gae's critic, GDPO's components, the KL."""
@@ -521,7 +533,7 @@ class LearnerConfig(OptimizerConfig):
             if critic.loss_agg_mode not in ("",) + LOSS_AGG_MODES:
                 raise ConfigError(f"config field 'learner.critic.loss_agg_mode': one of {', '.join(LOSS_AGG_MODES)} "
                                   f"or empty (got {critic.loss_agg_mode!r})")
-            critic.validate_optimizer("learner.critic.", self.versions)
+            critic.validate_optimizer("learner.critic.", self.schedule_total())
             for name in ("cliprange_value", "ppo_epochs", "micro_batch_size", "max_tokens_per_micro_batch"):
                 if getattr(critic, name) < 0:
                     raise ConfigError(f"config field 'learner.critic.{name}': must be >= 0 (got {getattr(critic, name)!r})")

@@ -90,3 +90,14 @@ def lr_at(opt: "OptimizerConfig", version: int, total: int | None = None) -> flo
     if opt.lr_decay_style:
         return megatron_lr(opt, version, total)
     return opt.lr * lr_factor(opt, version, total)
+
+
+def data_versions(rows: int, epochs: int, per_version: int) -> int:
+    """The schedule's total where ``learner.versions`` is 0 and the run ends with the data:
+    verl's ``total_training_steps`` when it is null, ``len(train_dataloader) * total_epochs``,
+    its train dataloader dropping each epoch's last partial batch (``drop_last=True``), so
+    ``rows // per_version`` steps an epoch (``rows``: the dataset's prompts after
+    ``max_prompt_length``'s filter, as verl's dataset counts them; ``per_version``: verl's
+    train_batch_size, ``groups_per_mini_batch * mini_batches_per_version``). At least 1: verl
+    refuses fewer rows than a batch, where the run here still trains one (partial) version."""
+    return max(1, rows // per_version * epochs)

@@ -100,14 +100,16 @@ class _Taken:
 
 
 class Learner:
-    def __init__(self, bus: Bus, cfg: LearnerConfig):
+    def __init__(self, bus: Bus, cfg: LearnerConfig, data_versions: int = 0):
+        """``data_versions``: the versions the feed's data makes, the lr schedule's total where
+        ``learner.versions`` is 0 (``from_config`` counts them)."""
         from streamrl.learner.trainer import Trainer
 
         self.bus, self.cfg = bus, cfg.validate()
         good = resume.latest_good(cfg.checkpoint_dir)
         last = good[0] if good else None
         # weights, optimizer (DCP shards) from the checkpoint; in a group rank 0 names it to all
-        self.trainer = Trainer(cfg, resume=str(last) if last else None)
+        self.trainer = Trainer(cfg, resume=str(last) if last else None, data_versions=data_versions)
         for note in cfg.start_notes():  # once, at start
             log.warning("learner: %s", note)
         if good is not None:
@@ -157,15 +159,28 @@ class Learner:
 
     @classmethod
     def from_config(cls, cfg: "LearnerSections", bus: Bus) -> "Learner":
-        learner = cls(bus, cfg.learner)
+        """The learner of a pipeline's config. Where the run ends with the data, the feed's data
+        is read here, at start (not when the config is checked: a dry-run's dataset need not
+        exist), for its group ids and, where ``learner.versions`` is 0, the versions it makes:
+        the lr schedule's total, as verl counts its steps from its dataloader."""
+        ids: set[str] | None = None
         if cfg.learner.end_with_data:
             from streamrl.feed.prompts import feed_group_ids
 
             try:
-                learner.expect(feed_group_ids(cfg.feed), cfg.feed.group_size)
+                ids = feed_group_ids(cfg.feed)
             except Exception as exc:  # a dataset this process cannot read: the run ends by versions
                 log.warning("learner: the feed's data (%s) not read (%s): the run ends at learner.versions "
                             "or when stopped", cfg.feed.dataset, exc)
+        total = 0
+        if ids is not None:
+            from streamrl.learner.schedule import data_versions
+
+            per_version = cfg.learner.groups_per_mini_batch * cfg.learner.mini_batches_per_version
+            total = data_versions(len(ids) // cfg.feed.epochs, cfg.feed.epochs, per_version)
+        learner = cls(bus, cfg.learner, data_versions=total)
+        if ids is not None:
+            learner.expect(ids, cfg.feed.group_size)
         return learner
 
     def expect(self, group_ids: set[str], group_size: int) -> None:

@@ -46,15 +46,24 @@ class Trainer:
     so the result is the one-process update. Rank 0 sends each collective call to the others
     first (``_lead``)."""
 
-    def __init__(self, cfg: LearnerConfig, policy: str | None = None, resume: str | None = None):
+    def __init__(self, cfg: LearnerConfig, policy: str | None = None, resume: str | None = None,
+                 data_versions: int = 0):
         """``policy``: where to load the weights from, else ``cfg.policy``; ``resume``: a
-        checkpoint directory (weights from its ``policy/``, then its optimizer / DCP shards)."""
+        checkpoint directory (weights from its ``policy/``, then its optimizer / DCP shards);
+        ``data_versions``: the versions the feed's data makes (``schedule.data_versions``), the
+        lr schedule's total where ``cfg.versions`` is 0 (verl's total_training_steps from the data)."""
         self.cfg = cfg
+        # the schedule's total, checked now that it is known (the config's check left it open)
+        self.total = cfg.versions or (data_versions if cfg.end_with_data else 0)
+        cfg.validate_optimizer("learner.", self.total)
+        if cfg.adv_estimator == "gae":
+            cfg.critic.validate_optimizer("learner.critic.", self.total)
         self.group = distributed.init(cfg)
         self.world = self.group.world if self.group else 1
         self.rank = self.group.rank if self.group else 0
-        if self.group is not None and self.group.leader:  # every rank loads the same weights
-            distributed.Channel().send("init", json.dumps({"policy": policy, "resume": resume}).encode())
+        if self.group is not None and self.group.leader:  # every rank loads the same weights and schedule
+            distributed.Channel().send("init", json.dumps({"policy": policy, "resume": resume,
+                                                           "data_versions": data_versions}).encode())
         self.lora = cfg.lora.enabled  # PEFT adapters on a frozen base (streamrl.learner.lora)
         if resume and not self.lora:  # (LoRA: the base as configured, the adapter from the DCP shards)
             policy = str(checkpoint.policy_dir(resume))
@@ -344,10 +353,10 @@ class Trainer:
         self._lead("version", str(version).encode())
         self.version = version
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.cfg, version)
+            group["lr"] = lr_at(self.cfg, version, self.total)
         if self.critic is not None:
             for group in self.critic.optimizer.param_groups:
-                group["lr"] = lr_at(self.cfg.critic, version, self.cfg.versions)
+                group["lr"] = lr_at(self.cfg.critic, version, self.total)
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics

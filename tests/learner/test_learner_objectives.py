@@ -54,8 +54,9 @@ def test_verls_optim_keys_map_and_a_schedule_that_needs_a_total_asks_for_version
     assert verl(prefix + "warmup_style", "cosine") == {"learner.lr_scheduler_type": "cosine"}
     from streamrl.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="learner.versions"):
-        LearnerConfig(lr_scheduler_type="cosine").validate()
+    with pytest.raises(ConfigError, match="learner.versions"):  # an open run: no total
+        LearnerConfig(lr_scheduler_type="cosine", end_with_data=False).validate()
+    LearnerConfig(lr_scheduler_type="cosine").validate()  # the data's, counted at start (test_learner_optim.py)
     with pytest.raises(ConfigError, match="lr_scheduler_type"):
         LearnerConfig(lr_scheduler_type="linear").validate()
     LearnerConfig(lr_warmup_steps=3).validate()  # a constant warm-up needs no total

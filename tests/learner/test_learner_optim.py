@@ -3,7 +3,7 @@
 builds them, FSDP's cosine counted from 1 (``zero_indexed_step``) and Megatron's decay styles as
 verl's Megatron scheduler steps them, against verl 0.9.1's own functions
 (``verl_optim_parity_data.py``, written by ``verl_optim_parity.py``); the critic's own optimizer,
-schedule and micro-batches."""
+schedule and micro-batches; the schedule's total where the run's length is the data's."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_megatrons_names_and_what_is_refused_naming_the_field():
     for kw, field in ((dict(optimizer="muon"), "learner.optimizer"), (dict(optimizer="AdamW8bit"), "learner.optimizer"),
                       (dict(optimizer_impl="bitsandbytes.optim"), "learner.optimizer_impl"),
                       (dict(betas=[0.9]), "learner.betas"), (dict(lr_decay_style="exp"), "learner.lr_decay_style"),
-                      (dict(lr_decay_style="linear"), "learner.lr_decay_steps"),
+                      (dict(lr_decay_style="linear", end_with_data=False), "learner.lr_decay_steps"),
                       (dict(lr_decay_style="WSD", versions=10), "learner.lr_wsd_decay_steps"),
                       (dict(lr_decay_style="cosine", versions=4, lr_warmup_steps=4), "learner.lr_warmup_steps"),
                       (dict(lr_decay_style="linear", versions=4, min_lr=1.0), "learner.min_lr")):
@@ -134,3 +134,51 @@ def test_the_critics_own_micro_batches_train_the_same(tmp_path):
     assert passes[1] == 2 * samples and passes[0] == 2 * (-(-samples // 8))  # values + one epoch of updates
     for k in [k for k in outs[0] if k.startswith("critic/")] + ["loss"]:
         assert outs[1][k] == pytest.approx(outs[0][k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("schedule_kw", [dict(lr_scheduler_type="cosine"), dict(lr_warmup_steps_ratio=0.5),
+                                         dict(lr_decay_style="linear")], ids=["cosine", "warmup-ratio", "megatron"])
+def test_a_run_that_ends_with_the_data_counts_the_schedules_total_as_verl(fmt, schedule_kw, memory_bus, tmp_path):
+    """learner.versions 0 (verl's total_training_steps null): the schedule's total is the
+    versions the feed's data makes, as verl counts its steps, len(train_dataloader) *
+    total_epochs with its dataloader's drop_last, not the run's own length (its last version may
+    be partial); counted at the learner's start from the dataset, sent to every rank."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader
+
+    from streamrl.feed.config import FeedConfig
+    from streamrl.learner.stage import Learner
+    from tests.helpers import learner_cfg
+
+    rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(11)]
+    path = tmp_path / f"data.{fmt}"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    epochs, per_version = 3, 4
+    cfg = learner_cfg(tmp_path, trainer=True, groups_per_mini_batch=2, mini_batches_per_version=2, **schedule_kw)
+    assert cfg.versions == 0 and cfg.end_with_data  # the config's check leaves the total to the start
+    verls = len(DataLoader(list(range(len(rows))), batch_size=per_version, drop_last=True)) * epochs
+    assert verls == 6 != -(-len(rows) * epochs // per_version)  # 2 a epoch; the run's own length is 9
+    learner = Learner.from_config(SimpleNamespace(learner=cfg, feed=FeedConfig(dataset=str(path), epochs=epochs)),
+                                  memory_bus)
+    trainer = learner.trainer
+    assert trainer.total == verls == schedule.data_versions(len(rows), epochs, per_version)
+    for v in (1, 2, 4):
+        trainer.set_version(v)
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(schedule.lr_at(cfg, v, verls), rel=1e-12)
+    assert schedule.lr_at(cfg, 2, verls) != pytest.approx(schedule.lr_at(cfg, 2, 9))
+    # no data to count (a dataset this process cannot read) and no learner.versions: refused at start
+    gone = SimpleNamespace(learner=cfg, feed=FeedConfig(dataset=str(tmp_path / "none.jsonl"), epochs=epochs))
+    field = "learner.lr_decay_steps" if "lr_decay_style" in schedule_kw else "learner.versions"
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.") + "'"):
+        Learner.from_config(gone, memory_bus)
+    # an open run (not ending with the data) has no total: refused when the config is checked
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.") + "'"):
+        LearnerConfig(end_with_data=False, **schedule_kw).validate()
