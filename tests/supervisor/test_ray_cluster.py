@@ -106,8 +106,11 @@ def test_main_job_runs_across_two_nodes(cluster, bootstrap, tmp_path):
     policy = read_topic_sync(Bus(BusConfig(bootstrap_servers=bootstrap, topic_prefix=prefix)), "policy", 3)
     announced = {PolicyVersion.decode(m.value).version: PolicyVersion.decode(m.value).weights_uri for m in policy}
     assert announced == {v: f"file://{store}/v{v}" for v in (0, 1, 2)}
-    for version in (0, 1, 2):
-        assert list((store / f"v{version}").glob("*.safetensors"))
+    # v0 whole, then deltas on it (learner.weights_delta auto: on with a weights_uri), which the
+    # worker on the other node rebuilt to load version 1
+    assert list((store / "v0").glob("*.safetensors"))
+    for version in (1, 2):
+        assert list((store / f"v{version}").glob("*.safetensors.xor.zst")), sorted((store / f"v{version}").iterdir())
     # the secret is in no output, no file of the run, and none of Ray's own logs
     assert secret not in proc.stdout and secret not in proc.stderr
     roots = {out, *(Path(node.get_session_dir_path()) for node in cluster.list_all_nodes())}
