@@ -688,3 +688,21 @@ def distill_samples(vocab: int, k: int, n: int = 4) -> list[Sample]:
                           teacher_logprobs=lp.reshape(-1).astype(np.float32), teacher_topk=k,
                           teacher_ids=None if top is None else top.reshape(-1)))
     return out
+
+
+def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """``streamrl run --dry-run ARGS`` in this process (the CLI's own entry point), from ``cwd``:
+    its exit code, stdout and stderr."""
+    import contextlib
+    import io
+
+    from streamrl.cli import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["run", "--dry-run", *args])
+    finally:
+        os.chdir(here)
+    return code, out.getvalue(), err.getvalue()

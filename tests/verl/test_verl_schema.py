@@ -7,8 +7,6 @@ images refused where the rows carry them."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -20,7 +18,6 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
-from streamrl.cli import main
 from streamrl.errors import StreamrlError
 from streamrl.pipeline_config import PipelineConfig, resolve_config
 from streamrl.verl import (IGNORED, MAPPED, REFUSED, VERL_TABLE, coverage, find_row, format_value, ignored_line,
@@ -28,6 +25,7 @@ from streamrl.verl import (IGNORED, MAPPED, REFUSED, VERL_TABLE, coverage, find_
 from streamrl.verl.overrides import OverrideError, parse_value
 from streamrl.verl.rows import ENGINE
 from streamrl.verl.schema import ENGINES, MISSING, VERL_VERSION, schema_keys, verl_defaults
+from tests.helpers import dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,17 +47,6 @@ def _absent_targets() -> set[str]:
 
 def test_every_streamrl_key_of_the_table_exists():
     assert _absent_targets() == set()
-
-
-def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
-    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["run", "--dry-run", *args])
-    finally:
-        os.chdir(here)
-    return code, out.getvalue(), err.getvalue()
 
 
 # -- the domain: verl's schema -------------------------------------------------------------------

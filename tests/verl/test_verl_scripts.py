@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +21,9 @@ import yaml
 from streamrl.cli import main
 from streamrl.pipeline_config import resolve_config
 from streamrl.verl import VERL_TABLE, find_row, markdown_table
-from tests.helpers import resolved_script, with_reward_files
+from tests.helpers import dry_run, resolved_script, with_reward_files
 from tests.verl.verl_scripts_data import SCRIPTS
+
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(__file__).resolve().parents[3] / "shared"
@@ -32,18 +32,6 @@ SHARED = Path(__file__).resolve().parents[3] / "shared"
 #: the scripts that do not start yet, and what each one's problem lines name (all of them); the
 #: multimodal script starts: its rows' images are refused by the feed (test_verl_schema.py)
 REFUSED: dict[str, list[list[str]]] = {}
-
-
-def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
-    """``streamrl run --dry-run ARGS`` in this process (the CLI's own entry point), from ``cwd``."""
-    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["run", "--dry-run", *args])
-    finally:
-        os.chdir(here)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
