@@ -104,6 +104,14 @@ class OptimizerConfig:
     lr_wsd_decay_style: str = "exponential"  # WSD's anneal: exponential | linear | cosine | minus_sqrt
     lr_wsd_decay_steps: int = 0  # WSD's anneal length in versions (the last ones of lr_decay_steps)
 
+    def needs_total(self) -> bool:
+        """Whether the schedule counts versions towards the run's total (a cosine, a warm-up as a
+        ratio, Megatron's decay without lr_decay_steps): what a run ending with the data counts at start."""
+        ratio_warmup = self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0
+        if self.lr_decay_style:
+            return (self.lr_decay_style != "constant" or ratio_warmup) and not self.lr_decay_steps
+        return self.lr_scheduler_type == "cosine" or ratio_warmup
+
     def validate_optimizer(self, prefix: str, versions: int | None) -> None:
         """Raise ``ConfigError`` naming the first bad field (``prefix``: ``learner.`` or
         ``learner.critic.``); ``versions``: the run's length (``learner.versions``, 0: open;

@@ -57,8 +57,7 @@ class Trainer:
         self.total = cfg.versions or (data_versions if cfg.end_with_data else 0)
         if not cfg.versions and cfg.end_with_data:  # the data's total: the checks the config's left open
             for prefix, opt in (("learner.", cfg), ("learner.critic.", cfg.critic))[:2 if cfg.adv_estimator == "gae" else 1]:
-                if opt.lr_scheduler_type == "cosine" or opt.lr_warmup_steps_ratio > 0 or \
-                        opt.lr_decay_style not in ("", "constant"):
+                if opt.needs_total():
                     opt.validate_optimizer(prefix, self.total)
         self.group = distributed.init(cfg)
         self.world = self.group.world if self.group else 1
