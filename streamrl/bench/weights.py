@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--level", type=int, default=1, help="zstd level (learner.weights_delta_level)")
     parser.add_argument("--sequences", type=int, default=8, help="records per version (groups of 4)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--out", default="", help="directory for weights.json and weights.png")
+    parser.add_argument("--out", default="", help="directory for weights.json (the JSON line, indented)")
 
 
 def _records(rng: np.random.Generator, n: int, version: int) -> list[Any]:
