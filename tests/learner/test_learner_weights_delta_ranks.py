@@ -44,7 +44,8 @@ SHARE = {"float32": 0.9, "bfloat16": 0.25}  # a delta's bytes over the full vers
 def config(root: Path, dtype: str):
     return learner_cfg(root, groups_per_mini_batch=1, versions=0, dtype=dtype, lr=LR[dtype], weights_delta="on",
                        weights_full_every=FULL_EVERY, weights_uri=f"file://{root / 'published'}",
-                       keep_weights=2 * len(KINDS))  # every version stays: each is checked after the run
+                       keep_weights=2 * len(KINDS),  # every version stays: each is checked after the run
+                       checkpoint_every=0)  # a checkpoint when a life stops (the resume), not every version
 
 
 def _rank(rank: int, port: int, tmp: str, dtype: str, records: list[list[bytes]]) -> None:
