@@ -196,11 +196,20 @@ def run_length(cfg) -> list[str]:
         return [f"the run: until the data ends ({cfg.feed.epochs} epochs of {', '.join(specs)}, not read here), "
                 f"{per_version} prompts x {cfg.feed.group_size} samples per version"]
     from streamrl.feed.prompts import read_feed_rows
+    from streamrl.learner.schedule import data_versions
 
     rows = len(read_feed_rows(cfg.feed))
     versions = -(-rows * cfg.feed.epochs // per_version)
-    return [f"the run: until the data ends: {rows} rows x {cfg.feed.epochs} epochs / {per_version} prompts per "
-            f"version = {versions} versions (before max_prompt_length's filter)"]
+    lines = [f"the run: until the data ends: {rows} rows x {cfg.feed.epochs} epochs / {per_version} prompts per "
+             f"version = {versions} versions (before max_prompt_length's filter)"]
+    critic = cfg.learner.adv_estimator == "gae" and cfg.learner.critic.needs_total()
+    if cfg.learner.end_with_data and (cfg.learner.needs_total() or critic):
+        # verl counts its total_training_steps from a dataloader that drops each epoch's last
+        # partial batch: the schedule's total can be below the versions the run trains
+        lines.append(f"the lr schedule's total: {data_versions(rows, cfg.feed.epochs, per_version)} versions "
+                     f"({rows} // {per_version} x {cfg.feed.epochs} epochs, verl's total_training_steps; "
+                     "counted again at the learner's start, after the filter)")
+    return lines
 
 
 def validate_reward(cfg) -> None:

@@ -150,7 +150,7 @@ def test_a_run_that_ends_with_the_data_counts_the_schedules_total_as_verl(fmt, s
 
     from streamrl.feed.config import FeedConfig
     from streamrl.learner.stage import Learner
-    from tests.helpers import learner_cfg
+    from tests.helpers import dry_run, learner_cfg
 
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(11)]
     path = tmp_path / f"data.{fmt}"
@@ -170,6 +170,12 @@ def test_a_run_that_ends_with_the_data_counts_the_schedules_total_as_verl(fmt, s
                                   memory_bus)
     trainer = learner.trainer
     assert trainer.total == verls == schedule.data_versions(len(rows), epochs, per_version)
+    # the dry-run says that total before the run, beside the versions the run trains
+    code, out, err = dry_run([f"feed.dataset={path}", f"feed.epochs={epochs}", "learner.versions=0",
+                              "learner.groups_per_mini_batch=2", "learner.mini_batches_per_version=2",
+                              *(f"learner.{k}={v}" for k, v in schedule_kw.items())], tmp_path)
+    assert code == 0, err
+    assert "= 9 versions" in out and f"the lr schedule's total: {verls} versions" in out, out[-600:]
     for v in (1, 2, 4):
         trainer.set_version(v)
         assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(schedule.lr_at(cfg, v, verls), rel=1e-12)
