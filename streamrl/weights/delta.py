@@ -159,27 +159,53 @@ def encode(base: np.ndarray, new: np.ndarray, level: int = 1) -> tuple[bytes, li
     return frame, table
 
 
+#: bytes of a plane decompressed at a time: a chunk stays in cache while it is XORed into the tensor
+CHUNK = 1 << 18
+
+
 def apply(base: np.ndarray, frame: bytes, table: list[list[Any]]) -> None:
-    """Apply a delta (``encode``'s) to ``base``, a file's bytes, in place."""
-    blob = np.frombuffer(_zstd().ZstdDecompressor().decompress(frame), np.uint8) if table else np.zeros(0, np.uint8)
+    """Apply a delta (``encode``'s) to ``base``, a file's bytes, in place.
+
+    Why streamed: the frame is decompressed a segment, or for a dense one a ``CHUNK`` of a byte
+    plane, at a time into a small buffer, and each plane's chunk is XORed straight into its bytes
+    of the tensor (a strided view). Decompressing the whole payload into a new buffer and
+    transposing each dense tensor's planes into elements took twice as long (page faults on the
+    payload-sized buffer, numpy's slow copy of a (planes, n) transpose) and held the payload twice."""
+    if not table:
+        return
     where = {name: (begin, end, size) for name, begin, end, size in _tensors(base)}
-    at = 0
+    reader = _zstd().ZstdDecompressor().stream_reader(frame)
+    chunk = np.empty(CHUNK, np.uint8)
     for name, mode, count, length in table:
         if name not in where:
             raise DeltaError(f"the delta names tensor {name!r}, which the base does not have")
         begin, end, size = where[name]
-        dtype = _UINT[size]
-        target = base[begin:end].view(dtype)
-        seg = blob[at:at + length]
-        at += length
         if mode == "s":
-            gaps = seg[:4 * count].view(np.uint32)
-            index = np.cumsum(gaps, dtype=np.int64) - 1
-            target[index] ^= seg[4 * count:].view(dtype)
+            seg = _read(reader, np.empty(length, np.uint8))
+            dtype = _UINT[size]
+            index = np.cumsum(seg[:4 * count].view(np.uint32), dtype=np.int64) - 1
+            base[begin:end].view(dtype)[index] ^= seg[4 * count:].view(dtype)
         else:
-            target ^= seg.reshape(size, -1).T.copy().view(dtype).reshape(-1)
-    if at != blob.size:
-        raise DeltaError(f"delta payload of {blob.size} bytes, its table {at}")
+            if length != end - begin:
+                raise DeltaError(f"tensor {name!r}: a dense segment of {length} bytes, the tensor has {end - begin}")
+            planes = base[begin:end].reshape(-1, size)  # column k: the tensor's k-th byte of each element
+            for k in range(size):
+                for at in range(0, planes.shape[0], CHUNK):
+                    part = planes[at:at + CHUNK, k]
+                    np.bitwise_xor(part, _read(reader, chunk[:part.size]), out=part)
+    if reader.read(1):
+        raise DeltaError(f"delta payload longer than its table's {sum(row[3] for row in table)} bytes")
+
+
+def _read(reader: Any, out: np.ndarray) -> np.ndarray:
+    """``out`` filled from a zstd stream reader (which may return less than asked)."""
+    view, got = memoryview(out), 0
+    while got < out.nbytes:
+        n = reader.readinto(view[got:])
+        if not n:
+            raise DeltaError(f"delta payload shorter than its table: {out.nbytes - got} bytes missing in a segment")
+        got += n
+    return out
 
 
 # -- the learner's side -----------------------------------------------------------------------------

@@ -213,3 +213,33 @@ def test_a_published_delta_version_loads_as_a_policy(tmp_path, fresh_reader):
     model, _ = load_policy(weights.local_policy(str(published / "v6")))
     expected = load_file(str(full / "v6" / "model.safetensors"))
     assert all(torch.equal(model.state_dict()[n], t) for n, t in expected.items())
+
+
+def test_apply_streams_tensors_larger_than_its_chunk_bit_exact_and_refuses_a_payload_of_the_wrong_size():
+    """``apply`` decompresses a dense tensor's byte planes ``CHUNK`` bytes at a time: tensors of
+    more than one chunk with a tail, of element widths 1, 2, 4 and 8, dense and sparse and
+    unchanged, rebuild the new file bit for bit; a table that names more or fewer bytes than
+    the payload holds is refused."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    rng = np.random.default_rng(0)
+    n = 2 * delta.CHUNK + 7
+    old = {"f32": rng.normal(0, 0.02, n).astype(np.float32), "f64": rng.normal(0, 1, 1000),
+           "u8": rng.integers(0, 256, n, dtype=np.uint8), "i16": rng.integers(-2**15, 2**15, (3, n // 3 + 5), dtype=np.int16),
+           "f32_same": rng.normal(0, 1, (5, 7)).astype(np.float32)}
+    new = dict(old, f32=old["f32"] + rng.normal(0, 1e-6, n).astype(np.float32), u8=old["u8"] ^ np.uint8(1),
+               f64=old["f64"] + rng.normal(0, 1e-3, 1000))
+    new["i16"] = old["i16"].copy()
+    new["i16"][1, ::97] += 1  # a few elements: sparse
+    base, target = (np.frombuffer(save(s), np.uint8) for s in (old, new))
+    frame, table = delta.encode(base, target)
+    assert {row[0]: row[1] for row in table} == {"f32": "d", "f64": "d", "u8": "d", "i16": "s"}
+    rebuilt = base.copy()
+    delta.apply(rebuilt, frame, table)
+    assert np.array_equal(rebuilt, target)
+
+    with pytest.raises(delta.DeltaError, match="shorter"):  # the table names a segment the payload lacks
+        delta.apply(base.copy(), frame, [*table, ["f32_same", "d", 35, 140]])
+    with pytest.raises(delta.DeltaError, match="longer"):  # the payload holds more than the table names
+        delta.apply(base.copy(), frame, [row for row in table if row[0] != "u8"])
