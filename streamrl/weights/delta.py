@@ -134,9 +134,14 @@ def _same_layout(a: np.ndarray, b: np.ndarray) -> bool:
 def encode(base: np.ndarray, new: np.ndarray, level: int = 1) -> tuple[bytes, list[list[Any]]]:
     """The delta of two safetensors files of the same layout: one zstd frame and its table of
     segments (``[name, mode, count, length]``; ``s``: ``count`` changed elements, their gaps as
-    uint32 then their XOR; ``d``: the XOR of every element, byte planes one after another)."""
-    segments: list[np.ndarray] = []
+    uint32 then their XOR; ``d``: the XOR of every element, byte planes one after another).
+
+    Each segment is written once, straight into its place in the payload (a buffer of the file's
+    size, whose pages are touched only as far as written), not built apart and concatenated
+    after: the same payload, and so the same frame, in about two thirds of the time."""
+    payload = np.empty(new.nbytes, np.uint8)  # a segment is at most its tensor's bytes
     table: list[list[Any]] = []
+    at = 0
     for name, begin, end, size in _tensors(new):
         dtype = _UINT[size]
         x = np.bitwise_xor(base[begin:end].view(dtype), new[begin:end].view(dtype))
@@ -145,17 +150,17 @@ def encode(base: np.ndarray, new: np.ndarray, level: int = 1) -> tuple[bytes, li
             continue
         if count * (4 + size) < x.nbytes // 2 and x.size < 2**32:
             changed = np.flatnonzero(x)
-            gaps = np.diff(changed, prepend=-1).astype(np.uint32)
-            parts = [gaps.view(np.uint8), x[changed].view(np.uint8)]
+            parts = [np.diff(changed, prepend=-1).astype(np.uint32).view(np.uint8), x[changed].view(np.uint8)]
             mode, count = "s", int(changed.size)
         else:
-            parts = [x.view(np.uint8).reshape(-1, size).T.reshape(-1)]  # byte planes: alike bytes together
+            parts = [x.view(np.uint8).reshape(-1, size).T]  # byte planes: alike bytes together
             mode, count = "d", int(x.size)
-        length = sum(p.nbytes for p in parts)
-        segments += parts
-        table.append([name, mode, count, length])
-    blob = np.concatenate(segments) if segments else np.zeros(0, np.uint8)
-    frame = _zstd().ZstdCompressor(level=level, threads=-1 if blob.nbytes > 1 << 24 else 0).compress(blob)
+        start = at
+        for part in parts:
+            np.copyto(payload[at:at + part.size].reshape(part.shape), part)
+            at += part.size
+        table.append([name, mode, count, at - start])
+    frame = _zstd().ZstdCompressor(level=level, threads=-1 if at > 1 << 24 else 0).compress(payload[:at])
     return frame, table
 
 

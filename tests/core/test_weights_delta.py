@@ -219,8 +219,11 @@ def test_apply_streams_tensors_larger_than_its_chunk_bit_exact_and_refuses_a_pay
     """``apply`` decompresses a dense tensor's byte planes ``CHUNK`` bytes at a time: tensors of
     more than one chunk with a tail, of element widths 1, 2, 4 and 8, dense and sparse and
     unchanged, rebuild the new file bit for bit; a table that names more or fewer bytes than
-    the payload holds is refused."""
+    the payload holds is refused. ``encode`` writes each segment straight into one payload: its
+    frame is that payload compressed at once, the size in its header (earlier readers decompress
+    it in one go)."""
     import numpy as np
+    import zstandard
     from safetensors.numpy import save
 
     rng = np.random.default_rng(0)
@@ -235,6 +238,9 @@ def test_apply_streams_tensors_larger_than_its_chunk_bit_exact_and_refuses_a_pay
     base, target = (np.frombuffer(save(s), np.uint8) for s in (old, new))
     frame, table = delta.encode(base, target)
     assert {row[0]: row[1] for row in table} == {"f32": "d", "f64": "d", "u8": "d", "i16": "s"}
+    payload = zstandard.ZstdDecompressor().decompress(frame)  # one-shot, as earlier readers do: the size is in the header
+    assert len(payload) == sum(row[3] for row in table)
+    assert zstandard.ZstdCompressor(level=1).compress(payload) == frame
     rebuilt = base.copy()
     delta.apply(rebuilt, frame, table)
     assert np.array_equal(rebuilt, target)
