@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import numpy as np
 import pytest
@@ -249,6 +249,21 @@ async def publish(bus: Bus, records) -> None:
     async with bus.producer("test") as p:
         for r in records:
             await (await p.send(r))
+
+
+# --- learner ranks ------------------------------------------------------------------------------
+
+def follow_then_exit(cfg: Any) -> NoReturn:
+    """A test's follower rank (``mp.spawn``), as ``streamrl learner``'s followers: follow rank 0
+    until its group ends, then leave without the interpreter's teardown, whose C++ destructors
+    now and then abort a rank that stopped cleanly ("terminate called without an active
+    exception"), which ``mp.spawn`` reports as the rank's failure."""
+    from streamrl.learner.ranks import follow
+
+    code = follow(cfg)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # --- the processes of a run --------------------------------------------------------------------

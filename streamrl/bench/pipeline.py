@@ -259,14 +259,19 @@ class PipelineBench(harness.Bench):
             t.max_in_flight, t.timeout_s = w.teacher_concurrency, 30.0
             a = cfg.run.teacher_autoscale
             a.min_members, a.max_members = 1, self.args.teacher_max_members
-            # more than half a version waiting, for 3 s: one more member (a burst of groups is not a backlog)
-            a.scale_up_lag, a.scale_down_lag, a.window_s, a.cooldown_s = w.batch // 2, 0, 3.0, 6.0
+            a.scale_up_lag, a.scale_down_lag, a.window_s, a.cooldown_s = self.teacher_scale_up_lag, 0, 3.0, 6.0
         if self.teachers:  # in line after the reward group (use_task_rewards), the k3 estimator
             cfg.distillation.enabled = True
             t = cfg.teacher
             t.backend, t.model, t.servers = "openai", "sim", [f"{self.teacher_url}/v1"]
             t.max_in_flight, t.timeout_s = w.teacher_concurrency, 30.0
         return cfg
+
+    @property
+    def teacher_scale_up_lag(self) -> int:
+        """``--scaled-teachers``: more than half a version waiting, for 3 s, adds a member (a
+        burst of groups is not a backlog)."""
+        return self.w.batch // 2
 
     async def measure(self, variant: str, round: int) -> dict[str, Any]:
         w = self.w
@@ -330,7 +335,8 @@ class PipelineBench(harness.Bench):
             return {"slow_over_fast_members_mean": round(slow["members_mean"] / max(fast["members_mean"], 1e-9), 3),
                     "teachers": r["teachers"], "s_per_version": round(r["s_per_version"], 3),
                     "trained": r["trained"], "deadletters": sum(r["deadletters"].values()),
-                    "members_over_time": r["samples"], "workload": asdict(self.w)}
+                    "members_over_time": r["samples"], "scale_up_lag": self.teacher_scale_up_lag,
+                    "workload": asdict(self.w)}
         if self.teachers:
             return self.teacher_summary(runs)
         w, results = self.w, runs.single()

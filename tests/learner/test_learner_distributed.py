@@ -16,11 +16,10 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
 from streamrl.learner.config import KLControlConfig, LearnerConfig, ParallelConfig
-from streamrl.learner.ranks import follow
 from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.policy import load_policy
-from tests.helpers import PARITY, STEPS, batch, learner_cfg, parity_batch
+from tests.helpers import PARITY, STEPS, batch, follow_then_exit, learner_cfg, parity_batch
 
 #: this module's configs: the shared builder with the Trainer tests' step
 cfg = functools.partial(learner_cfg, trainer=True)
@@ -51,8 +50,7 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
 
     c = cfg(Path(tmp), **PARITY)
     if rank:
-        follow(c)
-        return
+        follow_then_exit(c)
     trainer = Trainer(c, resume=resume)
     trainer.save_weights(Path(tmp) / "resumed")  # gathered from the two ranks' shards
     assert trainer.packed  # the two ranks pack; the one-rank run they are compared with pads
@@ -115,8 +113,7 @@ def _kl_rank(rank: int, world: int, port: int, tmp: str) -> None:
 
     c = cfg(Path(tmp), **KL_IN_REWARD)
     if rank:
-        follow(c)
-        return
+        follow_then_exit(c)
     trainer = Trainer(c)
     outs = [trainer.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
     (Path(tmp) / "kl.json").write_text(json.dumps(outs))

@@ -297,14 +297,12 @@ def _rank(rank: int, world: int, port: int, tmp: str, resume: str) -> None:
     from pathlib import Path
 
     from streamrl.learner import distributed
-    from streamrl.learner.ranks import follow
     from streamrl.learner.trainer import Trainer
-    from tests.helpers import batch
+    from tests.helpers import batch, follow_then_exit
 
     c = critic_cfg(Path(tmp))
     if rank:
-        follow(c)
-        return
+        follow_then_exit(c)
     trainer = Trainer(c, resume=resume)
     trainer.set_version(1)
     outs = [trainer.step(batch(seed)) for seed in (1, 2)]

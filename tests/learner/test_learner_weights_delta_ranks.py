@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from streamrl import weights
 from streamrl.net import free_port
 from streamrl.records import Rewarded
 from streamrl.weights import delta, iter_safetensors
-from tests.helpers import group, learner_cfg
+from tests.helpers import follow_then_exit, group, learner_cfg
 
 #: its two cases on one worker (each is two rank processes of its own on a 2-core machine)
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("learner-ranks")]
@@ -53,16 +52,9 @@ def _rank(rank: int, port: int, tmp: str, dtype: str, records: list[list[bytes]]
                       WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     if rank:
-        from streamrl.learner.ranks import follow
-
         # its own directories in its config: it writes only where rank 0 tells it (the checkpoint's
         # shards), never a version of its own
-        code = follow(config(Path(tmp) / "rank1", dtype))
-        # as ``streamrl learner``'s followers: out without the interpreter's teardown, whose C++
-        # destructors now and then abort a rank that stopped cleanly
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        follow_then_exit(config(Path(tmp) / "rank1", dtype))
     asyncio.run(_lead(Path(tmp), dtype, [[Rewarded.decode(r) for r in g] for g in records]))
 
 

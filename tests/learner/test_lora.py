@@ -20,13 +20,12 @@ import torch.multiprocessing as mp
 from streamrl.errors import ConfigError
 from streamrl.learner.config import LearnerConfig, LoraConfig
 from streamrl.learner.stage import Learner
-from streamrl.learner.ranks import follow
 from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.pipeline_config import load_config
 from streamrl.policy import load_policy
 from streamrl.rollout.backends.transformers_engine import TransformersBackend
-from tests.helpers import (GROUP_SIZE, GROUPS, PARITY, ROOT, STEPS, announced, batch, learner_cfg, parity_batch,
+from tests.helpers import (GROUP_SIZE, GROUPS, PARITY, ROOT, STEPS, announced, batch, follow_then_exit, learner_cfg, parity_batch,
                            publish, recompute_logprobs, sample_groups)
 
 VERSIONS = 12
@@ -126,8 +125,7 @@ def _lora_rank(rank: int, world: int, port: int, tmp: str) -> None:
 
     c = learner_cfg(Path(tmp), trainer=True, lora=LoraConfig(**LORA), **PARITY)
     if rank:
-        follow(c)
-        return
+        follow_then_exit(c)
     trainer = Trainer(c)
     outs = [trainer.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
     trainer.save_weights(Path(tmp) / "v3")  # the adapter, gathered from the shards (every rank)
