@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,6 +113,14 @@ def test_an_update_mid_response_continues_it_on_the_new_weights(tmp_path):
     assert continuation["max_tokens"] == 64 - (len(continuation["prompt"]) - len(PROMPT))
 
 
+def partial_fleet(url: str, weights: Path) -> RolloutConfig:
+    """A worker on one SGLang-style server, groups of 2, ``on_update: partial``, weights under ``weights``."""
+    return RolloutConfig(backend="openai", group_size=2, on_update="partial", servers=[url],
+                         weights_prefixes=[str(weights)],
+                         openai=OpenAIBackendConfig(model="policy", api_key_env="", update_api="sglang",
+                                                    health_interval_s=0))
+
+
 def test_the_rollout_worker_publishes_each_tokens_version(memory_bus, tmp_path):
     """The worker on a server fleet with ``on_update: partial``: a version announced while a
     group generates is loaded at once (not at the next prompt), and the group's records carry
@@ -120,10 +129,7 @@ def test_the_rollout_worker_publishes_each_tokens_version(memory_bus, tmp_path):
 
     async def go():
         server = await TokenServer(rate=20).start()  # 1.5 s a response: the update lands inside it
-        cfg = RolloutConfig(backend="openai", group_size=2, on_update="partial", servers=[server.url],
-                            weights_prefixes=[str(tmp_path)],
-                            openai=OpenAIBackendConfig(model="policy", api_key_env="", update_api="sglang",
-                                                       health_interval_s=0))
+        cfg = partial_fleet(server.url, tmp_path)
         worker = RolloutWorker(bus, cfg)
         producer = bus.producer("learner")
         await producer.start()
@@ -382,10 +388,7 @@ def test_the_worker_sends_nothing_until_version_0_is_announced_and_loaded(memory
 
     async def go():
         server = await PausingServer(rate=40, version=STARTING).start()
-        cfg = RolloutConfig(backend="openai", group_size=2, on_update="partial", servers=[server.url],
-                            weights_prefixes=[str(tmp_path)],
-                            openai=OpenAIBackendConfig(model="policy", api_key_env="", update_api="sglang",
-                                                       health_interval_s=0))
+        cfg = partial_fleet(server.url, tmp_path)
         worker = RolloutWorker(bus, cfg)
         producer = bus.producer("learner")
         await producer.start()
