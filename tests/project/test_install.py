@@ -140,15 +140,20 @@ def _cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def test_unreachable_bootstrap_is_one_line_naming_the_address():
-    from streamrl.broker import free_port
+    import socket
 
-    address = f"127.0.0.1:{free_port()}"
-    for argv in (["topics", "describe"], ["reward", "--config", "local.yaml"], ["run", "learner.versions=1"]):
-        out = _cli(*argv, "--bootstrap-servers", address, timeout=40)
-        assert out.returncode == 2, (argv, out.stderr)
-        lines = out.stderr.strip().splitlines()
-        assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-        assert address in lines[0] and "check the address" in lines[0]
+    # a port held, bound but never listening, for the whole test: connections to it are refused,
+    # and no other test's broker can take it (a free port that was only free when picked once
+    # answered the run's probe, then went away: the run got as far as its warm start)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        for argv in (["topics", "describe"], ["reward", "--config", "local.yaml"], ["run", "learner.versions=1"]):
+            out = _cli(*argv, "--bootstrap-servers", address, timeout=40)
+            assert out.returncode == 2, (argv, out.stderr)
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+            assert address in lines[0] and "check the address" in lines[0]
 
 
 def test_bad_override_names_the_command_line_and_bad_file_value_names_the_file(tmp_path: Path):
