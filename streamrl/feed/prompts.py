@@ -91,8 +91,23 @@ def _template_fields(row: dict[str, Any], cfg: FeedConfig) -> tuple[Any, str | N
 
 
 def _verl_truth(row: dict[str, Any]) -> str | None:
+    """A verl row's ``reward_model.ground_truth`` as the record's text: a string as it is, a number
+    as its text, a structure as JSON (search-R1's ``{"target": [...]}``, a parquet list column:
+    the scorers read it back, ``streamrl.scorers.search_r1``), never a Python repr."""
     truth = row["reward_model"]["ground_truth"]
-    return None if truth is None else str(truth)
+    if truth is None or isinstance(truth, str):
+        return truth
+    if isinstance(truth, (dict, list, tuple)) or hasattr(truth, "tolist"):
+        return orjson.dumps(truth, option=orjson.OPT_SERIALIZE_NUMPY, default=_jsonable).decode()
+    return str(truth)
+
+
+def _jsonable(value: Any) -> Any:
+    """What orjson cannot write itself: numpy scalars of other kinds, arrays of objects (parquet's
+    string lists), anything else as its text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
 
 
 def _carries(value: Any) -> bool:

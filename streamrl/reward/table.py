@@ -18,7 +18,7 @@ from streamrl.errors import ConfigError
 from streamrl.loading import load_object
 from streamrl.reward.config import EXECUTORS, SCORER_TYPES, OverlongBufferConfig, RewardConfig, ScorerSpec, routes
 from streamrl.scorers.loader import BatchFunctionScorer, FunctionScorer, ProcessRunner
-from streamrl.scorers.rules import RULES, serves, verl_compat
+from streamrl.scorers.rules import RULES, VERL_COMPAT_ENTRIES, serves, verl_compat
 from streamrl.servers.processes import ServerProcesses
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
     scorers, defaults = routes(cfg.scorers)
     if cfg.verl_compat:
         scorers = verl_compat(scorers, ScorerSpec)
-        defaults |= {"verl_gsm8k"} if "gsm8k" in defaults else set()
+        defaults |= {added for base, added in VERL_COMPAT_ENTRIES.items() if base in defaults and added in scorers}
     for name, spec in scorers.items():
         where = f"config field 'reward.scorers.{name}"
         if spec.type not in SCORER_TYPES:

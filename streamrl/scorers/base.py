@@ -64,3 +64,48 @@ def numeric_info(info: dict[str, Any]) -> dict[str, float]:
         if key not in STAGE_INFO and isinstance(value, (int, float)) and math.isfinite(value):
             out[key] = float(value)
     return out
+
+
+def ground_truth_text(ground_truth: Any, data_source: str) -> str:
+    """A record's ground truth as the text a rule compares with: a string as it is, a JSON number
+    as its decimal text (parquet files carry integer answers: ``17`` reads as ``"17"``, ``2.0``
+    as ``"2"``, ``0.5`` as ``"0.5"``). Anything else cannot be an answer to compare with and is
+    the record's error, never a traceback or a made-up 0: ``None`` is ``no_ground_truth``; a
+    bool, list, object or a non-finite number is ``bad_ground_truth``."""
+    if isinstance(ground_truth, str):
+        return ground_truth
+    if ground_truth is None:
+        raise ScoreError("no_ground_truth", f"data_source {data_source!r}: the record has no ground_truth")
+    try:
+        if isinstance(ground_truth, int) and not isinstance(ground_truth, bool):
+            return str(ground_truth)
+        if isinstance(ground_truth, float) and math.isfinite(ground_truth):
+            return str(int(ground_truth)) if ground_truth.is_integer() else repr(ground_truth)
+    except ValueError:  # an integer beyond CPython's 4300-digit limit on str()
+        pass
+    raise ScoreError("bad_ground_truth", f"data_source {data_source!r}: a ground_truth of type "
+                                         f"{type(ground_truth).__name__} is not an answer ({_show(ground_truth)})")
+
+
+def _show(value: Any) -> str:
+    """A value's first characters for a message; never raises."""
+    try:
+        return repr(value)[:80]
+    except Exception:  # noqa: BLE001 - a huge int, a repr that fails
+        return f"<{type(value).__name__}>"
+
+
+def string_ground_truth(ground_truth: Any, data_source: str, scorer: str) -> str:
+    """verl's mode for the rules that compare the answer with the ground truth *as strings*
+    (verl's ``gsm8k``, ``math_reward``): only a string can ever equal an answer there, so verl
+    scores every response the same (0, or the format score) when the ground truth is a number,
+    a list or null, whatever was written. Such a record is refused with that reason (dead letters)
+    rather than trained on a constant reward."""
+    if isinstance(ground_truth, str):
+        return ground_truth
+    if ground_truth is None:
+        raise ScoreError("no_ground_truth", f"data_source {data_source!r}: the record has no ground_truth")
+    raise ScoreError("bad_ground_truth", f"data_source {data_source!r}: verl's {scorer} compares the answer with "
+                                         f"the ground truth as strings, and a {type(ground_truth).__name__} "
+                                         f"({_show(ground_truth)}) never equals one: verl would score every "
+                                         f"response the same; store the ground truth as a string")

@@ -13,6 +13,10 @@ Two modes behind one function, picked by ``method``:
   the last 300 characters only, and the answer string is compared to the ground truth *as a
   string* (so ``72.0`` is wrong there). Use them to compare rewards with verl runs.
 
+A ground truth may be a JSON number in the robust mode (``42`` reads as ``"42"``); verl's modes
+compare strings, so there a ground truth that is not a string is refused
+(``base.string_ground_truth``: verl would score every response the same).
+
 ``format_score`` is what an extracted but wrong answer earns (verl's meaning); ``score`` what a
 right one earns. The result is a dict: ``score`` plus ``pred``, the extracted answer, which lands
 in ``reward_info`` so a reader sees why a record scored what it did.
@@ -32,6 +36,7 @@ from fractions import Fraction
 from typing import Any
 
 from streamrl.errors import Failure
+from streamrl.scorers.base import ground_truth_text, string_ground_truth
 
 VERSION = "1"
 
@@ -197,14 +202,13 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None,
     """Score one GSM8K response (streamrl's scorer signature; see the module docstring)."""
     if method not in METHODS:
         raise ValueError(f"gsm8k method must be one of {METHODS}, got {method!r}")
-    if ground_truth is None:
-        raise Failure("no_ground_truth", "a gsm8k record needs ground_truth")
     if method != "robust":
+        truth = string_ground_truth(ground_truth, data_source, "gsm8k")
         pred = verl_extract_solution(solution_str, method)
-        return {"score": float(verl_compute_score(solution_str, verl_ground_truth(ground_truth),
+        return {"score": float(verl_compute_score(solution_str, verl_ground_truth(truth),
                                                   method, format_score, score)),
                 "pred": pred}
-    reference = reference_number(ground_truth)
+    reference = reference_number(ground_truth_text(ground_truth, data_source))
     value = extract_answer(solution_str)
     if value is None:
         return {"score": 0.0, "pred": None}

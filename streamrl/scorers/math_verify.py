@@ -50,6 +50,7 @@ from types import FrameType
 from typing import Any, Callable, TypeVar
 
 from streamrl.errors import Failure
+from streamrl.scorers.base import ground_truth_text
 from streamrl.scorers.gsm8k import boxed_spans
 
 VERSION = "3"  # 3: math-verify's verdict is the floor; streamrl only adds equivalences
@@ -520,14 +521,20 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str | None,
                   extra_info: dict[str, Any] | None = None, *, score: float = 1.0,
                   format_score: float = 0.0, parse_timeout_s: float = PARSE_TIMEOUT_S,
                   verify_timeout_s: float = VERIFY_TIMEOUT_S,
-                  max_response_chars: int = MAX_RESPONSE_CHARS, **kwargs: Any) -> dict[str, Any]:
+                  max_response_chars: int = MAX_RESPONSE_CHARS, method: str = "math_verify",
+                  **kwargs: Any) -> dict[str, Any]:
     """``score`` if ``solution_str``'s final answer equals ``ground_truth`` (see the module
     docstring: math-verify's verdict, plus streamrl's documented additions); ``format_score`` if
     an answer was found but differs; else 0. ``Failure("timeout")`` if parsing or comparing
-    runs over its budget; ``Failure("bad_ground_truth")`` if the reference does not parse."""
-    if ground_truth is None:
-        raise Failure("no_ground_truth", "a math record needs ground_truth")
-    equal, _, pred = judge(solution_str, str(ground_truth),  # some datasets store a bare number
+    runs over its budget; ``Failure("bad_ground_truth")`` if the reference does not parse.
+    ``method="verl"`` is verl's own MATH rule instead (``math_reward``: verl's mode)."""
+    if method == "verl":
+        from streamrl.scorers import math_reward
+
+        return math_reward.compute_score(data_source, solution_str, ground_truth, extra_info)
+    if method != "math_verify":
+        raise ValueError(f"math method must be 'math_verify' or 'verl', got {method!r}")
+    equal, _, pred = judge(solution_str, ground_truth_text(ground_truth, data_source),  # a bare number reads as text
                            parse_timeout_s=parse_timeout_s, verify_timeout_s=verify_timeout_s,
                            max_response_chars=max_response_chars)
     if not pred:

@@ -1,8 +1,12 @@
 """The built-in rule scorers and verl's ``default_compute_score`` over them.
 
 As in verl's ``reward_score`` package, each rule is a small module with verl's scorer signature
-(``gsm8k``, ``math_verify``); this registry says which data sources each serves and where it runs
-by default. The reward stage's table (``streamrl.reward.table``) starts from these entries.
+(``gsm8k``, ``math_verify``, ``math_dapo``, ``geo3k``, ``search_r1``); this registry says which
+data sources each serves and where it runs by default. The reward stage's table
+(``streamrl.reward.table``) starts from these entries; a new family is a module and a row here.
+
+verl's code families (``codecontests``, ``apps``, ``codeforces``, ``taco``) run submitted code and
+belong to the sandbox; ``numina_*`` (verl's prime_math) has no rule yet and is ``unknown_data_source``.
 """
 
 from __future__ import annotations
@@ -24,15 +28,21 @@ class Rule:
     data_sources: tuple[str, ...]
 
 
+#: verl's search-R1 data sources (exact match), as its default_compute_score lists them
+SEARCH_R1_SOURCES = ("searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa",
+                     "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle")
+#: The MATH data sources verl scores with its own MATH rule (math_reward)
+MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+
 RULES: dict[str, Rule] = {
     "gsm8k": Rule("streamrl.scorers.gsm8k:compute_score", "thread", ("gsm8k", "openai/gsm8k")),
     "digits": Rule("streamrl.scorers.digits:compute_score", "thread", ("digits",)),  # streamrl.tasks.digits
-    "math": Rule("streamrl.scorers.math_verify:compute_score", "process",
-                 ("math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval",
-                  "HuggingFaceH4/MATH-500")),
+    "math": Rule("streamrl.scorers.math_verify:compute_score", "process", ("math", *MATH_SOURCES)),
     # a trailing "*" serves every data source with that prefix (verl: data_source.startswith("aime"))
     "math_dapo": Rule("streamrl.scorers.math_dapo:compute_score", "process",
                       ("math_dapo", "math_dapo_reasoning", "aime*")),
+    "geo3k": Rule("streamrl.scorers.geo3k:compute_score", "process", ("hiyouga/geometry3k",)),  # SymPy
+    "search_r1": Rule("streamrl.scorers.search_r1:compute_score", "thread", SEARCH_R1_SOURCES),
 }
 
 
@@ -52,24 +62,40 @@ def serves(pattern: str, data_source: str) -> bool:
 
 
 def verl_compat(scorers: dict[str, Any], spec_type: type) -> dict[str, Any]:
-    """The scorer table with data sources routed as verl's ``default_compute_score`` routes them
-    (``reward.verl_compat: true``), where streamrl's defaults differ:
+    """The scorer table with every data source scored as verl 0.9.1's ``default_compute_score``
+    scores it (``reward.verl_compat: true``), where streamrl's defaults differ:
 
     - ``openai/gsm8k``: verl's gsm8k in its strict mode (``#### N`` only, format score 0), where
-      streamrl's default reads every common answer form;
-    - ``math``: DAPO's scorer (``math_dapo``: ``Answer:`` line, +1/-1, ``acc``), where streamrl's
-      default is the MATH rule.
+      streamrl's default reads every common answer form (entry ``verl_gsm8k``);
+    - ``lighteval/MATH`` and the other MATH data sources: verl's MATH rule (``math_reward``:
+      normalised strings), where streamrl's default is math-verify (entry ``verl_math``);
+    - ``math``: DAPO's scorer, where streamrl's default is the MATH rule; and DAPO's scorer
+      (``math_dapo``, ``aime*``, ``math``) with verl's string comparison (``method: verl``),
+      where streamrl's default adds math-verify's equivalences.
 
-    Entries the config set itself keep their routes except for those two data sources."""
+    ``geo3k`` and ``search_r1`` score as verl in both modes. Entries the config set itself keep
+    their routes except for those data sources, and a ``method`` the config gave is kept."""
     out = dict(scorers)
     if "gsm8k" in out and "openai/gsm8k" in (out["gsm8k"].data_sources or []):
         out["gsm8k"] = _without(out["gsm8k"], "openai/gsm8k")
         out["verl_gsm8k"] = spec_type(type="rule", rule="gsm8k", data_sources=["openai/gsm8k"],
                                       kwargs={"method": "strict", "format_score": 0.0, "score": 1.0})
+    if "math" in out and out["math"].type == "rule":
+        moved = [ds for ds in MATH_SOURCES if ds in (out["math"].data_sources or [])]
+        if moved:
+            for ds in moved:
+                out["math"] = _without(out["math"], ds)
+            out["verl_math"] = spec_type(type="rule", rule="math", data_sources=moved, kwargs={"method": "verl"})
     if "math" in out and "math" in (out["math"].data_sources or []) and "math_dapo" in out:
         out["math"] = _without(out["math"], "math")
         out["math_dapo"] = dataclasses.replace(out["math_dapo"], data_sources=[*(out["math_dapo"].data_sources or []), "math"])
+    if "math_dapo" in out and out["math_dapo"].type == "rule" and "method" not in out["math_dapo"].kwargs:
+        out["math_dapo"] = dataclasses.replace(out["math_dapo"], kwargs={**out["math_dapo"].kwargs, "method": "verl"})
     return out
+
+
+#: The entries ``verl_compat`` adds: default routes, which an entry of the user's may take
+VERL_COMPAT_ENTRIES = {"gsm8k": "verl_gsm8k", "math": "verl_math"}
 
 
 def _without(spec: Any, data_source: str) -> Any:

@@ -17,9 +17,14 @@ from tests.helpers import trajectory
 #: verl's default_compute_score: data source -> the scorer it picks (where streamrl has one)
 VERL_ROUTES = {
     "openai/gsm8k": "verl_gsm8k",  # gsm8k.compute_score, strict
-    "lighteval/MATH": "math", "DigitalLearningGmbH/MATH-lighteval": "math", "HuggingFaceH4/MATH-500": "math",
+    # math_reward.compute_score: verl's own MATH rule
+    "lighteval/MATH": "verl_math", "DigitalLearningGmbH/MATH-lighteval": "verl_math",
+    "HuggingFaceH4/MATH-500": "verl_math",
     "math_dapo": "math_dapo", "math": "math_dapo", "math_dapo_reasoning": "math_dapo",
     "aime24": "math_dapo", "aime_2025": "math_dapo",
+    "hiyouga/geometry3k": "geo3k",
+    **{f"searchR1_{name}": "search_r1" for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa",
+                                                    "musique", "bamboogle")},
 }
 
 
@@ -29,6 +34,9 @@ def test_verl_compat_routes_as_verl_and_the_default_differs_where_readme_says():
     default = build_table(RewardConfig(process_workers=1))
     assert default.lookup("openai/gsm8k").name == "gsm8k" and default.lookup("math").name == "math"
     assert default.lookup("aime2024").name == "math_dapo" and default.lookup("chess") is None
+    assert default.lookup("lighteval/MATH").name == "math" and default.lookup("hiyouga/geometry3k").name == "geo3k"
+    assert compat.lookup("math_dapo").scorer.kwargs["method"] == "verl"
+    assert default.lookup("math_dapo").scorer.kwargs.get("method", "math_verify") == "math_verify"
 
 
 def test_gsm8k_strict_under_verl_compat_and_robust_by_default():
