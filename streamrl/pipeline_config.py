@@ -119,6 +119,7 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     out = Resolution(None)
     merged = OmegaConf.structured(PipelineConfig)
     given: list[tuple[str, Any]] = []
+    file_sets_compat = False
     if path:
         from streamrl.packaged import resolve_config as packaged
 
@@ -126,6 +127,7 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
         try:
             with config_errors(f" in {path}"):
                 raw = OmegaConf.load(path)
+                file_sets_compat = OmegaConf.select(raw, "reward.verl_compat", default=None) is not None
                 for top in _VERL_FILE_SECTIONS:
                     if top in raw:
                         given += _flatten(OmegaConf.to_container(raw.pop(top)), top)
@@ -165,6 +167,7 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
             out.problems.append(str(exc))
     merged = _drop_stale_kwargs(merged, before, rest)
     _derive(merged, out.verl, rest)
+    _verl_scoring(merged, out.verl, rest, file_sets_compat)
     try:
         with config_errors(f" in {path}" if path else ""):
             cfg = OmegaConf.to_object(merged)
@@ -199,6 +202,15 @@ def _greedy_baseline(cfg: PipelineConfig) -> None:
     n = cfg.rollout.group_size or cfg.feed.group_size
     if cfg.rollout.trajectories_per_version and n:
         cfg.rollout.trajectories_per_version += cfg.rollout.trajectories_per_version // n
+
+
+def _verl_scoring(merged: DictConfig, verl: list[KeyOutcome], rest: Sequence[str], file_sets_it: bool) -> None:
+    """A verl launch script (any of verl's keys given) scores verl's data sources as verl does
+    (``reward.verl_compat``, ``streamrl.scorers.rules.verl_compat``), unless the config file or
+    the command line sets ``reward.verl_compat`` itself."""
+    if not verl or file_sets_it or any(o.split("=", 1)[0].strip().lstrip("+") == "reward.verl_compat" for o in rest):
+        return
+    merged.reward.verl_compat = True
 
 
 def _derive(merged: DictConfig, verl: list[KeyOutcome], rest: Sequence[str]) -> None:

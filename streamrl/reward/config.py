@@ -167,8 +167,10 @@ class RewardConfig:
     # reward-model servers this stage launches (streamrl.servers.processes); model entries name
     # one with model.server
     servers: list[ServerConfig] = field(default_factory=list)
-    # Route data sources as verl's default_compute_score does where streamrl's defaults differ
-    # (openai/gsm8k strict, "math" to DAPO's scorer): streamrl.scorers.rules.verl_compat.
+    # Score verl's data sources exactly as verl's default_compute_score does where streamrl's
+    # defaults differ (openai/gsm8k strict, MATH's strings, "math" to DAPO's scorer, DAPO's string
+    # verdict): streamrl.scorers.rules.verl_compat. On by itself under a verl launch script
+    # (verl's keys given) unless set (streamrl.pipeline_config).
     verl_compat: bool = False
 
     def validate(self) -> "RewardConfig":

@@ -220,7 +220,8 @@ def _same(verl: Any, ours: dict) -> bool:
 
 
 def compare(family: Family, mode: str) -> tuple[Counter, list[str], list[tuple[Any, Any, Any]]]:
-    """Counts per outcome (``equal``, ``different``, ``verl raises``, ``kept: REASON``), the
+    """Counts per outcome (``equal``, ``different``, ``refused: REASON``, ``verl raises``,
+    ``kept: REASON``), the
     differences nobody kept on purpose, and every ``(ground truth, verl's, ours)``."""
     counts: Counter = Counter()
     unexplained: list[str] = []
@@ -243,7 +244,7 @@ def compare(family: Family, mode: str) -> tuple[Counter, list[str], list[tuple[A
         if reason is not None:
             counts[f"kept: {reason}"] += 1
         else:
-            counts["different"] += 1
+            counts[f"refused: {ours.reason}" if isinstance(ours, Failure) else "different"] += 1
             if kept is not None:  # verl's mode: every difference must be kept on purpose
                 unexplained.append(f"{response[:60]!r} / {truth!r}: verl {verl!r}, ours {ours!r}")
     return counts, unexplained, seen

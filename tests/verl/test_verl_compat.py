@@ -133,3 +133,39 @@ def test_dapo_overlong_buffer_and_acc():
     assert [o.reward_info["overlong"] for o in out[:3]] == [False, True, True]
     assert out[1].reward_info["overlong_reward"] == -0.5 and out[1].reward_info["acc"] is True
     assert out[3].reason == "no_response_ids"
+
+
+def test_a_verl_launch_script_scores_in_verls_mode_unless_told_otherwise(tmp_path):
+    """verl's keys (a launch script) turn ``reward.verl_compat`` on: its data sources score as in
+    verl; the command line or the config file can still say otherwise."""
+    from streamrl.pipeline_config import resolve_config
+
+    assert resolve_config("local.yaml", []).config().reward.verl_compat is False
+    script = ["trainer.total_training_steps=3", "algorithm.adv_estimator=grpo"]
+    assert resolve_config("local.yaml", script).config().reward.verl_compat is True
+    assert resolve_config("local.yaml", [*script, "reward.verl_compat=false"]).config().reward.verl_compat is False
+    config = tmp_path / "mine.yaml"
+    config.write_text("reward:\n  verl_compat: false\ntrainer:\n  total_training_steps: 3\n")
+    assert resolve_config(str(config), []).config().reward.verl_compat is False
+
+
+def test_verls_families_through_the_stage_in_verls_mode():
+    """Each family's records through the stage's own path in verl's mode: DAPO's box fallback,
+    verl's MATH rule, search-R1's target as the JSON text the feed writes, geo3k; a ground truth
+    verl's MATH rule cannot hold an answer in is a Failure (a dead letter with its reason)."""
+    from streamrl.errors import Failure
+
+    out = score([
+        trajectory(data_source="aime24", response="so it is \\boxed{17}", ground_truth="17"),
+        trajectory(data_source="lighteval/MATH", response="$\\boxed{\\dfrac{1}{2}}$", ground_truth="\\frac12"),
+        trajectory(data_source="lighteval/MATH", response="$\\boxed{0.5}$", ground_truth="\\frac{1}{3}"),
+        trajectory(data_source="searchR1_nq", response="<answer>The Beatles</answer>",
+                   ground_truth='{"target": ["beatles", "the beatles"]}'),
+        trajectory(data_source="hiyouga/geometry3k", response="<think>x</think> \\boxed{3\\sqrt{2}}",
+                   ground_truth="3 \\sqrt{2}"),
+        trajectory(data_source="lighteval/MATH", response="$\\boxed{}$", ground_truth=""),
+    ], {"verl_compat": True, "process_workers": 1})
+    assert [o.reward for o in out[:5]] == [1.0, 1.0, 0.0, 1.0, 1.0]
+    assert out[0].reward_info["acc"] is True and out[0].reward_info["pred"] == "17"
+    assert [o.scorer["name"] for o in out[:5]] == ["math_dapo", "verl_math", "verl_math", "search_r1", "geo3k"]
+    assert isinstance(out[5], Failure) and out[5].reason == "bad_ground_truth"
