@@ -27,7 +27,7 @@ from streamrl.scorers.base import string_ground_truth
 VERSION = "1"
 
 
-class _Unnormalisable(Exception):
+class Unnormalisable(Exception):
     """MATH's normalisation cannot handle the string: the raw strings are compared."""
 
 
@@ -60,7 +60,7 @@ def _frac_args(text: str) -> str:
     for part in rest:
         out.append("\\frac")
         if not part:
-            raise _Unnormalisable("\\frac with nothing after it")
+            raise Unnormalisable("\\frac with nothing after it")
         if part[0] == "{":
             out.append(part)
         elif len(part) < 2:
@@ -91,13 +91,13 @@ def _sqrt_args(text: str) -> str:
     out = [head]
     for part in rest:
         if not part:
-            raise _Unnormalisable("\\sqrt with nothing after it")
+            raise Unnormalisable("\\sqrt with nothing after it")
         out.append("\\sqrt" + (part if part[0] == "{" else "{" + part[0] + "}" + part[1:]))
     return "".join(out)
 
 
 def strip(text: str) -> str:
-    """MATH's normalisation (the module docstring); ``_Unnormalisable`` where verl's raises."""
+    """MATH's normalisation (the module docstring); ``Unnormalisable`` where verl's raises."""
     text = text.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     text = text.replace("tfrac", "frac").replace("dfrac", "frac")
     text = text.replace("\\left", "").replace("\\right", "")
@@ -105,7 +105,7 @@ def strip(text: str) -> str:
     if "\\text{ " in text:  # a unit on the right
         parts = text.split("\\text{ ")
         if len(parts) != 2:
-            raise _Unnormalisable("more than one \\text{ unit")
+            raise Unnormalisable("more than one \\text{ unit")
         text = parts[0]
     text = text.replace("\\\\%", "").replace("\\%", "")
     text = text.replace(" .", " 0.").replace("{.", "{0.")
@@ -127,7 +127,7 @@ def equivalent(answer: str, ground_truth: str) -> bool:
     """MATH's string equivalence, as verl's ``is_equiv``."""
     try:
         return strip(answer) == strip(ground_truth)
-    except _Unnormalisable:
+    except Unnormalisable:
         return answer == ground_truth
 
 
@@ -137,7 +137,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
     truth = string_ground_truth(ground_truth, data_source, "math_reward")
     try:
         empty = strip(truth) == ""
-    except _Unnormalisable:
+    except Unnormalisable:
         empty = False
     if empty:
         raise Failure("bad_ground_truth", f"data_source {data_source!r}: the ground truth {truth[:80]!r} holds no "

@@ -1,12 +1,12 @@
 """The built-in rule scorers and verl's ``default_compute_score`` over them.
 
 As in verl's ``reward_score`` package, each rule is a small module with verl's scorer signature
-(``gsm8k``, ``math_verify``, ``math_dapo``, ``geo3k``, ``search_r1``); this registry says which
+(``gsm8k``, ``math_verify``, ``math_dapo``, ``geo3k``, ``search_r1``, ``prime_math``); this registry says which
 data sources each serves and where it runs by default. The reward stage's table
 (``streamrl.reward.table``) starts from these entries; a new family is a module and a row here.
 
 verl's code families (``codecontests``, ``apps``, ``codeforces``, ``taco``) run submitted code and
-belong to the sandbox; ``numina_*`` (verl's prime_math) has no rule yet and is ``unknown_data_source``.
+belong to the sandbox.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ class Rule:
 #: verl's search-R1 data sources (exact match), as its default_compute_score lists them
 SEARCH_R1_SOURCES = ("searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa",
                      "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle")
+#: verl's NuminaMath data sources (PRIME's math grader)
+NUMINA_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
+                  "numina_cn_k12", "numina_olympiads")
 #: The MATH data sources verl scores with its own MATH rule (math_reward)
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 
@@ -43,6 +46,7 @@ RULES: dict[str, Rule] = {
                       ("math_dapo", "math_dapo_reasoning", "aime*")),
     "geo3k": Rule("streamrl.scorers.geo3k:compute_score", "process", ("hiyouga/geometry3k",)),  # SymPy
     "search_r1": Rule("streamrl.scorers.search_r1:compute_score", "thread", SEARCH_R1_SOURCES),
+    "prime_math": Rule("streamrl.scorers.prime_math:compute_score", "process", NUMINA_SOURCES),  # SymPy
 }
 
 
@@ -73,7 +77,7 @@ def verl_compat(scorers: dict[str, Any], spec_type: type) -> dict[str, Any]:
       (``math_dapo``, ``aime*``, ``math``) with verl's string comparison (``method: verl``),
       where streamrl's default adds math-verify's equivalences.
 
-    ``geo3k`` and ``search_r1`` score as verl in both modes. Entries the config set itself keep
+    ``geo3k``, ``search_r1`` and ``prime_math`` score as verl in both modes. Entries the config set itself keep
     their routes except for those data sources, and a ``method`` the config gave is kept."""
     out = dict(scorers)
     if "gsm8k" in out and "openai/gsm8k" in (out["gsm8k"].data_sources or []):

@@ -16,7 +16,9 @@ the table.
 
 from __future__ import annotations
 
+import importlib
 import random
+import sys
 import types
 from collections import Counter
 from dataclasses import dataclass
@@ -27,8 +29,8 @@ import pytest
 from streamrl.errors import Failure
 from streamrl.reward.config import RewardConfig
 from streamrl.reward.table import build_table
-from streamrl.scorers import geo3k, gsm8k, math_dapo, math_reward, math_verify, search_r1
-from streamrl.scorers.rules import MATH_SOURCES, SEARCH_R1_SOURCES
+from streamrl.scorers import geo3k, gsm8k, math_dapo, math_reward, math_verify, prime_math, search_r1
+from streamrl.scorers.rules import MATH_SOURCES, NUMINA_SOURCES, SEARCH_R1_SOURCES
 from tests.scorers.math_pairs import _load, _verl_dir
 
 VERL = _verl_dir()
@@ -103,6 +105,53 @@ def _quiet_search_r1() -> types.ModuleType:
     return module
 
 
+def _verl_prime_math() -> types.ModuleType:
+    """verl's ``prime_math`` package imports ``verl.utils.py_functional`` (its time limit), whose
+    ``verl`` package would import Ray and torch: the packages above it are put in ``sys.modules``
+    as bare namespaces while it loads, and ``sys.modules`` is put back afterwards."""
+    assert VERL is not None
+    saved = {k: v for k, v in sys.modules.items() if k == "verl" or k.startswith("verl.")}
+    try:
+        for name, path in (("verl", VERL.parent.parent), ("verl.utils", VERL.parent),
+                           ("verl.utils.reward_score", VERL)):
+            package = types.ModuleType(name)
+            package.__path__ = [str(path)]
+            sys.modules[name] = package
+        module = importlib.import_module("verl.utils.reward_score.prime_math")
+        # each SymPy comparison in a child process of its own (verl's time limit) costs a fork per
+        # call: the comparison itself is called here, as math_pairs calls verl's math_verify
+        module.are_equal_under_sympy = module.are_equal_under_sympy.__wrapped__
+        return module
+    finally:
+        for name in [k for k in sys.modules if k == "verl" or k.startswith("verl.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def _prime_cases() -> list[tuple[str, Any]]:
+    """PRIME's shapes: its answer markers, ``$`` / ``%`` / bases / ``\\pi``, intervals and
+    ``Interval(...)``, ``Point``, matrices, unreduced fractions, mixed numbers, millions, SymPy's
+    equalities, percent readings, and the odd types."""
+    pairs = [("2\\pi", "2\\pi"), ("6.28", "2\\pi"), ("6.283", "2\\pi"), ("\\frac{\\pi}{2}", "\\frac{\\pi}{2}"),
+             ("$5", "5"), ("$5.50", "5.5"), ("50%", "50"), ("50\\%", "0.5"), ("5_8", "5"), ("x_1", "5"),
+             ("Interval(0, 1)", "[0, 1]"), ("Interval.open(0, 1)", "(0,1)"), ("Interval.Ropen(0, 1)", "[0,1)"),
+             ("[0, 1]", "[0,1]"), ("(0, 1]", "(0,1]"), ("(1, 2)", "(1,2)"), ("Point(1, 2)", "(1, 2)"),
+             ("Point(1, 3)", "(1, 2)"), ("Matrix([[1], [2]])", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),
+             ("[[1],[2]]", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"), ("[a]", "\\begin{pmatrix} 1 \\end{pmatrix}"),
+             ("2/4", "1/2"), ("1/2", "1/2"), ("0.5", "\\frac{1}{2}"), ("7 3/4", "7.75"), ("1,000", "1000"),
+             ("10 million", "10000000"), ("\\text{5 cm}", "5"), ("3 and 4", "3, 4"), ("x^2 + 2x", "x(x+2)"),
+             ("\\sqrt{8}", "2\\sqrt{2}"), ("1", "100"), ("100", "1"), ("2x+1", "1+2x"), ("\\infty", "\\infty"),
+             ("9^9^9", "1"), ("2^{10}", "1024"), ("1e400", "inf"), ("nan", "nan"), ("\\{1,2\\}", "\\{2,1\\}"),
+             ("-3", "- 3"), ("\\dfrac{3}{4}", "0.75"), ("30^\\circ", "30"), ("x=5", "5"), ("A", "a"), ("", "5")]
+    out = []
+    for given, truth in pairs:
+        for response in (f"The answer is {given}", f"Step 1: ...\nStep 2: so \\boxed{{{given}}}.",
+                         f"We get {given}. Done", f"{given} is the answer", f"answer: {given}\nbecause x = 3",
+                         f"so x = \\boxed{{{given}}}", given):
+            out.append((response, truth))
+    return out + _sample(cases(5, 1), 150, seed=5)
+
+
 def _not_string(response: str, truth: Any, verl: Any, ours: Any) -> bool:
     return not isinstance(truth, str)
 
@@ -113,6 +162,7 @@ def _families() -> list[Family]:
     v_dapo = _verl_module("math_dapo")
     v_geo = _verl_module("geo3k")
     v_search = _quiet_search_r1()
+    v_prime = _verl_prime_math()
 
     def solution_truth(response: str, truth: Any, verl: Any, ours: Any) -> bool:
         # a whole GSM8K solution as ground truth is read to its "#### N" number (verl_ground_truth)
@@ -151,6 +201,11 @@ def _families() -> list[Family]:
                {"verl": lambda r, t: geo3k.compute_score("hiyouga/geometry3k", r, t)},
                _sample(cases(4, 1), 400, seed=4),
                {"verl": {"null ground truth (verl: format score only)": lambda r, t, v, o: t is None}}),
+        Family("prime_math", "numina_olympiads", lambda r, t: v_prime.compute_score(r, t)[0],
+               {"verl": lambda r, t: prime_math.compute_score("numina_olympiads", r, t)},
+               _prime_cases(),
+               {"verl": {"null or a non-answer type (verl: its Python str())": lambda r, t, v, o: isinstance(o, Failure)
+                         and (t is None or isinstance(t, (bool, list, dict)))}}),
         Family("search_r1", "searchR1_nq", v_search.compute_score,
                {"verl": lambda r, t: search_r1.compute_score("searchR1_nq", r, t)},
                _search_cases(),
@@ -256,7 +311,7 @@ def default_cases(family: Family) -> list[tuple[str, Any]]:
     return _sample(family.cases, DEFAULT_SAMPLE, seed=len(family.name))
 
 
-DEFAULT_SAMPLE = 400
+DEFAULT_SAMPLE = 250
 FAMILIES = _families() if VERL is not None else []
 
 
@@ -310,7 +365,8 @@ ALL_ODD = ODD_TRUTHS + [float("nan"), float("inf"), 10 ** 5000, object()]
     lambda t: math_dapo.compute_score("aime24", "Answer: 42", t, method="verl"),
     lambda t: geo3k.compute_score("hiyouga/geometry3k", "\\boxed{42}", t),
     lambda t: search_r1.compute_score("searchR1_nq", "<answer>42</answer>", t),
-], ids=["gsm8k", "gsm8k-verl", "math", "math-verl", "dapo", "dapo-verl", "geo3k", "search_r1"])
+    lambda t: prime_math.compute_score("numina_cn_k12", "The answer is 42", t),
+], ids=["gsm8k", "gsm8k-verl", "math", "math-verl", "dapo", "dapo-verl", "geo3k", "search_r1", "prime_math"])
 def test_no_ground_truth_makes_a_scorer_raise_anything_but_a_failure(scorer: Callable[[Any], dict], truth: Any):
     try:
         out = scorer(truth)
@@ -336,7 +392,7 @@ def test_the_verl_mode_table_scores_each_family_as_verl():
     default = build_table(RewardConfig(process_workers=1))
     for ds in MATH_SOURCES:
         assert compat.lookup(ds).scorer.kwargs == {"method": "verl"} and default.lookup(ds).name == "math"
-    for ds in (*SEARCH_R1_SOURCES, "hiyouga/geometry3k"):
+    for ds in (*SEARCH_R1_SOURCES, *NUMINA_SOURCES, "hiyouga/geometry3k"):
         assert compat.lookup(ds).name == default.lookup(ds).name
     for ds in ("math", "aime2025", "math_dapo_reasoning"):
         assert compat.lookup(ds).name == "math_dapo" and compat.lookup(ds).scorer.kwargs["method"] == "verl"

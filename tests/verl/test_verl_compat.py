@@ -23,6 +23,8 @@ VERL_ROUTES = {
     "math_dapo": "math_dapo", "math": "math_dapo", "math_dapo_reasoning": "math_dapo",
     "aime24": "math_dapo", "aime_2025": "math_dapo",
     "hiyouga/geometry3k": "geo3k",
+    **{f"numina_{name}": "prime_math" for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc",
+                                                   "cn_k12", "olympiads")},
     **{f"searchR1_{name}": "search_r1" for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa",
                                                     "musique", "bamboogle")},
 }
