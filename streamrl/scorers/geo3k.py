@@ -14,10 +14,15 @@ record's error (``base.ground_truth_text``), where verl scores such a record on 
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from streamrl.scorers.base import ground_truth_text
+
+#: pylatexenc warns on every macro it cannot write as text (``\\frac`` with a missing argument):
+#: model output is full of them, and the text is used as it came out either way
+logging.getLogger("pylatexenc").setLevel(logging.ERROR)
 
 VERSION = "1"
 _FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)

@@ -38,12 +38,17 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import logging
 import re
 from typing import Any
 
 from streamrl.errors import Failure
 from streamrl.scorers import math_reward
 from streamrl.scorers.base import ScoreError
+
+#: pylatexenc warns on every macro it cannot write as text (``\\frac`` with a missing argument):
+#: model output is full of them, and the text is used as it came out either way
+logging.getLogger("pylatexenc").setLevel(logging.ERROR)
 
 VERSION = "1"
 SYMPY_TIMEOUT_S = 10.0  # verl's per comparison

@@ -247,3 +247,24 @@ def test_example_config_loads():
     cfg.rollout.validate()
     assert cfg.feed.prompt_template == FeedConfig().prompt_template
     assert cfg.feed.group_size == 4 and cfg.rollout.backend == "transformers"
+
+
+def test_a_verl_rows_structured_ground_truth_reaches_its_scorer(tmp_path):
+    """verl's search-R1 rows carry ``{"target": [...]}`` (a parquet struct of a string list), others
+    an integer: the record's text ground truth is JSON / the number's text, never a Python repr,
+    and search-R1's scorer reads it back."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamrl.scorers import search_r1
+
+    rows = [{"data_source": "searchR1_nq", "prompt": [{"role": "user", "content": "capital of France?"}],
+             "reward_model": {"style": "rule", "ground_truth": {"target": ["Paris", "City of Light"]}}},
+            {"data_source": "aime24", "prompt": [{"role": "user", "content": "2+2?"}],
+             "reward_model": {"style": "rule", "ground_truth": 4}}]
+    for i, row in enumerate(rows):  # one file each: parquet wants one type per column
+        pq.write_table(pa.Table.from_pylist([row]), tmp_path / f"{i}.parquet")
+    (search,) = build_prompts(FeedConfig(dataset=str(tmp_path / "0.parquet"), shuffle=False))
+    (aime,) = build_prompts(FeedConfig(dataset=str(tmp_path / "1.parquet"), shuffle=False))
+    assert json.loads(search.ground_truth) == {"target": ["Paris", "City of Light"]} and aime.ground_truth == "4"
+    assert search_r1.compute_score("searchR1_nq", "<answer>city of light</answer>", search.ground_truth)["score"] == 1.0
