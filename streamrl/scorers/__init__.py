@@ -1,6 +1,8 @@
 """Scorers: one small module per kind, each with verl's scorer signature (docs/contracts.md).
 
-- ``rules``: the built-in rules (``gsm8k``, ``math``) and verl's ``default_compute_score``;
+- ``rules``: the built-in rules, one module per family of verl's ``default_compute_score``
+  (``gsm8k``, ``math_verify`` / ``math_reward``, ``math_dapo``, ``geo3k``, ``search_r1``,
+  ``prime_math``), and ``default_compute_score`` over them;
 - ``loader``: user functions (``file.py:name`` / ``module:name``), run inline, in threads or in
   worker processes with a timeout;
 - ``judge`` (+ ``router``, ``ratelimit``): an LLM judge over the OpenAI chat API;

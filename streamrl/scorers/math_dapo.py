@@ -127,10 +127,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
 
 
 def _math_verify_equal(data_source: str, solution_str: str, truth: str, extra_info: Any, **kwargs: Any) -> bool:
-    """The MATH rule on the answer as written (the ``Answer:`` line, else the fallback box)."""
-    tail = solution_str[-TAIL_CHARS:]
-    lines = _ANSWER_LINE.findall(tail)
-    written = lines[-1].strip().rstrip(".") if lines else last_box(tail[-BOX_TAIL_CHARS:])
+    """The MATH rule on the answer as written: the ``Answer:`` line verl read, or the fallback box."""
+    pred, boxed = read_answer(solution_str)
+    lines = _ANSWER_LINE.findall(solution_str[-TAIL_CHARS:])
+    written = pred if boxed else lines[-1].strip().rstrip(".") if lines else ""
     if not written:
         return False
     try:
