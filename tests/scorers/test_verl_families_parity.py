@@ -16,8 +16,10 @@ the table.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import random
+import re
 import sys
 import types
 from collections import Counter
@@ -317,13 +319,22 @@ def default_cases(family: Family) -> list[tuple[str, Any]]:
 
 
 DEFAULT_SAMPLE = 250
-FAMILIES = _families() if VERL is not None else []
+#: the families, and those with a streamrl default of their own (the others have one mode)
+NAMES = ("gsm8k", "math_reward", "math_dapo", "geo3k", "prime_math", "search_r1")
+TWO_MODES = ("gsm8k", "math_reward", "math_dapo")
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
-def test_verl_mode_equals_verl_wherever_verl_answers(family: Family, capsys: pytest.CaptureFixture[str],
+@functools.lru_cache(maxsize=1)
+def _all_families() -> dict[str, Family]:
+    """Built on first use, not at collection: every xdist worker collects this file."""
+    return {f.name: f for f in _families()}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_verl_mode_equals_verl_wherever_verl_answers(name: str, capsys: pytest.CaptureFixture[str],
                                                      monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(prime_math, "SYMPY_TIMEOUT_S", 300.0)  # verl's, as called here, has none (PATIENT)
+    family = _all_families()[name]
     counts, unexplained, _ = compare(family, "verl")
     with capsys.disabled():
         print(f"\n{family.name} ({family.data_source}) verl mode: {dict(counts)}")
@@ -332,8 +343,10 @@ def test_verl_mode_equals_verl_wherever_verl_answers(family: Family, capsys: pyt
     assert counts["equal"] >= 0.6 * (len(family.cases) - counts["verl raises"])
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if "default" in f.ours], ids=lambda f: f.name)
-def test_default_mode_differences_are_counted_and_bounded(family: Family, capsys: pytest.CaptureFixture[str]):
+@pytest.mark.parametrize("name", TWO_MODES)
+def test_default_mode_differences_are_counted_and_bounded(name: str, capsys: pytest.CaptureFixture[str]):
+    family = _all_families()[name]
+    assert "default" in family.ours
     counts, _, seen = compare(family, "default")
     with capsys.disabled():
         print(f"\n{family.name} ({family.data_source}) streamrl default: {dict(counts)}")
@@ -403,3 +416,23 @@ def test_the_verl_mode_table_scores_each_family_as_verl():
         assert compat.lookup(ds).name == default.lookup(ds).name
     for ds in ("math", "aime2025", "math_dapo_reasoning"):
         assert compat.lookup(ds).name == "math_dapo" and compat.lookup(ds).scorer.kwargs["method"] == "verl"
+
+
+def test_every_non_code_data_source_verl_routes_has_a_rule_here():
+    """Read from verl's own ``default_compute_score``: every data source it names (and the
+    ``aime`` prefix) is routed to a built-in rule in both modes, except the code families, and the
+    families tested above are the ones those rules are."""
+    assert VERL is not None
+    source = (VERL / "__init__.py").read_text()
+    body = source[source.index("def default_compute_score"):source.index("@deprecated")]
+    named = set(re.findall(r'"([A-Za-z0-9_/\-.]+)"', body.split('"""')[2]))  # past the docstring
+    code = {"codecontests", "apps", "codeforces", "taco"}
+    assert code <= named and {"openai/gsm8k", "hiyouga/geometry3k", "numina_olympiads", "searchR1_nq"} <= named
+    assert 'startswith("aime")' in body
+    tables = [build_table(RewardConfig(process_workers=1)), build_table(RewardConfig(verl_compat=True, process_workers=1))]
+    for table in tables:
+        for ds in sorted(named - code - {"aime"}) + ["aime24", "aime_2025"]:
+            entry = table.lookup(ds)
+            assert entry is not None, ds
+        assert {table.lookup(ds) for ds in code} == {None}  # the sandbox's
+    assert set(NAMES) == {"gsm8k", "math_reward", "math_dapo", "geo3k", "prime_math", "search_r1"}
