@@ -298,13 +298,17 @@ def _evaluate(text: str) -> Any:
             return _UNARY[type(node.op)](value(node.operand))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = value(node.left), value(node.right)
-            if isinstance(node.op, (ast.Pow, ast.LShift)) and isinstance(left, int) and isinstance(right, int) \
-                    and right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > _MAX_INT_BITS:
+            if isinstance(left, int) and isinstance(right, int) and right > 0 and (
+                    isinstance(node.op, ast.Pow) and abs(left) > 1 and right * abs(left).bit_length() > _MAX_INT_BITS
+                    or isinstance(node.op, ast.LShift) and left != 0 and right > _MAX_INT_BITS):
                 raise ValueError("too large")
             if isinstance(node.op, ast.Mult) and isinstance(right, int) and isinstance(left, (str, list, tuple)) \
                     or isinstance(node.op, ast.Mult) and isinstance(left, int) and isinstance(right, (str, list, tuple)):
                 raise ValueError("sequence repetition")
-            return _BINARY[type(node.op)](left, right)
+            result = _BINARY[type(node.op)](left, right)
+            if isinstance(result, int) and result.bit_length() > 64 * _MAX_INT_BITS:
+                raise ValueError("too large")  # products of products: bounded all the same
+            return result
         raise ValueError(f"{type(node).__name__} is not evaluated")
 
     try:

@@ -436,3 +436,21 @@ def test_every_non_code_data_source_verl_routes_has_a_rule_here():
             assert entry is not None, ds
         assert {table.lookup(ds) for ds in code} == {None}  # the sandbox's
     assert set(NAMES) == {"gsm8k", "math_reward", "math_dapo", "geo3k", "prime_math", "search_r1"}
+
+
+def test_prime_math_never_runs_what_a_response_wrote(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    r"""verl's prime_math hands an answer with ``\pi`` to Python's ``eval`` (and a ``Matrix(...)``
+    or ``[[...]]`` against a matrix to ``parse_expr`` / ``eval``): the first answer writes the file
+    in verl 0.9.1 (tried by hand; the others reach its other two calls). Here they are text that is
+    not evaluable, graded wrong, and nothing runs."""
+    monkeypatch.chdir(tmp_path)  # a relative name: verl reads a text with "_" as a base (5_8) first
+    payloads = ["\\boxed{open('ran','w').write('x')*\\pi}",
+                "\\boxed{Matrix([open('ran','w').write('x')])}",
+                "\\boxed{[open('ran','w').write('x')]}",
+                "\\boxed{Matrix([__import__('os').system('touch ran')])}"]
+    truths = ["2\\pi", "\\begin{pmatrix} 1 \\end{pmatrix}", "\\begin{pmatrix} 1 \\end{pmatrix}",
+              "\\begin{pmatrix} 1 \\end{pmatrix}"]
+    for response, truth in zip(payloads, truths):
+        assert prime_math.compute_score("numina_olympiads", response, truth)["score"] == 0.0
+    assert not (tmp_path / "ran").exists()
+    assert prime_math.compute_score("numina_olympiads", "\\boxed{2\\pi}", "6.2832")["score"] == 1.0  # arithmetic still is
