@@ -28,7 +28,7 @@ from streamrl.errors import ConfigError
 from streamrl.scorers.rules import RULES
 from streamrl.servers.processes import ServerConfig
 
-SCORER_TYPES = ("rule", "function", "class", "judge", "model", "hybrid")
+SCORER_TYPES = ("rule", "function", "class", "judge", "model", "hybrid", "manager")
 EXECUTORS = ("auto", "inline", "thread", "process")
 
 
@@ -81,6 +81,10 @@ class ScorerSpec:
     parts: dict[str, float] = field(default_factory=dict)  # type hybrid: scorer name -> weight
     judge: dict[str, Any] = field(default_factory=dict)  # type judge: JudgeConfig fields
     model: dict[str, Any] = field(default_factory=dict)  # type model: ModelScorerConfig fields
+    # type manager: a verl reward manager class (streamrl.reward.managers.ManagerSpec fields);
+    # path is then the custom reward function it scores with (none: default_compute_score), kwargs
+    # that function's reward_kwargs
+    manager: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -194,7 +198,11 @@ class RewardConfig:
 # streamrl reads them with verl's meaning and turns them into scorer-table entries
 # (``apply_verl_keys``), so there is one table and one routing rule either way.
 
-REWARD_MANAGERS = ("naive", "batch", "dapo", "prime")
+#: verl's managers built in here: 0.9.1's reward loop registers naive, dapo, gdpo, remote and
+#: rate_limited; its legacy workers batch and prime. Any other name is a class of the user's
+#: (``streamrl.reward.managers``).
+REWARD_MANAGERS = ("naive", "batch", "dapo", "prime", "gdpo", "remote", "rate_limited")
+MANAGER_SOURCES = ("register", "importlib")
 #: The entry ``custom_reward_function`` becomes in ``reward.scorers``.
 CUSTOM_ENTRY = "custom_reward_function"
 #: verl's prime reward manager scores in a process pool, 300 s per record, and scores 0 whatever
@@ -221,11 +229,17 @@ class RewardModelConfig:
     arguments (batch), ``max_resp_len`` and ``overlong_buffer_cfg`` (dapo)."""
 
     enable: bool = False  # verl's model-based reward: here a reward.scorers entry of type model
-    reward_manager: str = "naive"  # naive | batch | dapo | prime
+    # a built-in (REWARD_MANAGERS), a name a module registered, or with source importlib the
+    # class's name in reward_manager_module
+    reward_manager: str = "naive"
+    reward_manager_source: str = "register"  # register | importlib (verl's reward.reward_manager.source)
+    reward_manager_module: str = ""  # verl's reward_manager.module.path: the file or module of the class
+    reward_manager_class: str = ""  # verl's reward_manager.module.name (importlib: tried after reward_manager)
     reward_kwargs: dict[str, Any] = field(default_factory=dict)  # what the reward manager takes (above)
 
 
-def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig) -> None:
+def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig,
+                    policy: str = "tiny", experiment: str = "") -> None:
     """Fold verl's keys into ``reward.scorers`` (in place), with verl's meaning:
 
     - ``custom_reward_function.path`` / ``.name``: an entry ``custom_reward_function`` serving
@@ -238,11 +252,24 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
       buffer from ``reward_model.reward_kwargs``; ``prime`` worker processes, 300 s per record,
       a failure scores 0.
 
+    - any other manager (a name the user's module registers, or ``reward_manager_source:
+      importlib``): an entry of ``type: manager`` serving ``*`` (``streamrl.reward.managers``),
+      its class built once per member and scoring every record with ``run_single``, as verl's
+      reward loop does; it reads ``reward_kwargs`` from its config itself.
+
+    ``policy`` is the policy's tokenizer (a manager decodes token ids with it), ``experiment`` the
+    run's name (verl's ``trainer.experiment_name``, which gdpo-style managers read).
     A bad value is a ``ConfigError`` naming the verl key."""
     manager, extra = rm.reward_manager, dict(rm.reward_kwargs)
-    if manager not in REWARD_MANAGERS:
-        raise ConfigError(f"config field 'reward_model.reward_manager': {manager!r} is not one of "
-                          f"{REWARD_MANAGERS}")
+    if rm.reward_manager_source not in MANAGER_SOURCES:
+        raise ConfigError(f"config field 'reward_model.reward_manager_source': {rm.reward_manager_source!r} is "
+                          f"not one of {MANAGER_SOURCES}")
+    if rm.reward_manager_source == "importlib" or manager not in REWARD_MANAGERS:
+        if rm.enable:
+            raise ConfigError("config field 'reward_model.enable': a reward model is a reward.scorers entry "
+                              "here (type: model, see configs/reward.example.yaml)")
+        _user_manager(reward, crf, rm, policy, experiment)
+        return
     if rm.enable:
         raise ConfigError("config field 'reward_model.enable': a reward model is a reward.scorers entry "
                           "here (type: model, see configs/reward.example.yaml)")
@@ -279,7 +306,11 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
         if manager == "prime":
             return dataclasses.replace(spec, executor="process", timeout_s=300.0,
                                        fallbacks={**dict.fromkeys(PRIME_FALLBACK_REASONS, 0.0), **spec.fallbacks})
-        return spec
+        if manager == "remote":  # verl: each call in a worker process (Ray actors); a sync function only
+            return dataclasses.replace(spec, executor="process")
+        if manager == "rate_limited":  # verl: naive's call under rate limits (none unless +reward.max_rpm, ...), 300 s
+            return dataclasses.replace(spec, timeout_s=300.0)
+        return spec  # naive; gdpo (naive's call; verl also writes trainer.experiment_name into extra_info)
 
     if crf.path:
         reward.scorers[CUSTOM_ENTRY] = shaped(ScorerSpec(
@@ -288,7 +319,7 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
     elif manager == "batch":
         raise ConfigError("config field 'reward_model.reward_manager': batch needs a batch function in "
                           "custom_reward_function.path (verl's default_compute_score scores one record)")
-    elif manager != "naive":
+    elif manager not in ("naive", "gdpo"):
         _, defaults = routes(reward.scorers)
         for name in defaults:
             reward.scorers[name] = shaped(reward.scorers[name])
@@ -302,3 +333,26 @@ def _reference(path: str, name: str) -> str:
     if path.startswith("pkg://"):
         return f"{path[len('pkg://'):].replace('/', '.')}:{name}"
     return f"{path.removeprefix('file://')}:{name}"
+
+
+def _user_manager(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig, policy: str,
+                  experiment: str) -> None:
+    """A manager class of the user's: one ``type: manager`` entry serving ``*`` (named
+    ``custom_reward_function`` when that function is given, as it is what scores, else
+    ``reward_manager``), with verl's config as its manager reads it."""
+    module = {"path": rm.reward_manager_module or None, "name": rm.reward_manager_class or "custom_reward_manager"}
+    config = {
+        "reward": {"reward_kwargs": dict(rm.reward_kwargs), "num_workers": 1,
+                   "reward_manager": {"source": rm.reward_manager_source, "name": rm.reward_manager, "module": module},
+                   "custom_reward_function": {"path": crf.path, "name": crf.name,
+                                              "reward_kwargs": dict(crf.reward_kwargs)},
+                   "reward_model": {"enable": rm.enable, "model_path": None},
+                   "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024}},
+        "trainer": {"experiment_name": experiment},
+        "actor_rollout_ref": {"model": {"path": policy, "tokenizer_path": None}},
+    }
+    manager = {"name": rm.reward_manager, "source": rm.reward_manager_source, "module_path": rm.reward_manager_module,
+               "class_name": rm.reward_manager_class, "tokenizer": policy, "config": config}
+    name = CUSTOM_ENTRY if crf.path else "reward_manager"
+    reward.scorers[name] = ScorerSpec(type="manager", path=_reference(crf.path, crf.name) if crf.path else "",
+                                      kwargs=dict(crf.reward_kwargs), data_sources=["*"], manager=manager)

@@ -88,14 +88,19 @@ class ScorerTable:
     async def start(self) -> None:
         if self.servers is not None:  # up and healthy before the scorers that call them start
             await self.servers.start()
+        managers = [e for e in self.entries.values() if getattr(e.scorer, "wants_record", False)]
         for entry in self.entries.values():
-            await entry.scorer.start()
+            if entry not in managers:
+                await entry.scorer.start()
         address = await self._router_address()
         if address:
             from streamrl.scorers.loader import FunctionScorer
             for entry in self.entries.values():
                 if isinstance(entry.scorer, FunctionScorer):
                     entry.scorer.available["reward_router_address"] = address
+        for entry in managers:  # a reward manager is built with the router's address (verl's signature)
+            entry.scorer.reward_router_address = address or None
+            await entry.scorer.start()
 
     async def _router_address(self) -> str:
         if not self.reward_router:
@@ -197,6 +202,8 @@ def _build_scorer(name: str, spec: ScorerSpec, available: dict[str, Any], runner
     where = f"config field 'reward.scorers.{name}"
     if spec.type == "class":
         return _build_class(name, spec, available, threads)
+    if spec.type == "manager":
+        return _build_manager(name, spec, available)
     if spec.type == "function" and spec.batch:
         if spec.batch_size < 1:
             raise ConfigError(f"{where}.batch_size': must be at least 1")
@@ -245,6 +252,26 @@ def _build_class(name: str, spec: ScorerSpec, available: dict[str, Any], threads
                             timeout_s=spec.timeout_s, available=available, version=spec.version,
                             threads=threads, fn=instance.compute_score)
     return scorer
+
+
+def _build_manager(name: str, spec: ScorerSpec, available: dict[str, Any]) -> Any:
+    """A verl reward manager (``streamrl.reward.managers``): the custom reward function loaded
+    first (its module may register the manager, as in verl), with its ``kwargs`` bound."""
+    from streamrl.reward.managers import ManagerScorer, ManagerSpec, bind_reward_kwargs, resolve_manager_cls
+    from streamrl.scorers.loader import load_function
+    from streamrl.scorers.rules import default_compute_score
+
+    section = f"reward.scorers.{name}.manager"
+    mspec = load_section(ManagerSpec, spec.manager, section)
+    compute = default_compute_score
+    if spec.path:
+        try:
+            compute = bind_reward_kwargs(load_function(spec.path), dict(spec.kwargs))
+        except ConfigError as exc:
+            raise ConfigError(f"config field 'reward.scorers.{name}.path': {exc}") from None
+    cls = resolve_manager_cls(mspec, section)
+    return ManagerScorer(cls, mspec, name=name, compute_score=compute,
+                         reward_model_tokenizer=available.get("reward_model_tokenizer"), version=spec.version)
 
 
 def _post_process(scorer: Any) -> Any:

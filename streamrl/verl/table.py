@@ -59,6 +59,17 @@ def _critic_dynamic(value: Any, given: Given) -> dict[str, Any]:
     return {"learner.critic.max_tokens_per_micro_batch": _int(given.get("critic.ppo_max_token_len_per_gpu", 32768))}
 
 
+def _reward_workers(value: Any, given: Given) -> dict[str, Any]:
+    """verl's reward-loop workers (reward.num_workers, legacy reward_model.num_workers): the
+    reward group's members; null (the legacy default) sets nothing."""
+    if value is None:
+        return {}
+    n = _int(value, "an integer >= 1")
+    if n < 1:
+        raise ValueError(f"an integer >= 1 (got {value!r})")
+    return {"run.reward_members": n}
+
+
 VERL_TABLE: tuple[Row, ...] = (
     # -- algorithm ---------------------------------------------------------------------------------
     mapped("algorithm.adv_estimator", "learner.adv_estimator", read=_adv_estimator,
@@ -221,15 +232,20 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped("reward.custom_reward_function.path", "custom_reward_function.path"),
     mapped("reward.custom_reward_function.name", "custom_reward_function.name"),
     mapped("reward.custom_reward_function.reward_kwargs.*", "custom_reward_function.reward_kwargs"),
-    mapped("reward.reward_manager.name", "reward_model.reward_manager"),
-    ignored("reward.reward_manager.source", "where verl finds its reward manager"),
+    mapped("reward.reward_manager.name", "reward_model.reward_manager",
+           note="a built-in (naive, batch, dapo, prime, gdpo, remote, rate_limited), a manager your module registers "
+                "(verl's register, or streamrl.reward.managers.register), or with source importlib the class's name"),
+    mapped("reward.reward_manager.source", "reward_model.reward_manager_source", note="register or importlib"),
+    mapped("reward.reward_manager.module.path", "reward_model.reward_manager_module",
+           note="the file or module of your manager class (importlib; register: imported first)"),
+    mapped("reward.reward_manager.module.name", "reward_model.reward_manager_class",
+           note="importlib: tried after reward_manager.name (the name verl 0.9.1 loads)"),
     mapped("reward.reward_kwargs.*", "reward_model.reward_kwargs"),
     mapped("reward.reward_model.enable", "reward_model.enable"),
     ignored("reward.reward_model.*", REWARD_MODEL),
-    ignored("reward.num_workers", "verl's reward workers: the reward stage's consumer group scales here"),
-    refused("reward.reward_manager.module.path", "a reward manager class of your own (reward_manager.source "
-                                                 "importlib): the managers are naive, batch, dapo, prime"),
-    ignored("reward.reward_manager.module.name", "read only with reward_manager.module.path (refused)"),
+    *(mapped(f"{s}num_workers", "run.reward_members", read=_reward_workers,
+             note="verl's reward-loop workers: the reward consumer group's members, each with its own manager")
+      for s in ("reward.", "reward_model.")),
     *(refused(f"{s}sandbox_fusion.url", "SandboxFusion (verl's code execution for code data sources' rewards): a "
                                         "reward.scorers entry of yours runs the code") for s in ("", "reward.")),
     *(ignored(f"{s}sandbox_fusion.*", "SandboxFusion's limits, read only with sandbox_fusion.url (refused)")
@@ -243,6 +259,12 @@ VERL_TABLE: tuple[Row, ...] = (
     _same("reward_model.enable"),
     *(_overlong(k) for k in ("enable", "len", "penalty_factor", "log")),
     ignored("reward_model.launch_reward_fn_async", "the reward stage always scores apart from the learner"),
+    mapped("reward_model.reward_loop_source", "reward_model.reward_manager_source",
+           note="verl's legacy name of reward.reward_manager.source"),
+    mapped("reward_model.reward_loop_module_path", "reward_model.reward_manager_module",
+           note="verl's legacy name of reward.reward_manager.module.path"),
+    mapped("reward_model.reward_loop_class_name", "reward_model.reward_manager_class",
+           note="verl's legacy name of reward.reward_manager.module.name"),
     ignored("reward_model.*", REWARD_MODEL),
     # -- on-policy distillation (docs/guides/distillation.md): the losses the same, the teacher a stage --
     _same("distillation.enabled"),
