@@ -173,7 +173,8 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
         return out
     out.cfg = cfg  # type: ignore[assignment]
     out.check(lambda: apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model,  # type: ignore[attr-defined]
-                                      policy=cfg.rollout.policy, experiment=cfg.tracking.experiment))  # type: ignore[attr-defined]
+                                      policy=cfg.rollout.policy, experiment=cfg.tracking.experiment,  # type: ignore[attr-defined]
+                                      members=cfg.run.reward_members))  # type: ignore[attr-defined]
     out.check(cfg.topics.validate)  # type: ignore[attr-defined]
     out.check(cfg.eval.validate)  # type: ignore[attr-defined]
     out.check(cfg.tracking.validate)  # type: ignore[attr-defined]

@@ -157,7 +157,8 @@ class RewardConfig:
     thread_concurrency: int = 64  # sync functions in threads at once, per member (blocking I/O)
     process_memory_mb: int = 4096  # address-space cap of each worker process; 0: none
     # verl's reward_router_address for async user functions: the name of a judge entry in
-    # ``scorers`` (its router's local proxy is passed) or a literal HOST:PORT. Empty: none, and
+    # ``scorers`` (its router's local proxy is passed), of a ``servers`` entry (a router over its
+    # replicas: a generative reward model's, verl's reward.reward_model) or a literal HOST:PORT. Empty: none, and
     # a function that requires one fails at start.
     reward_router: str = ""
     reward_model_tokenizer: str = ""  # HF name or path passed (loaded) to functions that take it
@@ -236,10 +237,17 @@ class RewardModelConfig:
     reward_manager_module: str = ""  # verl's reward_manager.module.path: the file or module of the class
     reward_manager_class: str = ""  # verl's reward_manager.module.name (importlib: tried after reward_manager)
     reward_kwargs: dict[str, Any] = field(default_factory=dict)  # what the reward manager takes (above)
+    # verl's reward model (reward.reward_model.*, legacy reward_model.*), read with enable:
+    # ``reward_model_entry`` says what each becomes
+    model_path: str = ""  # the reward model (legacy reward_model.model.path)
+    enable_resource_pool: bool = False  # its own GPUs: n_gpus_per_node x nnodes over the group
+    n_gpus_per_node: int = 8
+    nnodes: int = 0
+    rollout: dict[str, Any] = field(default_factory=dict)  # verl's rollout.* of the reward model, as given
 
 
 def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig,
-                    policy: str = "tiny", experiment: str = "") -> None:
+                    policy: str = "tiny", experiment: str = "", members: int = 1) -> None:
     """Fold verl's keys into ``reward.scorers`` (in place), with verl's meaning:
 
     - ``custom_reward_function.path`` / ``.name``: an entry ``custom_reward_function`` serving
@@ -257,6 +265,12 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
       its class built once per member and scoring every record with ``run_single``, as verl's
       reward loop does; it reads ``reward_kwargs`` from its config itself.
 
+    - ``reward_model.enable``: verl's reward model, as its reward loop uses it
+      (``reward_model_entry``): without a custom function a discriminative model scores every
+      record; with one, the function scores, calling the generative model's servers through
+      ``reward_router_address``.
+
+    ``members`` is the reward group's size (the reward model's GPUs are shared among them),
     ``policy`` is the policy's tokenizer (a manager decodes token ids with it), ``experiment`` the
     run's name (verl's ``trainer.experiment_name``, which gdpo-style managers read).
     A bad value is a ``ConfigError`` naming the verl key."""
@@ -266,13 +280,15 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
                           f"not one of {MANAGER_SOURCES}")
     if rm.reward_manager_source == "importlib" or manager not in REWARD_MANAGERS:
         if rm.enable:
-            raise ConfigError("config field 'reward_model.enable': a reward model is a reward.scorers entry "
-                              "here (type: model, see configs/reward.example.yaml)")
+            reward_model_entry(reward, crf, rm, members)
+            if crf.path is None:  # verl: the discriminative model scores, not the manager
+                return
         _user_manager(reward, crf, rm, policy, experiment)
         return
     if rm.enable:
-        raise ConfigError("config field 'reward_model.enable': a reward model is a reward.scorers entry "
-                          "here (type: model, see configs/reward.example.yaml)")
+        reward_model_entry(reward, crf, rm, members)
+        if crf.path is None:  # a discriminative model scores every record (verl's reward loop)
+            return
     overlong = None
     if manager == "dapo":
         unknown = sorted(set(extra) - {"max_resp_len", "overlong_buffer_cfg"})
@@ -356,3 +372,126 @@ def _user_manager(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: Rew
     name = CUSTOM_ENTRY if crf.path else "reward_manager"
     reward.scorers[name] = ScorerSpec(type="manager", path=_reference(crf.path, crf.name) if crf.path else "",
                                       kwargs=dict(crf.reward_kwargs), data_sources=["*"], manager=manager)
+
+
+#: the name of the reward model's entry in reward.scorers and of its servers in reward.servers
+RM_ENTRY = "reward_model"
+_RM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+              "fp32": "float32", "float32": "float32"}
+#: verl's rollout.* of the reward model -> each server's flag (vLLM, SGLang); a bool flag is given when true
+_RM_FLAGS = {
+    "vllm": {"dtype": "--dtype", "gpu_memory_utilization": "--gpu-memory-utilization", "enforce_eager": "--enforce-eager",
+             "max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
+             "max_num_batched_tokens": "--max-num-batched-tokens", "load_format": "--load-format", "seed": "--seed",
+             "quantization": "--quantization"},
+    "sglang": {"dtype": "--dtype", "gpu_memory_utilization": "--mem-fraction-static",
+               "enforce_eager": "--disable-cuda-graph", "max_model_len": "--context-length",
+               "max_num_seqs": "--max-running-requests", "max_num_batched_tokens": "--chunked-prefill-size",
+               "load_format": "--load-format", "seed": "--random-seed", "quantization": "--quantization"},
+}
+#: features verl turns on by default: off is a flag of its own
+_RM_OFF_FLAGS = {"vllm": {"enable_prefix_caching": "--no-enable-prefix-caching",
+                          "enable_chunked_prefill": "--no-enable-chunked-prefill"},
+                 "sglang": {"enable_prefix_caching": "--disable-radix-cache",
+                            "enable_chunked_prefill": "--chunked-prefill-size=-1"}}
+#: the reward model's rollout.* keys read here (the others change nothing: streamrl.verl.table)
+RM_ROLLOUT_KEYS = ("name", "tensor_model_parallel_size", "data_parallel_size", "engine_kwargs", "prompt_length",
+                   "response_length", *_RM_FLAGS["vllm"], *_RM_OFF_FLAGS["vllm"])
+
+
+def _flag_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def reward_model_flags(engine: str, rollout: dict[str, Any]) -> list[str]:
+    """The server's command-line flags for verl's ``rollout.*`` of the reward model (given keys
+    only: the server's own defaults otherwise), and ``engine_kwargs.<engine>`` as ``--key value``."""
+    out: list[str] = []
+    for key, flag in _RM_FLAGS[engine].items():
+        value = rollout.get(key)
+        if value is None:
+            continue
+        if key == "enforce_eager":
+            out += [flag] if value else []
+        else:
+            out += [flag, _flag_value(_RM_DTYPES.get(value, value) if key == "dtype" else value)]
+    for key, flag in _RM_OFF_FLAGS[engine].items():
+        if rollout.get(key) is False:
+            out += flag.split("=") if "=" in flag else [flag]
+    kwargs = (rollout.get("engine_kwargs") or {}).get(engine) or {}
+    for key, value in kwargs.items():
+        if value is None:
+            continue
+        flag = "--" + str(key).replace("_", "-")
+        out += ([flag] if value is True else []) if isinstance(value, bool) else [flag, _flag_value(value)]
+    return out
+
+
+def reward_model_entry(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig,
+                       members: int = 1) -> None:
+    """verl's reward model (``reward.reward_model.*`` / legacy ``reward_model.*``) as a consumer
+    group's scorer, with verl's meaning (its reward loop, ``RewardLoopWorker.compute_score``):
+
+    - **no custom reward function: a discriminative model** scores every record (``*``; the
+      built-in rules yield to it, as verl calls the model instead of ``default_compute_score``):
+      the score of the last token of the reward model's chat template over [prompt, response]
+      (``type: model``, streamrl.scorers.model). ``rollout.name`` vllm or sglang: servers the
+      reward member launches (``reward.servers`` entry ``reward_model``: each replica
+      ``tensor_model_parallel_size`` GPUs, the reward model's ``rollout.*`` as their flags,
+      ``reward_model_flags``), batched dynamically (``max_num_seqs`` records a batch); unset
+      (verl's ``???``) or ``hf``: transformers in each member's process (CPU or its GPU).
+    - **with a custom reward function: a generative model**: the function scores, and gets
+      ``reward_router_address``, a router over the reward model's own servers (``reward.servers``
+      entry ``reward_model``, serving chat completions; never the policy's), as verl's.
+
+    Replicas: ``n_gpus_per_node * nnodes // tensor_model_parallel_size`` with
+    ``enable_resource_pool`` (verl's standalone pool), shared among the group's ``members`` (each
+    launches its share); without it verl colocates the model on the trainer's GPUs, here it takes
+    ``data_parallel_size`` replicas of its own per member."""
+    if not rm.model_path:
+        raise ConfigError("config field 'reward_model.model_path': reward_model.enable needs the reward model "
+                          "(verl's reward.reward_model.model_path, legacy reward_model.model.path)")
+    ro = dict(rm.rollout)
+    engine = ro.get("name") or "hf"
+    engine = "hf" if engine in ("???", "transformers") else engine
+    if engine not in ("vllm", "sglang", "hf"):
+        raise ConfigError(f"config field 'reward_model.rollout.name': {engine!r}: the reward model is served by vllm "
+                          f"or sglang, or runs in the reward members (hf, or unset)")
+    if "dtype" in ro and ro["dtype"] not in _RM_DTYPES:
+        raise ConfigError(f"config field 'reward_model.rollout.dtype': {ro['dtype']!r} is not one of {sorted(_RM_DTYPES)}")
+    genrm = bool(crf.path)
+    max_len = ro.get("max_model_len") or int(ro.get("prompt_length", 2048)) + int(ro.get("response_length", 2048))
+    model: dict[str, Any] = {"model_path": rm.model_path, "max_length": int(max_len)}
+    if ro.get("max_num_seqs"):
+        model["max_batch_size"] = int(ro["max_num_seqs"])
+    if engine == "hf":
+        if genrm:
+            raise ConfigError("config field 'reward_model.rollout.name': a generative reward model (reward_model.enable "
+                              "with custom_reward_function.path) is served by vllm or sglang: name one")
+        if "dtype" in ro:
+            model["dtype"] = _RM_DTYPES[ro["dtype"]]
+        if ro.get("max_num_batched_tokens"):
+            model["max_batch_tokens"] = int(ro["max_num_batched_tokens"])
+        reward.scorers[RM_ENTRY] = ScorerSpec(type="model", data_sources=["*"], model=model)
+        return
+    tp = int(ro.get("tensor_model_parallel_size", 2))
+    dp = int(ro.get("data_parallel_size", 1))
+    if tp < 1 or dp < 1:
+        raise ConfigError("config field 'reward_model.rollout.tensor_model_parallel_size': must be at least 1")
+    if rm.enable_resource_pool:
+        gpus = int(rm.n_gpus_per_node) * int(rm.nnodes)
+        replicas = gpus // tp // max(members, 1)
+        if replicas < 1:
+            raise ConfigError(f"config field 'reward_model.n_gpus_per_node': {rm.n_gpus_per_node} x nnodes {rm.nnodes} "
+                              f"GPUs hold no replica of {tp} GPUs for each of the {members} reward members "
+                              f"(run.reward_members, verl's reward.num_workers)")
+    else:
+        replicas = dp
+    reward.servers = [s for s in reward.servers if s.name != RM_ENTRY] + [ServerConfig(
+        name=RM_ENTRY, model=rm.model_path, backend=engine, replicas=replicas, gpus_per_replica=tp,
+        args=reward_model_flags(engine, ro), task="generate" if genrm else "classify")]
+    if genrm:
+        reward.reward_router = RM_ENTRY
+        return
+    model.update(server=RM_ENTRY, model=rm.model_path)
+    reward.scorers[RM_ENTRY] = ScorerSpec(type="model", data_sources=["*"], model=model)

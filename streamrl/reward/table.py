@@ -49,6 +49,8 @@ class ScorerTable:
     def __init__(self, entries: dict[str, Entry], runner: Any, reward_router: str = ""):
         self.entries, self.runner, self.reward_router = entries, runner, reward_router
         self.servers: Any = None  # reward.servers (streamrl.servers.processes.ServerProcesses), if any
+        self._router: Any = None  # reward_router over a reward.servers entry (a generative reward model's)
+        self._session: Any = None
         self.routes: dict[str, Entry] = {}  # data source (or "prefix*") -> entry
         self.yielded: dict[str, str] = {}  # a built-in's default route -> the entry that took it
         own = [e for e in entries.values() if not e.default_route]
@@ -105,12 +107,30 @@ class ScorerTable:
     async def _router_address(self) -> str:
         if not self.reward_router:
             return ""
+        if self.servers is not None and self.reward_router in self.servers.specs:
+            return await self._servers_router(self.reward_router)
         entry = self.entries.get(self.reward_router)
         if entry is None:
             return self.reward_router  # a literal HOST:PORT
         return await entry.scorer.router_address()
 
+    async def _servers_router(self, name: str) -> str:
+        """A router over the replicas of ``reward.servers`` entry ``name`` (a generative reward
+        model's), served as a local proxy: verl's ``reward_router_address``."""
+        import aiohttp
+
+        from streamrl.servers.router import Router
+
+        self._session = aiohttp.ClientSession()
+        self._router = Router(self.servers.urls(name), name=name, health_path="/health")
+        await self._router.start(self._session)
+        return await self._router.start_proxy()
+
     async def close(self) -> None:
+        if self._router is not None:
+            await self._router.close()
+            await self._session.close()
+            self._router = None
         for entry in self.entries.values():
             try:
                 await entry.scorer.close()
@@ -131,10 +151,11 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
     runner = ProcessRunner(cfg.process_workers, cfg.process_memory_mb)
     threads = asyncio.Semaphore(cfg.thread_concurrency)  # shared by every thread-executor entry
     router = cfg.reward_router
-    if router and router not in cfg.scorers and ":" not in router:
+    servers = {s.name for s in cfg.servers}
+    if router and router not in cfg.scorers and router not in servers and ":" not in router:
         raise ConfigError(f"config field 'reward.reward_router': {router!r} is neither a scorer "
-                          f"entry nor HOST:PORT")
-    if router in cfg.scorers and cfg.scorers[router].type != "judge":
+                          f"entry, a reward.servers entry nor HOST:PORT")
+    if router in cfg.scorers and router not in servers and cfg.scorers[router].type != "judge":
         raise ConfigError(f"config field 'reward.reward_router': entry {router!r} is a "
                           f"{cfg.scorers[router].type} scorer; only a judge has a router")
     available: dict[str, Any] = {

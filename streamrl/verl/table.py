@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, CRITIC_WARMUP, FSDP_TUNING, PROFILER, RAY,
+from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, CRITIC_WARMUP, ENGINE, FSDP_TUNING, MULTIMODAL,
+                                PROFILER, RAY,
                                 STREAMING, TEACHER_SCALE, Given, Refused, Row, _adv_estimator, _batch, _bool,
                                 _critic_warmup, _files, _int, _logger, _minus_one_off, _overlong, _resume_mode, _same,
                                 _save_freq, _total_epochs, _total_steps, ignored, mapped, refused)
@@ -16,8 +17,53 @@ __all__ = ["VERL_TABLE", "VERL_TOPS", "CRITIC_WARMUP"]
 
 V1 = ("verl's V1 trainer and its modes (sync, colocated or separate async): streamrl's stages stream, the learner "
       "training on samples up to learner.max_staleness versions old")
-REWARD_MODEL = ("the reward model's settings, read only with reward_model.enable / reward.reward_model.enable (refused "
-                "when on: a reward model is a reward.scorers entry of type model here, configs/reward.example.yaml)")
+#: the reward model's rollout.* keys streamrl reads (streamrl.reward.config.reward_model_entry: its servers' flags)
+_RM_READ = ("name", "tensor_model_parallel_size", "data_parallel_size", "engine_kwargs", "prompt_length",
+            "response_length", "dtype", "gpu_memory_utilization", "enforce_eager", "max_model_len", "max_num_seqs",
+            "max_num_batched_tokens", "load_format", "seed", "quantization", "enable_prefix_caching",
+            "enable_chunked_prefill")
+RM_SAMPLING = ("the reward model's sampling settings: verl sends none of them (a discriminative model is not sampled; "
+               "a generative model's requests carry what your reward function asks)")
+RM_SLEEP = "verl frees the reward model's memory between steps to share GPUs with training; here its servers keep theirs"
+
+
+def _rm_rows(prefix: str) -> tuple[Row, ...]:
+    """verl's reward model, in its 0.9.1 section (``reward.reward_model.``) or its legacy one
+    (``reward_model.``): streamrl.reward.config.reward_model_entry reads it."""
+    legacy = prefix == "reward_model."
+    rows = [
+        mapped(f"{prefix}model.path" if legacy else f"{prefix}model_path", "reward_model.model_path",
+               note="the reward model: a reward.scorers entry reward_model (discriminative) or the servers a "
+                    "custom function calls through reward_router_address (generative)"),
+        *(mapped(f"{prefix}{k}", f"reward_model.{k}",
+                 note="the reward model's own GPUs (verl's standalone pool), shared among the reward group's members: "
+                      "replicas of tensor_model_parallel_size GPUs (reward.servers.reward_model), the group's placement")
+          for k in ("enable_resource_pool", "n_gpus_per_node", "nnodes")),
+        *(mapped(f"{prefix}rollout.{k}", f"reward_model.rollout.{k}",
+                  note="the reward model's servers (rollout.name vllm or sglang; unset or hf: transformers in each "
+                       "member): replicas, flags, batches (streamrl.reward.config.reward_model_entry)")
+          for k in _RM_READ),
+        ignored(f"{prefix}rollout.engine_kwargs.*", "read with rollout.engine_kwargs"),
+        *(ignored(f"{prefix}rollout.{k}", RM_SAMPLING) for k in ("temperature", "top_k", "top_p", "do_sample", "n",
+                                                                 "ignore_eos")),
+        ignored(f"{prefix}rollout.free_cache_engine", RM_SLEEP),
+        ignored(f"{prefix}rollout.multi_stage_wake_up", RM_SLEEP),
+        ignored(f"{prefix}rollout.limit_images", MULTIMODAL),
+        *(ignored(f"{prefix}rollout.{k}", ENGINE) for k in ("cudagraph_capture_sizes", "expert_parallel_size",
+                                                            "pipeline_model_parallel_size", "layered_summon",
+                                                            "scheduling_policy", "disable_log_stats", "mtp",
+                                                            "full_determinism", "skip_tokenizer_init")),
+        ignored(f"{prefix}rollout.disaggregation.*", ENGINE + " (prefill and decode on separate servers)"),
+        refused(f"{prefix}rollout.quantization_config_file", "a quantization config file for the reward model's "
+                                                             "servers (rollout.quantization is read)"),
+    ]
+    if legacy:
+        rows += [refused(f"{prefix}model.external_lib", "a module holding the reward model's classes"),
+                 ignored(f"{prefix}model.trust_remote_code", "the reward model loads with transformers' own classes "
+                                                             "(a model that needs its own code fails at start)")]
+    return tuple(rows)
+
+
 CRITIC_BATCH = "the critic's forward passes run the learner's micro-batches and mini-batches"
 _ASYNC_MODES = ("colocate_async", "separate_async")
 
@@ -241,8 +287,10 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped("reward.reward_manager.module.name", "reward_model.reward_manager_class",
            note="importlib: tried after reward_manager.name (the name verl 0.9.1 loads)"),
     mapped("reward.reward_kwargs.*", "reward_model.reward_kwargs"),
-    mapped("reward.reward_model.enable", "reward_model.enable"),
-    ignored("reward.reward_model.*", REWARD_MODEL),
+    mapped("reward.reward_model.enable", "reward_model.enable",
+           note="a reward model scores (no custom function: discriminative, every record) or serves your function "
+                "(generative, through reward_router_address)"),
+    *_rm_rows("reward.reward_model."),
     *(mapped(f"{s}num_workers", "run.reward_members", read=_reward_workers,
              note="verl's reward-loop workers: the reward consumer group's members, each with its own manager")
       for s in ("reward.", "reward_model.")),
@@ -265,7 +313,7 @@ VERL_TABLE: tuple[Row, ...] = (
            note="verl's legacy name of reward.reward_manager.module.path"),
     mapped("reward_model.reward_loop_class_name", "reward_model.reward_manager_class",
            note="verl's legacy name of reward.reward_manager.module.name"),
-    ignored("reward_model.*", REWARD_MODEL),
+    *_rm_rows("reward_model."),
     # -- on-policy distillation (docs/guides/distillation.md): the losses the same, the teacher a stage --
     _same("distillation.enabled"),
     *(_same(f"distillation.distillation_loss.{k}") for k in _DISTILLATION_LOSS),

@@ -122,6 +122,9 @@ CHANGED: dict[str, Any] = {
     "reward.reward_manager.name": "batch", "reward_model.reward_manager": "batch",
     "reward.reward_manager.source": "importlib", "reward_model.reward_loop_source": "importlib",
     "reward.reward_manager.module.name": "MyManager", "reward_model.reward_loop_class_name": "MyManager",
+    **{f"{p}rollout.{k}": v for p in ("reward.reward_model.", "reward_model.")
+       for k, v in (("name", "vllm"), ("dtype", "float16"), ("load_format", "dummy"), ("quantization", "fp8"),
+                    ("engine_kwargs", {"vllm": {"swap_space": 4}}))},
     "distillation.distillation_loss.loss_mode": "k1", "distillation.distillation_loss.policy_loss_mode": "gspo",
     "distillation.teacher_models.teacher_model.model_path": "/models/teacher",
 }
