@@ -241,8 +241,8 @@ class RewardModelConfig:
     # ``reward_model_entry`` says what each becomes
     model_path: str = ""  # the reward model (legacy reward_model.model.path)
     enable_resource_pool: bool = False  # its own GPUs: n_gpus_per_node x nnodes over the group
-    n_gpus_per_node: int = 8
-    nnodes: int = 0
+    n_gpus_per_node: int = 8  # with enable_resource_pool: the pool's GPUs per node
+    nnodes: int = 0  # with enable_resource_pool: the pool's nodes
     rollout: dict[str, Any] = field(default_factory=dict)  # verl's rollout.* of the reward model, as given
 
 

@@ -121,7 +121,7 @@ def test_the_reward_models_servers_replicas_and_flags_from_verls_keys(tmp_path):
     # 4 x 2 GPUs in the reward model's own pool, replicas of 2, over verl's 2 reward workers (the group's members)
     assert (server.name, server.backend, server.replicas, server.gpus_per_replica, server.task) == \
         ("reward_model", "vllm", 2, 2, "classify")
-    assert cfg.run.reward_members == 2
+    assert cfg.run.reward_members == 2 and cfg.run.ray.resources["reward"] == {"num_gpus": 4.0}  # each member's share
     argv = server_argv(server, 8000)
     assert argv[1:] == ["serve", "Skywork/RM-8B", "--host", "127.0.0.1", "--port", "8000", "--runner", "pooling",
                         "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.7", "--max-model-len", "8192",
