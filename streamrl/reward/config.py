@@ -442,7 +442,8 @@ def reward_model_entry(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm
       (verl's ``???``) or ``hf``: transformers in each member's process (CPU or its GPU).
     - **with a custom reward function: a generative model**: the function scores, and gets
       ``reward_router_address``, a router over the reward model's own servers (``reward.servers``
-      entry ``reward_model``, serving chat completions; never the policy's), as verl's.
+      entry ``reward_model``, serving chat completions; never the policy's), and the model's
+      tokenizer as ``reward_model_tokenizer``, as verl's.
 
     Replicas: ``n_gpus_per_node * nnodes // tensor_model_parallel_size`` with
     ``enable_resource_pool`` (verl's standalone pool), shared among the group's ``members`` (each
@@ -490,8 +491,9 @@ def reward_model_entry(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm
     reward.servers = [s for s in reward.servers if s.name != RM_ENTRY] + [ServerConfig(
         name=RM_ENTRY, model=rm.model_path, backend=engine, replicas=replicas, gpus_per_replica=tp,
         args=reward_model_flags(engine, ro), task="generate" if genrm else "classify")]
-    if genrm:
+    if genrm:  # verl hands the function the router's address and the reward model's tokenizer
         reward.reward_router = RM_ENTRY
+        reward.reward_model_tokenizer = reward.reward_model_tokenizer or rm.model_path
         return
     model.update(server=RM_ENTRY, model=rm.model_path)
     reward.scorers[RM_ENTRY] = ScorerSpec(type="model", data_sources=["*"], model=model)

@@ -92,7 +92,8 @@ class ServerConfig:
     host: str = "127.0.0.1"  # the interface the servers listen on
     args: list[str] = field(default_factory=list)  # extra command-line arguments, appended as given
     # classify: a discriminative reward model (vLLM --runner pooling, SGLang --is-embedding);
-    # generate: a generative one serving chat completions (reward.reward_router names it)
+    # generate: served as its architecture says (vLLM's default runner): a generative reward
+    # model's chat completions, which a function calls through reward.reward_router
     task: str = "classify"
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
     startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)

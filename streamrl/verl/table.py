@@ -57,7 +57,10 @@ def _rm_rows(prefix: str) -> tuple[Row, ...]:
         refused(f"{prefix}rollout.quantization_config_file", "a quantization config file for the reward model's "
                                                              "servers (rollout.quantization is read)"),
     ]
-    if legacy:
+    if legacy:  # verl's legacy section has fewer rollout keys
+        from streamrl.verl.schema import schema_keys
+
+        rows = [r for r in rows if "*" in r.key or r.key in schema_keys()]
         rows += [refused(f"{prefix}model.external_lib", "a module holding the reward model's classes"),
                  ignored(f"{prefix}model.trust_remote_code", "the reward model loads with transformers' own classes "
                                                              "(a model that needs its own code fails at start)")]

@@ -194,7 +194,8 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
         async with session.post(f"http://{reward_router_address}/v1/chat/completions", json=body) as resp:
             answer = await resp.json()
     text = answer["choices"][0]["message"]["content"]
-    return {"score": scale * int(re.search(r"Score: (\\d+)", text).group(1)) / 10, "judge": text}
+    return {"score": scale * int(re.search(r"Score: (\\d+)", text).group(1)) / 10, "judge": text,
+            "rm_tokens": len(reward_model_tokenizer.encode(solution_str, add_special_tokens=False))}
 '''
 
 
@@ -208,7 +209,9 @@ def test_a_generative_reward_model_is_called_through_the_router_over_its_own_fle
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     (tmp_path / "genrm.py").write_text(textwrap.dedent(GENRM_FUNCTION))
-    cfg = load_config(None, ["reward.reward_model.enable=true", "reward.reward_model.model_path=genrm",
+    genrm = tmp_path / "genrm"  # the reward model's checkpoint: its tokenizer is what the function gets
+    byte_tokenizer().save_pretrained(genrm)
+    cfg = load_config(None, ["reward.reward_model.enable=true", f"reward.reward_model.model_path={genrm}",
                              "reward.reward_model.rollout.name=vllm", "reward.reward_model.enable_resource_pool=true",
                              "reward.reward_model.n_gpus_per_node=2", "reward.reward_model.nnodes=1",
                              "reward.reward_model.rollout.tensor_model_parallel_size=1", "reward.num_workers=1",
@@ -222,5 +225,6 @@ def test_a_generative_reward_model_is_called_through_the_router_over_its_own_fle
     out = score([{"data_source": "anything", "response": r} for r in responses], reward=cfg.reward)
     assert [o.reward for o in out] == pytest.approx([2.0 * (len(r) % 10) / 10 for r in responses])
     assert all(o.reward_info["judge"].startswith("Score: ") for o in out)
+    assert [o.reward_info["rm_tokens"] for o in out] == [len(r.encode()) for r in responses]  # the RM's tokenizer
     served = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(served) == len(responses) and len({s["port"] for s in served}) == 2  # both replicas, behind the router
