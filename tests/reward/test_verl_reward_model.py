@@ -142,8 +142,8 @@ def test_the_reward_models_servers_replicas_and_flags_from_verls_keys(tmp_path):
             load_config(None, bad)
     # the dry run reports each key; the sampling settings are not applicable, a quantization file refused
     code, out, err = dry_run([*base, "reward.reward_model.model_path=/models/rm", "reward.reward_model.rollout.top_p=0.5",
-                              "reward_model.rollout.quantization_config_file=q.json"], tmp_path)
-    assert code == 2 and "reward_model.rollout.quantization_config_file=q.json: refused" in err
+                              "reward.reward_model.rollout.quantization_config_file=q.json"], tmp_path)
+    assert code == 2 and "reward.reward_model.rollout.quantization_config_file=q.json: refused" in err
     code, out, err = dry_run([*base, "reward.reward_model.model_path=/models/rm", "reward.reward_model.rollout.top_p=0.5"],
                              tmp_path)
     assert code == 0, err
