@@ -175,7 +175,10 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
         out.problems.append(out.blame(str(exc)))
         return out
     out.cfg = cfg  # type: ignore[assignment]
-    out.check(lambda: apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model))  # type: ignore[attr-defined]
+    out.check(lambda: apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model,  # type: ignore[attr-defined]
+                                      policy=cfg.rollout.policy, experiment=cfg.tracking.experiment,  # type: ignore[attr-defined]
+                                      members=cfg.run.reward_members))  # type: ignore[attr-defined]
+    _reward_model_placement(cfg)
     out.check(cfg.topics.validate)  # type: ignore[attr-defined]
     out.check(cfg.eval.validate)  # type: ignore[attr-defined]
     out.check(cfg.tracking.validate)  # type: ignore[attr-defined]
@@ -192,6 +195,20 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     if cfg.feed.max_prompt_length and not cfg.feed.tokenizer:  # type: ignore[attr-defined]
         cfg.feed.tokenizer = cfg.rollout.policy  # type: ignore[attr-defined]  # the policy's, as verl counts
     return out
+
+
+def _reward_model_placement(cfg: Any) -> None:
+    """verl's reward model on servers (``reward.servers`` entry ``reward_model``, from
+    ``reward.reward_model.*``): each reward member's Ray actor asks for its replicas' GPUs, so the
+    GPUs it sees (CUDA_VISIBLE_DEVICES) are its servers' own, unless ``run.ray.resources.reward``
+    says otherwise."""
+    from streamrl.reward.config import RM_ENTRY
+
+    if not cfg.reward_model.enable or "reward" in cfg.run.ray.resources:
+        return
+    for server in cfg.reward.servers:
+        if server.name == RM_ENTRY and server.gpus_per_replica:
+            cfg.run.ray.resources["reward"] = {"num_gpus": float(server.replicas * server.gpus_per_replica)}
 
 
 def _greedy_baseline(cfg: PipelineConfig) -> None:

@@ -11,6 +11,12 @@ prompt (the model reads both: the table shows tokens per input):
 - ``offline``: plain batched inference over the whole input list (batches of ``--batch-size``),
   the limit that dynamic batching can reach.
 
+With ``--servers N``, a fourth way beside them in the same rounds: ``servers``, the same
+records through the consume loop to the model on N reward-model server processes that the
+scorer's table launches (``reward.servers``, streamrl's transformers server speaking vLLM's
+``/classify``; what verl's ``reward.reward_model`` keys start with ``rollout.name=vllm``, on
+vLLM), dynamically batched and routed; the table adds ``servers/s`` and ``s/offline``.
+
 (b) The judge scorer against a local judge server (another process) answering after a fixed
 latency, against the bound ``concurrency / latency``.
 
@@ -56,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--short-records", type=int, default=0, help="per round; default 512, --quick 128")
     parser.add_argument("--long-records", type=int, default=0, help="per round; default 96, --quick 32")
     parser.add_argument("--rounds", type=int, default=0, help="alternating rounds, best of each; default 5, --quick 3")
+    parser.add_argument("--servers", type=int, default=0,
+                        help="also score through N reward-model server processes (0: not)")
     parser.add_argument("--judge-latency-ms", type=float, default=100.0)
     parser.add_argument("--judge-concurrency", type=int, default=32)
     parser.add_argument("--judge-requests", type=int, default=0, help="per round; default 1600, --quick 640")
@@ -155,13 +163,20 @@ async def bench_model(args, bus_config, counts: dict[str, int], rounds: int) -> 
     feed = TopicFeed(replace(bus_config, topic_prefix=f"bench{uuid.uuid4().hex[:8]}"), scorer,
                      max_in_flight=4 * args.batch_size)
     out: dict[str, Any] = {"device": str(model.device)}
+    served = await _served_scorer(args, cfg) if args.servers else None
+    served_feed = (TopicFeed(replace(bus_config, topic_prefix=f"bench{uuid.uuid4().hex[:8]}"), served[0],
+                             max_in_flight=4 * args.batch_size) if served else None)
     try:
         await feed.start()
+        if served_feed is not None:
+            await served_feed.start()
         for kind, words, seed in (("short", 18, 1), ("long", 290, 2)):
             pairs = make_inputs(counts[kind], words, seed)
             tokens = sum(len(e["input_ids"]) for e in model.encode(pairs[:32])) / 32
             await asyncio.to_thread(model.score, pairs[: args.batch_size])  # warm-up
             runs: dict[str, list[float]] = {"offline": [], "batched": [], "serial": []}
+            if served_feed is not None:
+                runs["servers"] = []
             scorer.batch_sizes.clear()
             for _ in range(rounds):
                 # blocking runs go to a thread: the consumer's heartbeats must go on meanwhile
@@ -169,6 +184,8 @@ async def bench_model(args, bus_config, counts: dict[str, int], rounds: int) -> 
                 runs["batched"].append(await feed.rate(pairs))
                 runs["serial"].append(await asyncio.to_thread(
                     rate_serial, model, pairs, 1.5 if args.quick else 5.0))
+                if served_feed is not None:
+                    runs["servers"].append(await served_feed.rate(pairs))
             sizes = list(scorer.batch_sizes)
             best = {k: max(v) for k, v in runs.items()}
             out[kind] = {"records": len(pairs), "tokens": round(tokens), "rounds": rounds,
@@ -176,13 +193,38 @@ async def bench_model(args, bus_config, counts: dict[str, int], rounds: int) -> 
                          "vs_serial": best["batched"] / best["serial"],
                          "vs_offline": best["batched"] / best["offline"],
                          "mean_batch": sum(sizes) / max(1, len(sizes))}
+            if served_feed is not None:
+                out[kind]["servers_vs_offline"] = best["servers"] / best["offline"]
             for k, v in runs.items():
                 print(f"  {kind} {k:8s} " + " ".join(f"{x:7.1f}" for x in v) + " records/s",
                       file=sys.stderr, flush=True)
     finally:
         await feed.stop()
         await scorer.close()
+        if served is not None:
+            await served_feed.stop()
+            await served[0].close()
+            await served[1].close()
     return out
+
+
+async def _served_scorer(args, cfg) -> tuple[Any, Any]:
+    """The model scorer on ``--servers`` reward-model server processes (a ``reward.servers``
+    entry, launched and health-checked as the reward stage launches them), each with
+    ``--threads`` torch threads; the same weights, the same seeded head."""
+    from streamrl.scorers.model import ModelScorer, ModelScorerConfig
+    from streamrl.servers.processes import ServerConfig, ServerProcesses
+
+    spec = ServerConfig(name="rm", model=cfg.model_path, backend="transformers", replicas=args.servers,
+                        gpus_per_replica=0 if args.device == "cpu" else 1, startup_timeout_s=300,
+                        args=["--num-threads", str(args.threads), "--max-length", str(cfg.max_length)])
+    scorer = ModelScorer(ModelScorerConfig(server="rm", model_path=cfg.model_path, max_batch_size=args.batch_size,
+                                           max_wait_ms=args.max_wait_ms, max_length=cfg.max_length), name="bench-served")
+    servers = ServerProcesses([spec])
+    scorer.attach_server(servers.urls("rm"), spec.backend, spec.model, "bench")
+    await servers.start()
+    await scorer.start()
+    return scorer, servers
 
 
 # -- (b) the judge ---------------------------------------------------------------------------------
@@ -239,7 +281,9 @@ def main(args: argparse.Namespace) -> int:
         m = model[kind]
         print(f"{kind:6s} {m['tokens']:7d} {m['batched_per_s']:10.1f} {m['serial_per_s']:9.1f} "
               f"{m['offline_per_s']:10.1f} {m['mean_batch']:11.1f} "
-              f"{m['vs_serial']:9.2f} {m['vs_offline']:10.2f}")
+              f"{m['vs_serial']:9.2f} {m['vs_offline']:10.2f}"
+              + (f"  servers/s {m['servers_per_s']:.1f} s/offline {m['servers_vs_offline']:.2f}"
+                 if "servers_per_s" in m else ""))
     print(f"judge: {judge['per_s']:.1f} requests/s, bound concurrency/latency = "
           f"{args.judge_concurrency}/{args.judge_latency_ms / 1000:g}s = {judge['bound_per_s']:.1f}/s")
     s, lg = model["short"], model["long"]
@@ -261,5 +305,10 @@ def main(args: argparse.Namespace) -> int:
         "short_tokens": s["tokens"], "long_tokens": lg["tokens"],
         "device": model["device"], "threads": args.threads, "batch_size": args.batch_size,
     }
+    if args.servers:
+        summary.update(servers=args.servers, short_servers_per_s=round(s["servers_per_s"], 1),
+                       long_servers_per_s=round(lg["servers_per_s"], 1),
+                       short_servers_vs_offline=round(s["servers_vs_offline"], 3),
+                       long_servers_vs_offline=round(lg["servers_vs_offline"], 3))
     print(json.dumps(summary), flush=True)
     return 0

@@ -28,7 +28,7 @@ from streamrl.errors import ConfigError
 from streamrl.scorers.rules import RULES
 from streamrl.servers.processes import ServerConfig
 
-SCORER_TYPES = ("rule", "function", "class", "judge", "model", "hybrid")
+SCORER_TYPES = ("rule", "function", "class", "judge", "model", "hybrid", "manager")
 EXECUTORS = ("auto", "inline", "thread", "process")
 
 
@@ -81,6 +81,10 @@ class ScorerSpec:
     parts: dict[str, float] = field(default_factory=dict)  # type hybrid: scorer name -> weight
     judge: dict[str, Any] = field(default_factory=dict)  # type judge: JudgeConfig fields
     model: dict[str, Any] = field(default_factory=dict)  # type model: ModelScorerConfig fields
+    # type manager: a verl reward manager class (streamrl.reward.managers.ManagerSpec fields);
+    # path is then the custom reward function it scores with (none: default_compute_score), kwargs
+    # that function's reward_kwargs
+    manager: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,7 +157,8 @@ class RewardConfig:
     thread_concurrency: int = 64  # sync functions in threads at once, per member (blocking I/O)
     process_memory_mb: int = 4096  # address-space cap of each worker process; 0: none
     # verl's reward_router_address for async user functions: the name of a judge entry in
-    # ``scorers`` (its router's local proxy is passed) or a literal HOST:PORT. Empty: none, and
+    # ``scorers`` (its router's local proxy is passed), of a ``servers`` entry (a router over its
+    # replicas: a generative reward model's, verl's reward.reward_model) or a literal HOST:PORT. Empty: none, and
     # a function that requires one fails at start.
     reward_router: str = ""
     reward_model_tokenizer: str = ""  # HF name or path passed (loaded) to functions that take it
@@ -196,7 +201,11 @@ class RewardConfig:
 # streamrl reads them with verl's meaning and turns them into scorer-table entries
 # (``apply_verl_keys``), so there is one table and one routing rule either way.
 
-REWARD_MANAGERS = ("naive", "batch", "dapo", "prime")
+#: verl's managers built in here: 0.9.1's reward loop registers naive, dapo, gdpo, remote and
+#: rate_limited; its legacy workers batch and prime. Any other name is a class of the user's
+#: (``streamrl.reward.managers``).
+REWARD_MANAGERS = ("naive", "batch", "dapo", "prime", "gdpo", "remote", "rate_limited")
+MANAGER_SOURCES = ("register", "importlib")
 #: The entry ``custom_reward_function`` becomes in ``reward.scorers``.
 CUSTOM_ENTRY = "custom_reward_function"
 #: verl's prime reward manager scores in a process pool, 300 s per record, and scores 0 whatever
@@ -223,11 +232,24 @@ class RewardModelConfig:
     arguments (batch), ``max_resp_len`` and ``overlong_buffer_cfg`` (dapo)."""
 
     enable: bool = False  # verl's model-based reward: here a reward.scorers entry of type model
-    reward_manager: str = "naive"  # naive | batch | dapo | prime
+    # a built-in (REWARD_MANAGERS), a name a module registered, or with source importlib the
+    # class's name in reward_manager_module
+    reward_manager: str = "naive"
+    reward_manager_source: str = "register"  # register | importlib (verl's reward.reward_manager.source)
+    reward_manager_module: str = ""  # verl's reward_manager.module.path: the file or module of the class
+    reward_manager_class: str = ""  # verl's reward_manager.module.name (importlib: tried after reward_manager)
     reward_kwargs: dict[str, Any] = field(default_factory=dict)  # what the reward manager takes (above)
+    # verl's reward model (reward.reward_model.*, legacy reward_model.*), read with enable:
+    # ``reward_model_entry`` says what each becomes
+    model_path: str = ""  # the reward model (legacy reward_model.model.path)
+    enable_resource_pool: bool = False  # its own GPUs: n_gpus_per_node x nnodes over the group
+    n_gpus_per_node: int = 8  # with enable_resource_pool: the pool's GPUs per node
+    nnodes: int = 0  # with enable_resource_pool: the pool's nodes
+    rollout: dict[str, Any] = field(default_factory=dict)  # verl's rollout.* of the reward model, as given
 
 
-def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig) -> None:
+def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig,
+                    policy: str = "tiny", experiment: str = "", members: int = 1) -> None:
     """Fold verl's keys into ``reward.scorers`` (in place), with verl's meaning:
 
     - ``custom_reward_function.path`` / ``.name``: an entry ``custom_reward_function`` serving
@@ -240,14 +262,35 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
       buffer from ``reward_model.reward_kwargs``; ``prime`` worker processes, 300 s per record,
       a failure scores 0.
 
+    - any other manager (a name the user's module registers, or ``reward_manager_source:
+      importlib``): an entry of ``type: manager`` serving ``*`` (``streamrl.reward.managers``),
+      its class built once per member and scoring every record with ``run_single``, as verl's
+      reward loop does; it reads ``reward_kwargs`` from its config itself.
+
+    - ``reward_model.enable``: verl's reward model, as its reward loop uses it
+      (``reward_model_entry``): without a custom function a discriminative model scores every
+      record; with one, the function scores, calling the generative model's servers through
+      ``reward_router_address``.
+
+    ``members`` is the reward group's size (the reward model's GPUs are shared among them),
+    ``policy`` is the policy's tokenizer (a manager decodes token ids with it), ``experiment`` the
+    run's name (verl's ``trainer.experiment_name``, which gdpo-style managers read).
     A bad value is a ``ConfigError`` naming the verl key."""
     manager, extra = rm.reward_manager, dict(rm.reward_kwargs)
-    if manager not in REWARD_MANAGERS:
-        raise ConfigError(f"config field 'reward_model.reward_manager': {manager!r} is not one of "
-                          f"{REWARD_MANAGERS}")
+    if rm.reward_manager_source not in MANAGER_SOURCES:
+        raise ConfigError(f"config field 'reward_model.reward_manager_source': {rm.reward_manager_source!r} is "
+                          f"not one of {MANAGER_SOURCES}")
+    if rm.reward_manager_source == "importlib" or manager not in REWARD_MANAGERS:
+        if rm.enable:
+            reward_model_entry(reward, crf, rm, members)
+            if crf.path is None:  # verl: the discriminative model scores, not the manager
+                return
+        _user_manager(reward, crf, rm, policy, experiment)
+        return
     if rm.enable:
-        raise ConfigError("config field 'reward_model.enable': a reward model is a reward.scorers entry "
-                          "here (type: model, see configs/reward.example.yaml)")
+        reward_model_entry(reward, crf, rm, members)
+        if crf.path is None:  # a discriminative model scores every record (verl's reward loop)
+            return
     overlong = None
     if manager == "dapo":
         unknown = sorted(set(extra) - {"max_resp_len", "overlong_buffer_cfg"})
@@ -281,7 +324,11 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
         if manager == "prime":
             return dataclasses.replace(spec, executor="process", timeout_s=300.0,
                                        fallbacks={**dict.fromkeys(PRIME_FALLBACK_REASONS, 0.0), **spec.fallbacks})
-        return spec
+        if manager == "remote":  # verl: each call in a worker process (Ray actors); a sync function only
+            return dataclasses.replace(spec, executor="process")
+        if manager == "rate_limited":  # verl: naive's call under rate limits (none unless +reward.max_rpm, ...), 300 s
+            return dataclasses.replace(spec, timeout_s=300.0)
+        return spec  # naive; gdpo (naive's call; verl also writes trainer.experiment_name into extra_info)
 
     if crf.path:
         reward.scorers[CUSTOM_ENTRY] = shaped(ScorerSpec(
@@ -290,7 +337,7 @@ def apply_verl_keys(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: R
     elif manager == "batch":
         raise ConfigError("config field 'reward_model.reward_manager': batch needs a batch function in "
                           "custom_reward_function.path (verl's default_compute_score scores one record)")
-    elif manager != "naive":
+    elif manager not in ("naive", "gdpo"):
         _, defaults = routes(reward.scorers)
         for name in defaults:
             reward.scorers[name] = shaped(reward.scorers[name])
@@ -304,3 +351,151 @@ def _reference(path: str, name: str) -> str:
     if path.startswith("pkg://"):
         return f"{path[len('pkg://'):].replace('/', '.')}:{name}"
     return f"{path.removeprefix('file://')}:{name}"
+
+
+def _user_manager(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig, policy: str,
+                  experiment: str) -> None:
+    """A manager class of the user's: one ``type: manager`` entry serving ``*`` (named
+    ``custom_reward_function`` when that function is given, as it is what scores, else
+    ``reward_manager``), with verl's config as its manager reads it."""
+    module = {"path": rm.reward_manager_module or None, "name": rm.reward_manager_class or "custom_reward_manager"}
+    config = {
+        "reward": {"reward_kwargs": dict(rm.reward_kwargs), "num_workers": 1,
+                   "reward_manager": {"source": rm.reward_manager_source, "name": rm.reward_manager, "module": module},
+                   "custom_reward_function": {"path": crf.path, "name": crf.name,
+                                              "reward_kwargs": dict(crf.reward_kwargs)},
+                   "reward_model": {"enable": rm.enable, "model_path": None},
+                   "sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024}},
+        "trainer": {"experiment_name": experiment},
+        "actor_rollout_ref": {"model": {"path": policy, "tokenizer_path": None}},
+    }
+    manager = {"name": rm.reward_manager, "source": rm.reward_manager_source, "module_path": rm.reward_manager_module,
+               "class_name": rm.reward_manager_class, "tokenizer": policy, "config": config}
+    name = CUSTOM_ENTRY if crf.path else "reward_manager"
+    reward.scorers[name] = ScorerSpec(type="manager", path=_reference(crf.path, crf.name) if crf.path else "",
+                                      kwargs=dict(crf.reward_kwargs), data_sources=["*"], manager=manager)
+
+
+#: the name of the reward model's entry in reward.scorers and of its servers in reward.servers
+RM_ENTRY = "reward_model"
+_RM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+              "fp32": "float32", "float32": "float32"}
+#: verl's rollout.* of the reward model -> each server's flag (vLLM, SGLang); a bool flag is given when true
+_RM_FLAGS = {
+    "vllm": {"dtype": "--dtype", "gpu_memory_utilization": "--gpu-memory-utilization", "enforce_eager": "--enforce-eager",
+             "max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
+             "max_num_batched_tokens": "--max-num-batched-tokens", "load_format": "--load-format", "seed": "--seed",
+             "quantization": "--quantization"},
+    "sglang": {"dtype": "--dtype", "gpu_memory_utilization": "--mem-fraction-static",
+               "enforce_eager": "--disable-cuda-graph", "max_model_len": "--context-length",
+               "max_num_seqs": "--max-running-requests", "max_num_batched_tokens": "--chunked-prefill-size",
+               "load_format": "--load-format", "seed": "--random-seed", "quantization": "--quantization"},
+}
+#: features verl turns on by default: off is a flag of its own
+_RM_OFF_FLAGS = {"vllm": {"enable_prefix_caching": "--no-enable-prefix-caching",
+                          "enable_chunked_prefill": "--no-enable-chunked-prefill"},
+                 "sglang": {"enable_prefix_caching": "--disable-radix-cache",
+                            "enable_chunked_prefill": "--chunked-prefill-size=-1"}}
+#: the reward model's rollout.* keys read here (the others change nothing: streamrl.verl.table)
+RM_ROLLOUT_KEYS = ("name", "tensor_model_parallel_size", "data_parallel_size", "engine_kwargs", "prompt_length",
+                   "response_length", *_RM_FLAGS["vllm"], *_RM_OFF_FLAGS["vllm"])
+
+
+def _flag_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def reward_model_flags(engine: str, rollout: dict[str, Any]) -> list[str]:
+    """The server's command-line flags for verl's ``rollout.*`` of the reward model (given keys
+    only: the server's own defaults otherwise), and ``engine_kwargs.<engine>`` as ``--key value``."""
+    out: list[str] = []
+    for key, flag in _RM_FLAGS[engine].items():
+        value = rollout.get(key)
+        if value is None:
+            continue
+        if key == "enforce_eager":
+            out += [flag] if value else []
+        else:
+            out += [flag, _flag_value(_RM_DTYPES.get(value, value) if key == "dtype" else value)]
+    for key, flag in _RM_OFF_FLAGS[engine].items():
+        if rollout.get(key) is False:
+            out += flag.split("=") if "=" in flag else [flag]
+    kwargs = (rollout.get("engine_kwargs") or {}).get(engine) or {}
+    for key, value in kwargs.items():
+        if value is None:
+            continue
+        flag = "--" + str(key).replace("_", "-")
+        out += ([flag] if value is True else []) if isinstance(value, bool) else [flag, _flag_value(value)]
+    return out
+
+
+def reward_model_entry(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig,
+                       members: int = 1) -> None:
+    """verl's reward model (``reward.reward_model.*`` / legacy ``reward_model.*``) as a consumer
+    group's scorer, with verl's meaning (its reward loop, ``RewardLoopWorker.compute_score``):
+
+    - **no custom reward function: a discriminative model** scores every record (``*``; the
+      built-in rules yield to it, as verl calls the model instead of ``default_compute_score``):
+      the score of the last token of the reward model's chat template over [prompt, response]
+      (``type: model``, streamrl.scorers.model). ``rollout.name`` vllm or sglang: servers the
+      reward member launches (``reward.servers`` entry ``reward_model``: each replica
+      ``tensor_model_parallel_size`` GPUs, the reward model's ``rollout.*`` as their flags,
+      ``reward_model_flags``), batched dynamically (``max_num_seqs`` records a batch); unset
+      (verl's ``???``) or ``hf``: transformers in each member's process (CPU or its GPU).
+    - **with a custom reward function: a generative model**: the function scores, and gets
+      ``reward_router_address``, a router over the reward model's own servers (``reward.servers``
+      entry ``reward_model``, serving chat completions; never the policy's), and the model's
+      tokenizer as ``reward_model_tokenizer``, as verl's.
+
+    Replicas: ``n_gpus_per_node * nnodes // tensor_model_parallel_size`` with
+    ``enable_resource_pool`` (verl's standalone pool), shared among the group's ``members`` (each
+    launches its share); without it verl colocates the model on the trainer's GPUs, here it takes
+    ``data_parallel_size`` replicas of its own per member."""
+    if not rm.model_path:
+        raise ConfigError("config field 'reward_model.model_path': reward_model.enable needs the reward model "
+                          "(verl's reward.reward_model.model_path, legacy reward_model.model.path)")
+    ro = dict(rm.rollout)
+    engine = ro.get("name") or "hf"
+    engine = "hf" if engine in ("???", "transformers") else engine
+    if engine not in ("vllm", "sglang", "hf"):
+        raise ConfigError(f"config field 'reward_model.rollout.name': {engine!r}: the reward model is served by vllm "
+                          f"or sglang, or runs in the reward members (hf, or unset)")
+    if "dtype" in ro and ro["dtype"] not in _RM_DTYPES:
+        raise ConfigError(f"config field 'reward_model.rollout.dtype': {ro['dtype']!r} is not one of {sorted(_RM_DTYPES)}")
+    genrm = bool(crf.path)
+    max_len = ro.get("max_model_len") or int(ro.get("prompt_length", 2048)) + int(ro.get("response_length", 2048))
+    model: dict[str, Any] = {"model_path": rm.model_path, "max_length": int(max_len)}
+    if ro.get("max_num_seqs"):
+        model["max_batch_size"] = int(ro["max_num_seqs"])
+    if engine == "hf":
+        if genrm:
+            raise ConfigError("config field 'reward_model.rollout.name': a generative reward model (reward_model.enable "
+                              "with custom_reward_function.path) is served by vllm or sglang: name one")
+        if "dtype" in ro:
+            model["dtype"] = _RM_DTYPES[ro["dtype"]]
+        if ro.get("max_num_batched_tokens"):
+            model["max_batch_tokens"] = int(ro["max_num_batched_tokens"])
+        reward.scorers[RM_ENTRY] = ScorerSpec(type="model", data_sources=["*"], model=model)
+        return
+    tp = int(ro.get("tensor_model_parallel_size", 2))
+    dp = int(ro.get("data_parallel_size", 1))
+    if tp < 1 or dp < 1:
+        raise ConfigError("config field 'reward_model.rollout.tensor_model_parallel_size': must be at least 1")
+    if rm.enable_resource_pool:
+        gpus = int(rm.n_gpus_per_node) * int(rm.nnodes)
+        replicas = gpus // tp // max(members, 1)
+        if replicas < 1:
+            raise ConfigError(f"config field 'reward_model.n_gpus_per_node': {rm.n_gpus_per_node} x nnodes {rm.nnodes} "
+                              f"GPUs hold no replica of {tp} GPUs for each of the {members} reward members "
+                              f"(run.reward_members, verl's reward.num_workers)")
+    else:
+        replicas = dp
+    reward.servers = [s for s in reward.servers if s.name != RM_ENTRY] + [ServerConfig(
+        name=RM_ENTRY, model=rm.model_path, backend=engine, replicas=replicas, gpus_per_replica=tp,
+        args=reward_model_flags(engine, ro), task="generate" if genrm else "classify")]
+    if genrm:  # verl hands the function the router's address and the reward model's tokenizer
+        reward.reward_router = RM_ENTRY
+        reward.reward_model_tokenizer = reward.reward_model_tokenizer or rm.model_path
+        return
+    model.update(server=RM_ENTRY, model=rm.model_path)
+    reward.scorers[RM_ENTRY] = ScorerSpec(type="model", data_sources=["*"], model=model)

@@ -194,8 +194,9 @@ class Scoring:
     async def _score_once(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:
         started = time.monotonic()
         try:
+            extra = {"record": traj} if getattr(entry.scorer, "wants_record", False) else {}  # a reward manager
             result = await entry.scorer(traj.data_source, traj.response, traj.ground_truth,
-                                        traj.extra_info, prompt=traj.prompt)
+                                        traj.extra_info, prompt=traj.prompt, **extra)
             score, extras = split_result(result, entry.name)
         except Unavailable:
             raise

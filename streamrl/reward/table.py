@@ -49,6 +49,8 @@ class ScorerTable:
     def __init__(self, entries: dict[str, Entry], runner: Any, reward_router: str = ""):
         self.entries, self.runner, self.reward_router = entries, runner, reward_router
         self.servers: Any = None  # reward.servers (streamrl.servers.processes.ServerProcesses), if any
+        self._router: Any = None  # reward_router over a reward.servers entry (a generative reward model's)
+        self._session: Any = None
         self.routes: dict[str, Entry] = {}  # data source (or "prefix*") -> entry
         self.yielded: dict[str, str] = {}  # a built-in's default route -> the entry that took it
         own = [e for e in entries.values() if not e.default_route]
@@ -88,24 +90,47 @@ class ScorerTable:
     async def start(self) -> None:
         if self.servers is not None:  # up and healthy before the scorers that call them start
             await self.servers.start()
+        managers = [e for e in self.entries.values() if getattr(e.scorer, "wants_record", False)]
         for entry in self.entries.values():
-            await entry.scorer.start()
+            if entry not in managers:
+                await entry.scorer.start()
         address = await self._router_address()
         if address:
             from streamrl.scorers.loader import FunctionScorer
             for entry in self.entries.values():
                 if isinstance(entry.scorer, FunctionScorer):
                     entry.scorer.available["reward_router_address"] = address
+        for entry in managers:  # a reward manager is built with the router's address (verl's signature)
+            entry.scorer.reward_router_address = address or None
+            await entry.scorer.start()
 
     async def _router_address(self) -> str:
         if not self.reward_router:
             return ""
+        if self.servers is not None and self.reward_router in self.servers.specs:
+            return await self._servers_router(self.reward_router)
         entry = self.entries.get(self.reward_router)
         if entry is None:
             return self.reward_router  # a literal HOST:PORT
         return await entry.scorer.router_address()
 
+    async def _servers_router(self, name: str) -> str:
+        """A router over the replicas of ``reward.servers`` entry ``name`` (a generative reward
+        model's), served as a local proxy: verl's ``reward_router_address``."""
+        import aiohttp
+
+        from streamrl.servers.router import Router
+
+        self._session = aiohttp.ClientSession()
+        self._router = Router(self.servers.urls(name), name=name, health_path="/health")
+        await self._router.start(self._session)
+        return await self._router.start_proxy()
+
     async def close(self) -> None:
+        if self._router is not None:
+            await self._router.close()
+            await self._session.close()
+            self._router = None
         for entry in self.entries.values():
             try:
                 await entry.scorer.close()
@@ -126,10 +151,11 @@ def build_table(cfg: RewardConfig) -> ScorerTable:
     runner = ProcessRunner(cfg.process_workers, cfg.process_memory_mb)
     threads = asyncio.Semaphore(cfg.thread_concurrency)  # shared by every thread-executor entry
     router = cfg.reward_router
-    if router and router not in cfg.scorers and ":" not in router:
+    servers = {s.name for s in cfg.servers}
+    if router and router not in cfg.scorers and router not in servers and ":" not in router:
         raise ConfigError(f"config field 'reward.reward_router': {router!r} is neither a scorer "
-                          f"entry nor HOST:PORT")
-    if router in cfg.scorers and cfg.scorers[router].type != "judge":
+                          f"entry, a reward.servers entry nor HOST:PORT")
+    if router in cfg.scorers and router not in servers and cfg.scorers[router].type != "judge":
         raise ConfigError(f"config field 'reward.reward_router': entry {router!r} is a "
                           f"{cfg.scorers[router].type} scorer; only a judge has a router")
     available: dict[str, Any] = {
@@ -197,6 +223,8 @@ def _build_scorer(name: str, spec: ScorerSpec, available: dict[str, Any], runner
     where = f"config field 'reward.scorers.{name}"
     if spec.type == "class":
         return _build_class(name, spec, available, threads)
+    if spec.type == "manager":
+        return _build_manager(name, spec, available)
     if spec.type == "function" and spec.batch:
         if spec.batch_size < 1:
             raise ConfigError(f"{where}.batch_size': must be at least 1")
@@ -245,6 +273,26 @@ def _build_class(name: str, spec: ScorerSpec, available: dict[str, Any], threads
                             timeout_s=spec.timeout_s, available=available, version=spec.version,
                             threads=threads, fn=instance.compute_score)
     return scorer
+
+
+def _build_manager(name: str, spec: ScorerSpec, available: dict[str, Any]) -> Any:
+    """A verl reward manager (``streamrl.reward.managers``): the custom reward function loaded
+    first (its module may register the manager, as in verl), with its ``kwargs`` bound."""
+    from streamrl.reward.managers import ManagerScorer, ManagerSpec, bind_reward_kwargs, resolve_manager_cls
+    from streamrl.scorers.loader import load_function
+    from streamrl.scorers.rules import default_compute_score
+
+    section = f"reward.scorers.{name}.manager"
+    mspec = load_section(ManagerSpec, spec.manager, section)
+    compute = default_compute_score
+    if spec.path:
+        try:
+            compute = bind_reward_kwargs(load_function(spec.path), dict(spec.kwargs))
+        except ConfigError as exc:
+            raise ConfigError(f"config field 'reward.scorers.{name}.path': {exc}") from None
+    cls = resolve_manager_cls(mspec, section)
+    return ManagerScorer(cls, mspec, name=name, compute_score=compute,
+                         reward_model_tokenizer=available.get("reward_model_tokenizer"), version=spec.version)
 
 
 def _post_process(scorer: Any) -> Any:

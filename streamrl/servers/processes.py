@@ -91,6 +91,10 @@ class ServerConfig:
     port: int = 0  # the first replica's port, replica i on port + i; 0: free ports, picked at start
     host: str = "127.0.0.1"  # the interface the servers listen on
     args: list[str] = field(default_factory=list)  # extra command-line arguments, appended as given
+    # classify: a discriminative reward model (vLLM --runner pooling, SGLang --is-embedding);
+    # generate: served as its architecture says (vLLM's default runner): a generative reward
+    # model's chat completions, which a function calls through reward.reward_router
+    task: str = "classify"
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
     startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
     restart_backoff_s: float = 1.0  # first wait before restarting a replica that died; doubles
@@ -140,6 +144,11 @@ def validate_servers(specs: list[ServerConfig], field_name: str = "reward.server
         if s.startup_timeout_s <= 0 or s.restart_backoff_s < 0 or s.restart_backoff_max_s < s.restart_backoff_s:
             raise ConfigError(f"{where}.startup_timeout_s': needs startup_timeout_s > 0 and "
                               f"0 <= restart_backoff_s <= restart_backoff_max_s")
+        if s.task not in ("classify", "generate"):
+            raise ConfigError(f"{where}.task': {s.task!r} is not classify or generate")
+        if s.task == "generate" and s.backend == "transformers":
+            raise ConfigError(f"{where}.task': streamrl's transformers server classifies only: a generative "
+                              f"reward model is served by vllm or sglang")
         if not all(isinstance(a, str) for a in s.args):
             raise ConfigError(f"{where}.args': command-line arguments are strings")
 
@@ -156,12 +165,14 @@ def server_argv(spec: ServerConfig, port: int, role: str = "reward") -> list[str
                     "--tensor-parallel-size", g, "--worker-extension-cls", VLLM_WORKER_EXTENSION, *spec.args]
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model,
                 "--host", spec.host, "--port", str(port), "--tp-size", g, *spec.args]
+    pooling = spec.task == "classify"  # a generative reward model serves chat completions
     if spec.backend == "vllm":
         return [_vllm_executable(), "serve", spec.model, "--host", spec.host, "--port", str(port),
-                "--runner", "pooling", "--tensor-parallel-size", g, *spec.args]
+                *(["--runner", "pooling"] if pooling else []), "--tensor-parallel-size", g, *spec.args]
     if spec.backend == "sglang":
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model,
-                "--is-embedding", "--host", spec.host, "--port", str(port), "--tp-size", g, *spec.args]
+                *(["--is-embedding"] if pooling else []), "--host", spec.host, "--port", str(port), "--tp-size", g,
+                *spec.args]
     device = "cuda" if spec.gpus_per_replica > 0 else "cpu"
     return [sys.executable, "-m", "streamrl.scorers.rm_server", "--model", spec.model,
             "--host", spec.host, "--port", str(port), "--device", device, *spec.args]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, CRITIC_WARMUP, FSDP_TUNING, PROFILER, RAY,
+from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, CRITIC_WARMUP, ENGINE, FSDP_TUNING, MULTIMODAL,
+                                PROFILER, RAY,
                                 STREAMING, TEACHER_SCALE, Given, Refused, Row, _adv_estimator, _batch, _bool,
                                 _critic_warmup, _files, _int, _logger, _minus_one_off, _overlong, _resume_mode, _same,
                                 _save_freq, _total_epochs, _total_steps, ignored, mapped, refused)
@@ -16,8 +17,56 @@ __all__ = ["VERL_TABLE", "VERL_TOPS", "CRITIC_WARMUP"]
 
 V1 = ("verl's V1 trainer and its modes (sync, colocated or separate async): streamrl's stages stream, the learner "
       "training on samples up to learner.max_staleness versions old")
-REWARD_MODEL = ("the reward model's settings, read only with reward_model.enable / reward.reward_model.enable (refused "
-                "when on: a reward model is a reward.scorers entry of type model here, configs/reward.example.yaml)")
+#: the reward model's rollout.* keys streamrl reads (streamrl.reward.config.reward_model_entry: its servers' flags)
+_RM_READ = ("name", "tensor_model_parallel_size", "data_parallel_size", "engine_kwargs", "prompt_length",
+            "response_length", "dtype", "gpu_memory_utilization", "enforce_eager", "max_model_len", "max_num_seqs",
+            "max_num_batched_tokens", "load_format", "seed", "quantization", "enable_prefix_caching",
+            "enable_chunked_prefill")
+RM_SAMPLING = ("the reward model's sampling settings: verl sends none of them (a discriminative model is not sampled; "
+               "a generative model's requests carry what your reward function asks)")
+RM_SLEEP = "verl frees the reward model's memory between steps to share GPUs with training; here its servers keep theirs"
+
+
+def _rm_rows(prefix: str) -> tuple[Row, ...]:
+    """verl's reward model, in its 0.9.1 section (``reward.reward_model.``) or its legacy one
+    (``reward_model.``): streamrl.reward.config.reward_model_entry reads it."""
+    legacy = prefix == "reward_model."
+    rows = [
+        mapped(f"{prefix}model.path" if legacy else f"{prefix}model_path", "reward_model.model_path",
+               note="the reward model: a reward.scorers entry reward_model (discriminative) or the servers a "
+                    "custom function calls through reward_router_address (generative)"),
+        *(mapped(f"{prefix}{k}", f"reward_model.{k}",
+                 note="the reward model's own GPUs (verl's standalone pool), shared among the reward group's members: "
+                      "replicas of tensor_model_parallel_size GPUs (reward.servers.reward_model), the group's placement")
+          for k in ("enable_resource_pool", "n_gpus_per_node", "nnodes")),
+        *(mapped(f"{prefix}rollout.{k}", f"reward_model.rollout.{k}",
+                  note="the reward model's servers (rollout.name vllm or sglang; unset or hf: transformers in each "
+                       "member): replicas, flags, batches (streamrl.reward.config.reward_model_entry)")
+          for k in _RM_READ),
+        ignored(f"{prefix}rollout.engine_kwargs.*", "read with rollout.engine_kwargs"),
+        *(ignored(f"{prefix}rollout.{k}", RM_SAMPLING) for k in ("temperature", "top_k", "top_p", "do_sample", "n",
+                                                                 "ignore_eos")),
+        ignored(f"{prefix}rollout.free_cache_engine", RM_SLEEP),
+        ignored(f"{prefix}rollout.multi_stage_wake_up", RM_SLEEP),
+        ignored(f"{prefix}rollout.limit_images", MULTIMODAL),
+        *(ignored(f"{prefix}rollout.{k}", ENGINE) for k in ("cudagraph_capture_sizes", "expert_parallel_size",
+                                                            "pipeline_model_parallel_size", "layered_summon",
+                                                            "scheduling_policy", "disable_log_stats", "mtp",
+                                                            "full_determinism", "skip_tokenizer_init")),
+        ignored(f"{prefix}rollout.disaggregation.*", ENGINE + " (prefill and decode on separate servers)"),
+        refused(f"{prefix}rollout.quantization_config_file", "a quantization config file for the reward model's "
+                                                             "servers (rollout.quantization is read)"),
+    ]
+    if legacy:  # verl's legacy section has fewer rollout keys
+        from streamrl.verl.schema import schema_keys
+
+        rows = [r for r in rows if "*" in r.key or r.key in schema_keys()]
+        rows += [refused(f"{prefix}model.external_lib", "a module holding the reward model's classes"),
+                 ignored(f"{prefix}model.trust_remote_code", "the reward model loads with transformers' own classes "
+                                                             "(a model that needs its own code fails at start)")]
+    return tuple(rows)
+
+
 CRITIC_BATCH = "the critic's forward passes run the learner's micro-batches and mini-batches"
 _ASYNC_MODES = ("colocate_async", "separate_async")
 
@@ -57,6 +106,17 @@ def _critic_dynamic(value: Any, given: Given) -> dict[str, Any]:
     if not _bool(value):
         return {"learner.critic.max_tokens_per_micro_batch": 0}
     return {"learner.critic.max_tokens_per_micro_batch": _int(given.get("critic.ppo_max_token_len_per_gpu", 32768))}
+
+
+def _reward_workers(value: Any, given: Given) -> dict[str, Any]:
+    """verl's reward-loop workers (reward.num_workers, legacy reward_model.num_workers): the
+    reward group's members; null (the legacy default) sets nothing."""
+    if value is None:
+        return {}
+    n = _int(value, "an integer >= 1")
+    if n < 1:
+        raise ValueError(f"an integer >= 1 (got {value!r})")
+    return {"run.reward_members": n}
 
 
 VERL_TABLE: tuple[Row, ...] = (
@@ -221,15 +281,22 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped("reward.custom_reward_function.path", "custom_reward_function.path"),
     mapped("reward.custom_reward_function.name", "custom_reward_function.name"),
     mapped("reward.custom_reward_function.reward_kwargs.*", "custom_reward_function.reward_kwargs"),
-    mapped("reward.reward_manager.name", "reward_model.reward_manager"),
-    ignored("reward.reward_manager.source", "where verl finds its reward manager"),
+    mapped("reward.reward_manager.name", "reward_model.reward_manager",
+           note="a built-in (naive, batch, dapo, prime, gdpo, remote, rate_limited), a manager your module registers "
+                "(verl's register, or streamrl.reward.managers.register), or with source importlib the class's name"),
+    mapped("reward.reward_manager.source", "reward_model.reward_manager_source", note="register or importlib"),
+    mapped("reward.reward_manager.module.path", "reward_model.reward_manager_module",
+           note="the file or module of your manager class (importlib; register: imported first)"),
+    mapped("reward.reward_manager.module.name", "reward_model.reward_manager_class",
+           note="importlib: tried after reward_manager.name (the name verl 0.9.1 loads)"),
     mapped("reward.reward_kwargs.*", "reward_model.reward_kwargs"),
-    mapped("reward.reward_model.enable", "reward_model.enable"),
-    ignored("reward.reward_model.*", REWARD_MODEL),
-    ignored("reward.num_workers", "verl's reward workers: the reward stage's consumer group scales here"),
-    refused("reward.reward_manager.module.path", "a reward manager class of your own (reward_manager.source "
-                                                 "importlib): the managers are naive, batch, dapo, prime"),
-    ignored("reward.reward_manager.module.name", "read only with reward_manager.module.path (refused)"),
+    mapped("reward.reward_model.enable", "reward_model.enable",
+           note="a reward model scores (no custom function: discriminative, every record) or serves your function "
+                "(generative, through reward_router_address)"),
+    *_rm_rows("reward.reward_model."),
+    *(mapped(f"{s}num_workers", "run.reward_members", read=_reward_workers,
+             note="verl's reward-loop workers: the reward consumer group's members, each with its own manager")
+      for s in ("reward.", "reward_model.")),
     *(refused(f"{s}sandbox_fusion.url", "SandboxFusion (verl's code execution for code data sources' rewards): a "
                                         "reward.scorers entry of yours runs the code") for s in ("", "reward.")),
     *(ignored(f"{s}sandbox_fusion.*", "SandboxFusion's limits, read only with sandbox_fusion.url (refused)")
@@ -243,7 +310,13 @@ VERL_TABLE: tuple[Row, ...] = (
     _same("reward_model.enable"),
     *(_overlong(k) for k in ("enable", "len", "penalty_factor", "log")),
     ignored("reward_model.launch_reward_fn_async", "the reward stage always scores apart from the learner"),
-    ignored("reward_model.*", REWARD_MODEL),
+    mapped("reward_model.reward_loop_source", "reward_model.reward_manager_source",
+           note="verl's legacy name of reward.reward_manager.source"),
+    mapped("reward_model.reward_loop_module_path", "reward_model.reward_manager_module",
+           note="verl's legacy name of reward.reward_manager.module.path"),
+    mapped("reward_model.reward_loop_class_name", "reward_model.reward_manager_class",
+           note="verl's legacy name of reward.reward_manager.module.name"),
+    *_rm_rows("reward_model."),
     # -- on-policy distillation (docs/guides/distillation.md): the losses the same, the teacher a stage --
     _same("distillation.enabled"),
     *(_same(f"distillation.distillation_loss.{k}") for k in _DISTILLATION_LOSS),

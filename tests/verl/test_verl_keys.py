@@ -166,8 +166,7 @@ def test_verls_reward_managers_shape_the_function(reward_file):
     assert out[0].reward == 0.0 and out[0].reward_info["status"] == "fallback:scorer_error"
     # without a custom function the manager shapes the built-in rules
     assert load_config(None, ["reward_model.reward_manager=prime"]).reward.scorers["math"].executor == "process"
-    for bad, field in [(["reward_model.reward_manager=fancy"], "reward_model.reward_manager"),
-                       (["reward_model.reward_manager=batch"], "custom_reward_function.path"),
+    for bad, field in [(["reward_model.reward_manager=batch"], "custom_reward_function.path"),
                        ([*base, "reward_model.reward_kwargs.x=1"], "reward_model.reward_kwargs"),
                        ([*base, "reward_model.reward_manager=dapo", "reward_model.reward_kwargs.max_resp_len=4",
                          "reward_model.reward_kwargs.overlong_buffer_cfg={enable: true, len: 4}"], "overlong_buffer_cfg.len")]:
@@ -175,6 +174,9 @@ def test_verls_reward_managers_shape_the_function(reward_file):
             load_config(None, bad)
     with pytest.raises(ConfigError, match="custom_reward_function.path"):
         Scoring(load_config(None, ["custom_reward_function.path=no_such_file.py"]).reward)
+    # a name no module registered: the scorer table fails at start naming it (tests/reward/test_verl_reward_managers.py)
+    with pytest.raises(ConfigError, match="no reward manager 'fancy' is registered"):
+        Scoring(load_config(None, ["reward_model.reward_manager=fancy"]).reward)
 
 
 def test_a_bad_stage_section_fails_streamrl_run_at_start(tmp_path, reward_file):

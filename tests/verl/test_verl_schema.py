@@ -120,6 +120,11 @@ CHANGED: dict[str, Any] = {
     "reward.custom_reward_function.path": "my_reward.py", "reward.custom_reward_function.name": "score",
     "custom_reward_function.path": "my_reward.py", "custom_reward_function.name": "score",
     "reward.reward_manager.name": "batch", "reward_model.reward_manager": "batch",
+    "reward.reward_manager.source": "importlib", "reward_model.reward_loop_source": "importlib",
+    "reward.reward_manager.module.name": "MyManager", "reward_model.reward_loop_class_name": "MyManager",
+    **{f"{p}rollout.{k}": v for p in ("reward.reward_model.", "reward_model.")
+       for k, v in (("name", "vllm"), ("dtype", "float16"), ("load_format", "dummy"), ("quantization", "fp8"),
+                    ("engine_kwargs", {"vllm": {"swap_space": 4}}))},
     "distillation.distillation_loss.loss_mode": "k1", "distillation.distillation_loss.policy_loss_mode": "gspo",
     "distillation.teacher_models.teacher_model.model_path": "/models/teacher",
 }
@@ -284,9 +289,10 @@ def test_the_keys_that_stopped_verls_other_scripts(tmp_path):
     cfg = r.config()
     assert cfg.learner.grad_clip == 0.5 and (cfg.learner.tau_pos, cfg.learner.tau_neg) == (1.5, 2.0)
     assert cfg.feed.image_key == "images"
+    assert cfg.run.reward_members == 16  # verl's reward-loop workers: the reward group's members
     line = ignored_line(r.verl)
     for typed in ("model_engine", "update_weights_bucket_megabytes", "moe_tensor_parallel_size", "image_patch_size",
-                  "override_optimizer_config.optimizer_offload_fraction", "reward.num_workers", "sandbox_fusion.url",
+                  "override_optimizer_config.optimizer_offload_fraction", "sandbox_fusion.url",
                   "qat.ignore_patterns"):
         assert typed in line, (typed, line)
     # the same keys that change training, refused naming them
