@@ -33,11 +33,12 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from streamrl.errors import StreamrlError
 
 #: the isolation the docs call the minimum for untrusted code: every layer of ``LAYERS`` working
 MINIMUM = "namespaces"
@@ -376,13 +377,9 @@ class Executor:
                          over[0] if over else "")
 
 
-class IsolationError(RuntimeError):
+class IsolationError(StreamrlError):
     """The isolation measured here is below the minimum and no opt-out was given."""
 
 
 def with_limits(limits: Limits, **changes: Any) -> Limits:
     return dataclasses.replace(limits, **{k: v for k, v in changes.items() if v is not None})
-
-
-def main() -> None:  # pragma: no cover - a manual check: python -m streamrl.sandbox.isolation
-    print(probe().describe(), file=sys.stderr)
