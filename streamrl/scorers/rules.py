@@ -33,6 +33,9 @@ RULES: dict[str, Rule] = {
     # a trailing "*" serves every data source with that prefix (verl: data_source.startswith("aime"))
     "math_dapo": Rule("streamrl.scorers.math_dapo:compute_score", "process",
                       ("math_dapo", "math_dapo_reasoning", "aime*")),
+    # verl's code families: the response run against the row's test cases, isolated (streamrl.sandbox);
+    # async: its executions are subprocesses or HTTP calls, awaited on the loop
+    "code": Rule("streamrl.scorers.code:compute_score", "inline", ("codecontests", "apps", "codeforces", "taco")),
 }
 
 
