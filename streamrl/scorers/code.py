@@ -48,13 +48,15 @@ _isolation: list[Any] = []  # measured once per process
 
 async def compute_score(data_source: str, solution_str: str, ground_truth: Any,
                         extra_info: dict[str, Any] | None = None, *, sandbox_fusion_url: str | None = None,
-                        max_concurrent: int = 64, memory_limit_mb: int = 1024, timeout_s: float = 10.0,
+                        max_concurrent: int | None = 64, memory_limit_mb: int | None = 1024, timeout_s: float = 10.0,
                         continuous: bool = True, allow_unisolated: bool = False,
                         **kwargs: Any) -> dict[str, Any]:
     """``{"score", "passed", "cases", "results", "reason"}``. ``max_concurrent``: cases running at
     once in this reward member (verl's ``sandbox_fusion.max_concurrent``); ``memory_limit_mb``:
     each run's memory (verl's ``sandbox_fusion.memory_limit_mb``); ``timeout_s``: each case's wall
     time (verl's 10 s)."""
+    memory_limit_mb = int(memory_limit_mb or 1024)  # verl passes None when unset
+    max_concurrent = int(max_concurrent or 64)
     table = test_cases(ground_truth)
     flavour = "sandbox_fusion" if sandbox_fusion_url else "prime"
     code = extract_code(solution_str, flavour)

@@ -7,7 +7,10 @@ by default. The reward stage's table (``streamrl.reward.table``) starts from the
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +45,24 @@ RULES: dict[str, Rule] = {
 def default_compute_score(data_source: str, solution_str: str, ground_truth: str | None,
                           extra_info: dict[str, Any] | None = None, **kwargs: Any) -> float | dict:
     """verl's ``default_compute_score``: one call, dispatched to the built-in rule that serves
-    ``data_source``, run right here (no worker process, no timeout)."""
+    ``data_source``, run right here (no worker process, no timeout). An async rule (code) is run
+    to its end, as verl's function returns only when scored."""
     for rule in RULES.values():
         if any(serves(pattern, data_source) for pattern in rule.data_sources):
-            return load_object(rule.ref)(data_source, solution_str, ground_truth, extra_info, **kwargs)
+            result = load_object(rule.ref)(data_source, solution_str, ground_truth, extra_info, **kwargs)
+            return _finished(result) if inspect.iscoroutine(result) else result
     raise Failure("unknown_data_source", f"no built-in scorer for data_source {data_source!r}")
+
+
+def _finished(coro: Any) -> Any:
+    """An async rule's result from sync code: on this thread, or on a thread of its own when this
+    one already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def serves(pattern: str, data_source: str) -> bool:
