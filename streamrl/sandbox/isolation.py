@@ -15,7 +15,8 @@ runs its apps in), chosen by measurement (docs/guides/sandbox.md):
   own uid (``uid_base + slot``), so one execution's fork bomb cannot starve the others;
 - a wall-clock deadline (the whole process group and pid namespace killed at it), and stdout /
   stderr capped in bytes (a 100 MB print is stopped at the cap);
-- an empty environment (``PATH``, ``HOME=/tmp``, ``LANG`` only): no secret of the service's.
+- an empty environment (``PATH``, ``HOME=/tmp``, ``LANG`` only), bubblewrap's own included (its
+  pid-1 reaper is visible inside at ``/proc/1/environ``): no secret of the service's.
 
 ``probe()`` measures which of these work here; the service and the local code scorer refuse to
 run untrusted code below ``MINIMUM`` unless the user opts out by name (``--allow-unisolated``).
@@ -196,6 +197,7 @@ def probe(python: str = "") -> Isolation:
     limits = Limits(wall_s=10, scratch_mb=2)
     try:
         done = subprocess.run([*bwrap_argv(limits), py.argv[0], "-c", check], capture_output=True, text=True,
+                              env={"PATH": SAFE_PATH},
                               timeout=30, preexec_fn=lambda: _set_limits(limits), **_slot_ids(0, slot_uids))
     except (OSError, subprocess.TimeoutExpired) as exc:
         problems.append(f"bubblewrap did not run: {exc}")
@@ -287,7 +289,9 @@ class Executor:
             os.lseek(fd, 0, os.SEEK_SET)
             pass_fds = (fd,)
             argv = [*bwrap_argv(limits), "--ro-bind-data", str(fd), f"/sandbox/{runtime.filename}", *runtime.argv]
-            env = None
+            # bubblewrap itself gets nothing of ours either: its pid-1 reaper, inside the namespace,
+            # keeps the environment it started with (readable at /proc/1/environ)
+            env = {"PATH": SAFE_PATH}
             cwd = None
             ids = _slot_ids(slot, self.isolation.slot_uids)
         else:  # the opt-out / the bench's baseline: a bare subprocess, rlimits and clean env only
@@ -347,7 +351,11 @@ class Executor:
                 if size + len(chunk) > limits.output_bytes:
                     chunks.append(chunk[:limits.output_bytes - size])
                     kill("output")
-                    return b"".join(chunks)  # the pipe closes: nothing more is read
+                    # drained to its end (the program is dead: a few buffers): asyncio finishes a
+                    # process only when every pipe of it has closed, and a full reader stops reading
+                    while await stream.read(1 << 16):
+                        pass
+                    return b"".join(chunks)
                 chunks.append(chunk)
                 size += len(chunk)
 
@@ -357,7 +365,10 @@ class Executor:
             _, out, err, rc = await asyncio.wait_for(asyncio.shield(work), limits.wall_s)
         except asyncio.TimeoutError:
             kill("wall")
-            _, out, err, rc = await work
+            try:  # a process that escaped the group (level none only) may hold the pipes: bounded
+                _, out, err, rc = await asyncio.wait_for(work, 10)
+            except asyncio.TimeoutError:
+                out, err, rc = b"", b"", -signal.SIGKILL
         except asyncio.CancelledError:
             kill("")
             await asyncio.gather(work, return_exceptions=True)
