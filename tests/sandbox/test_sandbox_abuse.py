@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import subprocess
 import urllib.request
@@ -31,7 +30,8 @@ ESCAPED = "ESCAPED"
 
 def abuse_programs(service_port: int, service_pid: int) -> dict[str, tuple[str, set[str]]]:
     """name -> (code, the case results that count as contained)."""
-    attempt = "def attempt(what, fn):\n    try:\n        fn()\n        print('ESCAPED', what)\n    except Exception:\n        pass\n"
+    attempt = ("def attempt(what, fn):\n    try:\n        fn()\n        print('ESCAPED', what)\n"
+               "    except Exception:\n        pass\n")
     return {
         "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
                       {"timeout"}),
@@ -54,7 +54,8 @@ def abuse_programs(service_port: int, service_pid: int) -> dict[str, tuple[str, 
                          {"wrong_answer"}),
         "read_secret": ("import os, glob\nprint(dict(os.environ))\nfor p in glob.glob('/proc/*/environ'):\n"
                         "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass\n"
-                        f"print(open('/proc/1/cmdline', 'rb').read())\nprint({ESCAPED!r} if {SECRET!r} in str(os.environ) else 'no')",
+                        "print(open('/proc/1/cmdline', 'rb').read())\n"
+                        f"print({ESCAPED!r} if {SECRET!r} in str(os.environ) else 'no')",
                         {"wrong_answer"}),
         "sockets": (attempt + "import socket\n"
                     f"attempt('service', lambda: socket.create_connection(('127.0.0.1', {service_port}), timeout=1))\n"
