@@ -6,7 +6,7 @@ runs one program with its stdin under bubblewrap (Debian's ``bubblewrap``, the t
 runs its apps in), chosen by measurement (docs/guides/sandbox.md):
 
 - namespaces: user (the code holds no capability outside), pid (it sees and signals only its own
-  processes; they all die with it), network (no interface but a down loopback), ipc, uts, mount:
+  processes; they all die with it), network (a loopback of its own, no route out), ipc, uts, mount:
   its filesystem is ``/usr`` (the language runtimes) read-only, a minimal ``/dev``, its own
   ``/proc``, the program read-only under ``/sandbox``, and a size-capped tmpfs scratch ``/tmp``
   (its working directory). Nothing of the host's ``/etc``, ``/home``, ``/root`` or ``/work``;
@@ -185,7 +185,7 @@ def probe(python: str = "") -> Isolation:
     layers["bubblewrap"] = True
     py = runtimes(python).get("python")
     check = ("import os, socket, sys\n"
-             "out = {'pid1': os.getpid() <= 3, 'ro': False, 'net': False, 'root': not os.path.exists('/work')}\n"
+             "out = {'pid1': os.getpid() <= 3, 'ro': False, 'net': False, 'root': not os.path.exists('/etc')}\n"
              "try:\n    open('/usr/streamrl-probe', 'w')\nexcept OSError:\n    out['ro'] = True\n"
              "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\nexcept OSError:\n    out['net'] = True\n"
              "try:\n    open('/tmp/fill', 'wb').write(b'0' * (3 << 20))\n    out['size'] = False\n"
