@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -140,7 +141,9 @@ def test_below_the_minimum_the_executor_and_the_service_refuse_unless_opted_out(
         Executor(weak)
     ran = asyncio.run(Executor(weak, allow_unisolated=True).run("python", "print(6 * 7)", None, Limits(wall_s=5)))
     assert ran.stdout == "42\n"
-    # the verb: no bwrap on PATH -> exit 2 naming the opt-out
-    done = subprocess.run([sys.executable, "-m", "streamrl", "sandbox", "--port", "0"], capture_output=True,
+    # the service (services/sandbox.py: the verb) with no bwrap on PATH: exit 2 naming the opt-out
+    service = Path(__file__).resolve().parents[2] / "services" / "sandbox.py"
+    done = subprocess.run([sys.executable, str(service), "--port", "0"], capture_output=True,
                           text=True, env={"PATH": "/nonexistent", "PYTHONPATH": ":".join(sys.path)}, timeout=60)
-    assert done.returncode == 2 and "--allow-unisolated" in done.stderr
+    assert done.returncode == 2 and "--allow-unisolated" in done.stderr and "bubblewrap" in done.stderr
+
