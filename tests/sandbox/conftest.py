@@ -39,9 +39,9 @@ def verl_package(name: str) -> ModuleType:
     return module
 
 
-def start_service(*extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_service(*extra: str, port: int = 0, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     binary("bwrap")
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen([sys.executable, "-m", "streamrl", "sandbox", "--port", str(port), *SERVICE_ARGS, *extra],
                             env={**os.environ, "STREAMRL_TEST_SECRET": SECRET, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
