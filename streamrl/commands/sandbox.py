@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--processes", type=int, default=64, help="processes and threads per execution")
     parser.add_argument("--scratch-mb", type=int, default=64, help="size of the scratch tmpfs (/tmp)")
     parser.add_argument("--max-output-bytes", type=int, default=8 << 20, help="stdout and stderr cap, each")
+    parser.add_argument("--uid-base", type=int, default=61000,
+                        help="started as root: slot i runs as uid uid-base+i (processes are counted per uid: "
+                             "give each service on a host its own range)")
     parser.add_argument("--allow-unisolated", action="store_true",
                         help="run code below the documented minimum isolation (no bubblewrap or no user "
                              "namespaces): only for code you trust")
@@ -37,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
     isolation = probe(args.python)
     executor = Executor(isolation, slots=args.slots or default_slots(), python=args.python,
-                        allow_unisolated=args.allow_unisolated)  # refuses below the minimum
+                        allow_unisolated=args.allow_unisolated, uid_base=args.uid_base)  # refuses below the minimum
     limits = ServiceLimits(max_run_timeout_s=args.max_run_timeout, max_memory_mb=args.max_memory_mb,
                            default_memory_mb=args.default_memory_mb,
                            base=Limits(processes=args.processes, scratch_mb=args.scratch_mb,

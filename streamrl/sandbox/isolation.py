@@ -48,7 +48,10 @@ LEVELS = ("namespaces", "none")
 LAYERS = ("bubblewrap", "user_ns", "pid_ns", "net_ns", "mount_ns", "scratch_size", "rlimits")
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-UID_BASE = 61000  # a started-as-root service runs slot i as uid/gid UID_BASE + i
+#: a started-as-root service runs slot i as uid/gid uid_base + i. Processes are counted per uid, so
+#: two services (or a service and a reward member's local executor) on one host each take their own
+#: range: ``streamrl sandbox --uid-base``
+UID_BASE = 61000
 
 
 @dataclass(frozen=True)
@@ -229,10 +232,10 @@ def _parse_flags(text: str) -> dict[str, Any]:
     return out
 
 
-def _slot_ids(slot: int, slot_uids: bool) -> dict[str, Any]:
+def _slot_ids(slot: int, slot_uids: bool, base: int = UID_BASE) -> dict[str, Any]:
     if not slot_uids:
         return {}
-    uid = UID_BASE + slot
+    uid = base + slot
     return {"user": uid, "group": uid, "extra_groups": []}
 
 
@@ -242,7 +245,7 @@ class Executor:
     ``allow_unisolated``: the caller names the opt-out."""
 
     def __init__(self, isolation: Isolation, *, slots: int = 4, python: str = "",
-                 allow_unisolated: bool = False):
+                 allow_unisolated: bool = False, uid_base: int = UID_BASE):
         if isolation.level != MINIMUM and not allow_unisolated:
             raise IsolationError(
                 f"{isolation.describe()}: below the minimum ({MINIMUM}: {', '.join(LAYERS)}); "
@@ -252,6 +255,7 @@ class Executor:
         self.runtimes = runtimes(python)
         self.slots: asyncio.Queue[int] | None = None
         self.n_slots = slots
+        self.uid_base = uid_base
         self.waiting = 0
 
     def languages(self) -> list[str]:
@@ -293,7 +297,7 @@ class Executor:
             # keeps the environment it started with (readable at /proc/1/environ)
             env = {"PATH": SAFE_PATH}
             cwd = None
-            ids = _slot_ids(slot, self.isolation.slot_uids)
+            ids = _slot_ids(slot, self.isolation.slot_uids, self.uid_base)
         else:  # the opt-out / the bench's baseline: a bare subprocess, rlimits and clean env only
             scratch = tempfile.mkdtemp(prefix="streamrl-sandbox-")
             path = os.path.join(scratch, runtime.filename)

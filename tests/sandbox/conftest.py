@@ -19,8 +19,10 @@ from tests.helpers import binary, stop, wait_for_sync
 
 SECRET = "streamrl-test-secret-6f1d2c"
 #: the service's flags: an abuse program ends within seconds
-SERVICE_ARGS = ("--slots", "4", "--max-run-timeout", "5", "--max-memory-mb", "512", "--processes", "32",
-                "--scratch-mb", "16", "--max-output-bytes", str(1 << 20))
+#: the service's own uid range (the local executor of the other tests runs at the default 61000)
+UID_BASE = 62000
+SERVICE_ARGS = ("--uid-base", str(UID_BASE), "--slots", "4", "--max-run-timeout", "5", "--max-memory-mb", "512",
+                "--processes", "32", "--scratch-mb", "16", "--max-output-bytes", str(1 << 20))
 
 
 def verl_package(name: str) -> ModuleType:

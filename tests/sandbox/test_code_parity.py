@@ -18,6 +18,7 @@ from tests.sandbox.code_cases import assert_cases, cases
 from tests.sandbox.conftest import verl_package
 
 TIMEOUT_S = 1
+pytestmark = pytest.mark.xdist_group("sandbox-parity")  # one service for the module's tests
 
 
 def verl_prime(response: str, ground_truth: str) -> float:

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import aiohttp
 
-from streamrl.sandbox.isolation import UID_BASE
 from streamrl.scorers.code import compute_score
 from tests.helpers import wait_for_sync
 from tests.sandbox.code_cases import fenced
-from tests.sandbox.conftest import SECRET
+from tests.sandbox.conftest import SECRET, UID_BASE
 
 NONCE = secrets.token_hex(6)
 HOST_FILES = [Path("/tmp") / f"streamrl-abuse-{NONCE}", Path(__file__).parent / f"abuse-{NONCE}"]
