@@ -27,7 +27,6 @@ the clean environment only.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import os
 import resource
@@ -394,7 +393,3 @@ class Executor:
 
 class IsolationError(StreamrlError):
     """The isolation measured here is below the minimum and no opt-out was given."""
-
-
-def with_limits(limits: Limits, **changes: Any) -> Limits:
-    return dataclasses.replace(limits, **{k: v for k, v in changes.items() if v is not None})
