@@ -25,6 +25,7 @@ VERBS = {
     "feed": "streamrl.commands.feed",
     "rollout": "streamrl.commands.rollout",
     "reward": "streamrl.commands.reward",
+    "sandbox": "streamrl.commands.sandbox",
     "teacher": "streamrl.commands.teacher",
     "learner": "streamrl.commands.learner",
     "archive": "streamrl.commands.archive",

@@ -332,3 +332,24 @@ TEACHER_BATCH_SECONDS = Histogram("streamrl_teacher_batch_seconds", "Time of one
                                   ["backend"], buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
 TEACHER_BATCH_SIZE = Histogram("streamrl_teacher_batch_records", "Records per teacher forward pass", ["backend"],
                                buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+
+# -- sandbox (streamrl sandbox: policy-written code, isolated) and the code scorer that calls it ---------
+SANDBOX_REQUESTS = Counter("streamrl_sandbox_requests_total", "run_code requests taken (valid ones)")
+SANDBOX_REJECTED = Counter("streamrl_sandbox_rejected_requests_total", "run_code requests refused (reason: bad_request)",
+                           ["reason"])
+SANDBOX_EXECUTIONS = Counter("streamrl_sandbox_executions_total",
+                             "Programs run, by how they ended (outcome: success, failed, wall_limit, cpu_limit, "
+                             "output_limit, sandbox_error: the service's own failure)", ["language", "outcome"])
+SANDBOX_SECONDS = Histogram("streamrl_sandbox_execution_seconds", "Time of one run_code request, queue wait included",
+                            ["language"], buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+SANDBOX_WAITING = Gauge("streamrl_sandbox_waiting_requests",
+                        "Requests waiting for an execution slot: the queue KEDA scales the sandbox group on")
+SANDBOX_IN_FLIGHT = Gauge("streamrl_sandbox_in_flight_requests", "Requests taken and not yet answered")
+SANDBOX_SLOTS = Gauge("streamrl_sandbox_slots", "Programs this member runs at once")
+SANDBOX_ISOLATION = Info("streamrl_sandbox_isolation", "The isolation this member measured at start "
+                         "(level namespaces: every layer; none: the named opt-out)")
+CODE_CASES = Counter("streamrl_reward_code_cases_total", "Test cases the code scorer ran, by result "
+                     "(pass, wrong_answer, runtime_error, timeout, compile_error)", ["backend", "result"])
+CODE_SANDBOX_ERRORS = Counter("streamrl_reward_code_sandbox_errors_total",
+                              "Code-scorer calls the sandbox could not serve (the record is held and retried, "
+                              "never scored 0; reason: connect, timeout, http, sandbox_error)", ["reason"])

@@ -375,8 +375,9 @@ def binary(name: str) -> str:
     """A tool ``make test`` installs (.ci/test-tools); the test fails naming it when missing."""
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"`{name}` is not on PATH: install Debian's prometheus package "
-                    "(apt-get install -y prometheus); `make test` does (.ci/test-tools)")
+        package = {"bwrap": "bubblewrap", "amtool": "prometheus-alertmanager"}.get(name, "prometheus")
+        pytest.fail(f"`{name}` is not on PATH: install Debian's {package} package "
+                    f"(apt-get install -y {package}); `make test` does (.ci/test-tools)")
     return path
 
 

@@ -1,17 +1,20 @@
 """The built-in rule scorers and verl's ``default_compute_score`` over them.
 
 As in verl's ``reward_score`` package, each rule is a small module with verl's scorer signature
-(``gsm8k``, ``math_verify``, ``math_dapo``, ``geo3k``, ``search_r1``, ``prime_math``); this registry says which
-data sources each serves and where it runs by default. The reward stage's table
+(``gsm8k``, ``math_verify``, ``math_dapo``, ``geo3k``, ``search_r1``, ``prime_math``, ``code``); this
+registry says which data sources each serves and where it runs by default. The reward stage's table
 (``streamrl.reward.table``) starts from these entries; a new family is a module and a row here.
 
-verl's code families (``codecontests``, ``apps``, ``codeforces``, ``taco``) run submitted code and
-belong to the sandbox.
+verl's code families (``codecontests``, ``apps``, ``codeforces``, ``taco``) run the response against
+the row's test cases, isolated (``streamrl.scorers.code`` over ``streamrl.sandbox``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,17 +50,33 @@ RULES: dict[str, Rule] = {
     "geo3k": Rule("streamrl.scorers.geo3k:compute_score", "process", ("hiyouga/geometry3k",)),  # SymPy
     "search_r1": Rule("streamrl.scorers.search_r1:compute_score", "thread", SEARCH_R1_SOURCES),
     "prime_math": Rule("streamrl.scorers.prime_math:compute_score", "process", NUMINA_SOURCES),  # SymPy
+    # verl's code families: the response run against the row's test cases, isolated (streamrl.sandbox);
+    # async: its executions are subprocesses or HTTP calls, awaited on the loop
+    "code": Rule("streamrl.scorers.code:compute_score", "inline", ("codecontests", "apps", "codeforces", "taco")),
 }
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth: str | None,
                           extra_info: dict[str, Any] | None = None, **kwargs: Any) -> float | dict:
     """verl's ``default_compute_score``: one call, dispatched to the built-in rule that serves
-    ``data_source``, run right here (no worker process, no timeout)."""
+    ``data_source``, run right here (no worker process, no timeout). An async rule (code) is run
+    to its end, as verl's function returns only when scored."""
     for rule in RULES.values():
         if any(serves(pattern, data_source) for pattern in rule.data_sources):
-            return load_object(rule.ref)(data_source, solution_str, ground_truth, extra_info, **kwargs)
+            result = load_object(rule.ref)(data_source, solution_str, ground_truth, extra_info, **kwargs)
+            return _finished(result) if inspect.iscoroutine(result) else result
     raise Failure("unknown_data_source", f"no built-in scorer for data_source {data_source!r}")
+
+
+def _finished(coro: Any) -> Any:
+    """An async rule's result from sync code: on this thread, or on a thread of its own when this
+    one already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def serves(pattern: str, data_source: str) -> bool:

@@ -297,10 +297,13 @@ VERL_TABLE: tuple[Row, ...] = (
     *(mapped(f"{s}num_workers", "run.reward_members", read=_reward_workers,
              note="verl's reward-loop workers: the reward consumer group's members, each with its own manager")
       for s in ("reward.", "reward_model.")),
-    *(refused(f"{s}sandbox_fusion.url", "SandboxFusion (verl's code execution for code data sources' rewards): a "
-                                        "reward.scorers entry of yours runs the code") for s in ("", "reward.")),
-    *(ignored(f"{s}sandbox_fusion.*", "SandboxFusion's limits, read only with sandbox_fusion.url (refused)")
-      for s in ("", "reward.")),
+    # verl's code data sources' execution (docs/guides/sandbox.md): the code rule's arguments, both generations
+    *(mapped(f"{s}sandbox_fusion.{k}", f"reward.scorers.code.kwargs.{to}", note=why)
+      for s in ("", "reward.") for k, to, why in (
+          ("url", "sandbox_fusion_url", "the code rule runs cases on this SandboxFusion API (streamrl sandbox, or "
+                                        "SandboxFusion); null: locally, isolated (bubblewrap)"),
+          ("max_concurrent", "max_concurrent", "cases running at once per reward member"),
+          ("memory_limit_mb", "memory_limit_mb", "each run's memory"))),
     mapped("reward.launch_reward_fn_async", read=lambda v, g: {}, note="the reward stage always scores apart"),
     _same("custom_reward_function.path"),
     _same("custom_reward_function.name"),

@@ -262,7 +262,7 @@ def test_replay_report_matches_direct_computation(memory_bus: Bus, tmp_path: Pat
     assert report["failed_by_reason"] == {"bad_json": 1, "schema": 1, "test_refused": 1,
                                           "unknown_data_source": 1}
     assert report["scorer"]["spec"] == str(yaml)
-    assert report["scorer"]["entries"].keys() == {"digits", "gsm8k", "length", "math", "math_dapo", "geo3k",
+    assert report["scorer"]["entries"].keys() == {"code", "digits", "gsm8k", "length", "math", "math_dapo", "geo3k",
                                                    "search_r1", "prime_math"}
     assert report["source"]["topic"] == bus.topic("rewarded") and report["source"]["from"] == []
     assert report["source"]["partitions"] == {

@@ -420,8 +420,8 @@ def test_the_verl_mode_table_scores_each_family_as_verl():
 
 def test_every_non_code_data_source_verl_routes_has_a_rule_here():
     """Read from verl's own ``default_compute_score``: every data source it names (and the
-    ``aime`` prefix) is routed to a built-in rule in both modes, except the code families, and the
-    families tested above are the ones those rules are."""
+    ``aime`` prefix) is routed to a built-in rule in both modes (the code families to ``code``,
+    tested in tests/sandbox), and the families tested above are the ones those rules are."""
     assert VERL is not None
     source = (VERL / "__init__.py").read_text()
     body = source[source.index("def default_compute_score"):source.index("@deprecated")]
@@ -433,8 +433,8 @@ def test_every_non_code_data_source_verl_routes_has_a_rule_here():
     for table in tables:
         for ds in sorted(named - code - {"aime"}) + ["aime24", "aime_2025"]:
             entry = table.lookup(ds)
-            assert entry is not None, ds
-        assert {table.lookup(ds) for ds in code} == {None}  # the sandbox's
+            assert entry is not None and entry.name != "code", ds
+        assert {table.lookup(ds).name for ds in code} == {"code"}
     assert set(NAMES) == {"gsm8k", "math_reward", "math_dapo", "geo3k", "prime_math", "search_r1"}
 
 

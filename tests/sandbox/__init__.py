@@ -1,0 +1,1 @@
+"""Tests of streamrl.sandbox: the isolated executor, the `streamrl sandbox` service, code rewards."""
