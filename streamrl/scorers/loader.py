@@ -122,9 +122,10 @@ def _worker_init(memory_mb: int) -> None:
     with all of the member's mappings: every thread's stack and malloc arena (a Kafka client
     holds about 190 MB of them), torch's libraries, CUDA's reservations (tens of GB). An
     absolute cap was the cause of scorer workers dying under load: once the member had grown
-    near 4 GB, a new worker's first allocations failed, math-verify's parse read the
-    ``MemoryError`` as "cannot parse" (``bad_ground_truth`` for ``\\frac{1}{2}``) and the next
-    one, outside the scorer, ended the worker ("Abnormal termination"), on every retry."""
+    near 4 GB, a new worker was born at its cap: an allocation that failed inside math-verify's
+    parse was read as "cannot parse" (``bad_ground_truth`` for ``\\frac{1}{2}``: the scorer
+    caught every ``Exception``, ``MemoryError`` too), and one outside the scorer ended the
+    worker ("Abnormal termination"), on every retry: each fresh worker was forked as large."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
@@ -199,7 +200,7 @@ class ProcessRunner:
                     raise
                 died = str(exc)
             metrics.REWARD_WORKER_DEATHS.labels(scorer or ref).inc()
-            log.warning("%s: its worker process died (%s); trying the record on a fresh worker", ref, died)
+            log.warning("%s: its worker process died (%s)", ref, died)
         raise Failure("worker_died", f"{ref}: its worker process died on each of "
                                      f"{self.worker_retries + 1} workers ({died})")
 
