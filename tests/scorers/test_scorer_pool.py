@@ -54,8 +54,11 @@ def test_workers_of_a_member_larger_than_the_cap_score_under_load():
     reserve = mmap.mmap(-1, held, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ) if held else None
     assert address_space_bytes() > DEFAULT_CAP_MB * MB
     runner = ProcessRunner(4, DEFAULT_CAP_MB)
+    # budgets far above the work: on a loaded machine a cold worker's first parse (SymPy's and
+    # the LaTeX parser's set-up) can take seconds; this test is about memory, not time
     scorer = FunctionScorer("streamrl.scorers.math_verify:compute_score", name="pool-math",
-                            executor="process", runner=runner, timeout_s=120.0)
+                            kwargs=dict(parse_timeout_s=120.0, verify_timeout_s=120.0),
+                            executor="process", runner=runner, timeout_s=300.0)
     cases = [("so $\\boxed{0.5}$", "\\frac{1}{2}"), ("$\\boxed{\\frac{1}{3}}$", "\\frac{1}{2}"),
              ("The answer is $\\boxed{\\frac{1}{2}}$.", "\\frac{1}{2}")] * 16
     before = _deaths("pool-math")
