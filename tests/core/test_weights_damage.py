@@ -98,7 +98,10 @@ def test_a_half_written_version_is_passed_over_by_newest_and_refused_by_name(run
     refused(*export(run, tmp_path / "named", capsys, 7), "version 7", f"v7/{DELTA}", "manifest")
     assert not (tmp_path / "named").exists()
 
-    for reader in (lambda: weights.weights_path(str(run / "weights" / "v7")),  # a rollout worker
+    from streamrl.rollout.fleet import server_path
+
+    for reader in (lambda: weights.weights_path(str(run / "weights" / "v7")),  # an in-process backend
+                   lambda: server_path(str(run / "weights" / "v7")),  # a server fleet's worker
                    lambda: weights.local_policy(str(run / "weights" / "v7"))):  # a teacher
         with pytest.raises(WeightLoadError, match="v7.*without its manifest") as err:
             reader()
