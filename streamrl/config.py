@@ -223,13 +223,25 @@ class RunConfig:
             raise ConfigError(f"config field 'run.stage_timeout_s': must be > 0 (got {self.stage_timeout_s})")
 
 
+def override_tree(override: str) -> DictConfig:
+    """``key.path=value`` as a config tree. ``key=`` is the empty string, as Hydra (and so verl)
+    reads it: OmegaConf's dotlist reads it as None, which a string field refuses
+    (``feed.data_source=``: every row's own data source)."""
+    key, eq, value = override.partition("=")
+    if eq and not value.strip():
+        tree = OmegaConf.create()
+        OmegaConf.update(tree, key.strip(), "", force_add=True)
+        return tree
+    return OmegaConf.from_dotlist([override])
+
+
 def apply_override(merged: DictConfig, override: str) -> DictConfig:
     """One ``key.path=value`` onto the config, merged as in verl, except that a mapping given
     for a free-form mapping (``kwargs``, ``fallbacks``, ``run.ray.resources``, the scorer
     table) replaces it: ``reward.scorers.gsm8k.kwargs={}`` clears the kwargs, where a merge
     would keep every key the file gave. A config section (a dataclass) is still merged field by
     field."""
-    parsed = OmegaConf.from_dotlist([override])
+    parsed = override_tree(override)
     key = override.split("=", 1)[0].strip()
     value = OmegaConf.select(parsed, key)
     current = OmegaConf.select(merged, key, default=None)

@@ -178,6 +178,10 @@ REWARD_FAILED = Counter("streamrl_reward_failed_records_total",
                         "Records the scorer failed on for good (dead-lettered)", ["scorer", "reason"])
 REWARD_ATTEMPT_ERRORS = Counter("streamrl_reward_attempt_errors_total",
                                 "Scoring attempts that raised, retried or not", ["scorer", "reason"])
+REWARD_WORKER_DEATHS = Counter("streamrl_reward_worker_deaths_total",
+                               "Scorer worker processes (executor: process) that died under a record; "
+                               "the pool replaces the worker and the record is tried on a fresh one",
+                               ["scorer"])
 REWARD_UNAVAILABLE = Counter("streamrl_reward_unavailable_total",
                              "Scoring attempts that found the scorer's backend down (the record "
                              "is held and tried again, never scored 0)", ["scorer"])

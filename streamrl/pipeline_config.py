@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from streamrl.archive.config import ArchiveConfig
-from streamrl.config import BusConfig, MetricsConfig, RunConfig, TopicsConfig, apply_override, config_errors
+from streamrl.config import BusConfig, MetricsConfig, RunConfig, TopicsConfig, apply_override, config_errors, override_tree
 from streamrl.distillation.config import DistillationConfig, TeacherConfig
 from streamrl.errors import ConfigError, StreamrlError
 from streamrl.evaluation.config import EvalConfig
@@ -277,7 +277,7 @@ def _drop_stale_kwargs(merged: DictConfig, before: dict[str, tuple[Any, ...]], o
             if key == target or key.startswith(target + "."):
                 merged = apply_override(merged, override)
             elif target.startswith(key + "."):  # the entry (or the table) given whole
-                given = OmegaConf.select(OmegaConf.from_dotlist([override]), target, default=None)
+                given = OmegaConf.select(override_tree(override), target, default=None)
                 if given is not None:
                     merged.reward.scorers[name].kwargs = given
     return merged

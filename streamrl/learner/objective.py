@@ -66,6 +66,30 @@ class MiniBatch:
     live: list[torch.Tensor | None] | None = None  # bypass: each unit's log-probs in the first epoch
     is_norm: torch.Tensor | None = None  # bypass with a batch normaliser: the mean weight
     correction_metrics: dict[str, float] = field(default_factory=dict)
+    # distillation: the same normalisers over the samples a teacher annotated only (their trained
+    # tokens for the token-mean metrics, ``totals``' keywords for the loss's figure)
+    annotated_tokens: torch.Tensor | None = None
+    annotated_totals: dict[str, Any] | None = None
+
+
+def annotated(samples: Sequence[Sample], masks: Sequence[Any], device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, sequences)`` to train of the samples a teacher annotated (``teacher.unserved:
+    train`` leaves the others without a distillation term); ``masks``: each sample's tokens, as
+    numpy arrays or tensors."""
+    tokens = sum(float(m.sum()) for s, m in zip(samples, masks) if s.teacher_logprobs is not None)
+    seqs = sum(int(float(m.sum()) > 0) for s, m in zip(samples, masks) if s.teacher_logprobs is not None)
+    return (torch.tensor(max(1.0, tokens), device=device), torch.tensor(max(1, seqs), device=device))
+
+
+def to_annotated(value: torch.Tensor, mode: str, totals: dict[str, Any], annotated_totals: dict[str, Any] | None
+                 ) -> torch.Tensor:
+    """A loss aggregated over the mini-batch's ``totals`` (``losses.aggregate``), as the same
+    aggregate over the annotated samples' normalisers: exact, the aggregate being its sum over
+    one normaliser (tokens for the token means, sequences for the sequence means)."""
+    if annotated_totals is None or mode == "token-sum":
+        return value
+    key = "total_tokens" if mode == "token-mean" else "total_seqs"
+    return value * (totals[key] / annotated_totals[key])
 
 
 class Metrics:
@@ -240,6 +264,9 @@ class Objective:
             batch.correction_metrics = corr.metrics
             kept = corr.mask
             batch.totals.update(total_tokens=kept.sum().clamp(min=1.0), total_seqs=(kept.sum(-1) > 0).sum().clamp(min=1))
+            if batch.annotated_totals is not None:
+                tokens, seqs = annotated(batch.samples, kept)
+                batch.annotated_totals.update(total_tokens=tokens.to(kept.device), total_seqs=seqs.to(kept.device))
         elif rc.bypass_mode:
             from streamrl.learner import rollout_correction
 
@@ -293,7 +320,7 @@ class Objective:
             metrics.add("kl", kl)
         if cfg.distillation.enabled:  # verl's distillation_ppo_loss: with or instead of the task's
             old = batch.proximal[u] if cfg.decoupled else batch.behaviour[u]
-            loss = self.distillation_loss(loss, unit, logp, old, mask, totals, metrics.add, token_totals)
+            loss = self.distillation_loss(loss, unit, logp, old, mask, batch, metrics.add)
         metrics.add("loss", loss)
         metrics.add("pg_loss", pg_loss)
         metrics.add("entropy", entropy)
@@ -328,11 +355,22 @@ class Objective:
         return losses.policy_loss(mode, batch.behaviour[u], logp, advantages, unit.mask, options), unit.mask
 
     def distillation_loss(self, task_loss: torch.Tensor, unit: "Batch", logp: torch.Tensor, old: torch.Tensor,
-                          mask: torch.Tensor, totals: dict, add: Any, token_totals: dict) -> torch.Tensor:
+                          mask: torch.Tensor, batch: MiniBatch, add: Any) -> torch.Tensor:
         """One micro-batch's loss with the teacher's (``learner.distillation``, verl's
         ``distillation_loss``): aggregated over the mini-batch's totals like the policy loss, so
-        micro-batches and ranks add up to the whole; metrics as verl's ``distillation/*``."""
+        micro-batches and ranks add up to the whole; metrics as verl's ``distillation/*``.
+
+        Records no teacher serves (``teacher.unserved: train``) carry no distillation term. The
+        term keeps verl's weight, the mean over all of the mini-batch's tokens, as verl's
+        ``agg_loss`` over the response mask and the batch's token count: each annotated token's
+        loss is ``pg + coef * distill`` whatever else the mini-batch holds, so an annotated
+        token's update does not grow as the unserved share does. The figures (``distillation/
+        loss``, ``abs_loss``, ``teacher_mass``, ``student_mass``) are over the annotated tokens
+        (what they mean to a reader; with every record annotated, verl's figures exactly)."""
         dl = self.cfg.distillation.distillation_loss
+        totals, token_totals = batch.totals, dict(total_tokens=batch.total_tokens)
+        if batch.annotated_tokens is not None:
+            token_totals = dict(total_tokens=batch.annotated_tokens)
         served = unit.teacher_served if unit.teacher_served is not None else 1.0
         mask, token_mask = mask * served, unit.mask * served  # a record no teacher serves: no distillation term
         if dl.use_topk:
@@ -342,7 +380,7 @@ class Objective:
         distill = losses.distillation_loss(terms, mask, self.cfg.loss_agg_mode, logp=logp, old_logp=old,
                                            loss_max_clamp=dl.loss_max_clamp, use_policy_gradient=dl.use_policy_gradient,
                                            clip_low=dl.clip_ratio_low, clip_high=dl.clip_ratio_high, **totals)
-        add("distillation/loss", distill)
+        add("distillation/loss", to_annotated(distill, self.cfg.loss_agg_mode, totals, batch.annotated_totals))
         add("distillation/abs_loss", losses.aggregate(terms.losses.detach().abs(), token_mask, "token-mean", **token_totals))
         # verl's distillation/loss_min and loss_max: the per-token loss before loss_max_clamp over
         # the response tokens, reduced as MIN / MAX over micro-batches and ranks

@@ -32,7 +32,7 @@ from streamrl.learner import checkpoint, collate, distributed, losses, microbatc
 from streamrl.learner import optimizer as optim
 from streamrl.learner.collate import Batch
 from streamrl.learner.config import LearnerConfig, remove_padding_mode
-from streamrl.learner.objective import Metrics, MiniBatch, Objective
+from streamrl.learner.objective import Metrics, MiniBatch, Objective, annotated
 from streamrl.learner.samples import Sample
 from streamrl.policy import load_policy
 
@@ -401,10 +401,15 @@ class Trainer:
         if chunked:
             groups, chunks = groups + [[collate.dummy()]], chunks + [0]
         scale = float(self.cfg.loss_scale_factor or max(len(m) for m in masks))
-        return MiniBatch(samples=samples, masks=masks, groups=groups, chunks=chunks, chunked=chunked,
+        batch = MiniBatch(samples=samples, masks=masks, groups=groups, chunks=chunks, chunked=chunked,
                           units=self._collate_units(groups, chunks, packed), total_tokens=total_tokens,
                           totals=dict(total_tokens=total_tokens, total_seqs=total_seqs, scale=scale),
                           rewards=np.array([s.reward for s in samples], dtype=np.float64))
+        if self.cfg.distillation.enabled:  # the distillation figures' normalisers (Objective.distillation_loss)
+            tokens, seqs = annotated(samples, masks, self.device)
+            batch.annotated_tokens = tokens
+            batch.annotated_totals = dict(total_tokens=tokens, total_seqs=seqs, scale=scale)
+        return batch
 
     def _behaviour_logprobs(self, batch: MiniBatch) -> None:
         """The log-probs each unit's tokens were sampled with (``behaviour``), and the current

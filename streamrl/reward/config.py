@@ -155,7 +155,9 @@ class RewardConfig:
     unavailable_backoff_max_s: float = 30.0
     process_workers: int = 0  # worker processes for executor=process; 0: the CPU count
     thread_concurrency: int = 64  # sync functions in threads at once, per member (blocking I/O)
-    process_memory_mb: int = 4096  # address-space cap of each worker process; 0: none
+    # how much address space each worker process may add to what it inherits from the member
+    # (a fork starts with all of the member's mappings); 0: no cap
+    process_memory_mb: int = 4096
     # verl's reward_router_address for async user functions: the name of a judge entry in
     # ``scorers`` (its router's local proxy is passed), of a ``servers`` entry (a router over its
     # replicas: a generative reward model's, verl's reward.reward_model) or a literal HOST:PORT. Empty: none, and

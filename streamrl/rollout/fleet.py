@@ -97,7 +97,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_not_exception_type,
 
 from streamrl import metrics, weights
 from streamrl.errors import Unavailable
-from streamrl.weights.delta import MANIFEST
+from streamrl.weights.delta import MANIFEST, SUFFIX
 from streamrl.servers.router import Router, public_url, server_root
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def server_path(uri: str) -> str:
     servers must see too). A delta that cannot be rebuilt fails the load (a ``WeightLoadError``),
     and the retry starts from the chain's full version."""
     path = uri.removeprefix("file://")
-    if (Path(path) / MANIFEST).is_file():
+    if (Path(path) / MANIFEST).is_file() or any(Path(path).glob(f"*{SUFFIX}")):  # a delta, or one cut short
         return str(weights.weights_path(uri))
     return path
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.process
 import functools
 import inspect
+import logging
 import multiprocessing
 import os
 import resource
@@ -37,6 +39,8 @@ from streamrl.scorers.batching import MicroBatcher
 #: Keyword arguments the stage may offer a scorer beyond verl's four; a function gets the ones
 #: it names (or all, if it takes ``**kwargs``).
 OPTIONAL_KWARGS = ("reward_router_address", "reward_model_tokenizer", "prompt")
+
+log = logging.getLogger(__name__)
 
 
 def load_function(ref: str) -> Callable[..., Any]:
@@ -97,18 +101,40 @@ def _call_in_worker(ref: str, kwargs: dict[str, Any], tokenizer: str = "") -> An
     return load_function(ref)(**kwargs)
 
 
+def address_space_bytes() -> int | None:
+    """This process's virtual address space (``VmSize``), or None where ``/proc`` has none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _worker_init(memory_mb: int) -> None:
     """First thing in every forked worker. A fork inherits the member's signal handling: its
     SIGTERM/SIGINT handlers and asyncio's wake-up fd (``signal.set_wakeup_fd``), which is the
     write end of the member's own event loop. Left so, the SIGTERM that pebble sends a worker
     past its timeout would be written into the member's loop and stop the whole member. So: the
     default handlers back, no wake-up fd, and an address-space cap so a runaway computation
-    (a SymPy comparison that grows without end) fails in its worker, not on the machine."""
+    (a SymPy comparison that grows without end) fails in its worker, not on the machine.
+
+    The cap is ``memory_mb`` *more than the address space the worker inherits*. A fork starts
+    with all of the member's mappings: every thread's stack and malloc arena (a Kafka client
+    holds about 190 MB of them), torch's libraries, CUDA's reservations (tens of GB). An
+    absolute cap was the cause of scorer workers dying under load: once the member had grown
+    near 4 GB, a new worker was born at its cap: an allocation that failed inside math-verify's
+    parse was read as "cannot parse" (``bad_ground_truth`` for ``\\frac{1}{2}``: the scorer
+    caught every ``Exception``, ``MemoryError`` too), and one outside the scorer ended the
+    worker ("Abnormal termination"), on every retry: each fresh worker was forked as large."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    if memory_mb > 0:
-        cap = memory_mb * 1024 * 1024
+    inherited = address_space_bytes()
+    if memory_mb > 0 and inherited is not None:  # no /proc (macOS): RLIMIT_AS is not enforced there
+        cap = inherited + memory_mb * 1024 * 1024
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
@@ -117,37 +143,66 @@ class ProcessRunner:
     Workers are forked: a fork server or spawn would re-run the parent's ``__main__`` in every
     worker, and a service script's ``__main__`` starts a whole stage. A forked worker only runs
     ``_call_in_worker``; it never touches the parent's event loop or Kafka connections
-    (``_worker_init``). A call past its timeout ends its own worker, and only that record fails."""
+    (``_worker_init``). A call past its timeout ends its own worker, and only that record fails.
 
-    def __init__(self, workers: int = 0, memory_mb: int = 0):
+    A worker that dies under a record (a crash in a C extension, the OOM killer, a signal) is
+    replaced (pebble starts a fresh one; a pool that broke altogether is built anew) and the
+    record is tried again on a fresh worker, up to ``worker_retries`` times, each death counted
+    in ``streamrl_reward_worker_deaths_total``; only a record that kills every worker it is
+    given fails, as ``worker_died``."""
+
+    #: Fresh workers a record is given after the one running it died.
+    WORKER_RETRIES = 2
+
+    def __init__(self, workers: int = 0, memory_mb: int = 0, worker_retries: int = WORKER_RETRIES):
         self.workers = workers or os.cpu_count() or 1
         self.memory_mb = memory_mb
+        self.worker_retries = worker_retries
         self._pool = None
+        self._lock = threading.Lock()
 
     def start(self) -> None:
-        if self._pool is None:
-            import pebble
+        with self._lock:
+            if self._pool is not None and not self._pool.active:  # broke: a worker died idle
+                self._pool.stop()
+                self._pool.join(timeout=5)
+                self._pool = None
+            if self._pool is None:
+                import pebble
 
-            self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_worker_init,
-                                            initargs=(self.memory_mb,),
-                                            context=multiprocessing.get_context("fork"))
+                self._pool = pebble.ProcessPool(max_workers=self.workers, initializer=_worker_init,
+                                                initargs=(self.memory_mb,),
+                                                context=multiprocessing.get_context("fork"))
 
     async def call(self, ref: str, kwargs: dict[str, Any], timeout_s: float,
-                   tokenizer: str = "") -> Any:
+                   tokenizer: str = "", scorer: str = "") -> Any:
         import pebble
 
-        self.start()
-        future = self._pool.schedule(_call_in_worker, args=(ref, kwargs, tokenizer),
-                                     timeout=timeout_s if timeout_s > 0 else None)
-        try:
-            return await asyncio.wrap_future(future)
-        except concurrent.futures.TimeoutError:
-            raise Failure("timeout", f"{ref} ran over {timeout_s} s in its worker process "
-                                        "(the worker was killed)") from None
-        except MemoryError:
-            raise Failure("memory", f"{ref} passed the worker's memory cap of {self.memory_mb} MB") from None
-        except pebble.ProcessExpired as exc:
-            raise Failure("worker_died", f"{ref}: its worker process died ({exc})") from None
+        from streamrl import metrics
+
+        died = ""
+        for _ in range(self.worker_retries + 1):
+            self.start()
+            try:
+                future = self._pool.schedule(_call_in_worker, args=(ref, kwargs, tokenizer),
+                                             timeout=timeout_s if timeout_s > 0 else None)
+                return await asyncio.wrap_future(future)
+            except concurrent.futures.TimeoutError:
+                raise Failure("timeout", f"{ref} ran over {timeout_s} s in its worker process "
+                                            "(the worker was killed)") from None
+            except MemoryError:
+                raise Failure("memory", f"{ref} passed the worker's memory cap of {self.memory_mb} MB "
+                                        "(above what it inherits)") from None
+            except (pebble.ProcessExpired, concurrent.futures.process.BrokenProcessPool) as exc:
+                died = str(exc) + (f", exit code {exc.exitcode}" if isinstance(exc, pebble.ProcessExpired) else "")
+            except RuntimeError as exc:  # the pool broke between start() and schedule()
+                if self._pool is None or self._pool.active:
+                    raise
+                died = str(exc)
+            metrics.REWARD_WORKER_DEATHS.labels(scorer or ref).inc()
+            log.warning("%s: its worker process died (%s)", ref, died)
+        raise Failure("worker_died", f"{ref}: its worker process died on each of "
+                                     f"{self.worker_retries + 1} workers ({died})")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -243,7 +298,7 @@ class FunctionScorer:
             assert self.runner is not None
             # the worker loads the tokenizer by name: an object per record would cost megabytes
             tokenizer = self.tokenizer_name if call.pop("reward_model_tokenizer", None) is not None else ""
-            return await self.runner.call(self.ref, call, self.timeout_s, tokenizer)
+            return await self.runner.call(self.ref, call, self.timeout_s, tokenizer, self.name)
         if self.executor == "thread":
             async with self.threads:
                 return await self._bounded(in_daemon_thread(functools.partial(self.fn, **call)), timeout)

@@ -325,7 +325,7 @@ def _parse(text: str, deadline: _Deadline, configs: tuple[Any, ...] | None = Non
     def call() -> list[Any]:
         try:
             return parse(text, extraction_config=chosen, parsing_timeout=None, raise_on_error=True)
-        except TimeoutException:
+        except (TimeoutException, MemoryError):  # out of memory is not "unparsable"
             raise
         except Exception:  # noqa: BLE001 - what math-verify does by default: unparsable is no answer
             return []
@@ -342,7 +342,7 @@ def _verify(gold: list[Any], pred: list[Any], deadline: _Deadline) -> bool:
         def call(g: Any = g, p: Any = p) -> bool:
             try:
                 return bool(verify(g, p, timeout_seconds=None, raise_on_error=True))
-            except TimeoutException:
+            except (TimeoutException, MemoryError):  # out of memory is not "different"
                 raise
             except Exception:  # noqa: BLE001 - what math-verify does by default: not equal
                 return False

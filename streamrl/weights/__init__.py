@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from streamrl.errors import ConfigError, need
+from streamrl.errors import ConfigError, StreamrlError, need
 from streamrl.policy import load_policy
 from streamrl.weights import delta
 
@@ -72,12 +72,15 @@ def check_uri(uri: str, field: str = "learner.weights_uri") -> None:
 
 def upload(local_dir: Path, uri: str) -> str:
     """Copy the files of ``local_dir`` to ``uri`` (what was there is replaced: a learner that
-    starts a new line re-announces a version); returns ``uri``."""
+    starts a new line re-announces a version); returns ``uri``. The manifest goes last: it is the
+    version's commit marker (``incomplete``), so an upload cut anywhere leaves a directory every
+    reader refuses, never one it reads as whole."""
     fs, root = _fs(uri)
     root = root.rstrip("/")
     if fs.exists(root):
         fs.rm(root, recursive=True)
-    for file in sorted(p for p in Path(local_dir).rglob("*") if p.is_file()):
+    files = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())
+    for file in sorted(files, key=lambda p: p.name == delta.MANIFEST):
         target = f"{root}/{file.relative_to(local_dir).as_posix()}"
         fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(str(file), target)
@@ -148,8 +151,58 @@ def release(uri: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class WeightLoadError(Exception):
-    """A policy version's weights could not be loaded; the worker keeps the weights it has."""
+class WeightLoadError(StreamrlError):
+    """A policy version's weights could not be loaded: one line naming the version, the file and
+    what is wrong. A rollout worker keeps the weights it has and tries again; ``streamrl
+    export`` and a teacher's start print it and exit non-zero."""
+
+
+#: What a version's weights are written as, without a manifest (``save_policy``; a LoRA adapter).
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+
+
+def incomplete(directory: str | Path) -> str | None:
+    """Why the version directory is not whole, in a sentence naming the file, or None when it is.
+
+    The manifest (``streamrl.weights.delta.MANIFEST``) is written last, by the learner and by
+    ``upload``, and read first: where it is, every file it names must be there, at its size for a
+    full version (the checksums are checked when the files are read); a delta's file without its
+    manifest is a version whose write or upload was cut. A directory without a manifest and
+    without a delta's file is a full version as written before manifests, or without
+    ``learner.weights_delta``: whole if it has its weights."""
+    directory = Path(directory)
+    manifest_path = directory / delta.MANIFEST
+    if manifest_path.is_file():
+        try:
+            manifest = delta.read_manifest(directory)
+            files = manifest["files"]  # type: ignore[index]
+            kind = manifest.get("kind", "full")  # type: ignore[union-attr]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, delta.DeltaError) as exc:
+            return f"{manifest_path}: unreadable manifest ({_first_line(exc)})"
+        for name, info in sorted(files.items()):
+            if kind == "delta":
+                path = directory / f"{name}{delta.SUFFIX}"
+                if not path.is_file():
+                    return f"{path}: missing (the delta's manifest names it)"
+                continue
+            path = directory / name
+            if not path.is_file():
+                return f"{path}: missing (the manifest names it)"
+            size = path.stat().st_size
+            if "size" in info and size != int(info["size"]):
+                return f"{path}: {size} bytes, its manifest says {int(info['size'])} (a truncated or partial file)"
+        return None
+    cut = sorted(directory.glob(f"*{delta.SUFFIX}"))
+    if cut:
+        return (f"{cut[0]}: a delta without its manifest {delta.MANIFEST} (its write or upload was cut "
+                f"before the manifest, which is written last)")
+    if not any(any(directory.glob(p)) for p in WEIGHT_PATTERNS):
+        return f"{directory}: no weights files ({', '.join(WEIGHT_PATTERNS)}) and no manifest"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 # -- writing a version -------------------------------------------------------------------------
@@ -186,13 +239,26 @@ ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: a directory holding a LoRA ada
 
 def version_dirs(run_dir: str | Path) -> tuple[Path, dict[int, Path]]:
     """The weights directory of a run (``RUN/weights``, ``RUN/learner/weights``, or the weights
-    directory itself) and its published versions (``v<N>``) by number."""
+    directory itself) and its published versions (``v<N>``) by number, whole or not
+    (``newest_whole`` picks among them)."""
     root = Path(run_dir)
     for weights in (root / "weights", root / "learner" / "weights", root):
         found = {int(p.name[1:]): p for p in weights.glob("v*") if p.name[1:].isdigit() and p.is_dir()}
         if found:
             return weights, found
     raise FileNotFoundError(f"{run_dir}: no published versions (v<N>/) in it, in weights/ or in learner/weights/")
+
+
+def newest_whole(versions: dict[int, Path]) -> tuple[int | None, dict[int, str]]:
+    """The newest version whose directory is whole (``incomplete``), and why each newer one was
+    passed over (a version still being written, or one whose write was cut)."""
+    skipped: dict[int, str] = {}
+    for n in sorted(versions, reverse=True):
+        why = incomplete(versions[n])
+        if why is None:
+            return n, skipped
+        skipped[n] = why
+    return None, skipped
 
 
 def export_version(src: str | Path, out: str | Path, merge: bool = False, base: str | Path | None = None) -> Path:
@@ -202,6 +268,9 @@ def export_version(src: str | Path, out: str | Path, merge: bool = False, base: 
     ``merge`` the base with the adapter merged in (PEFT's ``merge_and_unload``), and the
     tokenizer. A version published as a delta is rebuilt from its chain first (its siblings)."""
     src, out = Path(src), Path(out)
+    why = incomplete(src)
+    if why is not None:
+        raise WeightLoadError(f"version {src.name} is not whole: {why}")
     if not (src / ADAPTER_CONFIG).is_file():
         if (src / delta.MANIFEST).is_file():
             src = weights_path(str(src.resolve()))  # the full version, bit-exact
@@ -239,10 +308,12 @@ def weights_path(uri: str) -> Path:
     bit-exact, from the base this process holds or from its chain's full version
     (``streamrl.weights.delta``); a corrupt or missing file fails here, naming it."""
     local = _fetch(uri)
-    try:
-        manifest = delta.read_manifest(local)
-    except (OSError, ValueError, delta.DeltaError) as exc:
-        raise WeightLoadError(f"weights {uri!r}: unreadable manifest: {exc}") from exc
+    why = incomplete(local)  # the manifest first: a version is read only once it is whole
+    if why is not None:
+        if is_remote(uri):
+            release(uri)
+        raise WeightLoadError(f"weights {uri!r}: not whole: {why}")
+    manifest = delta.read_manifest(local)
     if manifest is None:
         return local
     if manifest.get("kind") != "delta":
@@ -253,9 +324,12 @@ def weights_path(uri: str) -> Path:
         return local
     fetched: list[str] = []
 
-    def fetch(version_uri: str) -> Path:
+    def fetch(version_uri: str) -> Path:  # another version of the chain
         fetched.append(version_uri)
-        return _fetch(version_uri)
+        try:
+            return _locate(version_uri)
+        except _Unreachable as exc:
+            raise delta.DeltaError(f"{version_uri}, which its chain needs: {exc}") from exc.__cause__
 
     from streamrl import metrics
 
@@ -277,8 +351,9 @@ def weights_path(uri: str) -> Path:
 def local_policy(spec: str) -> str:
     """A policy spec as ``load_policy`` reads it: a version a learner published by delta (the
     teacher's model may be one) rebuilt from its chain first; anything else as it is."""
-    if spec != "tiny" and (Path(spec.removeprefix("file://")) / delta.MANIFEST).is_file():
-        return str(weights_path(str(Path(spec.removeprefix("file://")).resolve())))
+    path = Path(spec.removeprefix("file://"))
+    if spec != "tiny" and ((path / delta.MANIFEST).is_file() or any(path.glob(f"*{delta.SUFFIX}"))):
+        return str(weights_path(str(path.resolve())))  # a version by delta, or one cut short: refused
     return spec
 
 
@@ -289,18 +364,28 @@ def _as_uri(uri: str) -> str:
     return str(Path(uri.removeprefix("file://")).resolve())
 
 
-def _fetch(uri: str) -> Path:
-    """One version's files here, as they are (a path, or a download)."""
+class _Unreachable(Exception):
+    """A version's directory cannot be had here (its message says why, in a few words)."""
+
+
+def _locate(uri: str) -> Path:
     if is_remote(uri):
         try:
             return download(uri)
         except Exception as exc:  # the filesystem's own errors (missing, denied, no s3fs ...)
-            why = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise WeightLoadError(f"weights {uri!r}: cannot download: {why}") from exc
+            raise _Unreachable(f"cannot download: {_first_line(exc)}") from exc
     path = Path(uri.removeprefix("file://"))
     if not path.is_dir():
-        raise WeightLoadError(f"weights {uri!r}: not a directory here")
+        raise _Unreachable("not a directory here (missing)")
     return path
+
+
+def _fetch(uri: str) -> Path:
+    """One version's files here, as they are (a path, or a download)."""
+    try:
+        return _locate(uri)
+    except _Unreachable as exc:
+        raise WeightLoadError(f"weights {uri!r}: {exc}") from exc.__cause__
 
 
 def iter_safetensors(directory: Path):

@@ -459,7 +459,11 @@ def apply_version(held: Held, directory: Path, manifest: dict[str, Any]) -> None
         path = directory / f"{name}{SUFFIX}"
         if not path.is_file():
             raise DeltaError(f"{path}: missing")
-        apply(held.files[name], path.read_bytes(), info["delta"])
+        try:
+            apply(held.files[name], path.read_bytes(), info["delta"])
+        except Exception as exc:  # a truncated or damaged frame: zstd's own errors, or ours
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise DeltaError(f"{path}: cannot apply it ({why}; a truncated or corrupt delta)") from exc
         if checksum(held.files[name]) != info["checksum"]:
             raise DeltaError(f"{path}: the reconstructed file's checksum differs from the version's "
                              "(a corrupt delta, or a base that is not the one it names)")

@@ -47,3 +47,16 @@ def test_the_feeds_groups_are_the_size_the_rollout_workers_sample(rollout_n):
     local = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
     cfg = load_config(local, ["feed.group_size=5", f"rollout.group_size={rollout_n}"])
     assert (cfg.feed.group_size, cfg.rollout.group_size) == (rollout_n or 5, rollout_n)
+
+
+def test_an_empty_override_is_the_empty_string_as_in_hydra():
+    """``key=`` is Hydra's (and so verl's) empty string; OmegaConf's dotlist alone reads it as None,
+    which a string field refused (``feed.data_source=``: each row's own data source). A field of
+    another type refuses it naming the field, as Hydra's empty string would be refused."""
+    local = Path(__file__).resolve().parents[2] / "configs" / "local.yaml"
+    assert load_config(local, ["feed.data_source=gsm8k"]).feed.data_source == "gsm8k"
+    assert load_config(local, ["feed.data_source=gsm8k", "feed.data_source="]).feed.data_source == ""
+    assert load_config(local, ["feed.data_source= "]).feed.data_source == ""
+    assert load_config(local, ["reward.scorers.gsm8k.kwargs.method="]).reward.scorers["gsm8k"].kwargs["method"] == ""
+    with pytest.raises(ConfigError, match="learner.lr"):
+        load_config(local, ["learner.lr="])

@@ -275,3 +275,45 @@ def test_the_status_line_and_summary_give_each_teachers_records_and_lag(tmp_path
     one = Observation(teacher_input="rewarded", rewarded=5, distilled_ids={"a", "b"}, distilled_by=Counter(teacher=2))
     assert "| distilled 2 (teacher lag 3) |" in status_line(one, 5)
     assert "distilled_by_teacher" not in summarise(one, tmp_path / "r.png")
+
+
+@pytest.mark.parametrize("loss_mode,agg", [("k3", "token-mean"), ("forward_kl_topk", "seq-mean-token-mean")])
+def test_unserved_records_leave_the_distillation_figures_as_over_the_annotated_tokens(loss_mode, agg):
+    """``teacher.unserved: train`` with a third of the records unserved: ``distillation/loss``,
+    ``abs_loss`` (and top-k's ``teacher_mass`` / ``student_mass``) read as the same step without
+    them (they were divided by every token: two-thirds of their value), while the term keeps
+    verl's weight in the step, the mean over all the mini-batch's tokens (sequences for a
+    sequence mean): each annotated token weighs what it weighs in verl."""
+    import dataclasses
+
+    from streamrl.learner.config import LearnerConfig
+    from streamrl.learner.trainer import Trainer
+
+    k = 4 if loss_mode == "forward_kl_topk" else 0
+
+    def step(samples):
+        cfg = LearnerConfig(policy="tiny", micro_batch_size=2, lr=0.0, grad_clip=0.0, loss_agg_mode=agg,
+                            use_remove_padding="false")
+        cfg.distillation = load_config(None, TWO).distillation
+        cfg.distillation.distillation_loss.use_task_rewards = False  # the step's loss is the term alone
+        cfg.distillation.distillation_loss.loss_mode = loss_mode
+        cfg.distillation.distillation_loss.topk = k or None
+        return Trainer(cfg).step(samples)
+
+    samples = distill_samples(260, k, n=6)
+    for i, s in enumerate(samples):
+        s.teacher_name = ("math", "geo", "")[i % 3]
+    samples = [dataclasses.replace(s, teacher_logprobs=None, teacher_ids=None) if not s.teacher_name else s
+               for s in samples]
+    served = [s for s in samples if s.teacher_name]
+    mixed, alone = step(samples), step(served)
+    figures = ["distillation/loss", "distillation/abs_loss"] + (
+        ["distillation/teacher_mass", "distillation/student_mass"] if k else [])
+    for key in figures:
+        assert mixed[key] == pytest.approx(alone[key], rel=1e-5, abs=1e-7), key
+    if agg == "token-mean":
+        share = sum(len(s.response_ids) for s in served) / sum(len(s.response_ids) for s in samples)
+    else:
+        share = len(served) / len(samples)
+    assert 0 < share < 1
+    assert mixed["loss"] == pytest.approx(alone["loss"] * share, rel=1e-5, abs=1e-7)
