@@ -56,6 +56,23 @@ class MultiTurnConfig:
 
 
 @dataclass
+class AgentConfig:
+    """verl's ``rollout.agent`` (same field names): a user's agent-loop classes run in the rollout
+    workers (``streamrl.rollout.agent_loops``). A prompt's ``agent_name`` (``extra_info``) picks its
+    loop, ``default_agent_loop`` the others'. verl's built-in names, ``single_turn_agent`` and
+    ``tool_agent``, are the workers' own turn loop (one turn, or ``multi_turn``'s tools and
+    interactions) unless the config file names classes for them."""
+
+    default_agent_loop: str = "single_turn_agent"
+    # verl's agent-loop config: a YAML list of {name, _target_: module.Class, ...constructor keywords}
+    agent_loop_config_path: str = ""
+    # what a loop reads as rollout_config.prompt_length / response_length (verl: data.max_prompt_length,
+    # data.max_response_length); 0: no prompt cap, and rollout.max_new_tokens for the whole response
+    prompt_length: int = 0
+    response_length: int = 0
+
+
+@dataclass
 class OpenAIBackendConfig:
     """Any OpenAI-compatible completions server (``vllm serve``, SGLang, hosted APIs)."""
 
@@ -168,6 +185,7 @@ class RolloutConfig:
     gate_poll_s: float = 0.5  # how often a held worker checks the gate again
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
     # backend openai: the inference servers (roots or .../v1 URLs; a host name that resolves to

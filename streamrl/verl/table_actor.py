@@ -296,7 +296,18 @@ ACTOR_ROWS: tuple[Row, ...] = (
                                         "sampling distribution's"),
     refused(f"{_ROLLOUT}enable_rollout_routing_replay", "MoE routing replay (the rollout's expert choices replayed "
                                                         "in training)"),
-    ignored(f"{_ROLLOUT}agent.*", "verl's agent-loop workers: multi-turn runs in the rollout workers"),
+    mapped(f"{_ROLLOUT}agent.agent_loop_config_path", "rollout.agent.agent_loop_config_path",
+           note="the agent-loop classes (name, _target_) run in the rollout workers"),
+    mapped(f"{_ROLLOUT}agent.default_agent_loop", "rollout.agent.default_agent_loop",
+           note="a prompt without an agent_name runs it; single_turn_agent / tool_agent: the workers' own turn loop"),
+    ignored(f"{_ROLLOUT}agent.num_workers", "verl's agent-loop worker processes: each rollout worker runs its "
+                                            "prompts' agent loops concurrently (rollout.max_in_flight)"),
+    ignored(f"{_ROLLOUT}agent._target_", TARGET),
+    ignored(f"{_ROLLOUT}agent.custom_async_server._target_", TARGET),
+    refused(f"{_ROLLOUT}agent.custom_async_server.name", "a custom async inference server class: the rollout "
+                                                         "workers' backends (rollout.backend)", harmless=(None,)),
+    refused(f"{_ROLLOUT}agent.custom_async_server.path", "a custom async inference server class: the rollout "
+                                                         "workers' backends (rollout.backend)", harmless=(None,)),
     ignored(f"{_ROLLOUT}trace.*", "verl's rollout tracing"),
     ignored(f"{_ROLLOUT}profiler.*", PROFILER),
     ignored(f"{_ROLLOUT}prompt_length", "filled in by verl from data.max_prompt_length"),
