@@ -297,8 +297,10 @@ ACTOR_ROWS: tuple[Row, ...] = (
     refused(f"{_ROLLOUT}enable_rollout_routing_replay", "MoE routing replay (the rollout's expert choices replayed "
                                                         "in training)"),
     mapped(f"{_ROLLOUT}agent.agent_loop_config_path", "rollout.agent.agent_loop_config_path",
+           read=lambda v, g: {"rollout.agent.agent_loop_config_path": "" if v is None else str(v)},
            note="the agent-loop classes (name, _target_) run in the rollout workers"),
     mapped(f"{_ROLLOUT}agent.default_agent_loop", "rollout.agent.default_agent_loop",
+           read=lambda v, g: {"rollout.agent.default_agent_loop": "single_turn_agent" if v is None else str(v)},
            note="a prompt without an agent_name runs it; single_turn_agent / tool_agent: the workers' own turn loop"),
     ignored(f"{_ROLLOUT}agent.num_workers", "verl's agent-loop worker processes: each rollout worker runs its "
                                             "prompts' agent loops concurrently (rollout.max_in_flight)"),
