@@ -272,6 +272,34 @@ def test_a_worker_runs_each_prompts_agent_loop_on_the_broker(bus, policy: Record
     assert letter.reason == "unknown_agent_loop" and "'nobody'" in letter.detail and "verl_tool" in letter.detail
 
 
+def test_an_agent_loop_on_a_server_fleet(policy: RecordingPolicy, tmp_path: Path):
+    """The loop's generate calls go to an OpenAI-compatible server (the tiny model behind vLLM's
+    token-id fields) through the fleet backend, which has no tokenizer: the loop renders with the
+    policy's; tokens and log-probs still exactly the engine's."""
+    from streamrl.rollout.backends.openai_server import OpenAIBackend
+    from tests.rollout.test_openai_backend import CompletionsServer, start_server
+
+    cfg = write_config(tmp_path)
+    agents = AgentLoops(cfg)
+    policy.version = 0
+
+    async def go() -> list[Trajectory]:
+        runner, url = await start_server(CompletionsServer(policy))
+        backend = OpenAIBackend(url, "tiny-policy", max_retries=1)
+        try:
+            return await agents.run_group(prompt("S", "two_tools_and_user"), 2, backend,
+                                          SamplingParams(max_new_tokens=10, temperature=1.0))
+        finally:
+            await backend.close()
+            await runner.cleanup()
+
+    policy.calls.clear()
+    trajs = asyncio.run(go())
+    assert len(policy.calls) == 6
+    for t in trajs:
+        assert check(t, policy.calls, policy.tokenizer) == 3 and t.reward_score == 0.75
+
+
 def test_a_bad_agent_loop_config_fails_at_start_naming_the_field(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     for text, says in (("- name: x\n  _target_: tests.rollout.test_agent_loops.NoSuchLoop\n", "_target_"),

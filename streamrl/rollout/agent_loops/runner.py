@@ -137,6 +137,7 @@ class AgentLoops:
         self.trainer_config = trainer_config(cfg)
         self.tools = list(tools or [])
         self._classes: dict[str, tuple[type, dict[str, Any]]] = dict(self.configured)
+        self._tokenizer: Any = None
         if self.default not in BUILTIN:  # the default must resolve at start
             self.resolve(self.default, at_start=True)
 
@@ -186,6 +187,19 @@ class AgentLoops:
             raise Failure("agent_loop_error", f"agent loop {name!r}: {cls.__name__}(...) failed: "
                                               f"{type(exc).__name__}: {exc}") from None
 
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer (``rollout.policy``) for a backend without one (a server
+        fleet: the loops build token prompts, the servers sample from them)."""
+        if self._tokenizer is None:
+            from streamrl.policy import load_tokenizer
+
+            try:
+                self._tokenizer = load_tokenizer(self.cfg.policy)
+            except Exception as exc:  # noqa: BLE001 - named: agent loops cannot run without one
+                raise Failure("agent_loop_error", f"agent loops need the policy's tokenizer (rollout.policy "
+                                                  f"{self.cfg.policy!r}): {type(exc).__name__}: {exc}") from None
+        return self._tokenizer
+
     def sampling_params(self, params: SamplingParams) -> dict[str, Any]:
         """verl's sampling params for a loop's ``run`` (its ``generate_sequences``)."""
         return {"temperature": params.temperature, "top_p": params.top_p, "top_k": -1, "repetition_penalty": 1.0,
@@ -194,9 +208,7 @@ class AgentLoops:
     async def run_group(self, prompt: Prompt, n: int, backend: Backend, params: SamplingParams,
                         before_turn: Callable[[], Awaitable[None]] | None = None) -> list[Trajectory]:
         """``n`` episodes of ``prompt``'s agent loop, concurrently, as trajectories."""
-        tokenizer = backend.tokenizer
-        if tokenizer is None:
-            raise Failure("agent_loop_error", f"agent loops need a tokenizer; the {backend.name} backend has none")
+        tokenizer = backend.tokenizer or self.tokenizer()
         name = self.name_for(prompt)
         started_at = time.time()
         servers = [EpisodeServer(backend, params, before_turn) for _ in range(n)]
