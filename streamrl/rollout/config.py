@@ -73,6 +73,23 @@ class AgentConfig:
 
 
 @dataclass
+class GatewayConfig:
+    """``streamrl gateway``: an OpenAI-compatible chat endpoint for agents outside streamrl
+    (``streamrl.rollout.gateway``). It samples with this rollout section's backend and
+    settings; each episode's exact tokens go to ``rollouts`` when the agent ends it."""
+
+    host: str = "127.0.0.1"
+    port: int = 8400  # 0: a free port (printed at start)
+    # an episode with no call for this long is abandoned: its tokens so far go to dead letters
+    episode_timeout_s: float = 600.0
+    # open episodes are journalled here after every call and taken up again after a restart;
+    # empty: kept in memory only (a restart abandons them)
+    state_dir: str = ""
+    data_source: str = "agent"  # an episode's data_source when its end call names none
+    max_episodes: int = 10000  # open at once; a new one past it is refused (HTTP 429)
+
+
+@dataclass
 class OpenAIBackendConfig:
     """Any OpenAI-compatible completions server (``vllm serve``, SGLang, hosted APIs)."""
 
@@ -186,6 +203,7 @@ class RolloutConfig:
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
     # backend openai: the inference servers (roots or .../v1 URLs; a host name that resolves to

@@ -168,24 +168,10 @@ class AgentLoopBase(ABC):
 
     # -- continuous tokens ----------------------------------------------------------------------
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict] | None, generation: bool) -> list[int]:
-        from streamrl.chat import ChatRenderer
-
-        renderer = ChatRenderer(self.tokenizer)
-        if renderer.template:
-            extra = {"tools": tools} if tools and renderer.template_tools else {}
-            text = self.tokenizer.apply_chat_template(renderer._with_tools(messages, tools), tokenize=False,
-                                                      add_generation_prompt=generation,
-                                                      **extra, **self.apply_chat_template_kwargs)
-        else:  # streamrl's plain "role: content" layout (a tokenizer without a chat template)
-            text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in renderer._with_tools(messages, tools))
-            text += "assistant: " if generation else ""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     async def ct_build_initial_tokens(self, messages: list[dict], tools: list[dict] | None = None, images: Any = None,
                                       videos: Any = None, audios: Any = None, mm_inputs_out: Any = None) -> list[int]:
         self._assert_mm_supported(bool(images or videos or audios))
-        ids = self._render(messages, tools, generation=True)
+        ids = render_ids(self.tokenizer, messages, tools, self.apply_chat_template_kwargs)
         limit = self.rollout_config.get("prompt_length", None)
         if limit and len(ids) > limit:
             log.warning("prompt of %d tokens exceeds rollout.prompt_length=%d; left-truncating", len(ids), limit)
@@ -212,20 +198,46 @@ class AgentLoopBase(ABC):
         new = updated_messages[len(previous_messages):]
         if not new:
             return MergeResult(list(runtime_token_ids), 0), list(response_mask), response_logprobs
-        before = [m for m in previous_messages]
-        last = before[-1] if before and before[-1].get("role") == "assistant" else None
-        stopped = bool(runtime_token_ids) and runtime_token_ids[-1] == self.tokenizer.eos_token_id
-        from streamrl.chat import ChatRenderer
-
-        text = ChatRenderer(self.tokenizer).turn_text(before[:-1] if last else before, (last or {}).get("content") or "",
-                                                      new, stopped=stopped, tools=tools)
-        appended = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        appended = context_ids(self.tokenizer, previous_messages, new, runtime_token_ids, tools)
         result = MergeResult(token_ids=list(runtime_token_ids) + appended, appended_token_count=len(appended))
         return (result, *align_response_metadata(result, response_mask, response_logprobs))
 
     def _cap_text_prompt_length(self, prompt_ids: list[int]) -> list[int]:
         limit = self.rollout_config.get("prompt_length", None)
         return prompt_ids[-limit:] if limit and len(prompt_ids) > limit else prompt_ids
+
+
+def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+               chat_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """The prompt's token ids: the chat template with the generation prompt (tools as
+    ``ChatRenderer`` places them), or streamrl's plain ``role: content`` layout for a tokenizer
+    without a template."""
+    from streamrl.chat import ChatRenderer
+
+    renderer = ChatRenderer(tokenizer)
+    if renderer.template:
+        extra = {"tools": tools} if tools and renderer.template_tools else {}
+        text = tokenizer.apply_chat_template(renderer._with_tools(messages, tools), tokenize=False,
+                                             add_generation_prompt=True, **extra, **(chat_kwargs or {}))
+    else:
+        text = renderer.prompt_text(messages, tools)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def context_ids(tokenizer: Any, previous: list[dict[str, Any]], new: list[dict[str, Any]], runtime_ids: list[int],
+                tools: list[dict] | None = None) -> list[int]:
+    """The tokens that append messages ``new`` (tool answers, a user's turn) to a conversation
+    whose tokens so far are ``runtime_ids`` and whose last message is the sampled assistant turn:
+    the end of that turn if the policy did not sample it, the messages as the chat template
+    renders them, and the next generation prompt (``ChatRenderer.turn_text``)."""
+    from streamrl.chat import ChatRenderer
+
+    last = previous[-1] if previous and previous[-1].get("role") == "assistant" else None
+    before = previous[:-1] if last else list(previous)
+    stopped = bool(runtime_ids) and runtime_ids[-1] == tokenizer.eos_token_id
+    text = ChatRenderer(tokenizer).turn_text(before, (last or {}).get("content") or "", list(new), stopped=stopped,
+                                             tools=tools)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def align_response_metadata(result: MergeResult, response_mask: list[int], response_logprobs: list[float] | None,
