@@ -33,11 +33,12 @@ import logging
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import orjson
 from aiohttp import web
 
 from streamrl.bus import Bus
@@ -76,8 +77,10 @@ class Episode:
         return self.prompt_ids + self.response_ids
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("last_seen")
+        """The journal's form (``dataclasses.asdict`` deep-copies every token list: measured
+        ~30x slower, on the event loop)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("calls", "last_seen")}
+        out["calls"] = [vars(c) for c in self.calls]
         return out
 
     @classmethod
@@ -143,7 +146,7 @@ class Gateway:
         if self.state_dir is None:
             return
         tmp = self._path(ep.id, "tmp")
-        tmp.write_text(json.dumps(ep.to_json()))
+        tmp.write_bytes(orjson.dumps(ep.to_json()))
         os.replace(tmp, self._path(ep.id, "json"))
 
     def _finish(self, ep: Episode, trajectory_id: str) -> None:
@@ -161,7 +164,7 @@ class Gateway:
             self.finished[done.stem] = done.read_text()
         for path in self.state_dir.glob("*.json"):
             try:
-                ep = Episode.from_json(json.loads(path.read_text()))
+                ep = Episode.from_json(orjson.loads(path.read_bytes()))
             except (ValueError, TypeError) as exc:
                 log.error("gateway: %s is not an episode (%s): left where it is", path, exc)
                 continue
