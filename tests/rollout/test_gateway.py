@@ -4,13 +4,12 @@ with the ``openai`` client, on the real broker: several agents at once, multi-tu
 calls; each ended episode's trajectory has exactly the tokens the server sampled (mask 1, the
 server's log-probs bit for bit, its version per token) and the tokens of the agent's messages
 (mask 0); a reward given at the end is published unscored; an abandoned episode is a dead
-letter; a gateway restarted on its journal takes its open episodes up again, and a repeated end
-publishes nothing twice."""
+letter; ``streamrl gateway`` SIGKILLed mid-episode and restarted on its journal takes its open
+episode up again, and a repeated end publishes nothing twice."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -122,46 +121,83 @@ def test_agents_through_the_gateway(bus, policy: RecordingPolicy, tmp_path: Path
     assert rb.reward == 1.0 and rb.scorer["name"] != "reward_score"  # "#### 7" scored by gsm8k
 
 
-def test_a_restarted_gateway_takes_up_its_open_episodes(bus, policy: RecordingPolicy, tmp_path: Path):  # noqa: F811
-    cfg = gateway_cfg(tmp_path)
+@pytest.mark.e2e
+def test_streamrl_gateway_sigkilled_mid_episode(bus, bootstrap, policy: RecordingPolicy, tmp_path: Path):  # noqa: F811
+    """``streamrl gateway`` as its own process, SIGKILLed with one episode ended and one open:
+    restarted on its journal, the open one goes on and ends; each is on the topic once."""
+    import os
+    import signal
+    import sys
+
     policy.version = 0
     policy.calls.clear()
+    root = Path(__file__).resolve().parents[2]
+
+    async def start_gateway(url: str) -> tuple[asyncio.subprocess.Process, str, list[str]]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "streamrl", "gateway", "--bootstrap-servers", bootstrap,
+            f"bus.topic_prefix={bus.config.topic_prefix}", "rollout.backend=openai", f"rollout.servers=[{url}]",
+            "rollout.openai.model=tiny", "rollout.openai.health_interval_s=0", "rollout.max_new_tokens=10",
+            "rollout.gateway.port=0", f"rollout.gateway.state_dir={tmp_path / 'journal'}", "metrics.port=0",
+            cwd=root, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(root)})
+        lines: list[str] = []
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+            assert line, "the gateway ended before serving:\n" + "".join(lines)
+            lines.append(line)
+            if "gateway: serving http://" in line:
+                return proc, line.split("serving ")[1].split("/episodes")[0], lines
+
+    async def call(base: str, eid: str, messages: list[dict[str, Any]]) -> None:
+        client = openai.AsyncOpenAI(base_url=f"{base}/episodes/{eid}/v1", api_key="x", max_retries=0)
+        reply = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=10)
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        await client.close()
+
+    async def end(base: str, eid: str, reward: float) -> dict:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{base}/episodes/{eid}/end", json={"reward": reward}) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
 
     async def go():
         server = CompletionsServer(policy)
         runner, url = await start_server(server)
-        first = Gateway(bus, cfg, backend=OpenAIBackend(url, "tiny", max_retries=1))
-        task = await started(first)
-        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{first.port}/episodes/ep-r/v1", api_key="x",
-                                    max_retries=0)
-        messages: list[dict[str, Any]] = [{"role": "user", "content": "Hello?"}]
-        reply = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=10)
-        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
-        await client.close()
-        task.cancel()  # gone without ending the episode (its journal was written before the answer)
-        await asyncio.gather(task, return_exceptions=True)
-        second = Gateway(bus, dataclasses.replace(cfg), backend=OpenAIBackend(url, "tiny", max_retries=1))
-        task = await started(second)
-        assert list(second.episodes) == ["ep-r"]
-        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{second.port}/episodes/ep-r/v1", api_key="x",
-                                    max_retries=0)
-        messages.append({"role": "user", "content": "Once more."})
-        await client.chat.completions.create(model="tiny", messages=messages, max_tokens=10)
-        with pytest.raises(openai.ConflictError):  # a conversation that does not extend the episode's
-            await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Other"}] * 4)
-        await client.close()
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"http://127.0.0.1:{second.port}/episodes/ep-r/end", json={"reward": 0.5}) as r:
-                assert r.status == 200
-        rollouts = await read_topic(bus, "rollouts", 1, timeout_s=30)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.cleanup()
-        return rollouts
+        proc, base, _ = await start_gateway(url)
+        try:
+            a = [{"role": "user", "content": "First agent."}]
+            await call(base, "ep-done", a)
+            await end(base, "ep-done", 1.0)
+            b = [{"role": "user", "content": "Second agent."}]
+            await call(base, "ep-open", b)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            proc, base, lines = await start_gateway(url)
+            assert any("took up 1 open episodes" in line for line in lines), lines
+            again = await end(base, "ep-done", 1.0)
+            b.append({"role": "user", "content": "Still there?"})
+            await call(base, "ep-open", b)
+            with pytest.raises(openai.ConflictError):  # a conversation that does not extend the episode's
+                await call(base, "ep-open", [{"role": "user", "content": "Other."}] * 4)
+            await end(base, "ep-open", 0.5)
+            await read_topic(bus, "rollouts", 2, timeout_s=60)
+            await asyncio.sleep(1.0)
+            rollouts = await read_topic(bus, "rollouts", 3, timeout_s=2)
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(proc.wait(), 60)
+            await runner.cleanup()
+        return again, rollouts
 
-    [m] = asyncio.run(go())
-    t = Trajectory.decode(m.value)
-    assert t.id == "ep-r" and t.reward_score == 0.5 and check(t, policy.calls, policy.tokenizer) == 2
-    given = policy.tokenizer.decode([r for r, k in zip(t.array("response_ids"), t.array("response_mask")) if not k])
-    assert "user: Once more." in given
-    assert (tmp_path / "journal" / "ep-r.done").exists() and not (tmp_path / "journal" / "ep-r.json").exists()
+    again, rollouts = asyncio.run(go())
+    trajs = sorted((Trajectory.decode(m.value) for m in rollouts), key=lambda t: t.id)
+    assert [t.id for t in trajs] == ["ep-done", "ep-open"] and again["again"] is True
+    assert [t.reward_score for t in trajs] == [1.0, 0.5]
+    assert [check(t, policy.calls, policy.tokenizer) for t in trajs] == [1, 2]
+    given = policy.tokenizer.decode([r for r, k in zip(trajs[1].array("response_ids"), trajs[1].array("response_mask"))
+                                     if not k])
+    assert "user: Still there?" in given
+    journal = tmp_path / "journal"
+    assert sorted(p.name for p in journal.iterdir()) == ["ep-done.done", "ep-open.done"]
