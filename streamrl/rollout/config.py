@@ -63,12 +63,12 @@ class AgentConfig:
     ``tool_agent``, are the workers' own turn loop (one turn, or ``multi_turn``'s tools and
     interactions) unless the config file names classes for them."""
 
-    default_agent_loop: str = "single_turn_agent"
+    default_agent_loop: str = "single_turn_agent"  # the loop of a prompt without an agent_name
     # verl's agent-loop config: a YAML list of {name, _target_: module.Class, ...constructor keywords}
     agent_loop_config_path: str = ""
-    # what a loop reads as rollout_config.prompt_length / response_length (verl: data.max_prompt_length,
-    # data.max_response_length); 0: no prompt cap, and rollout.max_new_tokens for the whole response
-    prompt_length: int = 0
+    prompt_length: int = 0  # what a loop reads as rollout_config.prompt_length (verl: data.max_prompt_length); 0: no cap
+    # what a loop reads as rollout_config.response_length, the whole response's budget (verl:
+    # data.max_response_length); 0: rollout.max_new_tokens
     response_length: int = 0
 
 
@@ -78,7 +78,7 @@ class GatewayConfig:
     (``streamrl.rollout.gateway``). It samples with this rollout section's backend and
     settings; each episode's exact tokens go to ``rollouts`` when the agent ends it."""
 
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the interface the gateway listens on
     port: int = 8400  # 0: a free port (printed at start)
     # an episode with no call for this long is abandoned: its tokens so far go to dead letters
     episode_timeout_s: float = 600.0

@@ -129,6 +129,11 @@ def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
     ``fsdp`` for the critic): their offloads onto ``to``, the rest their tuning."""
     return [
         *_offload_of(f"{verl}{fsdp}.", ("param_offload", "optimizer_offload"), to),
+        # the engine's QAT is what verl's FSDP and Megatron engines apply (engine_config.qat): it
+        # changes what is trained, so it is refused when on, never taken for tuning
+        *(mapped(f"{verl}{engine}.qat.enable", read=_qat, note="off changes nothing; on is refused (QAT)")
+          for engine in (fsdp, "megatron")),
+        *(ignored(f"{verl}{engine}.qat.*", QAT_SETTINGS) for engine in (fsdp, "megatron")),
         ignored(f"{verl}{fsdp}.*", FSDP_TUNING),
         *_offload_of(f"{verl}torchtitan.", ("param_offload", "optimizer_offload"), to),
         ignored(f"{verl}torchtitan.*", ENGINES_TUNING.format("torchtitan")),

@@ -138,7 +138,9 @@ CONTEXT: dict[str, list[str]] = {
 }
 
 #: mapped rows that set nothing whatever their value: a check, or read with another key
-SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "actor_rollout_ref.rollout.multi_turn.enable",
+SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "actor_rollout_ref.actor.fsdp_config.qat.enable",
+                "actor_rollout_ref.actor.megatron.qat.enable", "critic.fsdp.qat.enable", "critic.megatron.qat.enable",
+                "actor_rollout_ref.rollout.multi_turn.enable",
                 "trainer.critic_warmup", "trainer.v1.sampler.max_off_policy_strategy", "reward.launch_reward_fn_async"}
 
 
