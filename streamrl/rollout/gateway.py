@@ -22,7 +22,9 @@ An episode with no call for ``rollout.gateway.episode_timeout_s`` goes to dead l
 gateway takes them up again (their timeout counts from the restart).
 
 Tool calls in the sampled text (Hermes ``<tool_call>``) come back as the message's
-``tool_calls``; one choice per request (``n`` 1).
+``tool_calls``; one choice per request (``n`` 1). Sampling is the rollout section's
+(``temperature``, ``top_p``; ``max_tokens`` up to ``max_new_tokens``), whatever the request
+asks: the learner trains on log-probs at the rollout's temperature.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Episode:
     calls: list[Call] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
+    busy: bool = False  # a call of this episode is being served (its calls are one at a time)
 
     @property
     def context(self) -> list[int]:
@@ -79,7 +82,7 @@ class Episode:
     def to_json(self) -> dict[str, Any]:
         """The journal's form (``dataclasses.asdict`` deep-copies every token list: measured
         ~30x slower, on the event loop)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("calls", "last_seen")}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("calls", "last_seen", "busy")}
         out["calls"] = [vars(c) for c in self.calls]
         return out
 
@@ -218,6 +221,9 @@ class Gateway:
             ep.prompt_ids = render_ids(self.tokenizer, ep.prompt, ep.tools)
             self.episodes[eid] = ep
             new_ids: list[int] = []
+        elif ep.busy:
+            return self._error(409, f"a call of episode {eid!r} is still being served: an episode's calls are one "
+                                    "at a time")
         else:
             seen = len(ep.messages)
             if len(messages) <= seen or not all(same_turn(a, b) for a, b in zip(ep.messages, messages)):
@@ -225,12 +231,22 @@ class Gateway:
                                         "message, then the assistant's answers as the gateway sent them)")
             new_ids = context_ids(self.tokenizer, ep.messages, messages[seen:], ep.context, ep.tools)
         ep.last_seen = time.monotonic()
+        ep.busy = True
+        try:
+            return await self._serve(ep, body, messages, new_ids)
+        finally:
+            ep.busy = False
+            ep.last_seen = time.monotonic()
+
+    async def _serve(self, ep: Episode, body: dict[str, Any], messages: list[dict[str, Any]],
+                     new_ids: list[int]) -> web.Response:
+        eid = ep.id
         server = EpisodeServer(self.backend, self._params(body), before_turn=self.worker.sync_weights,
                                calls=ep.calls)
         try:
-            out = await server.generate(prompt_ids=ep.context + new_ids,
-                                        sampling_params={"temperature": body.get("temperature", self.cfg.temperature),
-                                                         "top_p": body.get("top_p", self.cfg.top_p)})
+            # rollout.temperature / top_p, whatever the request asks: the learner recomputes the
+            # behaviour log-probs at the rollout's temperature
+            out = await server.generate(prompt_ids=ep.context + new_ids, sampling_params={})
         except (BackendError, Failure) as exc:
             if not ep.calls:
                 self.episodes.pop(eid, None)
@@ -282,6 +298,8 @@ class Gateway:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
             return self._error(400, "the body is not JSON")
+        if ep.busy:
+            return self._error(409, f"a call of episode {eid!r} is still being served")
         if not ep.calls:
             return self._error(409, f"episode {eid!r} has no completion to train on")
         try:
@@ -326,7 +344,7 @@ class Gateway:
     async def sweep(self) -> int:
         """Every episode idle past the timeout, to dead letters (its trajectory so far)."""
         now, n = time.monotonic(), 0
-        for ep in [e for e in self.episodes.values() if now - e.last_seen > self.gcfg.episode_timeout_s]:
+        for ep in [e for e in self.episodes.values() if not e.busy and now - e.last_seen > self.gcfg.episode_timeout_s]:
             value = self.trajectory(ep, {}).encode(self.bus.config.max_record_bytes) if ep.calls else None
             detail = (f"episode {ep.id!r}: no call for {self.gcfg.episode_timeout_s:g}s "
                       f"(rollout.gateway.episode_timeout_s) after {len(ep.calls)} completions; never ended")

@@ -235,12 +235,13 @@ class AgentLoops:
             if not isinstance(getattr(out, attr, None), (list, tuple)):
                 raise Failure("agent_loop_error", f"agent loop {name!r} returned no {attr} list "
                                                   f"(an AgentLoopOutput, got {type(out).__name__})")
+        if not any(c.token_ids for c in server.calls):
+            raise Failure("agent_loop_error", f"agent loop {name!r} sampled nothing (no generate call returned "
+                                              "tokens): no trajectory to train on")
         response_ids = [int(t) for t in out.response_ids]
         mask = [1 if m else 0 for m in out.response_mask]
         logprobs, runs = server.stamp(response_ids, mask)
-        if not runs.runs:  # nothing sampled or given: the weights of the episode's first call
-            runs.extend(server.calls[0].versions[0] if server.calls and server.calls[0].versions else 0, 0)
-        oldest = min((v for c in server.calls for v in c.versions), default=0)
+        oldest = min(v for c in server.calls for v in c.versions)
         reward = getattr(out, "reward_score", None)
         if reward is not None and turn_score(reward) is None:
             raise Failure("agent_loop_error", f"agent loop {name!r}: reward_score {reward!r} is not a finite number")
@@ -252,7 +253,7 @@ class AgentLoops:
             extra["agent_extra_fields"] = fields
         return Trajectory(
             id=f"{prompt.group_id}-{index}", group_id=prompt.group_id, group_size=n,
-            policy_version=oldest if server.calls else runs.oldest,
+            policy_version=oldest,
             token_versions=runs.as_field(), data_source=prompt.data_source, prompt=prompt.prompt,
             response=tokenizer.decode(response_ids, skip_special_tokens=True), ground_truth=prompt.ground_truth,
             extra_info=extra, prompt_ids=np.asarray([int(t) for t in out.prompt_ids], dtype=np.int32),

@@ -9,6 +9,7 @@ sampled, stamped with the weights that decoded it."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -49,8 +50,6 @@ class EpisodeServer:
         params = self._params(sampling_params or {})
         if self.before_turn is not None:
             await self.before_turn()
-        import time
-
         t0 = time.monotonic()
         [[c]] = await self.backend.generate([[int(t) for t in prompt_ids]], 1, params)
         self.generation_s += time.monotonic() - t0
