@@ -43,6 +43,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from streamrl import metrics
 from streamrl.bus import Bus
 from streamrl.errors import Failure
 from streamrl.records import ROLLOUTS, DeadLetter, Trajectory
@@ -232,11 +233,16 @@ class Gateway:
             new_ids = context_ids(self.tokenizer, ep.messages, messages[seen:], ep.context, ep.tools)
         ep.last_seen = time.monotonic()
         ep.busy = True
+        t0 = time.monotonic()
         try:
-            return await self._serve(ep, body, messages, new_ids)
+            answer = await self._serve(ep, body, messages, new_ids)
         finally:
             ep.busy = False
             ep.last_seen = time.monotonic()
+            metrics.GATEWAY_OPEN.set(len(self.episodes))
+        metrics.GATEWAY_CALLS.labels("ok" if answer.status == 200 else str(answer.status)).inc()
+        metrics.GATEWAY_CALL_SECONDS.observe(time.monotonic() - t0)
+        return answer
 
     async def _serve(self, ep: Episode, body: dict[str, Any], messages: list[dict[str, Any]],
                      new_ids: list[int]) -> web.Response:
@@ -309,6 +315,8 @@ class Gateway:
         await self.worker.producer.send_and_wait(traj)  # on the broker before the agent hears it is done
         self._finish(ep, traj.id)
         self.published += 1
+        metrics.GATEWAY_EPISODES.labels("published").inc()
+        metrics.GATEWAY_OPEN.set(len(self.episodes))
         return web.json_response({"id": eid, "trajectory_id": traj.id, "published": True,
                                   "reward": traj.reward_score})
 
@@ -356,6 +364,9 @@ class Gateway:
                 self._path(ep.id, "json").unlink(missing_ok=True)
             self.abandoned += 1
             n += 1
+            metrics.GATEWAY_EPISODES.labels("abandoned").inc()
+            metrics.BUS_DEADLETTERS.labels(STAGE, "episode_abandoned").inc()
+            metrics.GATEWAY_OPEN.set(len(self.episodes))
         return n
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from streamrl import metrics
 from streamrl.records import DeadLetter, Trajectory
 from streamrl.rollout.backends.openai_server import OpenAIBackend
 from streamrl.rollout.config import GatewayConfig, RolloutConfig
@@ -74,6 +75,8 @@ def test_agents_through_the_gateway(bus, policy: RecordingPolicy, tmp_path: Path
     cfg = gateway_cfg(tmp_path, episode_timeout_s=3.0)
     policy.version = 0
     policy.calls.clear()
+    before = {o: metrics.GATEWAY_EPISODES.labels(o)._value.get() for o in ("published", "abandoned")}
+    calls_before = metrics.GATEWAY_CALLS.labels("ok")._value.get()
 
     async def go():
         server = CompletionsServer(policy)
@@ -116,6 +119,9 @@ def test_agents_through_the_gateway(bus, policy: RecordingPolicy, tmp_path: Path
     [letter] = [DeadLetter.decode(m.value) for m in letters]
     assert letter.reason == "episode_abandoned" and letter.record_id == "ep-left"
     assert Trajectory.decode(letter.original_value()).response_ids is not None
+    assert metrics.GATEWAY_EPISODES.labels("published")._value.get() - before["published"] == 3
+    assert metrics.GATEWAY_EPISODES.labels("abandoned")._value.get() - before["abandoned"] == 1
+    assert metrics.GATEWAY_CALLS.labels("ok")._value.get() - calls_before == 2 + 2 + 1 + 1
     ra, rb = score([a, trajs["ep-b"]])
     assert ra.reward == 1.0 and ra.reward_info["status"] == "given"
     assert rb.reward == 1.0 and rb.scorer["name"] != "reward_score"  # "#### 7" scored by gsm8k
