@@ -24,6 +24,7 @@ VERBS = {
     "topics": "streamrl.commands.topics",
     "feed": "streamrl.commands.feed",
     "rollout": "streamrl.commands.rollout",
+    "gateway": "streamrl.commands.gateway",
     "reward": "streamrl.commands.reward",
     "sandbox": "streamrl.commands.sandbox",
     "teacher": "streamrl.commands.teacher",

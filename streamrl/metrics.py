@@ -216,6 +216,14 @@ ROLLOUT_TRAJECTORIES = Counter("streamrl_rollout_trajectories_total",
                                "Trajectories generated and handed to the producer", ["backend"])
 ROLLOUT_TOKENS = Counter("streamrl_rollout_generated_tokens_total",
                          "Tokens sampled by the policy (rate() of it: tokens/s)", ["backend"])
+GATEWAY_CALLS = Counter("streamrl_gateway_calls_total",
+                        "Chat completion calls the gateway answered, by outcome (ok, or the HTTP status)", ["outcome"])
+GATEWAY_CALL_SECONDS = Histogram("streamrl_gateway_call_seconds", "Time to answer one chat completion call",
+                                 buckets=(.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
+GATEWAY_EPISODES = Counter("streamrl_gateway_episodes_total",
+                           "Episodes the gateway closed: published (ended by the agent) or abandoned (timed out)",
+                           ["outcome"])
+GATEWAY_OPEN = Gauge("streamrl_gateway_open_episodes", "Episodes open on the gateway")
 ROLLOUT_GENERATION_SECONDS = Histogram("streamrl_rollout_generation_seconds",
                                        "Time to generate one prompt's whole group, all turns",
                                        ["backend"], buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 30,

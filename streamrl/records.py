@@ -204,6 +204,9 @@ class Trajectory(_Record):
     # ReMax (learner.adv_estimator remax): the group's greedy response, scored like the others;
     # its reward is the group's baseline and it is never trained on. None/absent: a sample
     baseline: bool | None = None
+    # the producer's own reward (an agent loop's ``reward_score``): the reward group publishes it
+    # instead of scoring the record, as verl's reward loop skips a sample that has one. None: scored
+    reward_score: float | None = None
     created_at: float = field(default_factory=_now)
     schema: str = TRAJECTORY_SCHEMA
 

@@ -22,6 +22,7 @@ BENCHES = {
     "run": "streamrl.bench.run",
     "weights": "streamrl.bench.weights",
     "sandbox": "streamrl.bench.sandbox",
+    "gateway": "streamrl.bench.gateway",
 }
 
 

@@ -152,6 +152,8 @@ def row_to_prompt(row: dict[str, Any], index: int, epoch: int, cfg: FeedConfig,
             extra[name] = row[name]
     if isinstance(row.get("extra_info"), dict):
         extra.update(row["extra_info"])
+    if isinstance(row.get("agent_name"), str) and row["agent_name"]:  # verl's column: the sample's agent loop
+        extra["agent_name"] = row["agent_name"]
     return Prompt(group_id=group_id(data_source, epoch, index, prompt), group_size=cfg.group_size,
                   data_source=data_source, prompt=prompt, ground_truth=truth, extra_info=extra,
                   epoch=epoch)

@@ -5,6 +5,8 @@ one path:
 
 1. look the record's ``data_source`` up in the scorer table (``reward.table``); none serves it:
    ``Failure("unknown_data_source")``;
+   A record that carries ``reward_score`` (an agent loop's own reward) is not scored: that is
+   its reward (``reward_info.status = "given"``, ``scorer`` ``reward_score``), under the bounds;
 2. score it. A failing scorer (``Failure`` or any exception) is retried ``max_attempts`` times
    with backoff, then fails with its reason, unless the config allows a fallback score for that
    reason (``reward_info.status = "fallback:<reason>"``). A scorer whose backend is down
@@ -47,6 +49,10 @@ from streamrl.scorers.base import numeric_info, split_result
 log = logging.getLogger(__name__)
 
 
+#: the ``scorer`` of a record published with its producer's own reward (``reward_score``)
+GIVEN = {"name": "reward_score", "version": "given"}
+
+
 class _BadValue(Failure):
     """A scorer returned NaN / inf in fp32, or a reward past ``reward.max_abs_reward``: not worth
     a retry, never worth publishing (the learner's advantages would be NaN)."""
@@ -84,6 +90,8 @@ class Scoring:
 
     async def reward(self, traj: Trajectory) -> Rewarded:
         """``traj`` scored (and settled with its group, under a hook), or a ``Failure``."""
+        if traj.reward_score is not None:
+            return await self._given(traj)
         entry = None
         try:
             entry = self.entry_for(traj)
@@ -101,6 +109,27 @@ class Scoring:
         hook = self.hooks.get(entry.name, self.groups)
         if hook is not None and hook.applies(traj):
             rewarded = await hook.settle(rewarded)
+        return rewarded
+
+    async def _given(self, traj: Trajectory) -> Rewarded:
+        """A record that carries its producer's reward (``reward_score``: an agent loop scored its
+        own episode) is published with it, unscored, as verl's reward loop returns a sample's
+        ``rm_scores`` without calling the reward function; the same bounds hold, and the group
+        hook (``reward.group_hook``) still settles its group."""
+        try:
+            check_reward(traj.reward_score, self.rc.max_abs_reward, "reward.max_abs_reward",
+                         what=f"reward_score {traj.reward_score!r}")
+        except Failure as exc:
+            metrics.REWARD_FAILED.labels(GIVEN["name"], exc.reason).inc()
+            if self.groups is not None:
+                await self.groups.failed(traj)
+            raise
+        metrics.REWARD_SCORED.labels(GIVEN["name"], "given").inc()
+        metrics.REWARD_VALUE.labels(GIVEN["name"]).observe(traj.reward_score)
+        rewarded = Rewarded.from_trajectory(traj, reward=traj.reward_score, reward_info={"status": "given"},
+                                            scorer=dict(GIVEN))
+        if self.groups is not None and self.groups.applies(traj):
+            rewarded = await self.groups.settle(rewarded)
         return rewarded
 
     async def score(self, entry: Entry, traj: Trajectory) -> tuple[float, dict[str, Any]]:

@@ -56,6 +56,40 @@ class MultiTurnConfig:
 
 
 @dataclass
+class AgentConfig:
+    """verl's ``rollout.agent`` (same field names): a user's agent-loop classes run in the rollout
+    workers (``streamrl.rollout.agent_loops``). A prompt's ``agent_name`` (``extra_info``) picks its
+    loop, ``default_agent_loop`` the others'. verl's built-in names, ``single_turn_agent`` and
+    ``tool_agent``, are the workers' own turn loop (one turn, or ``multi_turn``'s tools and
+    interactions) unless the config file names classes for them."""
+
+    default_agent_loop: str = "single_turn_agent"  # the loop of a prompt without an agent_name
+    # verl's agent-loop config: a YAML list of {name, _target_: module.Class, ...constructor keywords}
+    agent_loop_config_path: str = ""
+    prompt_length: int = 0  # what a loop reads as rollout_config.prompt_length (verl: data.max_prompt_length); 0: no cap
+    # what a loop reads as rollout_config.response_length, the whole response's budget (verl:
+    # data.max_response_length); 0: rollout.max_new_tokens
+    response_length: int = 0
+
+
+@dataclass
+class GatewayConfig:
+    """``streamrl gateway``: an OpenAI-compatible chat endpoint for agents outside streamrl
+    (``streamrl.rollout.gateway``). It samples with this rollout section's backend and
+    settings; each episode's exact tokens go to ``rollouts`` when the agent ends it."""
+
+    host: str = "127.0.0.1"  # the interface the gateway listens on
+    port: int = 8400  # 0: a free port (printed at start)
+    # an episode with no call for this long is abandoned: its tokens so far go to dead letters
+    episode_timeout_s: float = 600.0
+    # open episodes are journalled here after every call and taken up again after a restart;
+    # empty: kept in memory only (a restart abandons them)
+    state_dir: str = ""
+    data_source: str = "agent"  # an episode's data_source when its end call names none
+    max_episodes: int = 10000  # open at once; a new one past it is refused (HTTP 429)
+
+
+@dataclass
 class OpenAIBackendConfig:
     """Any OpenAI-compatible completions server (``vllm serve``, SGLang, hosted APIs)."""
 
@@ -168,6 +202,8 @@ class RolloutConfig:
     gate_poll_s: float = 0.5  # how often a held worker checks the gate again
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     openai: OpenAIBackendConfig = field(default_factory=OpenAIBackendConfig)
     vllm: VLLMBackendConfig = field(default_factory=VLLMBackendConfig)
     # backend openai: the inference servers (roots or .../v1 URLs; a host name that resolves to

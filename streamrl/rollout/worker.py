@@ -5,7 +5,8 @@ It composes the pieces of this package around the bus's ``StageLoop`` (which own
 dead letters for malformed prompts, commit-after-ack and back-pressure):
 
     prompt ─► staleness gate (hold while too far ahead) ─► load a newer policy version if one
-    was announced ─► generate the group (multi-turn with an interaction, if configured) ─►
+    was announced ─► generate the group (multi-turn with an interaction, if configured; or the
+    prompt's agent loop, ``rollout.agent``) ─►
     trajectories stamped with version and timings ─► rollouts
 
 A backend that is down holds the prompt and retries (the loop's back-pressure stops fetching);
@@ -31,6 +32,7 @@ from streamrl.errors import Failure, StreamrlError
 from streamrl.records import PROMPTS, ROLLOUTS, DeadLetter, Prompt, Trajectory
 from streamrl.rollout.backends import (Backend, BackendError, BackendUnavailable, SamplingParams,
                                        WeightLoadError, make_backend)
+from streamrl.rollout.agent_loops import AgentLoops
 from streamrl.rollout.config import RolloutConfig
 from streamrl.rollout.episode import run_group
 from streamrl.rollout.multiturn import MultiTurn
@@ -86,6 +88,9 @@ class RolloutWorker:
         # interactions (per sample, by interaction_kwargs.name) and tools, loaded before the
         # first prompt: a bad config file or class fails at start, naming the field
         self.multi_turn = MultiTurn.from_config(cfg)
+        # verl's agent loops (rollout.agent): the classes of its config imported now, so a bad
+        # entry fails at start; a prompt whose agent_name names one runs it
+        self.agents = AgentLoops(cfg, tools=[t.tool for t in self.multi_turn.tools] if self.multi_turn else None)
         self.follower = PolicyFollower(bus, STAGE)
         self.gate = StalenessGate(bus, self.follower, max_staleness=cfg.max_staleness,
                                   per_version=cfg.trajectories_per_version,
@@ -295,8 +300,11 @@ class RolloutWorker:
         try:
             async for attempt in retrying:
                 with attempt:
-                    out = await run_group(prompt, n, self.backend, self.params, self.renderer,
-                                          self.multi_turn, before_turn)
+                    if self.agents.runs(prompt):
+                        out = await self.agents.run_group(prompt, n, self.backend, self.params, before_turn)
+                    else:
+                        out = await run_group(prompt, n, self.backend, self.params, self.renderer,
+                                              self.multi_turn, before_turn)
                     if self.cfg.greedy_baseline:
                         out += await self._greedy_baseline(prompt, n, before_turn)
                         for t in out:
@@ -310,7 +318,10 @@ class RolloutWorker:
         """ReMax's baseline: one greedy response to the prompt, marked ``baseline``, in the group
         (whose ``group_size`` then counts it: the learner waits for it as for any member)."""
         greedy = dataclasses.replace(self.params, temperature=0.0)
-        [base] = await run_group(prompt, 1, self.backend, greedy, self.renderer, self.multi_turn, before_turn)
+        if self.agents.runs(prompt):
+            [base] = await self.agents.run_group(prompt, 1, self.backend, greedy, before_turn)
+        else:
+            [base] = await run_group(prompt, 1, self.backend, greedy, self.renderer, self.multi_turn, before_turn)
         base.id, base.baseline = f"{prompt.group_id}-baseline", True
         return [base]
 

@@ -212,9 +212,10 @@ VERL_TABLE: tuple[Row, ...] = (
     ignored("data.use_shm", "verl's copy of the data into shared memory"),
     ignored("data.gen_batch_size", "DAPO's generation batch: " + STREAMING
             + "; groups filtered out (learner.filter_groups) are replaced as the stream brings more"),
-    ignored("data.custom_cls.*", "verl's Dataset class: the feed reads rows in verl's preprocessed format "
-                                 "(prompt, data_source, reward_model.ground_truth, extra_info) as they are; "
-                                 "a class that changes them must be run once, to parquet"),
+    *(refused(f"data.custom_cls.{k}", "a custom Dataset class (it changes the prompts trained on): the feed reads "
+                                      "rows in verl's preprocessed format (prompt, data_source, "
+                                      "reward_model.ground_truth, extra_info) as they are; run the class once, to "
+                                      "parquet", harmless=(None,)) for k in ("path", "name")),
     ignored("data.reward_fn_key", "the rows' data_source picks the scorer"),
     ignored("data.tokenizer", "the policy's tokenizer (actor_rollout_ref.model.path)"),
     # -- the trainer ---------------------------------------------------------------------------------------

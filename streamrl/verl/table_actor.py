@@ -129,6 +129,11 @@ def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
     ``fsdp`` for the critic): their offloads onto ``to``, the rest their tuning."""
     return [
         *_offload_of(f"{verl}{fsdp}.", ("param_offload", "optimizer_offload"), to),
+        # the engine's QAT is what verl's FSDP and Megatron engines apply (engine_config.qat): it
+        # changes what is trained, so it is refused when on, never taken for tuning
+        *(mapped(f"{verl}{engine}.qat.enable", read=_qat, note="off changes nothing; on is refused (QAT)")
+          for engine in (fsdp, "megatron")),
+        *(ignored(f"{verl}{engine}.qat.*", QAT_SETTINGS) for engine in (fsdp, "megatron")),
         ignored(f"{verl}{fsdp}.*", FSDP_TUNING),
         *_offload_of(f"{verl}torchtitan.", ("param_offload", "optimizer_offload"), to),
         ignored(f"{verl}torchtitan.*", ENGINES_TUNING.format("torchtitan")),
@@ -296,7 +301,20 @@ ACTOR_ROWS: tuple[Row, ...] = (
                                         "sampling distribution's"),
     refused(f"{_ROLLOUT}enable_rollout_routing_replay", "MoE routing replay (the rollout's expert choices replayed "
                                                         "in training)"),
-    ignored(f"{_ROLLOUT}agent.*", "verl's agent-loop workers: multi-turn runs in the rollout workers"),
+    mapped(f"{_ROLLOUT}agent.agent_loop_config_path", "rollout.agent.agent_loop_config_path",
+           read=lambda v, g: {"rollout.agent.agent_loop_config_path": "" if v is None else str(v)},
+           note="the agent-loop classes (name, _target_) run in the rollout workers"),
+    mapped(f"{_ROLLOUT}agent.default_agent_loop", "rollout.agent.default_agent_loop",
+           read=lambda v, g: {"rollout.agent.default_agent_loop": "single_turn_agent" if v is None else str(v)},
+           note="a prompt without an agent_name runs it; single_turn_agent / tool_agent: the workers' own turn loop"),
+    ignored(f"{_ROLLOUT}agent.num_workers", "verl's agent-loop worker processes: each rollout worker runs its "
+                                            "prompts' agent loops concurrently (rollout.max_in_flight)"),
+    ignored(f"{_ROLLOUT}agent._target_", TARGET),
+    ignored(f"{_ROLLOUT}agent.custom_async_server._target_", TARGET),
+    refused(f"{_ROLLOUT}agent.custom_async_server.name", "a custom async inference server class: the rollout "
+                                                         "workers' backends (rollout.backend)", harmless=(None,)),
+    refused(f"{_ROLLOUT}agent.custom_async_server.path", "a custom async inference server class: the rollout "
+                                                         "workers' backends (rollout.backend)", harmless=(None,)),
     ignored(f"{_ROLLOUT}trace.*", "verl's rollout tracing"),
     ignored(f"{_ROLLOUT}profiler.*", PROFILER),
     ignored(f"{_ROLLOUT}prompt_length", "filled in by verl from data.max_prompt_length"),

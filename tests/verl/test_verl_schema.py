@@ -94,6 +94,7 @@ def test_verls_defaults_start_on_every_engine(engine, tmp_path):
 
 #: values in the key's own domain (a generic change would be out of it)
 CHANGED: dict[str, Any] = {
+    "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
     "algorithm.adv_estimator": "grpo", "algorithm.kl_penalty": "low_var_kl", "algorithm.kl_ctrl.type": "adaptive",
     "algorithm.filter_groups.metric": "acc", "algorithm.gdpo_reward_keys": ["acc"], "algorithm.gdpo_reward_weights": [2.0],
     "actor_rollout_ref.actor.policy_loss.loss_mode": "gspo", "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum",
@@ -142,7 +143,9 @@ CONTEXT: dict[str, list[str]] = {
 }
 
 #: mapped rows that set nothing whatever their value: a check, or read with another key
-SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "actor_rollout_ref.rollout.multi_turn.enable",
+SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "actor_rollout_ref.actor.fsdp_config.qat.enable",
+                "actor_rollout_ref.actor.megatron.qat.enable", "critic.fsdp.qat.enable", "critic.megatron.qat.enable",
+                "actor_rollout_ref.rollout.multi_turn.enable",
                 "trainer.critic_warmup", "trainer.v1.sampler.max_off_policy_strategy", "reward.launch_reward_fn_async"}
 
 
