@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, CRITIC_WARMUP, FSDP_TUNING, PROFILER, RAY,
+from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, FSDP_TUNING, PROFILER, RAY,
                                 STREAMING, TEACHER_SCALE, Given, Refused, Row, _adv_estimator, _batch, _bool,
                                 _critic_warmup, _files, _int, _logger, _minus_one_off, _overlong, _resume_mode, _same,
                                 _save_freq, _total_epochs, _total_steps, ignored, mapped, refused)
-from streamrl.verl.table_actor import ACTOR_ROWS, TARGET, engine_rows, global_micro, model_rows, optim_rows
+from streamrl.verl.table_actor import (ACTOR_ROWS, TARGET, engine_rows, global_micro, model_rows, optim_rows,
+                                      override_rows)
 
-__all__ = ["VERL_TABLE", "VERL_TOPS", "CRITIC_WARMUP"]
+__all__ = ["VERL_TABLE", "VERL_TOPS"]
 
 V1 = ("verl's V1 trainer and its modes (sync, colocated or separate async): streamrl's stages stream, the learner "
       "training on samples up to learner.max_staleness versions old")
@@ -105,6 +106,7 @@ VERL_TABLE: tuple[Row, ...] = (
     *(refused(f"critic.model.{k}", "LoRA on the critic: it trains whole") for k in ("lora_rank", "lora_alpha",
                                                                                   "target_modules")),
     *model_rows("critic.model."),
+    *override_rows("critic.model.", "learner.critic.override_config"),
     ignored("critic.enable", "the critic is on with adv_estimator=gae"),
     ignored("critic.nccl_timeout", "learner.parallel.timeout_s is streamrl's"),
     *engine_rows("critic.", "learner.critic.cpu_offload", "fsdp"),
@@ -177,7 +179,8 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped("trainer.n_gpus_per_node", "learner.parallel.nproc",
            note="the learner's ranks per node (the rollout servers take their own GPUs)"),
     mapped("trainer.nnodes", "learner.parallel.nnodes"),
-    mapped("trainer.critic_warmup", read=_critic_warmup, note="0 (no critic) changes nothing; above 0 needs a critic"),
+    mapped("trainer.critic_warmup", "learner.critic_warmup", read=_critic_warmup,
+           note="the versions numbered below it train the critic alone, as verl's steps (the policy unchanged)"),
     ignored("trainer.balance_batch", "verl's reordering of a batch to balance tokens across GPUs: the learner "
                                      "balances its micro-batches by tokens itself"),
     ignored("trainer.log_val_generations", "every validation response is on the eval topic"),
