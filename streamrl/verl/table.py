@@ -54,6 +54,15 @@ def _critic_tokens(value: Any, given: Given) -> dict[str, Any]:
     return {"learner.critic.max_tokens_per_micro_batch": _int(value)}
 
 
+def _critic_mini_batch(value: Any, given: Given) -> dict[str, Any]:
+    """verl's critic takes an optimizer step per its own mini-batch; here per the policy's."""
+    actor = given.get("actor_rollout_ref.actor.ppo_mini_batch_size", 256)  # (verl's default for both)
+    if _int(value) != _int(actor):
+        raise Refused("critic mini-batches of another size than the actor's (the critic steps with the policy's "
+                      "mini-batches, actor_rollout_ref.actor.ppo_mini_batch_size)")
+    return {}
+
+
 def _critic_dynamic(value: Any, given: Given) -> dict[str, Any]:
     if not _bool(value):
         return {"learner.critic.max_tokens_per_micro_batch": 0}
@@ -95,7 +104,9 @@ VERL_TABLE: tuple[Row, ...] = (
            note="on: the critic's token budget ppo_max_token_len_per_gpu; off: 0 (the learner's)"),
     mapped("critic.ppo_max_token_len_per_gpu", "learner.critic.max_tokens_per_micro_batch", read=_critic_tokens,
            note="read with critic.use_dynamic_bsz"),
-    *(ignored(f"critic.{k}", CRITIC_BATCH) for k in ("ppo_mini_batch_size", "forward_micro_batch_size",
+    mapped("critic.ppo_mini_batch_size", read=_critic_mini_batch,
+           note="the critic steps with the policy's mini-batches: a size other than the actor's is refused"),
+    *(ignored(f"critic.{k}", CRITIC_BATCH) for k in ("forward_micro_batch_size",
                                                      "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu",
                                                      "rollout_n")),
     refused("critic.loss_scale_factor", "a fixed divisor of the critic's loss (the learner's is learner.loss_scale_factor)"),
@@ -154,9 +165,11 @@ VERL_TABLE: tuple[Row, ...] = (
     ignored("data.use_shm", "verl's copy of the data into shared memory"),
     ignored("data.gen_batch_size", "DAPO's generation batch: " + STREAMING
             + "; groups filtered out (learner.filter_groups) are replaced as the stream brings more"),
-    ignored("data.custom_cls.*", "verl's Dataset class: the feed reads rows in verl's preprocessed format "
-                                 "(prompt, data_source, reward_model.ground_truth, extra_info) as they are; "
-                                 "a class that changes them must be run once, to parquet"),
+    refused("data.custom_cls.path", "a Dataset class of your own (it changes the rows trained on): the feed reads "
+                                    "rows in verl's preprocessed format (prompt, data_source, "
+                                    "reward_model.ground_truth, extra_info) as they are; run the class once, to "
+                                    "parquet", harmless=(None, "")),
+    ignored("data.custom_cls.*", "verl's Dataset class's name, read only with data.custom_cls.path (refused)"),
     ignored("data.reward_fn_key", "the rows' data_source picks the scorer"),
     ignored("data.tokenizer", "the policy's tokenizer (actor_rollout_ref.model.path)"),
     # -- the trainer ---------------------------------------------------------------------------------------

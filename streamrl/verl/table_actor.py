@@ -182,6 +182,10 @@ def _loss_scale_factor(value: Any, given: Given) -> dict[str, Any]:
     return {"learner.loss_scale_factor": 0 if value is None else _int(value)}
 
 
+def _rollout_dtype(value: Any, given: Given) -> dict[str, Any]:
+    return {"rollout.dtype": _dtype(value, given)["learner.dtype"]}
+
+
 def _qat(value: Any, given: Given) -> dict[str, Any]:
     if _bool(value):
         raise Refused("quantisation-aware training (QAT): the learner trains in learner.dtype")
@@ -260,6 +264,8 @@ ACTOR_ROWS: tuple[Row, ...] = (
            note="vllm: vLLM's engine; sglang: SGLang servers the worker launches (rollout.servers_launch); "
                 "hf: transformers"),
     mapped(f"{_ROLLOUT}temperature", "rollout.temperature", "learner.temperature", read=_temperature),
+    mapped(f"{_ROLLOUT}dtype", "rollout.dtype", read=_rollout_dtype,
+           note="the engine's dtype (its numbers differ from the learner's: what rollout correction is for)"),
     mapped(f"{_ROLLOUT}top_p", "rollout.top_p"),
     refused(f"{_ROLLOUT}top_k", "top-k sampling (rollout.top_k)", harmless=(-1, 0)),
     refused(f"{_ROLLOUT}do_sample", "greedy rollouts", harmless=(True,)),
@@ -294,7 +300,7 @@ ACTOR_ROWS: tuple[Row, ...] = (
     *(ignored(f"{_ROLLOUT}{k}", ENGINE) for k in (
         "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "free_cache_engine",
         "load_format", "layered_summon", "multi_stage_wake_up", "data_parallel_size", "expert_parallel_size",
-        "pipeline_model_parallel_size", "max_model_len", "dtype", "engine_kwargs.*", "update_weights_bucket_megabytes",
+        "pipeline_model_parallel_size", "max_model_len", "engine_kwargs.*", "update_weights_bucket_megabytes",
         "enable_prefix_caching", "cudagraph_capture_sizes", "disable_log_stats", "skip_tokenizer_init",
         "disaggregation.*", "scheduling_policy", "moe_tensor_parallel_size", "moe_load_balance_metrics_interval")),
     *(ignored(f"{_ROLLOUT}{k}", "the engine's sampling seed and determinism: other samples from the same distribution")

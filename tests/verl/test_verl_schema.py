@@ -123,6 +123,7 @@ CHANGED: dict[str, Any] = {
     "distillation.distillation_loss.loss_mode": "k1", "distillation.distillation_loss.policy_loss_mode": "gspo",
     "distillation.teacher_models.teacher_model.model_path": "/models/teacher",
     "actor_rollout_ref.model.override_config": {"max_position_embeddings": 4096},
+    "actor_rollout_ref.rollout.dtype": "fp16",
     "critic.model.override_config": {"attention_dropout": 0.1},
 }
 
@@ -139,7 +140,7 @@ CONTEXT: dict[str, list[str]] = {
 }
 
 #: mapped rows that set nothing whatever their value: a check, or read with another key
-SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "actor_rollout_ref.rollout.multi_turn.enable",
+SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "critic.ppo_mini_batch_size", "actor_rollout_ref.rollout.multi_turn.enable",
                 "trainer.v1.sampler.max_off_policy_strategy", "reward.launch_reward_fn_async",
                 *(r.key for r in VERL_TABLE if r.key.endswith(".qat.enable"))}  # QAT: off or refused
 

@@ -31,7 +31,10 @@ SHARED = Path(__file__).resolve().parents[3] / "shared"
 
 #: the scripts that do not start yet, and what each one's problem lines name (all of them); the
 #: multimodal script starts: its rows' images are refused by the feed (test_verl_schema.py)
-REFUSED: dict[str, list[list[str]]] = {}
+REFUSED: dict[str, list[list[str]]] = {
+    # its Dataset class rewrites the rows (AIME's columns into prompts): run it once, to parquet
+    "retool_dapo_qwen2_7b": [["data.custom_cls.path"]],
+}
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
