@@ -134,6 +134,14 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
             out.problems.append(str(exc))
             return out
     rest = []
+    entry = _verl_entry(merged, overrides)  # a recipe's entry module: its config's defaults come first
+    if entry:
+        from streamrl.verl.entries import entry_keys
+
+        defaults, problem = entry_keys(entry)
+        if problem:
+            out.problems.append(problem)
+        overrides = [*defaults, *overrides]
     for override in overrides:
         key, _, value = override.partition("=")
         if is_verl_key(key.strip()):  # Hydra's grammar, as verl reads it (streamrl.verl.overrides)
@@ -189,6 +197,15 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
     if cfg.feed.max_prompt_length and not cfg.feed.tokenizer:  # type: ignore[attr-defined]
         cfg.feed.tokenizer = cfg.rollout.policy  # type: ignore[attr-defined]  # the policy's, as verl counts
     return out
+
+
+def _verl_entry(merged: Any, overrides: Sequence[str]) -> str:
+    """``run.verl_entry`` as the command line (its last) or the file gives it."""
+    for override in reversed(list(overrides)):
+        key, _, value = override.partition("=")
+        if key.strip().lstrip("+") == "run.verl_entry":
+            return value.strip()
+    return str(OmegaConf.select(merged, "run.verl_entry") or "")
 
 
 def _greedy_baseline(cfg: PipelineConfig) -> None:
