@@ -191,7 +191,11 @@ def _rollout_name(value: Any, given: Given) -> dict[str, Any]:
                 "rollout.openai.model": str(given.get(f"{_MODEL}path", ""))}
     if value == "hf":
         return {"rollout.backend": "transformers"}
-    raise ValueError(f"vllm, sglang or hf (got {value!r})")
+    if value == "trtllm":
+        raise Refused("TensorRT-LLM's rollout servers (rollout.name=trtllm): the rollout's engines are vLLM, SGLang "
+                      "and transformers, or any OpenAI-compatible server you run (rollout.backend=openai, "
+                      "rollout.servers) without weight updates")
+    raise ValueError(f"vllm, sglang, hf or trtllm (got {value!r})")
 
 
 def _temperature(value: Any, given: Given) -> dict[str, Any]:

@@ -123,7 +123,9 @@ def test_the_keys_the_audit_found_are_mapped_or_refused():
 
     refused = {"actor_rollout_ref.actor.fsdp_config.qat.enable": True, "critic.fsdp.qat.enable": True,
                "actor_rollout_ref.actor.megatron.qat.enable": True, "actor_rollout_ref.ref.fsdp_config.qat.enable": True,
-               "data.custom_cls.path": "my_dataset.py", "critic.ppo_mini_batch_size": 64}
+               "data.custom_cls.path": "my_dataset.py", "critic.ppo_mini_batch_size": 64,
+               "actor_rollout_ref.rollout.name": "trtllm", "actor_rollout_ref.rollout.quantization": "fp8",
+               "actor_rollout_ref.rollout.enable_rollout_routing_replay": True}
     for key, value in refused.items():
         [o] = read_verl_keys([(key, value)])
         assert o.kind == REFUSED, (key, o.line())
