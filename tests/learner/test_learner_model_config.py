@@ -111,3 +111,12 @@ def test_critic_warmup_trains_the_critic_alone_for_verls_steps(tmp_path):
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(cfg, 1, 6))
     with pytest.raises(ConfigError, match="learner.critic_warmup"):
         learner_cfg(tmp_path, critic_warmup=-1)
+    # without a critic (GRPO), as verl's: the steps below the warm-up update nothing
+    grpo = Trainer(learner_cfg(tmp_path, critic_warmup=2))
+    first = {k: p.detach().clone() for k, p in grpo.model.named_parameters()}
+    grpo.set_version(0)
+    assert grpo.step(batch(0))["critic_warmup"] == 1.0
+    assert all(torch.equal(p, first[k]) for k, p in grpo.model.named_parameters())
+    grpo.set_version(1)
+    assert grpo.step(batch(1))["critic_warmup"] == 0.0
+    assert any(not torch.equal(p, first[k]) for k, p in grpo.model.named_parameters())
