@@ -86,6 +86,10 @@ def test_the_policy_its_reference_and_the_critic_load_with_their_overrides(tmp_p
         torch.testing.assert_close(engine.model(input_ids=ids).logits, trainer.model(input_ids=ids).logits)
     with pytest.raises(ConfigError, match="learner.override_config.no_such"):
         Trainer(learner_cfg(tmp_path, policy=str(policy), override_config={"no_such": {"x": 1}}))
+    # the memory estimate counts the model the learner loads (a wider MLP: more parameters)
+    from streamrl.learner.distributed import count_parameters
+
+    assert count_parameters(str(policy), overrides={"intermediate_size": 256}) > count_parameters(str(policy))
 
 
 def test_critic_warmup_trains_the_critic_alone_for_verls_steps(tmp_path):
