@@ -181,6 +181,11 @@ class RunConfig:
     writes."""
 
     launcher: str = "local"  # local | ray
+    # The entry module a verl launch script ran (python -m MODULE; --verl-entry): it names the
+    # recipe whose trainer it was, whose config defaults then apply before the script's keys; a
+    # recipe whose algorithm streamrl does not train is refused naming it (streamrl.verl.entries).
+    # Empty: verl.trainer.main_ppo
+    verl_entry: str = ""
     reward_members: int = 2  # processes in the reward consumer group (the start size when autoscaling)
     # processes in each teacher's consumer group (distillation.enabled; a teacher_models entry's members overrides)
     teacher_members: int = 1

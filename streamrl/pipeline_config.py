@@ -136,6 +136,14 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
             out.problems.append(str(exc))
             return out
     rest = []
+    entry = _verl_entry(merged, overrides)  # a recipe's entry module: its config's defaults come first
+    if entry:
+        from streamrl.verl.entries import entry_keys
+
+        defaults, problem = entry_keys(entry)
+        if problem:
+            out.problems.append(problem)
+        overrides = [*defaults, *overrides]
     for override in overrides:
         key, _, value = override.partition("=")
         if is_verl_key(key.strip()):  # Hydra's grammar, as verl reads it (streamrl.verl.overrides)
@@ -209,6 +217,15 @@ def _reward_model_placement(cfg: Any) -> None:
     for server in cfg.reward.servers:
         if server.name == RM_ENTRY and server.gpus_per_replica:
             cfg.run.ray.resources["reward"] = {"num_gpus": float(server.replicas * server.gpus_per_replica)}
+
+
+def _verl_entry(merged: Any, overrides: Sequence[str]) -> str:
+    """``run.verl_entry`` as the command line (its last) or the file gives it."""
+    for override in reversed(list(overrides)):
+        key, _, value = override.partition("=")
+        if key.strip().lstrip("+") == "run.verl_entry":
+            return value.strip()
+    return str(OmegaConf.select(merged, "run.verl_entry") or "")
 
 
 def _greedy_baseline(cfg: PipelineConfig) -> None:

@@ -36,8 +36,10 @@ def byte_tokenizer():
                                    eos_token="<eos>", unk_token="<unk>")
 
 
-def tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: int = 2):
-    """A 2-layer Qwen2-style causal LM (~0.1M parameters besides embeddings)."""
+def tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: int = 2,
+               overrides: dict[str, Any] | None = None):
+    """A 2-layer Qwen2-style causal LM (~0.1M parameters besides embeddings); ``overrides``
+    changes its config before it is built (``apply_overrides``)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -45,7 +47,41 @@ def tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: in
     config = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=2048, tie_word_embeddings=True)
+    apply_overrides(config, overrides or {})
     return Qwen2ForCausalLM(config)
+
+
+#: verl's override_config keys that pick a kernel, not a config value: not applied (the same numbers)
+KERNEL_OVERRIDES = ("attn_implementation",)
+
+
+def model_overrides(override_config: Any) -> dict[str, Any]:
+    """verl's ``model.override_config`` as the changes to the model's config it makes: its
+    ``model_config`` entry where it has one (the Megatron engine's form, which verl reads alike),
+    less the attention kernel's pick (``KERNEL_OVERRIDES``: the learner and the engines pick theirs)."""
+    if not override_config:
+        return {}
+    if not isinstance(override_config, dict):
+        raise ConfigError(f"override_config: a mapping of the model config's fields (got {override_config!r})")
+    tree = override_config.get("model_config", override_config)
+    return {k: v for k, v in dict(tree).items() if k not in KERNEL_OVERRIDES}
+
+
+def apply_overrides(config: Any, overrides: dict[str, Any], where: str = "override_config") -> None:
+    """Set ``overrides`` on a transformers config as verl's ``update_model_config`` does: a
+    mapping updates the sub-config of its name (``rope_scaling``, ``text_config``), any other
+    value is set as the field (``max_position_embeddings: 8192``, ``attention_dropout: 0.1``)."""
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            sub = getattr(config, key, None)
+            if sub is None:
+                raise ConfigError(f"config field '{where}.{key}': the model's config has no {key} to update")
+            if isinstance(sub, dict):  # a plain mapping field (rope_scaling): its entries updated
+                sub.update(value)
+            else:
+                apply_overrides(sub, value, f"{where}.{key}")
+        else:
+            setattr(config, key, value)
 
 
 def load_tokenizer(spec: str) -> Any:
@@ -63,22 +99,28 @@ def load_tokenizer(spec: str) -> Any:
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> tuple[Any, Any]:
+def load_policy(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0,
+                overrides: dict[str, Any] | None = None, where: str = "override_config") -> tuple[Any, Any]:
     """``(model, tokenizer)`` for ``spec`` (``tiny`` or a local directory), in eval mode on
-    ``device``."""
+    ``device``; ``overrides`` (``model_overrides``' form) change its config before the weights
+    load (verl's ``model.override_config``; ``where`` names the field in an error)."""
     torch = need("torch", "cpu", "the policy model")
     need("transformers", "cpu", "the policy model")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if spec == TINY_SPEC:
         tokenizer = byte_tokenizer()
-        model = tiny_model(len(tokenizer), seed=seed)
+        model = tiny_model(len(tokenizer), seed=seed, overrides=overrides)
     else:
         path = Path(spec.removeprefix("file://"))
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"policy {spec!r}: no config.json there (a directory in Hugging Face layout, or 'tiny')")
+        from transformers import AutoConfig
+
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        apply_overrides(config, overrides or {}, where)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, config=config,
                                                      dtype=getattr(torch, dtype))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="resolve and check the config without starting anything (no broker, model download or "
                              "network): print it as YAML, then what each verl key given became; exit 0 where "
                              "`streamrl run` would start, 2 otherwise, listing every problem")
+    parser.add_argument("--verl-entry", metavar="MODULE",
+                        help="the module a verl launch script runs (python -m MODULE, e.g. recipe.dapo.main_dapo): "
+                             "run.verl_entry, its recipe's algorithm trained or refused naming it")
     parser.add_argument("overrides", nargs="*", metavar="key.path=value")
 
 

@@ -255,6 +255,9 @@ class CriticConfig(OptimizerConfig):
     cpu_offload: bool = False
     ppo_epochs: int = 0  # passes over each mini-batch; 0: learner.ppo_epochs
     loss_agg_mode: str = ""  # the value loss's aggregation; "": learner.loss_agg_mode
+    # changes to the critic model's config at load (verl's critic.model.override_config; the
+    # policy's own are learner.override_config), as streamrl.policy.apply_overrides sets them
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -290,6 +293,11 @@ class LearnerConfig(OptimizerConfig):
     dtype: str = "float32"  # parameters' dtype (the optimizer keeps them; bf16 for big models)
     seed: int = 0  # the tiny policy's init and the trainer's RNG
     temperature: float = 1.0  # the rollout's sampling temperature: log-probs are of logits / T
+    # changes to the policy's config at load, for it and its KL reference (verl's
+    # actor_rollout_ref.model.override_config: {max_position_embeddings: 8192}, {rope_scaling: {...}},
+    # {attention_dropout: 0.1}); a mapping updates the sub-config of its name. The rollout applies
+    # the same (rollout.override_config: the servers' --hf-overrides / --json-model-override-args)
+    override_config: dict[str, Any] = field(default_factory=dict)
 
     # -- the objective (verl's names; streamrl.learner.losses) ---------------------------------
     # verl's algorithm.adv_estimator: grpo (normalised within each group), rloo, opo, grpo_passk,
@@ -300,6 +308,10 @@ class LearnerConfig(OptimizerConfig):
     gamma: float = 1.0  # REINFORCE++'s and GAE's discount (verl's algorithm.gamma)
     lam: float = 1.0  # GAE's lambda (verl's algorithm.lam)
     critic: CriticConfig = field(default_factory=CriticConfig)  # adv_estimator gae's value model
+    # verl's trainer.critic_warmup: the versions numbered below this train the critic alone (the
+    # policy's weights stay, each such version is published unchanged), as verl's steps numbered
+    # below it skip the actor's update; the policy's lr schedule starts at its first update. 0: off
+    critic_warmup: int = 0
     # GDPO (adv_estimator gdpo): the reward components, fields of each record's reward_info (a
     # scorer's dict result), each normalised within its group, summed with these weights (empty: 1 each)
     gdpo_reward_keys: list[str] = field(default_factory=list)
@@ -523,7 +535,7 @@ class LearnerConfig(OptimizerConfig):
                 self._bad(name, "must be >= 1")
         non_negative = ("checkpoint_every", "keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
-                        "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg")
+                        "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg", "critic_warmup")
         if str(self.weights_delta).lower() not in ("auto", "on", "off", "true", "false"):
             self._bad("weights_delta", "one of auto, on, off")
         if not 1 <= self.weights_delta_level <= 22:

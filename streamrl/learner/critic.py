@@ -34,9 +34,11 @@ def value_model(cfg: "LearnerConfig", device: str) -> Any:
     """The policy's architecture with one value per position: ``critic.model`` (or the policy)
     loaded, its output head replaced by a fresh ``hidden -> 1`` linear layer (verl's critic is a
     token-classification model with one label: the same)."""
-    from streamrl.policy import load_policy
+    from streamrl.policy import load_policy, model_overrides
 
-    model, _ = load_policy(cfg.critic.model or cfg.policy, device=device, dtype=cfg.dtype, seed=cfg.seed)
+    model, _ = load_policy(cfg.critic.model or cfg.policy, device=device, dtype=cfg.dtype, seed=cfg.seed,
+                           overrides=model_overrides(cfg.critic.override_config),
+                           where="learner.critic.override_config")
     hidden = model.get_output_embeddings().weight.shape[-1]
     head = torch.nn.Linear(hidden, 1, bias=False, device=device, dtype=getattr(torch, cfg.dtype))
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)

@@ -228,21 +228,24 @@ def local_bytes(tensors: Any) -> int:
 
 
 # -- memory -----------------------------------------------------------------------------------
-def count_parameters(policy: str, seed: int = 0, lora: Any = None) -> int:
-    """Parameters of ``policy`` counted on the meta device (nothing allocated, nothing loaded);
-    ``lora`` (a ``LoraConfig`` that is on): the adapters' parameters instead (what trains)."""
+def count_parameters(policy: str, seed: int = 0, lora: Any = None, overrides: dict | None = None) -> int:
+    """Parameters of ``policy`` counted on the meta device (nothing allocated, nothing loaded),
+    its config changed by ``overrides`` (``learner.override_config``: its sizes) as the
+    learner loads it; ``lora`` (a ``LoraConfig`` that is on): the adapters' parameters instead
+    (what trains)."""
     import torch
 
-    from streamrl.policy import TINY_SPEC, byte_tokenizer, tiny_model
+    from streamrl.policy import TINY_SPEC, apply_overrides, byte_tokenizer, tiny_model
 
     with torch.device("meta"):
         if policy == TINY_SPEC:
-            model = tiny_model(len(byte_tokenizer()), seed=seed)
+            model = tiny_model(len(byte_tokenizer()), seed=seed, overrides=overrides)
         else:
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_config(
-                AutoConfig.from_pretrained(policy.removeprefix("file://"), local_files_only=True))
+            config = AutoConfig.from_pretrained(policy.removeprefix("file://"), local_files_only=True)
+            apply_overrides(config, overrides or {}, "learner.override_config")
+            model = AutoModelForCausalLM.from_config(config)
         if lora is not None:
             from streamrl.learner.lora import wrap
 
@@ -277,8 +280,11 @@ def estimate_bytes(n_params: int, cfg: "LearnerConfig", world: int, trainable: i
 
 def check_memory(cfg: "LearnerConfig", policy: str, world: int) -> dict[str, int]:
     """Log the estimate; refuse (``ConfigError``, one line) when ``max_memory_gb`` cannot hold it."""
-    trainable = count_parameters(policy, cfg.seed, cfg.lora) if cfg.lora.enabled else None
-    est = estimate_bytes(count_parameters(policy, cfg.seed), cfg, world, trainable)
+    from streamrl.policy import model_overrides
+
+    overrides = model_overrides(cfg.override_config)
+    trainable = count_parameters(policy, cfg.seed, cfg.lora, overrides) if cfg.lora.enabled else None
+    est = estimate_bytes(count_parameters(policy, cfg.seed, overrides=overrides), cfg, world, trainable)
     gb = {k: v / 2**30 for k, v in est.items()}
     if _GROUP is None or _GROUP.leader:
         mb = {k: v / 2**20 for k, v in est.items()}

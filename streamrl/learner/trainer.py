@@ -34,7 +34,7 @@ from streamrl.learner.collate import Batch
 from streamrl.learner.config import LearnerConfig, remove_padding_mode
 from streamrl.learner.objective import Metrics, MiniBatch, Objective, annotated
 from streamrl.learner.samples import Sample
-from streamrl.policy import load_policy
+from streamrl.policy import load_policy, model_overrides
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         dev = self.group.device if self.group else cfg.device
         self.device = torch.device(dev)
-        self.model, self.tokenizer = load_policy(spec, device=dev, dtype=cfg.dtype, seed=cfg.seed)
+        # verl's model.override_config: the policy's and its reference's config changed at load
+        self.overrides = model_overrides(cfg.override_config)
+        self.model, self.tokenizer = load_policy(spec, device=dev, dtype=cfg.dtype, seed=cfg.seed,
+                                                 overrides=self.overrides, where="learner.override_config")
         self.model.to(dtype=getattr(torch, cfg.dtype))
         self.kl_ctrl = losses.KLController(cfg.kl_ctrl.kl_coef, cfg.kl_ctrl.type, cfg.kl_ctrl.target_kl,
                                            cfg.kl_ctrl.horizon)
@@ -82,7 +85,8 @@ class Trainer:
         self.reference = None
         self.has_reference = cfg.kl_coef > 0 or cfg.use_kl_in_reward
         if self.has_reference and not self.lora:
-            self.reference = (load_policy(cfg.policy, device=dev, dtype=cfg.dtype, seed=cfg.seed)[0]
+            self.reference = (load_policy(cfg.policy, device=dev, dtype=cfg.dtype, seed=cfg.seed,
+                                          overrides=self.overrides, where="learner.override_config")[0]
                               if spec != cfg.policy else copy.deepcopy(self.model)).eval()
             self.reference.requires_grad_(False)
         if cfg.gradient_checkpointing:
@@ -353,15 +357,23 @@ class Trainer:
 
         self._lead("version", str(version).encode())
         self.version = version
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.cfg, version, self.total)
+        for group in self.optimizer.param_groups:  # (after a critic warm-up: from its first update, as verl's)
+            group["lr"] = lr_at(self.cfg, max(0, version - max(0, self.cfg.critic_warmup - 1)), self.total)
         if self.critic is not None:
             for group in self.critic.optimizer.param_groups:
                 group["lr"] = lr_at(self.cfg.critic, version, self.total)
 
+    @property
+    def warming_up(self) -> bool:
+        """Whether the updates towards the version being made train the critic alone
+        (``learner.critic_warmup``: verl's steps numbered below ``trainer.critic_warmup`` skip the
+        actor's update; here the update towards version ``v + 1`` is verl's step ``v + 1``)."""
+        return self.version is not None and self.version + 1 < self.cfg.critic_warmup
+
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples``. Returns metrics
-        (summed over the ranks: every rank normalises by the whole mini-batch's totals)."""
+        """One mini-batch: ``ppo_epochs`` optimizer steps over ``samples`` (the critic's alone
+        while ``warming_up``). Returns metrics (summed over the ranks: every rank normalises by
+        the whole mini-batch's totals)."""
         self._lead("step", lambda: distributed.encode_samples(samples))
         started = time.perf_counter()
         self.state.forget()
@@ -376,7 +388,7 @@ class Trainer:
             self._train_critic(batch, metrics)
         self.objective.prepare_correction(batch)
         grad_norm, skipped = 0.0, 0
-        for _ in range(self.cfg.ppo_epochs):
+        for _ in range(0 if self.warming_up else self.cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for u in range(len(batch.units)):
                 self._micro_step(batch, u, options, references, metrics)
@@ -384,6 +396,8 @@ class Trainer:
         self._set_accumulation(False, last=True)
         out = self.objective.step_metrics(batch, metrics, critic=self.critic is not None)
         out.update(lr=float(self.optimizer.param_groups[0]["lr"]))
+        if self.cfg.critic_warmup:  # 1 while the critic trains alone
+            out.update(critic_warmup=float(self.warming_up))
         out.update(grad_norm=grad_norm, skipped_steps=float(skipped), tokens=float(batch.total_tokens),
                    sequences=float(len(batch.samples)), reward_mean=float(batch.rewards.mean()),
                    reward_std=float(batch.rewards.std()), step_seconds=time.perf_counter() - started)

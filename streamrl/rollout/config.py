@@ -172,6 +172,11 @@ class RolloutConfig:
     device: str = "cpu"  # transformers: cpu | cuda | cuda:N
     dtype: str = "float32"  # transformers: the policy's dtype (float32 | bfloat16 | float16)
     seed: int = 0  # the tiny policy's init and torch's sampling RNG (transformers)
+    # changes to the policy's config at load, as the learner's (verl's
+    # actor_rollout_ref.model.override_config, set with learner.override_config): transformers
+    # applies them to its model, vLLM's engine takes them as hf_overrides, the servers of
+    # servers_launch as --hf-overrides (vLLM) / --json-model-override-args (SGLang)
+    override_config: dict[str, Any] = field(default_factory=dict)
     # The consumer group on the prompts topic: workers that share it share the feed. Empty:
     # "<bus.topic_prefix>.rollout", so pipelines with different prefixes never share a group.
     group: str = ""

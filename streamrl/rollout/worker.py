@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -381,10 +382,24 @@ def launch_servers(cfg: RolloutConfig) -> Any:
 
     spec = ServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,
                               gpus_per_replica=launch.gpus_per_replica, port=launch.port, host=launch.host,
-                              args=list(launch.args), env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
+                              args=[*override_flags(launch.backend, cfg.override_config), *launch.args],
+                              env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
                               restart_backoff_s=launch.restart_backoff_s,
                               restart_backoff_max_s=launch.restart_backoff_max_s)
     return ServerProcesses([spec], role="policy", field_name="rollout.servers_launch")
+
+
+def override_flags(backend: str, override_config: dict) -> list[str]:
+    """The policy's config overrides (``rollout.override_config``, verl's model.override_config)
+    as a launched server takes them: ``vllm serve --hf-overrides JSON``, ``sglang.launch_server
+    --json-model-override-args JSON``."""
+    from streamrl.policy import model_overrides
+
+    overrides = model_overrides(override_config)
+    if not overrides:
+        return []
+    flag = "--hf-overrides" if backend == "vllm" else "--json-model-override-args"
+    return [flag, json.dumps(overrides, sort_keys=True)]
 
 
 #: the LoRA ranks ``vllm serve --max-lora-rank`` accepts

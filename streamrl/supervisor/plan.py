@@ -31,6 +31,8 @@ def plan(args: argparse.Namespace):
             args.overrides, resume = [resume, *args.overrides], "auto"
         elif resume.endswith((".yaml", ".yml")) and args.config == DEFAULT_CONFIG:
             args.config, resume = resume, "auto"
+    if getattr(args, "verl_entry", None):  # an override: the stages resolve the same config
+        args.overrides = [f"run.verl_entry={args.verl_entry}", *args.overrides]
     args.config = str(resolve_config(args.config).resolve())  # the stages get the same file, by path
     return resolve(args, resume), resume
 

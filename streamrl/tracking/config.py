@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from streamrl.errors import ConfigError
 
-LOGGERS = ("console", "tensorboard", "mlflow", "wandb")
+LOGGERS = ("console", "tensorboard", "mlflow", "wandb", "file")
 
 
 @dataclass
@@ -15,7 +15,7 @@ class TrackingConfig:
     """Where a run's figures go besides Prometheus: one process (``streamrl run``'s supervisor, or
     ``streamrl track``) reads the policy and eval topics and logs each version once."""
 
-    # console | tensorboard | mlflow | wandb (verl's trainer.logger); empty: none
+    # console | tensorboard | mlflow | wandb | file (verl's trainer.logger); empty: none
     loggers: list[str] = field(default_factory=list)
     project: str = "streamrl"  # the project (verl's trainer.project_name): a W&B project, an MLflow experiment
     experiment: str = ""  # the run's name (verl's trainer.experiment_name); empty: the run directory's name

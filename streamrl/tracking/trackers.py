@@ -11,7 +11,8 @@ finishes after the learner has stopped, still arrive. A ledger beside the tracke
 the same tracker runs without logging a step again.
 
 Each tracker is an extra, imported when configured: ``tensorboard`` (torch's
-``SummaryWriter``), ``mlflow`` (``mlflow-skinny``), ``wandb``. A missing one is one line naming
+``SummaryWriter``), ``mlflow`` (``mlflow-skinny``), ``wandb``; ``console`` and ``file`` (verl's
+JSON lines) need nothing. A missing one is one line naming
 the extra.
 """
 
@@ -204,8 +205,26 @@ class _WandB:
         self.run.finish()
 
 
+class _File:
+    """verl's ``file`` logger: one JSON line per logged step, ``{"step": N, "data": {...}}``, in
+    ``$VERL_FILE_LOGGER_PATH`` or ``<tracking dir>/<project>/<experiment>.jsonl`` (appended: a
+    resumed run goes on in the same file, the ledger keeping a step from appearing twice)."""
+
+    def __init__(self, ctx: "_Context") -> None:
+        path = os.environ.get("VERL_FILE_LOGGER_PATH")
+        self.path = Path(path) if path else ctx.directory / ctx.cfg.project / f"{ctx.experiment}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fp = open(self.path, "ab", buffering=0)
+
+    def log(self, figures: dict[str, float], step: int) -> None:
+        self.fp.write(json.dumps({"step": step, "data": figures}).encode() + b"\n")
+
+    def close(self) -> None:
+        self.fp.close()
+
+
 _TRACKERS: dict[str, Callable[["_Context"], Any]] = {
-    "console": _Console, "tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB}
+    "console": _Console, "tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _WandB, "file": _File}
 
 
 def _need(module: str, extra: str) -> Any:
@@ -334,7 +353,7 @@ class TrackingStage:
 
         tc = cfg.tracking.validate()
         if not tc.loggers:
-            raise StreamrlError("config field 'tracking.loggers': empty; name console, tensorboard, mlflow or wandb")
+            raise StreamrlError("config field 'tracking.loggers': empty; name console, tensorboard, mlflow, wandb or file")
         directory = Path(tc.dir or "tracking").resolve()
         experiment = tc.experiment or directory.parent.name
         return cls(bus, Tracker(tc, directory, experiment, OmegaConf.to_container(OmegaConf.structured(cfg))))

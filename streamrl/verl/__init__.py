@@ -31,7 +31,8 @@ by nothing here. A report names the key as it was typed.
 
 The package: ``rows`` (a row, the shared reasons, the value readers), ``table`` / ``table_actor``
 (the rows by section), ``schema`` / ``schema_data`` (verl's keys and defaults, recorded by
-tools/verl_schema.py), ``overrides`` (the grammar); this module reads keys through them.
+tools/verl_schema.py), ``overrides`` (the grammar), ``entries`` (a launch script's entry module:
+a recipe's trainer, ``run.verl_entry``); this module reads keys through them.
 """
 
 from __future__ import annotations

@@ -69,8 +69,6 @@ def refused(key: str, missing: str, harmless: tuple[Any, ...] = ()) -> Row:
 
 # -- reasons shared by several rows (one line each in a report) --------------------------------
 
-CRITIC_WARMUP = ("a critic warm-up (the critic trained alone for the first steps): streamrl trains the critic and "
-                 "the policy from the first version")
 MULTIMODAL = "images and videos in the prompts: the feed and the rollout workers read text only"
 MEGATRON = "Megatron's parallelism and checkpoints: the learner shards with FSDP2 (learner.parallel)"
 REF_PASS = ("the reference model's log-prob pass (its micro-batches, offload, parallelism): the learner computes "
@@ -193,7 +191,11 @@ def _rollout_name(value: Any, given: Given) -> dict[str, Any]:
                 "rollout.openai.model": str(given.get(f"{_MODEL}path", ""))}
     if value == "hf":
         return {"rollout.backend": "transformers"}
-    raise ValueError(f"vllm, sglang or hf (got {value!r})")
+    if value == "trtllm":
+        raise Refused("TensorRT-LLM's rollout servers (rollout.name=trtllm): the rollout's engines are vLLM, SGLang "
+                      "and transformers, or any OpenAI-compatible server you run (rollout.backend=openai, "
+                      "rollout.servers) without weight updates")
+    raise ValueError(f"vllm, sglang, hf or trtllm (got {value!r})")
 
 
 def _temperature(value: Any, given: Given) -> dict[str, Any]:
@@ -248,8 +250,27 @@ def _files(section: str, samples: str) -> Callable[[Any, Given], dict[str, Any]]
     return read
 
 
+#: verl's trackers (verl.utils.tracking.Tracking.supported_backend, and its deprecated
+#: ``tracking``, which is wandb) -> streamrl's (tracking.loggers)
+VERL_LOGGERS = {"console": "console", "tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb",
+                "tracking": "wandb", "file": "file"}
+#: verl's trackers streamrl has no counterpart for, and what each is
+OTHER_LOGGERS = {"swanlab": "SwanLab", "vemlp_wandb": "Volcano Engine's ML platform W&B", "clearml": "ClearML",
+                 "trackio": "Trackio", "rl_insight": "RL Insight"}
+
+
 def _logger(value: Any, given: Given) -> dict[str, Any]:
-    return {"tracking.loggers": [value] if isinstance(value, str) else list(value)}
+    """verl's trainer.logger, each tracker mapped, or the list refused naming the ones streamrl has
+    no tracker for (a run's figures would be missing where its script sends them)."""
+    names = [value] if isinstance(value, str) else list(value)
+    missing = [n for n in names if n in OTHER_LOGGERS]
+    if missing:
+        raise Refused("the tracker " + ", ".join(f"{n} ({OTHER_LOGGERS[n]})" for n in missing)
+                      + f": streamrl logs to {', '.join(sorted(set(VERL_LOGGERS)))}")
+    bad = [n for n in names if n not in VERL_LOGGERS]
+    if bad:
+        raise ValueError(f"trackers of verl's list ({', '.join([*VERL_LOGGERS, *OTHER_LOGGERS])}); got {bad}")
+    return {"tracking.loggers": list(dict.fromkeys(VERL_LOGGERS[n] for n in names))}
 
 
 def _resume_mode(value: Any, given: Given) -> dict[str, Any]:
@@ -266,9 +287,10 @@ def _resume_mode(value: Any, given: Given) -> dict[str, Any]:
 
 
 def _critic_warmup(value: Any, given: Given) -> dict[str, Any]:
-    if _int(value) > 0:
-        raise Refused(CRITIC_WARMUP)
-    return {}
+    n = _int(value, "versions, an integer >= 0")
+    if n < 0:
+        raise ValueError(f"versions, an integer >= 0 (got {value!r})")
+    return {"learner.critic_warmup": n}
 
 
 def _dtype(value: Any, given: Given) -> dict[str, Any]:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, CRITIC_WARMUP, ENGINE, FSDP_TUNING, MULTIMODAL,
+from streamrl.verl.rows import (_DISTILLATION_LOSS, CHUNKED_TOPK, ENGINE, FSDP_TUNING, MULTIMODAL,
                                 PROFILER, RAY,
                                 STREAMING, TEACHER_SCALE, Given, Refused, Row, _adv_estimator, _batch, _bool,
                                 _critic_warmup, _files, _int, _logger, _minus_one_off, _overlong, _resume_mode, _same,
                                 _save_freq, _total_epochs, _total_steps, ignored, mapped, refused)
-from streamrl.verl.table_actor import ACTOR_ROWS, TARGET, engine_rows, global_micro, model_rows, optim_rows
+from streamrl.verl.table_actor import (ACTOR_ROWS, TARGET, engine_rows, global_micro, model_rows, optim_rows,
+                                      override_rows)
 
-__all__ = ["VERL_TABLE", "VERL_TOPS", "CRITIC_WARMUP"]
+__all__ = ["VERL_TABLE", "VERL_TOPS"]
 
 V1 = ("verl's V1 trainer and its modes (sync, colocated or separate async): streamrl's stages stream, the learner "
       "training on samples up to learner.max_staleness versions old")
@@ -102,6 +103,15 @@ def _critic_tokens(value: Any, given: Given) -> dict[str, Any]:
     return {"learner.critic.max_tokens_per_micro_batch": _int(value)}
 
 
+def _critic_mini_batch(value: Any, given: Given) -> dict[str, Any]:
+    """verl's critic takes an optimizer step per its own mini-batch; here per the policy's."""
+    actor = given.get("actor_rollout_ref.actor.ppo_mini_batch_size", 256)  # (verl's default for both)
+    if _int(value) != _int(actor):
+        raise Refused("critic mini-batches of another size than the actor's (the critic steps with the policy's "
+                      "mini-batches, actor_rollout_ref.actor.ppo_mini_batch_size)")
+    return {}
+
+
 def _critic_dynamic(value: Any, given: Given) -> dict[str, Any]:
     if not _bool(value):
         return {"learner.critic.max_tokens_per_micro_batch": 0}
@@ -154,7 +164,9 @@ VERL_TABLE: tuple[Row, ...] = (
            note="on: the critic's token budget ppo_max_token_len_per_gpu; off: 0 (the learner's)"),
     mapped("critic.ppo_max_token_len_per_gpu", "learner.critic.max_tokens_per_micro_batch", read=_critic_tokens,
            note="read with critic.use_dynamic_bsz"),
-    *(ignored(f"critic.{k}", CRITIC_BATCH) for k in ("ppo_mini_batch_size", "forward_micro_batch_size",
+    mapped("critic.ppo_mini_batch_size", read=_critic_mini_batch,
+           note="the critic steps with the policy's mini-batches: a size other than the actor's is refused"),
+    *(ignored(f"critic.{k}", CRITIC_BATCH) for k in ("forward_micro_batch_size",
                                                      "forward_micro_batch_size_per_gpu", "forward_max_token_len_per_gpu",
                                                      "rollout_n")),
     refused("critic.loss_scale_factor", "a fixed divisor of the critic's loss (the learner's is learner.loss_scale_factor)"),
@@ -165,6 +177,7 @@ VERL_TABLE: tuple[Row, ...] = (
     *(refused(f"critic.model.{k}", "LoRA on the critic: it trains whole") for k in ("lora_rank", "lora_alpha",
                                                                                   "target_modules")),
     *model_rows("critic.model."),
+    *override_rows("critic.model.", "learner.critic.override_config"),
     ignored("critic.enable", "the critic is on with adv_estimator=gae"),
     ignored("critic.nccl_timeout", "learner.parallel.timeout_s is streamrl's"),
     *engine_rows("critic.", "learner.critic.cpu_offload", "fsdp"),
@@ -212,10 +225,11 @@ VERL_TABLE: tuple[Row, ...] = (
     ignored("data.use_shm", "verl's copy of the data into shared memory"),
     ignored("data.gen_batch_size", "DAPO's generation batch: " + STREAMING
             + "; groups filtered out (learner.filter_groups) are replaced as the stream brings more"),
-    *(refused(f"data.custom_cls.{k}", "a custom Dataset class (it changes the prompts trained on): the feed reads "
-                                      "rows in verl's preprocessed format (prompt, data_source, "
-                                      "reward_model.ground_truth, extra_info) as they are; run the class once, to "
-                                      "parquet", harmless=(None,)) for k in ("path", "name")),
+    refused("data.custom_cls.path", "a Dataset class of your own (it changes the rows trained on): the feed reads "
+                                    "rows in verl's preprocessed format (prompt, data_source, "
+                                    "reward_model.ground_truth, extra_info) as they are; run the class once, to "
+                                    "parquet", harmless=(None, "")),
+    ignored("data.custom_cls.*", "verl's Dataset class's name, read only with data.custom_cls.path (refused)"),
     ignored("data.reward_fn_key", "the rows' data_source picks the scorer"),
     ignored("data.tokenizer", "the policy's tokenizer (actor_rollout_ref.model.path)"),
     # -- the trainer ---------------------------------------------------------------------------------------
@@ -238,7 +252,8 @@ VERL_TABLE: tuple[Row, ...] = (
     mapped("trainer.n_gpus_per_node", "learner.parallel.nproc",
            note="the learner's ranks per node (the rollout servers take their own GPUs)"),
     mapped("trainer.nnodes", "learner.parallel.nnodes"),
-    mapped("trainer.critic_warmup", read=_critic_warmup, note="0 (no critic) changes nothing; above 0 needs a critic"),
+    mapped("trainer.critic_warmup", "learner.critic_warmup", read=_critic_warmup,
+           note="the versions numbered below it train the critic alone, as verl's steps (the policy unchanged)"),
     ignored("trainer.balance_batch", "verl's reordering of a batch to balance tokens across GPUs: the learner "
                                      "balances its micro-batches by tokens itself"),
     ignored("trainer.log_val_generations", "every validation response is on the eval topic"),

@@ -92,6 +92,15 @@ def optim_rows(verl: str, to: str) -> list[Row]:
     ]
 
 
+def override_rows(verl: str, *to: str) -> list[Row]:
+    """A ``model`` section's ``override_config`` (verl's changes to the model's config at load)
+    onto ``to``: the whole mapping, or one of its keys (Hydra's ``+...override_config.key=v``)."""
+    note = ("the model's config changed at load as verl's update_model_config does (a mapping updates the "
+            "sub-config of its name; model_config: the Megatron form; attn_implementation: the kernel, not applied)")
+    return [mapped(f"{verl}override_config", *to, note=note),
+            mapped(f"{verl}override_config.*", *to, note="one key of override_config")]
+
+
 def model_rows(verl: str) -> list[Row]:
     """What the actor's and the critic's ``model`` sections share (the keys streamrl reads
     differently for each, such as ``path`` and LoRA, are their own sections' rows)."""
@@ -106,8 +115,6 @@ def model_rows(verl: str) -> list[Row]:
         ignored(f"{verl}tiled_mlp.*", MEMORY),
         refused(f"{verl}custom_chat_template", "a chat template other than the tokenizer's"),
         refused(f"{verl}hf_config_path", "a model config apart from the model's own files"),
-        refused(f"{verl}override_config", "changes to the model's config (dropout, rope, ...): the model loads as saved"),
-        refused(f"{verl}override_config.*", "changes to the model's config (dropout, rope, ...): the model loads as saved"),
         refused(f"{verl}mtp.enable", MTP),
         refused(f"{verl}mtp.enable_train", MTP),
         ignored(f"{verl}mtp.*", MTP_SETTINGS),
@@ -124,16 +131,21 @@ def _offload_of(section: str, keys: tuple[str, ...], to: str) -> list[Row]:
                                                     "optimizer states)") for k in keys]
 
 
+def qat_rows(section: str) -> list[Row]:
+    """An engine section's quantisation-aware training (``<section>.qat.*``): it changes what is
+    trained (the forward pass quantised), so ``enable`` on is refused naming the key; the rest are
+    its settings, read only then."""
+    return [mapped(f"{section}qat.enable", read=_qat, note="off changes nothing; on is refused (QAT)"),
+            ignored(f"{section}qat.*", QAT_SETTINGS)]
+
+
 def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
     """The engines' own sections (``fsdp`` is the dp engine's: ``fsdp_config`` for the actor,
-    ``fsdp`` for the critic): their offloads onto ``to``, the rest their tuning."""
+    ``fsdp`` for the critic): their offloads onto ``to``, their quantisation-aware training
+    (refused when on), the rest their tuning."""
     return [
+        *(row for engine in (fsdp, "megatron") for row in qat_rows(f"{verl}{engine}.")),  # (the engines with QAT)
         *_offload_of(f"{verl}{fsdp}.", ("param_offload", "optimizer_offload"), to),
-        # the engine's QAT is what verl's FSDP and Megatron engines apply (engine_config.qat): it
-        # changes what is trained, so it is refused when on, never taken for tuning
-        *(mapped(f"{verl}{engine}.qat.enable", read=_qat, note="off changes nothing; on is refused (QAT)")
-          for engine in (fsdp, "megatron")),
-        *(ignored(f"{verl}{engine}.qat.*", QAT_SETTINGS) for engine in (fsdp, "megatron")),
         ignored(f"{verl}{fsdp}.*", FSDP_TUNING),
         *_offload_of(f"{verl}torchtitan.", ("param_offload", "optimizer_offload"), to),
         ignored(f"{verl}torchtitan.*", ENGINES_TUNING.format("torchtitan")),
@@ -168,6 +180,10 @@ _LEARNER_SAME = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_
 
 def _loss_scale_factor(value: Any, given: Given) -> dict[str, Any]:
     return {"learner.loss_scale_factor": 0 if value is None else _int(value)}
+
+
+def _rollout_dtype(value: Any, given: Given) -> dict[str, Any]:
+    return {"rollout.dtype": _dtype(value, given)["learner.dtype"]}
 
 
 def _qat(value: Any, given: Given) -> dict[str, Any]:
@@ -223,6 +239,7 @@ ACTOR_ROWS: tuple[Row, ...] = (
     ignored(f"{_ACTOR}entropy_from_logits_with_chunking", MEMORY),
     ignored(f"{_ACTOR}use_torch_compile", "torch.compile: the same gradients"),
     ignored("actor_rollout_ref.ref.*", REF_PASS),
+    *qat_rows("actor_rollout_ref.ref.*."),  # the reference's forward quantised: other KL values
     ignored("actor_rollout_ref.hybrid_engine", "verl's colocation of actor and rollout"),
     ignored("actor_rollout_ref.nccl_timeout", "learner.parallel.timeout_s is streamrl's"),
     # -- the model ------------------------------------------------------------------------------------
@@ -239,6 +256,7 @@ ACTOR_ROWS: tuple[Row, ...] = (
       for k in ("rank", "alpha", "dropout")),
     refused(f"{_MODEL}lora.adapter_path", "starting from a trained LoRA adapter", harmless=("",)),
     *model_rows(_MODEL),
+    *override_rows(_MODEL, "learner.override_config", "rollout.override_config"),
     ignored(f"{_MODEL}torch_dtype", "the learner's dtype is learner.dtype"),
     refused(f"{_MODEL}tokenizer_path", "a tokenizer other than the policy's"),
     # -- the rollout -------------------------------------------------------------------------------------
@@ -246,6 +264,8 @@ ACTOR_ROWS: tuple[Row, ...] = (
            note="vllm: vLLM's engine; sglang: SGLang servers the worker launches (rollout.servers_launch); "
                 "hf: transformers"),
     mapped(f"{_ROLLOUT}temperature", "rollout.temperature", "learner.temperature", read=_temperature),
+    mapped(f"{_ROLLOUT}dtype", "rollout.dtype", read=_rollout_dtype,
+           note="the engine's dtype (its numbers differ from the learner's: what rollout correction is for)"),
     mapped(f"{_ROLLOUT}top_p", "rollout.top_p"),
     refused(f"{_ROLLOUT}top_k", "top-k sampling (rollout.top_k)", harmless=(-1, 0)),
     refused(f"{_ROLLOUT}do_sample", "greedy rollouts", harmless=(True,)),
@@ -280,7 +300,7 @@ ACTOR_ROWS: tuple[Row, ...] = (
     *(ignored(f"{_ROLLOUT}{k}", ENGINE) for k in (
         "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "free_cache_engine",
         "load_format", "layered_summon", "multi_stage_wake_up", "data_parallel_size", "expert_parallel_size",
-        "pipeline_model_parallel_size", "max_model_len", "dtype", "engine_kwargs.*", "update_weights_bucket_megabytes",
+        "pipeline_model_parallel_size", "max_model_len", "engine_kwargs.*", "update_weights_bucket_megabytes",
         "enable_prefix_caching", "cudagraph_capture_sizes", "disable_log_stats", "skip_tokenizer_init",
         "disaggregation.*", "scheduling_policy", "moe_tensor_parallel_size", "moe_load_balance_metrics_interval")),
     *(ignored(f"{_ROLLOUT}{k}", "the engine's sampling seed and determinism: other samples from the same distribution")
@@ -321,4 +341,4 @@ ACTOR_ROWS: tuple[Row, ...] = (
     ignored(f"{_ROLLOUT}response_length", "filled in by verl from data.max_response_length"),
 )
 
-__all__ = ["ACTOR_ROWS", "optim_rows", "model_rows", "engine_rows", "TARGET", "MEGATRON_LORA", "WEIGHTS"]
+__all__ = ["ACTOR_ROWS", "optim_rows", "model_rows", "override_rows", "engine_rows", "TARGET", "MEGATRON_LORA", "WEIGHTS"]

@@ -32,7 +32,7 @@ TRAIN = ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", 
          "response_length/max", "response_length/clip_ratio", "prompt_length/mean", "timing_s/step",
          "perf/throughput", "streamrl/staleness/mean", "streamrl/reward_lag", "streamrl/dead_letters"]
 VERL_KEYS = ["data.val_files=[digits@1]", "trainer.test_freq=3", "trainer.val_before_train=True",
-             "trainer.logger=[console,tensorboard,mlflow,wandb]", "trainer.project_name=streamrl-tests",
+             "trainer.logger=[console,tensorboard,mlflow,wandb,file]", "trainer.project_name=streamrl-tests",
              "trainer.experiment_name=killed-twice", "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
              "actor_rollout_ref.rollout.val_kwargs.n=1"]
 
@@ -105,6 +105,15 @@ def test_mlflow_has_every_figure_once(run):
         assert sorted(m.step for m in client.get_metric_history(found.info.run_id, tag)) == list(range(1, VERSIONS + 1))
     val = client.get_metric_history(found.info.run_id, VAL.replace("@", "_at_"))  # as verl sanitises it
     assert sorted(m.step for m in val) == ASKED
+
+
+def test_verls_file_logger_has_every_figure_once(run):
+    """verl's ``file`` logger: JSON lines ``{"step", "data"}`` under <project>/<experiment>.jsonl."""
+    path = tracking_dir(run) / "streamrl-tests" / "killed-twice.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for tag in TRAIN:
+        assert [x["step"] for x in lines if tag in x["data"]] == list(range(1, VERSIONS + 1)), tag
+    assert sorted(x["step"] for x in lines if VAL in x["data"]) == ASKED
 
 
 def wandb_history(path: Path) -> list[dict]:

@@ -128,6 +128,9 @@ CHANGED: dict[str, Any] = {
                     ("engine_kwargs", {"vllm": {"swap_space": 4}}))},
     "distillation.distillation_loss.loss_mode": "k1", "distillation.distillation_loss.policy_loss_mode": "gspo",
     "distillation.teacher_models.teacher_model.model_path": "/models/teacher",
+    "actor_rollout_ref.model.override_config": {"max_position_embeddings": 4096},
+    "actor_rollout_ref.rollout.dtype": "fp16",
+    "critic.model.override_config": {"attention_dropout": 0.1},
 }
 
 #: the other keys a key is read with (verl reads them together)
@@ -143,10 +146,9 @@ CONTEXT: dict[str, list[str]] = {
 }
 
 #: mapped rows that set nothing whatever their value: a check, or read with another key
-SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "actor_rollout_ref.actor.fsdp_config.qat.enable",
-                "actor_rollout_ref.actor.megatron.qat.enable", "critic.fsdp.qat.enable", "critic.megatron.qat.enable",
-                "actor_rollout_ref.rollout.multi_turn.enable",
-                "trainer.critic_warmup", "trainer.v1.sampler.max_off_policy_strategy", "reward.launch_reward_fn_async"}
+SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "critic.ppo_mini_batch_size", "actor_rollout_ref.rollout.multi_turn.enable",
+                "trainer.v1.sampler.max_off_policy_strategy", "reward.launch_reward_fn_async",
+                *(r.key for r in VERL_TABLE if r.key.endswith(".qat.enable"))}  # QAT: off or refused
 
 
 def _changed(key: str, default: Any) -> Any:

@@ -32,8 +32,8 @@ SHARED = Path(__file__).resolve().parents[3] / "shared"
 #: the scripts that do not start yet, and what each one's problem lines name (all of them); the
 #: multimodal script starts: its rows' images are refused by the feed (test_verl_schema.py)
 REFUSED: dict[str, list[list[str]]] = {
-    # retool's CustomRLHFDataset rewrites its rows into prompts: refused (the rows are not what it trains on)
-    "retool_dapo_qwen2_7b": [["data.custom_cls.path", "data.custom_cls.name", "a custom Dataset class"]],
+    # its Dataset class rewrites the rows (AIME's columns into prompts): run it once, to parquet
+    "retool_dapo_qwen2_7b": [["data.custom_cls.path"]],
 }
 
 

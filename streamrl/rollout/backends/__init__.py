@@ -31,11 +31,25 @@ from streamrl.rollout.backends.base import (Backend, BackendError, BackendUnavai
                                             SamplingParams, WeightLoadError)
 
 __all__ = ["Backend", "BackendError", "BackendUnavailable", "PromptInput", "Completion", "SamplingParams",
-           "WeightLoadError", "make_backend"]
+           "WeightLoadError", "make_backend", "engine_kwargs"]
+
+
+def engine_kwargs(cfg) -> dict:
+    """``vllm.LLM``'s arguments beyond the backend's own: ``rollout.vllm.engine_kwargs``, with the
+    policy's config overrides (``rollout.override_config``) as ``hf_overrides``."""
+    from streamrl.policy import model_overrides
+
+    out = dict(cfg.vllm.engine_kwargs)
+    overrides = model_overrides(cfg.override_config)
+    if overrides:
+        out["hf_overrides"] = {**overrides, **dict(out.get("hf_overrides") or {})}
+    return out
 
 
 def make_backend(cfg) -> Backend:
     """The backend a ``RolloutConfig`` names."""
+    from streamrl.policy import model_overrides
+
     if cfg.backend == "transformers":
         from streamrl.rollout.backends.transformers_engine import TransformersBackend
     elif cfg.backend == "vllm":
@@ -44,14 +58,15 @@ def make_backend(cfg) -> Backend:
         from streamrl.rollout.backends.openai_server import OpenAIBackend
     if cfg.backend == "transformers":
         backend = TransformersBackend(cfg.policy, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
-                                      max_batch_rows=cfg.max_batch_rows or 64)
+                                      max_batch_rows=cfg.max_batch_rows or 64,
+                                      overrides=model_overrides(cfg.override_config))
         if cfg.on_update == "partial":
             backend.partial_chunk = cfg.partial_chunk_tokens
         return backend
     if cfg.backend == "vllm":
         v = cfg.vllm
         return VLLMBackend(cfg.policy, dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=v.gpu_memory_utilization,
-                           tensor_parallel_size=v.tensor_parallel_size, engine_kwargs=dict(v.engine_kwargs),
+                           tensor_parallel_size=v.tensor_parallel_size, engine_kwargs=engine_kwargs(cfg),
                            max_batch_rows=cfg.max_batch_rows or 1024)
     if cfg.backend == "openai":
         o = cfg.openai

@@ -16,13 +16,14 @@ class TransformersBackend(_LocalEngine):
     name = "transformers"
 
     def __init__(self, policy: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                 max_batch_rows: int = 64):
+                 max_batch_rows: int = 64, overrides: dict | None = None):
         super().__init__(max_batch_rows)
         import torch
 
         from streamrl.policy import load_policy
 
-        self.model, self.tokenizer = load_policy(policy, device=device, dtype=dtype, seed=seed)
+        self.model, self.tokenizer = load_policy(policy, device=device, dtype=dtype, seed=seed, overrides=overrides,
+                                                 where="rollout.override_config")
         self.tokenizer.padding_side = "left"
         self.device = device
         self._base: str | None = None  # LoRA: the base_uri whose weights the model holds
