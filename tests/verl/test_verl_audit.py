@@ -31,7 +31,7 @@ NOT_APPLICABLE: dict[str, list[str]] = {
         f"{A}ulysses_sequence_parallel_size", f"{C}ulysses_sequence_parallel_size", "actor_rollout_ref.hybrid_engine",
         "actor_rollout_ref.nccl_timeout", f"{C}nccl_timeout", "model_engine", "trainer.device",
         f"{R}n_gpus_per_node", f"{R}nnodes", f"{R}router_config_path", "distillation.n_gpus_per_node",
-        "distillation.nnodes", "actor_rollout_ref.ref.*", f"{C}forward_micro_batch_size",
+        "distillation.nnodes", "actor_rollout_ref.ref.*", f"{R}agent.num_workers", f"{C}forward_micro_batch_size",
         f"{C}forward_micro_batch_size_per_gpu", f"{C}forward_max_token_len_per_gpu",
     ],
     # the inference engine's memory and scheduling: the same samples, sooner or later
@@ -42,7 +42,7 @@ NOT_APPLICABLE: dict[str, list[str]] = {
                             "max_model_len", "engine_kwargs.*", "update_weights_bucket_megabytes",
                             "enable_prefix_caching", "cudagraph_capture_sizes", "disable_log_stats",
                             "skip_tokenizer_init", "disaggregation.*", "scheduling_policy", "moe_tensor_parallel_size",
-                            "moe_load_balance_metrics_interval", "checkpoint_engine.*", "mode", "agent.*",
+                            "moe_load_balance_metrics_interval", "checkpoint_engine.*", "mode",
                             "calculate_log_probs", "log_prob_*")
     ],
     # other draws from the same distribution, or the same data in another order
@@ -66,8 +66,8 @@ NOT_APPLICABLE: dict[str, list[str]] = {
         "trainer.ray_wait_register_center_timeout", "ray_kwargs.*", "ray_init.*", "trainer.rollout_data_dir",
         "trainer.validation_data_dir", "trainer.del_local_ckpt_after_load", "trainer.esi_redundant_time",
         "trainer.val_only", "trainer.default_hdfs_dir", "trainer.max_critic_ckpt_to_keep", "trainer.use_v1",
-        "trainer.v1.*", "trainer.v1.trainer_mode", "*._target_", "transfer_queue.*", "reward.reward_manager.source",
-        "reward.num_workers", "reward_model.launch_reward_fn_async", f"{A}checkpoint.*", f"{C}checkpoint.*",
+        "trainer.v1.*", "trainer.v1.trainer_mode", "*._target_", "transfer_queue.*", f"{R}agent._target_",
+        f"{R}agent.custom_async_server._target_", "reward_model.model.trust_remote_code", "reward_model.launch_reward_fn_async", f"{A}checkpoint.*", f"{C}checkpoint.*",
         f"{A}optim.use_checkpoint_opt_param_scheduler", f"{C}optim.use_checkpoint_opt_param_scheduler",
         f"{R}multi_turn.tokenization_sanity_check_mode", "trainer.log_val_generations",
     ],
@@ -80,6 +80,17 @@ NOT_APPLICABLE: dict[str, list[str]] = {
     "the step-synchronous batch a stream does not have": [
         "algorithm.filter_groups.max_inflight_gen_batches", "data.gen_batch_size", f"{R}over_sample_rate",
         "trainer.v1.sampler.sync_refill_failed_groups",
+    ],
+    # the reward model's servers (verl's reward.reward_model.rollout.*): the same scores, served otherwise
+    "the reward model's servers' memory and scheduling": [
+        f"{rm}rollout.{k}" for rm in ("reward.reward_model.", "reward_model.")
+        for k in ("engine_kwargs.*", "free_cache_engine", "limit_images", "cudagraph_capture_sizes", "expert_parallel_size",
+                  "disable_log_stats", "skip_tokenizer_init", "disaggregation.*")
+    ] + [f"reward.reward_model.rollout.{k}" for k in ("multi_stage_wake_up", "pipeline_model_parallel_size", "layered_summon",
+                                                      "scheduling_policy", "mtp", "full_determinism")],
+    # verl never sends them: a discriminative model is not sampled, a generative one's requests are the user's function's
+    "the reward model's sampling settings, which verl does not send": [
+        f"reward.reward_model.rollout.{k}" for k in ("temperature", "top_k", "top_p", "do_sample", "n", "ignore_eos")
     ],
     # verl gives Megatron the same start and end weight decay
     "a schedule verl keeps constant": [f"{A}optim.weight_decay_incr_style", f"{C}optim.weight_decay_incr_style"],
@@ -95,9 +106,7 @@ READ_WITH: dict[str, str] = {
     f"{M}mtp.*": f"{M}mtp.enable", f"{R}mtp.*": f"{M}mtp.enable", f"{CM}mtp.*": f"{CM}mtp.enable",
     "data.image_patch_size": "data.image_key", "data.mm_processor_kwargs": "data.image_key",
     "data.return_multi_modal_inputs": "data.image_key", "data.custom_cls.*": "data.custom_cls.path",
-    "skip.*": "skip.rollout.enable", "reward.reward_model.*": "reward.reward_model.enable",
-    "reward_model.*": "reward_model.enable", "reward.reward_manager.module.name": "reward.reward_manager.module.path",
-    "sandbox_fusion.*": "sandbox_fusion.url", "reward.sandbox_fusion.*": "reward.sandbox_fusion.url",
+    "skip.*": "skip.rollout.enable",
 }
 
 
