@@ -79,6 +79,8 @@ def check_streamrl_command(argv: list[str], env: dict[str, str], cwd: Path,
         monkeypatch.setenv(name, str(value))
     monkeypatch.chdir(cwd)
     args, extra = build_parser().parse_known_args(argv)  # defaults read the environment
+    if verb in SERVICE_VERBS:
+        return check_service_command(args, extra, where)
     assert all(OVERRIDE.match(a) for a in extra), f"{where}: unknown arguments {extra}"
     args.overrides = [*getattr(args, "overrides", []), *extra]
     try:
@@ -108,7 +110,27 @@ def check_streamrl_command(argv: list[str], env: dict[str, str], cwd: Path,
     return cfg
 
 
+#: verbs that serve HTTP from flags alone, no pipeline config: ``/metrics`` is on their ``--port``
+SERVICE_VERBS = ("sandbox",)
+
+
+def check_service_command(args: Any, extra: list[str], where: str) -> Any:
+    """A config-less service's flags, as it checks them at start: no stray arguments, an address
+    other containers reach, a fixed port, a language runtime where its sandbox can see it.
+    Returns the parsed flags."""
+    assert not extra, f"{where}: streamrl {args.verb} takes no {extra}"
+    assert args.host == "0.0.0.0", f"{where}: --host {args.host} is not reachable from other containers"
+    assert 0 < args.port < 65536, f"{where}: --port {args.port}: a fixed port, scraped and called"
+    assert args.slots >= 0 and args.max_run_timeout > 0 and args.max_memory_mb >= args.default_memory_mb > 0, where
+    assert not args.allow_unisolated, f"{where}: a deployed sandbox runs policy code: never --allow-unisolated"
+    if args.python:  # the sandbox binds /usr read-only and nothing else of the host's tree
+        assert args.python.startswith("/usr/"), f"{where}: --python {args.python} is outside /usr"
+    return args
+
+
 def metrics_port(argv: list[str]) -> int | None:
+    if argv and argv[0] in SERVICE_VERBS:
+        return build_parser().parse_known_args(argv)[0].port
     ports = [int(a.split("=", 1)[1]) for a in argv if a.startswith("metrics.port=")]
     return ports[-1] if ports else None
 

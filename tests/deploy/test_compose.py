@@ -35,8 +35,8 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.deploy.deploy import (DOCKERFILE, PROMETHEUS, check_streamrl_command, dockerfile_stages, metrics_port,
-                          prometheus_targets, streamrl_env_names, workdir)
+from tests.deploy.deploy import (DOCKERFILE, PROMETHEUS, SERVICE_VERBS, check_streamrl_command, dockerfile_stages,
+                                 metrics_port, prometheus_targets, streamrl_env_names, workdir)
 from tests.helpers import shared_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +136,8 @@ def service_env(svc: dict) -> dict[str, str]:
 
 
 STREAMRL_SERVICES = {n: s for n, s in ALL_SETTINGS_SERVICES.items() if runs_streamrl(s)}
+# the ones on Kafka, with a pipeline config (not the code sandbox: the reward group calls it)
+KAFKA_SERVICES = {n: s for n, s in STREAMRL_SERVICES.items() if s["command"][0] not in SERVICE_VERBS}
 
 
 # -- the schema --------------------------------------------------------------------------------------
@@ -189,7 +191,7 @@ def test_kafka_is_kraft_with_an_internal_and_a_host_listener_a_volume_and_no_aut
     # the containers' listener: kafka:9092, what every streamrl service is given
     internal = env["KAFKA_INTER_BROKER_LISTENER_NAME"]
     assert advertised[internal] == "kafka:9092"
-    for name, svc in STREAMRL_SERVICES.items():
+    for name, svc in KAFKA_SERVICES.items():
         assert service_env(svc).get("STREAMRL_BOOTSTRAP_SERVERS") == "kafka:9092", name
     # the host's listener: advertised on the loopback and published on the same port
     host = [a for n, a in advertised.items() if n != internal]
@@ -208,7 +210,7 @@ def test_the_topics_job_runs_first_and_stages_restart_and_answer_healthchecks():
     assert SERVICES["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
     assert SERVICES["topics"]["restart"] == "no"
     assert SERVICES["feed"]["restart"] == "on-failure"  # a job: done once it exits 0
-    for name, svc in STREAMRL_SERVICES.items():
+    for name, svc in KAFKA_SERVICES.items():
         if name == "topics":
             continue
         assert svc["depends_on"]["topics"]["condition"] == "service_completed_successfully", name
@@ -225,6 +227,9 @@ def test_each_service_command_is_a_real_verb_whose_config_loads_outside_the_repo
     svc = STREAMRL_SERVICES[name]
     argv = svc["command"]
     cfg = check_streamrl_command(argv, service_env(svc), tmp_path, monkeypatch, f"compose service {name}")
+    if argv[0] in SERVICE_VERBS:  # flags only, checked as the service checks them
+        assert cfg.port == metrics_port(argv)
+        return
     assert cfg.bus.bootstrap_servers == "kafka:9092"
     if metrics_port(argv) is not None:
         # Prometheus scrapes it from another container: not the loopback default
@@ -492,7 +497,7 @@ def installed_wheel(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_the_wheel_the_image_installs_runs_its_stages_from_any_directory(installed_wheel, tmp_path):
     """In the image there is no repository: configs, topics and data come from the package."""
-    argvs = [s["command"] for s in STREAMRL_SERVICES.values()]
+    argvs = [s["command"] for s in KAFKA_SERVICES.values()]
     probe = f"""
 import os, sys
 import streamrl
@@ -517,3 +522,44 @@ print("ok")
     proc = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+# -- the code sandbox group (issue 64) ------------------------------------------------------------------
+
+def test_the_sandbox_group_is_its_own_scalable_healthchecked_scraped_service():
+    sandboxes = {n: s for n, s in STREAMRL_SERVICES.items() if s["command"][0] == "sandbox"}
+    assert list(sandboxes) == ["sandbox"] and "profiles" not in SERVICES["sandbox"]
+    svc = SERVICES["sandbox"]
+    # --scale sandbox=N: nothing pins one container; the members share the service name
+    assert "container_name" not in svc and "ports" not in svc
+    assert svc["restart"] == "unless-stopped"
+    port = metrics_port(svc["command"])
+    check = " ".join(svc["healthcheck"]["test"])
+    assert f"127.0.0.1:{port}/health" in check
+    assert prometheus_targets()["sandbox"] == {"sandbox": port}
+    # what bubblewrap needs to create its namespaces in a container, and no capability
+    opts = set(svc["security_opt"])
+    assert {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"} <= opts
+    assert "no-new-privileges:true" in opts and svc["cap_drop"] == ["ALL"]
+    assert not svc.get("privileged") and not svc.get("cap_add") and "user" not in svc
+    # the interpreter it runs code with is the image's, where the sandbox sees it (/usr)
+    args = svc["command"]
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", DOCKERFILE.read_text(), re.M).group(1)
+    assert base.startswith("python:") and args[args.index("--python") + 1] == "/usr/local/bin/python3"
+
+
+def test_the_image_installs_bubblewrap():
+    runs = " ".join(a for i, a in dockerfile_stages()[-1] if i == "RUN")
+    assert re.search(r"apt-get install -y (--no-install-recommends )?bubblewrap", runs), runs
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_the_reward_group_calls_the_sandbox_group(setting, monkeypatch, tmp_path):
+    port = metrics_port(SERVICES["sandbox"]["command"])
+    rewards = {n: s for n, s in active_services(setting).items() if runs_streamrl(s) and s["command"][0] == "reward"}
+    assert rewards and "sandbox" in active_services(setting)
+    for name, svc in rewards.items():
+        cfg = check_streamrl_command(svc["command"], service_env(svc), tmp_path, monkeypatch, name)
+        code = cfg.reward.scorers["code"]
+        assert code.type == "rule" and code.rule == "code"
+        assert code.kwargs["sandbox_fusion_url"] == f"http://sandbox:{port}/run_code", name
