@@ -32,12 +32,12 @@ import pytest
 import yaml
 
 from tests.helpers import shared_path
-from tests.deploy.deploy import (check_streamrl_command, env_names_of_config, metrics_port, prometheus_targets,
-                          streamrl_env_names, workdir)
+from tests.deploy.deploy import (SERVICE_VERBS, check_streamrl_command, env_names_of_config, metrics_port,
+                                 prometheus_targets, streamrl_env_names, workdir)
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "docker" / "k8s"
-VARIANTS = ("base", "overlays/keda", "overlays/hpa")
+VARIANTS = ("base", "overlays/keda", "overlays/hpa", "overlays/sandbox")
 # the oldest Kubernetes the manifests are meant for, and the newest kubernetes-validate knows
 KUBE_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 STAGES = ("rollout", "reward", "learner", "archive")
@@ -248,6 +248,15 @@ def test_every_container_runs_a_streamrl_verb_whose_config_loads(variant, monkey
         for c in spec["containers"]:
             args = list(c["args"])
             assert "command" not in c, f"{where}: the image's entrypoint (streamrl) runs"
+            if args[0] in SERVICE_VERBS:  # flags only, no pipeline config (the code sandbox)
+                env = dict(one(docs, "ConfigMap", c["envFrom"][0]["configMapRef"]["name"])["data"]) \
+                    if c.get("envFrom") else {}
+                env.update({v["name"]: v["value"] for v in c.get("env", [])})
+                flags = check_streamrl_command(args, env, tmp_path, monkeypatch, where)
+                assert not set(env) - known, f"{where} sets {sorted(set(env) - known)}"
+                assert {"name": "metrics", "containerPort": flags.port, "protocol": "TCP"} in c["ports"], where
+                seen.add(args[0])
+                continue
             config = args[args.index("--config") + 1]
             local = tmp_path / where.replace("/", "_") / "pipeline.yaml"
             local.parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +287,7 @@ def test_every_container_runs_a_streamrl_verb_whose_config_loads(variant, monkey
                 if args[0] == "learner":
                     assert cfg.learner.versions == 0, f"{where}: a learner that finishes would be restarted"
             seen.add(args[0])
-    assert seen == {"topics", *STAGES}
+    assert seen == {"topics", *STAGES, *(["sandbox"] if variant == "overlays/sandbox" else [])}
 
 
 def test_pods_run_unprivileged_with_resources_and_probes_on_the_metrics_port():
@@ -364,10 +373,14 @@ def test_each_variant_has_at_most_one_autoscaler_and_it_owns_the_replicas():
     for variant in VARIANTS:
         docs = render(variant)
         scalers = by_kind(docs, "ScaledObject") + by_kind(docs, "HorizontalPodAutoscaler")
-        assert len(scalers) == (0 if variant == "base" else 1), variant
-        reward = one(docs, "Deployment", "streamrl-reward")
-        if scalers and KUBECTL:  # kustomize's patch removed the fixed count
-            assert "replicas" not in reward["spec"], f"{variant}: apply would reset the autoscaler's count"
+        targets = [s["spec"]["scaleTargetRef"]["name"] for s in scalers]
+        assert len(targets) == len(set(targets)), f"{variant}: two autoscalers on one workload: {targets}"
+        assert targets.count("streamrl-reward") == (0 if variant == "base" else 1), variant
+        assert set(targets) <= {"streamrl-reward", "streamrl-sandbox"}, targets
+        for target in targets:
+            if KUBECTL:  # kustomize's patch removed the fixed count
+                assert "replicas" not in one(docs, "Deployment", target)["spec"], \
+                    f"{variant}: apply would reset the autoscaler's count of {target}"
 
 
 def test_keda_scales_the_reward_group_on_its_lag(tmp_path):
@@ -576,3 +589,105 @@ def test_every_stage_reads_the_teachers_config_and_each_teacher_container_loads_
         seen.append(name)
     assert sorted(seen) == sorted(_pipeline_config(docs, tmp_path).distillation.teachers(
         _pipeline_config(docs, tmp_path).teacher))
+
+
+# -- the code sandbox group (issue 64: overlays/sandbox = the KEDA overlay + components/sandbox
+# + components/sandbox-keda) ----------------------------------------------------------------------------
+
+SANDBOX = "overlays/sandbox"
+
+
+def _sandbox_pod(docs: list[dict]) -> tuple[dict, dict]:
+    deploy = one(docs, "Deployment", "streamrl-sandbox")
+    spec = deploy["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["args"][0] == "sandbox"
+    return spec, container
+
+
+def test_the_sandbox_pods_have_what_bubblewrap_needs_and_nothing_more():
+    spec, c = _sandbox_pod(render(SANDBOX))
+    pod_sc, sc = spec["securityContext"], c["securityContext"]
+    # non-root, no capability, no escalation, a read-only root, as every other pod
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] == 10001
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["readOnlyRootFilesystem"] is True and not sc.get("privileged") and "add" not in sc["capabilities"]
+    assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}
+    # the exceptions for namespaces: no seccomp filter or AppArmor profile forbidding them, an
+    # unmasked /proc (bwrap --proc), honoured in a pod of its own user namespace
+    assert pod_sc["seccompProfile"] == {"type": "Unconfined"} and pod_sc["appArmorProfile"] == {"type": "Unconfined"}
+    assert sc["procMount"] == "Unmasked" and spec["hostUsers"] is False
+    assert spec["automountServiceAccountToken"] is False
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= c["resources"][kind].keys(), kind
+    # --slots matches the CPU it may use (in a pod os.cpu_count() is the node's)
+    args = c["args"]
+    assert int(args[args.index("--slots") + 1]) == int(c["resources"]["limits"]["cpu"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "metrics"}, probe
+    # the other pods keep RuntimeDefault: the exceptions are the sandbox's alone
+    for where, _, other in pod_specs(render(SANDBOX)):
+        if where != "Deployment/streamrl-sandbox":
+            assert other["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", where
+
+
+def test_the_reward_group_calls_the_sandbox_service(monkeypatch, tmp_path):
+    docs = render(SANDBOX)
+    spec, c = _sandbox_pod(docs)
+    reward = one(docs, "Deployment", "streamrl-reward")["spec"]["template"]["spec"]
+    container = reward["containers"][0]
+    args = list(container["args"])
+    local = tmp_path / "pipeline.yaml"
+    local.write_text(_mounted_file(reward, container, args[args.index("--config") + 1], docs))
+    args[args.index("--config") + 1] = str(local)
+    env = dict(one(docs, "ConfigMap", container["envFrom"][0]["configMapRef"]["name"])["data"])
+    cfg = check_streamrl_command(args, env, tmp_path, monkeypatch, "sandbox overlay reward")
+    url = cfg.reward.scorers["code"].kwargs["sandbox_fusion_url"]
+    host, port, path = re.fullmatch(r"http://([\w-]+):(\d+)(/run_code)", url).groups()
+    service = one(docs, "Service", host)
+    deploy = one(docs, "Deployment", "streamrl-sandbox")
+    assert _selects({"matchLabels": service["spec"]["selector"]}, deploy["spec"]["template"]["metadata"]["labels"])
+    (sp,) = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
+    (cp,) = [p for p in c["ports"] if p["name"] == sp["targetPort"]]
+    assert cp["containerPort"] == metrics_port(c["args"])
+    # the base and the other overlays run no sandbox and leave the code rule local
+    assert not [d for d in render("overlays/keda") if d["metadata"]["name"] == "streamrl-sandbox"]
+
+
+def test_the_podmonitor_scrapes_the_sandbox_group_as_job_sandbox():
+    docs = render(SANDBOX)
+    (monitor,) = by_kind(docs, "PodMonitor")
+    spec = monitor["spec"]
+    jobs = set()
+    for where, meta, pod in pod_specs(docs):
+        labels = meta.get("labels", {})
+        if _selects(spec["selector"], labels):
+            ports = {p["name"] for c in pod["containers"] for p in c.get("ports", [])}
+            assert all(e["port"] in ports for e in spec["podMetricsEndpoints"]), where
+            jobs.add(labels[spec["jobLabel"]])
+    assert jobs == {*STAGES, "sandbox"} and "sandbox" in prometheus_targets()
+
+
+def test_keda_scales_the_sandbox_group_on_its_queue():
+    docs = render(SANDBOX)
+    scaled = one(docs, "ScaledObject", "streamrl-sandbox")
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "streamrl-sandbox"}
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    metrics_src = (ROOT / "streamrl" / "metrics.py").read_text()
+    queries = {}
+    for trigger in spec["triggers"]:
+        assert trigger["type"] == "prometheus"
+        meta = trigger["metadata"]
+        assert float(meta["threshold"]) > 0 and meta["serverAddress"].startswith("http")
+        m = re.fullmatch(r'sum\((streamrl_\w+)\{job="(\w+)"\}\)', meta["query"])
+        assert m, meta["query"]
+        name, job = m.groups()
+        assert f'"{name}"' in metrics_src, f"{name} is not a streamrl metric"
+        assert job == "sandbox"  # the PodMonitor's job for the sandbox pods
+        queries[name] = meta
+    assert "streamrl_sandbox_waiting_requests" in queries  # the queue
+    # the load trigger: one member per --slots requests in flight
+    _, c = _sandbox_pod(docs)
+    slots = c["args"][c["args"].index("--slots") + 1]
+    assert queries["streamrl_sandbox_in_flight_requests"]["threshold"] == slots
