@@ -62,7 +62,7 @@ def test_promtool_checks_the_prometheus_config_and_the_rules_it_loads():
     config = yaml.safe_load((PROM / "prometheus.yml").read_text())
     ports = {job["job_name"]: job["dns_sd_configs"][0]["port"] for job in config["scrape_configs"]
              if "dns_sd_configs" in job}
-    assert ports == {"rollout": 9101, "reward": 9102, "learner": 9103, "archive": 9104}
+    assert ports == {"rollout": 9101, "reward": 9102, "learner": 9103, "archive": 9104, "sandbox": 8080}
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
 
 
