@@ -21,6 +21,7 @@ BENCHES = {
     "learning": "streamrl.bench.learning",
     "run": "streamrl.bench.run",
     "weights": "streamrl.bench.weights",
+    "soak": "streamrl.bench.soak",
 }
 
 
