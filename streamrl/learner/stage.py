@@ -123,8 +123,9 @@ class Learner:
                                    allow_partial_groups=cfg.allow_partial_groups,
                                    dedup_window=cfg.dedup_window, filter_flat=cfg.filter_groups.enable,
                                    filter_bound=cfg.filter_groups.max_num_gen_batches
-                                   * cfg.groups_per_mini_batch * cfg.mini_batches_per_version)
-        self.assembler.load_state_dict(self.state.assembler)
+                                   * cfg.groups_per_mini_batch * cfg.mini_batches_per_version,
+                                   keep_versions=cfg.dedup_versions, keep_seconds=cfg.dedup_seconds)
+        self.assembler.load_state_dict(self.state.assembler, self.state.version)
         self.producer = bus.producer(STAGE)
         self.group = bus.config.group(STAGE, cfg.consumer_group)
         # distillation: the teacher's topic (its records are rewarded ones with the teacher's log-probs)
@@ -318,7 +319,7 @@ class Learner:
         if group is not None:
             await self._drop(self.assembler.settle(gid, f"{len(lost)} members dead-lettered before training"))
         elif gid not in self.assembler.closed:
-            self.assembler.closed.put(gid, "members_lost")  # late members (a redelivery) are dropped
+            self.assembler.close(gid, "members_lost")  # late members (a redelivery) are dropped
             self._group_done(gid)
 
     async def _read_dead_letters(self) -> None:
@@ -482,7 +483,8 @@ class Learner:
         self._version_started, self._version_dead = time.monotonic(), 0
         if self.cfg.filter_groups.enable:
             summary["filtered_groups"] = float(self.assembler.filtered)
-            self.assembler.new_version()
+        self.assembler.new_version(self.version, time.monotonic())  # and forget what is old enough
+        metrics.LEARNER_DEDUP_IDS.set(len(self.assembler.finished))
         self._version_metrics = []
         self.state.summary = summary
         metrics.LEARNER_VERSION.set(self.version)
