@@ -250,7 +250,7 @@ def test_randomised_redeliveries_never_train_an_id_twice_with_a_bounded_window()
             for m in "ab":
                 made.append((gid + m, gid, version, now, now))
         pending = []
-        for rid, gid, pv, copy, at in made[-40:]:
+        for rid, gid, pv, copy, _at in made[-40:]:
             if rng.random() < 0.3:
                 pending.append((rid, gid, pv, copy))
         for rid, gid, pv, copy in pending:
