@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from streamrl import metrics, resume
 from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
+from streamrl.learner.checkpoint import full_storage_stops
 from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.metrics import mean_metrics, observe_staleness, observe_update, record_figures
@@ -497,17 +498,19 @@ class Learner:
     async def _announce(self, version: int, summary: dict[str, float]) -> PolicyVersion:
         """Write the weights to ``<weights_dir>/v<version>`` and publish the version."""
         target = Path(self.cfg.weights_dir) / f"v{version}"
-        path = await asyncio.to_thread(self.trainer.save_weights, target)  # gathered from the shards
         fields: dict[str, Any] = {}
-        if self._delta is not None:  # the full version as written, turned into a delta where one can be
-            published = await asyncio.to_thread(publish_delta, self._delta, path, version)
-            fields, summary = published["fields"], {**summary, **published["metrics"]}
-        uri = str(path.resolve())
-        if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
-            from streamrl import weights
+        with full_storage_stops("the weights of version", version, self.cfg.weights_uri or self.cfg.weights_dir,
+                                "learner.keep_weights", leftovers=target):
+            path = await asyncio.to_thread(self.trainer.save_weights, target)  # gathered from the shards
+            if self._delta is not None:  # the full version as written, turned into a delta where one can be
+                published = await asyncio.to_thread(publish_delta, self._delta, path, version)
+                fields, summary = published["fields"], {**summary, **published["metrics"]}
+            uri = str(path.resolve())
+            if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
+                from streamrl import weights
 
-            uri = await asyncio.to_thread(weights.upload, path,
-                                          weights.version_uri(self.cfg.weights_uri, version))
+                uri = await asyncio.to_thread(weights.upload, path,
+                                              weights.version_uri(self.cfg.weights_uri, version))
         final = self._final or bool(self.cfg.versions and version >= self.cfg.versions)
         if self._base_uri is None:
             self._base_uri = await asyncio.to_thread(publish_base, self.trainer, self.cfg)
@@ -543,9 +546,11 @@ class Learner:
             offsets.update({str(tp.partition): off for tp, off in positions.items()})
             self.state.offsets = offsets
             self.state.assembler = self.assembler.state_dict()
-            saved.append(await asyncio.to_thread(
-                checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
-                None, self.state, self.cfg.keep_checkpoints, write=self.trainer.write_checkpoint))
+            with full_storage_stops("the checkpoint of version", self.version, self.cfg.checkpoint_dir,
+                                    "learner.keep_checkpoints"):
+                saved.append(await asyncio.to_thread(
+                    checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
+                    None, self.state, self.cfg.keep_checkpoints, write=self.trainer.write_checkpoint))
 
         # every partition taken from, assigned now or not: the checkpoint describes them all
         await self.checkpointer.commit(self.checkpointer.partitions, save=save)
