@@ -381,9 +381,9 @@ class LearnerConfig(OptimizerConfig):
     # learner's running time, then forgotten: a copy older than that is stale or cannot come
     # (streamrl.learner.assembler says why), so memory and checkpoints stay flat over a long
     # run. dedup_window caps the ids kept whatever the two say.
-    dedup_versions: int = 0
-    dedup_seconds: float = 120.0
-    dedup_window: int = 100_000
+    dedup_versions: int = 0  # versions a finished id is kept (0: max_staleness + 2)
+    dedup_seconds: float = 120.0  # and at least this long, of the learner's running time
+    dedup_window: int = 100_000  # at most this many ids, whatever the two above say
     # Records the reward stage's group hook published unadjusted (its group timed out: status
     # incomplete / late in reward_info.group): mixing them with adjusted ones skews a batch, so
     # they are dropped (dead letter "incomplete_group") unless "train".
