@@ -26,6 +26,32 @@ class ConfigError(StreamrlError, ValueError):
     """A bad config: the message names the field, and where the value came from."""
 
 
+class StorageFull(StreamrlError, OSError):
+    """A write found its storage full: no space left on the device, a quota, a file-size limit.
+    A restart cannot fix it, so the stage stops (exit 2) and the run with it, naming the path;
+    what was not written stays unfinished (not committed) and is done again on ``--resume``."""
+
+
+#: what a full device, a quota or a file-size limit reads as, in the OS error's errno or in the
+#: message of a library that wraps it (safetensors' Rust "os error 28")
+_FULL_ERRNOS = (28, 122, 27)  # ENOSPC, EDQUOT, EFBIG (Linux)
+_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "File too large",
+               "os error 28", "os error 122", "os error 27")
+
+
+def storage_full(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from, is a full storage (``StorageFull``'s)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        if any(w in str(exc) for w in _FULL_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class MissingExtra(StreamrlError, ImportError):
     """An optional dependency is not installed; the message names the extra that brings it."""
 

@@ -108,6 +108,9 @@ MODEL_BATCH_SECONDS = Histogram("streamrl_reward_model_batch_seconds",
 
 # -- learner --------------------------------------------------------------------------------------
 LEARNER_VERSION = Gauge("streamrl_learner_policy_version", "The last policy version the learner finished")
+LEARNER_DEDUP_IDS = Gauge("streamrl_learner_dedup_ids",
+                          "Finished record ids the learner remembers to skip copies of (its de-duplication "
+                          "window: learner.dedup_versions / dedup_seconds; flat over a long run)")
 LEARNER_MAX_STALENESS = Gauge("streamrl_learner_max_staleness_versions",
                               "The configured staleness bound (learner.max_staleness): alerts compare to it")
 LEARNER_RECORDS = Counter("streamrl_learner_records_total",

@@ -28,6 +28,7 @@ from streamrl.archive.config import ArchiveConfig
 from streamrl.archive.store import REWARD_CONFIG, ArchiveError, Batch, Writer, to_row
 from streamrl.bus import Bus, Checkpoint, Message, TopicPartition
 from streamrl.config import BusConfig
+from streamrl.errors import StorageFull, storage_full
 from streamrl.reward.config import RewardConfig
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,11 @@ class ArchiveStage:
                 break
             except OSError as exc:
                 if attempt == WRITE_ATTEMPTS:
+                    if storage_full(exc):  # a restart would meet the same wall: stop the run, naming it
+                        raise StorageFull(f"archive: {len(batch.rows)} {batch.topic} records did not fit in "
+                                          f"{self.ac.uri} ({exc}): free space there, then resume the run "
+                                          "(`streamrl run --resume`); they were not committed: read again "
+                                          "where the broker still holds them") from exc
                     raise
                 log.warning("archive: writing %d %s records failed (%s); retrying in %.1f s",
                             len(batch.rows), batch.topic, exc, delay)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -213,10 +214,15 @@ class Writer:
         if _is_local(self.fs):
             os.makedirs(directory, exist_ok=True)
             tmp = f"{directory}/.{name}.tmp"
-            with open(tmp, "wb") as f:
-                pq.write_table(table, f, compression=self.compression)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with open(tmp, "wb") as f:
+                    pq.write_table(table, f, compression=self.compression)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)  # a full disk gets back what the failed write took
+                raise
             os.replace(tmp, path)
             fd = os.open(directory, os.O_RDONLY)
             try:

@@ -23,6 +23,7 @@ BENCHES = {
     "weights": "streamrl.bench.weights",
     "sandbox": "streamrl.bench.sandbox",
     "gateway": "streamrl.bench.gateway",
+    "soak": "streamrl.bench.soak",
 }
 
 

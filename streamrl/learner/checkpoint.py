@@ -34,6 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
+from streamrl.errors import StorageFull, storage_full
 from streamrl.resume import NAME, LearnerState, checkpoints, latest, policy_dir
 
 if TYPE_CHECKING:
@@ -70,23 +71,48 @@ def save(directory: str | Path, model: Any, tokenizer: Any, optimizer_state: dic
     last = latest(root)
     seq = int(NAME.match(last.name).group(1)) + 1 if last else 1
     final = root / f"ckpt-{seq:08d}"
+    for stale in root.glob(".ckpt-*.tmp*"):  # half-written by a writer that died (a full disk, a kill)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".{final.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    if write is not None:
-        write(tmp)
-    else:
-        save_policy(model, tokenizer, policy_dir(tmp))
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-    state.created_at = time.time()
-    with open(tmp / "state.json", "w") as f:
-        json.dump(asdict(state), f)
-    _fsync_tree(tmp)
+    try:
+        if write is not None:
+            write(tmp)
+        else:
+            save_policy(model, tokenizer, policy_dir(tmp))
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+        state.created_at = time.time()
+        with open(tmp / "state.json", "w") as f:
+            json.dump(asdict(state), f)
+        _fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # what it took is given back: the previous one stays the latest
+        raise
     os.replace(tmp, final)
     _fsync_dir(root)
     for old in checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+@contextlib.contextmanager
+def full_storage_stops(what: str, version: int, where: str, knob: str, leftovers: Path | None = None) -> Any:
+    """A write that finds its storage full (``errors.storage_full``) stops the learner with one
+    line naming the path (``StorageFull``: exit 2, so the run stops rather than restarting it
+    into the same wall). Nothing is lost: the records since the last checkpoint are read again
+    on ``--resume``. ``leftovers``: a directory whose half-written siblings are removed."""
+    try:
+        yield
+    except Exception as exc:
+        if not storage_full(exc):
+            raise
+        if leftovers is not None:  # what the failed write took (``save_policy``'s temporary sibling)
+            for part in leftovers.parent.glob(f".{leftovers.name}.tmp*"):
+                shutil.rmtree(part, ignore_errors=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageFull(f"learner: {what} {version} did not fit in {where} ({first[:200]}): free space there "
+                          f"(or lower {knob}), then resume the run (`streamrl run --resume`); what was "
+                          "trained since the last checkpoint is trained again from its records") from exc
 
 
 def load_optimizer_state(path: str | Path, device: str = "cpu") -> dict[str, Any]:

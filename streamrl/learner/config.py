@@ -388,7 +388,14 @@ class LearnerConfig(OptimizerConfig):
     mini_batches_per_version: int = 1  # optimizer steps per policy version (advantages are per mini-batch)
     group_timeout_s: float = 300.0  # an incomplete group older than this ...
     allow_partial_groups: bool = False  # ... trains as it is (True) or goes to dead letters
-    dedup_window: int = 100_000  # finished record ids remembered (and checkpointed)
+    # De-duplication: finished record ids (and closed groups) are remembered, and checkpointed,
+    # for dedup_versions versions (0: max_staleness + 2) and at least dedup_seconds of the
+    # learner's running time, then forgotten: a copy older than that is stale or cannot come
+    # (streamrl.learner.assembler says why), so memory and checkpoints stay flat over a long
+    # run. dedup_window caps the ids kept whatever the two say.
+    dedup_versions: int = 0  # versions a finished id is kept (0: max_staleness + 2)
+    dedup_seconds: float = 120.0  # and at least this long, of the learner's running time
+    dedup_window: int = 100_000  # at most this many ids, whatever the two above say
     # Records the reward stage's group hook published unadjusted (its group timed out: status
     # incomplete / late in reward_info.group): mixing them with adjusted ones skews a batch, so
     # they are dropped (dead letter "incomplete_group") unless "train".
@@ -534,6 +541,7 @@ class LearnerConfig(OptimizerConfig):
             if getattr(self, name) < 1:
                 self._bad(name, "must be >= 1")
         non_negative = ("checkpoint_every", "keep_every", "max_staleness", "versions", "kl_coef", "entropy_coeff",
+                        "dedup_versions", "dedup_seconds",
                         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "group_timeout_s",
                         "max_response_tokens", "loss_scale_factor", "gamma", "tau_pos", "tau_neg", "critic_warmup")
         if str(self.weights_delta).lower() not in ("auto", "on", "off", "true", "false"):

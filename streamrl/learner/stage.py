@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from streamrl import metrics, resume
 from streamrl.bus import Bus, Checkpoint, Message, Reader, TopicPartition
 from streamrl.learner import checkpoint
+from streamrl.learner.checkpoint import full_storage_stops
 from streamrl.learner.assembler import FILTERED, Assembler, Drop, Group, Item
 from streamrl.learner.config import LearnerConfig
 from streamrl.learner.metrics import mean_metrics, observe_staleness, observe_update, record_figures
@@ -123,8 +124,9 @@ class Learner:
                                    allow_partial_groups=cfg.allow_partial_groups,
                                    dedup_window=cfg.dedup_window, filter_flat=cfg.filter_groups.enable,
                                    filter_bound=cfg.filter_groups.max_num_gen_batches
-                                   * cfg.groups_per_mini_batch * cfg.mini_batches_per_version)
-        self.assembler.load_state_dict(self.state.assembler)
+                                   * cfg.groups_per_mini_batch * cfg.mini_batches_per_version,
+                                   keep_versions=cfg.dedup_versions, keep_seconds=cfg.dedup_seconds)
+        self.assembler.load_state_dict(self.state.assembler, self.state.version)
         self.producer = bus.producer(STAGE)
         self.group = bus.config.group(STAGE, cfg.consumer_group)
         # distillation: the teacher's topic (its records are rewarded ones with the teacher's log-probs)
@@ -318,7 +320,7 @@ class Learner:
         if group is not None:
             await self._drop(self.assembler.settle(gid, f"{len(lost)} members dead-lettered before training"))
         elif gid not in self.assembler.closed:
-            self.assembler.closed.put(gid, "members_lost")  # late members (a redelivery) are dropped
+            self.assembler.close(gid, "members_lost")  # late members (a redelivery) are dropped
             self._group_done(gid)
 
     async def _read_dead_letters(self) -> None:
@@ -482,7 +484,8 @@ class Learner:
         self._version_started, self._version_dead = time.monotonic(), 0
         if self.cfg.filter_groups.enable:
             summary["filtered_groups"] = float(self.assembler.filtered)
-            self.assembler.new_version()
+        self.assembler.new_version(self.version, time.monotonic())  # and forget what is old enough
+        metrics.LEARNER_DEDUP_IDS.set(len(self.assembler.finished))
         self._version_metrics = []
         self.state.summary = summary
         metrics.LEARNER_VERSION.set(self.version)
@@ -495,17 +498,19 @@ class Learner:
     async def _announce(self, version: int, summary: dict[str, float]) -> PolicyVersion:
         """Write the weights to ``<weights_dir>/v<version>`` and publish the version."""
         target = Path(self.cfg.weights_dir) / f"v{version}"
-        path = await asyncio.to_thread(self.trainer.save_weights, target)  # gathered from the shards
         fields: dict[str, Any] = {}
-        if self._delta is not None:  # the full version as written, turned into a delta where one can be
-            published = await asyncio.to_thread(publish_delta, self._delta, path, version)
-            fields, summary = published["fields"], {**summary, **published["metrics"]}
-        uri = str(path.resolve())
-        if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
-            from streamrl import weights
+        with full_storage_stops("the weights of version", version, self.cfg.weights_uri or self.cfg.weights_dir,
+                                "learner.keep_weights", leftovers=target):
+            path = await asyncio.to_thread(self.trainer.save_weights, target)  # gathered from the shards
+            if self._delta is not None:  # the full version as written, turned into a delta where one can be
+                published = await asyncio.to_thread(publish_delta, self._delta, path, version)
+                fields, summary = published["fields"], {**summary, **published["metrics"]}
+            uri = str(path.resolve())
+            if self.cfg.weights_uri:  # for rollout workers on other nodes: announced once uploaded
+                from streamrl import weights
 
-            uri = await asyncio.to_thread(weights.upload, path,
-                                          weights.version_uri(self.cfg.weights_uri, version))
+                uri = await asyncio.to_thread(weights.upload, path,
+                                              weights.version_uri(self.cfg.weights_uri, version))
         final = self._final or bool(self.cfg.versions and version >= self.cfg.versions)
         if self._base_uri is None:
             self._base_uri = await asyncio.to_thread(publish_base, self.trainer, self.cfg)
@@ -541,9 +546,11 @@ class Learner:
             offsets.update({str(tp.partition): off for tp, off in positions.items()})
             self.state.offsets = offsets
             self.state.assembler = self.assembler.state_dict()
-            saved.append(await asyncio.to_thread(
-                checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
-                None, self.state, self.cfg.keep_checkpoints, write=self.trainer.write_checkpoint))
+            with full_storage_stops("the checkpoint of version", self.version, self.cfg.checkpoint_dir,
+                                    "learner.keep_checkpoints"):
+                saved.append(await asyncio.to_thread(
+                    checkpoint.save, self.cfg.checkpoint_dir, self.trainer.model, self.trainer.tokenizer,
+                    None, self.state, self.cfg.keep_checkpoints, write=self.trainer.write_checkpoint))
 
         # every partition taken from, assigned now or not: the checkpoint describes them all
         await self.checkpointer.commit(self.checkpointer.partitions, save=save)

@@ -167,3 +167,108 @@ def test_flat_groups_are_filtered_before_they_count_and_the_bound_lets_them_trai
     a.new_version()
     assert add("again", [0.0, 0.0]) and a.filtered == 1
     assert a.add(item("flat0", "flat"), 0, 0.0)[0] == "duplicate"  # a filtered id is finished
+
+
+def _version(a: Assembler, version: int, now: float) -> None:
+    """The learner made ``version`` at running second ``now``."""
+    a.new_version(version, now)
+
+
+def test_the_window_forgets_by_versions_and_running_seconds_and_stays_flat():
+    """Issue 68: finished ids and closed groups are kept ``keep_versions`` versions and
+    ``keep_seconds`` of running time, then forgotten, so a long run's state is flat; a copy of
+    a forgotten id can only be stale by then, and is dropped as stale (never trained)."""
+    a = Assembler(max_staleness=1, group_timeout_s=60, allow_partial_groups=False, dedup_window=10**6,
+                  keep_versions=3, keep_seconds=5.0)
+    sizes = []
+    for v in range(200):
+        for i in range(4):  # 4 groups of 2 a version
+            gid = f"g{v}-{i}"
+            a.add(item(f"{gid}a", gid, version=v), v, 0.0)
+            a.add(item(f"{gid}b", gid, version=v), v, 0.0)
+        assert a.take(4, v)[0] is not None
+        _version(a, v + 1, float(v))  # one second a version: the versions' rule is the longer (5 s)
+        sizes.append((len(a.finished), len(a.closed)))
+    assert max(sizes[100:]) == sizes[-1] and sizes[-1][0] <= 8 * 6 and sizes[-1][1] <= 4 * 6, sizes[-1]
+    assert "g199-0a" in a.finished and "g197-0a" in a.finished and "g150-0a" not in a.finished
+    # a copy of a forgotten id: its policy_version is far too old to train
+    status, drops = a.add(item("g150-0a", "g150-0", version=150), 200, 0.0)
+    assert status == "dropped" and drops[0].reason == STALE
+    # with few versions a second, the seconds' rule keeps more
+    b = Assembler(max_staleness=0, group_timeout_s=60, allow_partial_groups=False, dedup_window=10**6,
+                  keep_versions=1, keep_seconds=5.0)
+    for v in range(40):
+        b.add(item(f"x{v}", f"x{v}", size=1, version=v), v, 0.0)
+        b.take(1, v)
+        _version(b, v + 1, v * 0.1)  # 10 versions a second: 5 s hold 50 versions
+    assert "x0" in b.finished and len(b.finished) == 40
+    for v in range(40, 120):
+        b.add(item(f"x{v}", f"x{v}", size=1, version=v), v, 0.0)
+        b.take(1, v)
+        _version(b, v + 1, v * 0.1)
+    assert "x60" not in b.finished and "x75" in b.finished and len(b.finished) <= 52
+
+
+def test_the_window_survives_a_restart_with_its_versions_and_clock():
+    a = Assembler(max_staleness=0, group_timeout_s=60, allow_partial_groups=False, dedup_window=1000,
+                  keep_versions=3, keep_seconds=0.0)
+    for v in range(5):
+        a.add(item(f"r{v}", f"r{v}", size=1, version=v), v, 0.0)
+        a.take(1, v)
+        _version(a, v + 1, 100.0 + v)
+    assert sorted(a.finished.data) == ["r3", "r4"]
+    b = Assembler(max_staleness=0, group_timeout_s=60, allow_partial_groups=False, dedup_window=1000,
+                  keep_versions=3, keep_seconds=0.0)
+    b.load_state_dict(a.state_dict(), 5)
+    assert b.clock == a.clock == 4.0 and b.finished.data == a.finished.data
+    assert b.add(item("r4", "r4", size=1, version=4), 5, 0.0) == ("duplicate", [])
+    assert b.add(item("r4", "r4", size=1, version=5, copy=7.0), 5, 0.0) == ("regenerated", [])
+    b.new_version(6, 1000.0)  # the pause before the restart is not running time
+    assert b.clock == 4.0 and "r4" in b.finished and "r3" not in b.finished  # r4: kept through version 6
+    b.new_version(7, 1001.0)
+    assert b.clock == 5.0 and "r4" not in b.finished
+    old = make()
+    old.load_state_dict({"finished": [["o1", [1.0]]], "closed": [["o", "stale"]]}, 9)  # before versions were kept
+    assert old.finished.data["o1"] == ([1.0], 9) and old.closed.data["o"] == ("stale", 9)
+
+
+def test_randomised_redeliveries_never_train_an_id_twice_with_a_bounded_window():
+    """Copies of trained records arrive late (a redelivered copy keeps its policy_version; a
+    regenerated one is made within the seconds' window), across checkpoint restarts: no id is
+    trained twice, and the window stays within its bound."""
+    rng = random.Random(68)
+    staleness, per_version, keep_s = 2, 6, 3.0
+    a = Assembler(max_staleness=staleness, group_timeout_s=1e9, allow_partial_groups=False, dedup_window=10**6,
+                  keep_seconds=keep_s)
+    trained: list[str] = []
+    made: list[tuple[str, str, int, float, float]] = []  # id, group, policy_version, copy, made at (s)
+    now, version, peak = 0.0, 0, 0
+    for step in range(3000):
+        now += rng.uniform(0.01, 0.3)
+        if rng.random() < 0.5:  # a new group of 2 from the current policy
+            gid = f"g{step}"
+            for m in "ab":
+                made.append((gid + m, gid, version, now, now))
+        pending = []
+        for rid, gid, pv, copy, _at in made[-40:]:
+            if rng.random() < 0.3:
+                pending.append((rid, gid, pv, copy))
+        for rid, gid, pv, copy in pending:
+            if rng.random() < 0.1:  # regenerated: a new copy, from the policy of now
+                copy, pv = copy + 0.5, version
+            a.add(Item(rid, gid, 2, pv, copy=copy), version, now)
+        groups, _ = a.take(per_version // 2, version)
+        if groups:
+            trained += [i.id for g in groups for i in g.items]
+            version += 1
+            a.new_version(version, now)
+            if rng.random() < 0.05:  # a restart from the checkpoint
+                state = a.state_dict()
+                a = Assembler(max_staleness=staleness, group_timeout_s=1e9, allow_partial_groups=False,
+                              dedup_window=10**6, keep_seconds=keep_s)
+                a.load_state_dict(state, version)
+                a.tick(now)
+        made = [m for m in made if now - m[4] < keep_s]  # nothing is regenerated after keep_seconds
+        peak = max(peak, len(a.finished))
+    assert version > 100 and len(trained) == len(set(trained)), "an id trained twice"
+    assert peak < 400, peak  # ~ (staleness + 2 versions, or ~3 s of them) * their records, not the run's
