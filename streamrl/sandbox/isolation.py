@@ -9,7 +9,7 @@ runs its apps in), chosen by measurement (docs/guides/sandbox.md):
   processes; they all die with it), network (a loopback of its own, no route out), ipc, uts, mount:
   its filesystem is ``/usr`` (the language runtimes) read-only, a minimal ``/dev``, its own
   ``/proc``, the program read-only under ``/sandbox``, and a size-capped tmpfs scratch ``/tmp``
-  (its working directory). Nothing of the host's ``/etc``, ``/home``, ``/root`` or ``/work``;
+  (its working directory). Nothing of the host's ``/etc``, home directories or working trees;
 - rlimits: CPU seconds, address space (``memory_limit_MB``), processes, file size, open files;
   the process count is per execution slot: a service started as root runs each slot under its
   own uid (``uid_base + slot``), so one execution's fork bomb cannot starve the others;

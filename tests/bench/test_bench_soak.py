@@ -41,7 +41,7 @@ def test_slopes_per_thousand_versions_and_what_counts_as_growing():
 
 
 def test_a_runs_processes_are_told_apart_by_what_they_run():
-    assert stage_of(["/root/.calfkit/bin/tansu-v0.6.0", "broker", "--listener-url", "tcp://x"]) == "broker"
+    assert stage_of(["/home/u/.calfkit/bin/tansu-v0.6.0", "broker", "--listener-url", "tcp://x"]) == "broker"
     assert stage_of(["/venv/bin/python", "-m", "streamrl", "reward", "--config", "c.yaml"]) == "reward"
     assert stage_of(["/venv/bin/python", "-c", "pass"]) == "python"
 

@@ -20,7 +20,7 @@ import pytest
 from streamrl import cli, weights
 from streamrl.errors import StreamrlError
 from streamrl.weights import WeightLoadError, delta
-from tests.core.test_weights_delta import same_files, train_chain
+from tests.core.weights_chain import same_files, train_chain
 
 DELTA = f"model.safetensors{delta.SUFFIX}"
 

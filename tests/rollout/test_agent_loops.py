@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-import numpy as np
 import pytest
-import torch
 
 from streamrl.config import ConfigError
 from streamrl.errors import Failure
@@ -32,22 +30,19 @@ from streamrl.feed.config import FeedConfig
 from streamrl.feed.prompts import row_to_prompt
 from streamrl.records import DeadLetter, Prompt, Rewarded, Trajectory
 from streamrl.rollout.agent_loops import AgentLoopBase, AgentLoopOutput, AgentLoops, register
-from streamrl.rollout.backends import Completion, SamplingParams
-from streamrl.rollout.backends.transformers_engine import TransformersBackend
+from streamrl.rollout.backends import SamplingParams
 from streamrl.rollout.config import AgentConfig, MultiTurnConfig, RolloutConfig
 from streamrl.rollout.multiturn import MultiTurn
 from streamrl.rollout.worker import RolloutWorker
 from streamrl.testing import score
 from streamrl.verl import read_verl_keys
-from tests.helpers import read_topic, recompute_logprobs
+from tests.helpers import read_topic
+from tests.rollout.agent_loop_checks import RecordingPolicy, check, policy  # noqa: F401 - the fixture
 from tests.rollout import verl_agent_loops
 
 VERL = verl_agent_loops.load()
 if VERL is not None:
     VerlSingleTurn, VerlTool, HOW = VERL  # the YAML's _target_s name these
-
-# the scripted turns carry the call's number, so no two episodes' tokens are the same
-TOOL_CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "3+4+0*{n}"}}}}</tool_call>'
 
 
 # -- the test's own agent loop: two tools and a simulated user ---------------------------------
@@ -95,43 +90,6 @@ class TwoToolsAndUser(AgentLoopBase):
                                metrics={})
 
 
-# -- the policy: the tiny model, every call recorded --------------------------------------------
-
-class RecordingPolicy(TransformersBackend):
-    """The tiny model. A context asking for a tool (``USE_TOOL``) gets a scripted tool call,
-    then a scripted answer, with the model's own log-probs; any other context is sampled. Every
-    call is recorded: (prompt ids, response ids, log-probs, version)."""
-
-    def __init__(self) -> None:
-        super().__init__("tiny", seed=0)
-        self.calls: list[tuple[list[int], list[int], np.ndarray, int]] = []
-
-    def _generate(self, prompts, n, params):
-        tok, out = self.tokenizer, []
-        for p in prompts:
-            ids = list(p) if isinstance(p, list) else tok(p, add_special_tokens=False)["input_ids"]
-            context = tok.decode(ids)
-            if "USE_TOOL" in context:
-                n_call = len(self.calls)
-                text = TOOL_CALL.format(n=n_call) if "tool:" not in context else f"so ({n_call}) #### 7"
-                resp = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                lps = recompute_logprobs(self.model, ids, resp, params.temperature or 1.0).astype(np.float32)
-                samples = [Completion(text=text, prompt_ids=ids, response_ids=list(resp), response_logprobs=lps.copy(),
-                                      finish_reason="stop", policy_version=0) for _ in range(n)]
-            else:
-                samples = super()._generate([ids], n, params)[0]
-            for s in samples:
-                self.calls.append((ids, list(s.response_ids), np.asarray(s.response_logprobs), self.version))
-            out.append(samples)
-        return out
-
-
-@pytest.fixture(scope="module")
-def policy() -> RecordingPolicy:
-    torch.set_num_threads(1)
-    return RecordingPolicy()
-
-
 def write_config(tmp_path: Path) -> RolloutConfig:
     loops = tmp_path / "agent_loops.yaml"
     loops.write_text(
@@ -158,29 +116,7 @@ def prompt(tag: str, agent: str | None, text: str = "Tom has 3 apples and buys 4
 EXPECTED_CALLS = {"verl_single": 1, "verl_tool": 2, "two_tools_and_user": 3}
 
 
-def check(t: Trajectory, calls: list[tuple[list[int], list[int], np.ndarray, int]], tok: Any) -> int:
-    """The exactness checks of the module doc on ``t``; the number of engine calls it is made of."""
-    prompt_ids, response = list(t.array("prompt_ids")), list(t.array("response_ids"))
-    full, mask, lps = prompt_ids + response, t.array("response_mask"), t.array("response_logprobs")
-    mine = sorted((c for c in calls if full[:len(c[0]) + len(c[1])] == c[0] + c[1]), key=lambda c: len(c[0]))
-    assert mine and mine[0][0] == prompt_ids  # the first call saw the prompt, exactly
-    sampled = [tok for c in mine for tok in c[1]]
-    assert [r for r, m in zip(response, mask) if m] == sampled  # mask 1: the engine's tokens, all of them
-    assert np.array_equal(lps[mask == 1], np.concatenate([c[2] for c in mine]))  # bit for bit
-    assert not lps[mask == 0].any()
-    expected = []  # each token's version: the call's that sampled it; a given token: the one before it
-    pos = 0
-    for c in mine:
-        start = len(c[0]) - len(prompt_ids)
-        expected += [expected[-1] if expected else c[3]] * (start - pos) + [c[3]] * len(c[1])
-        pos = start + len(c[1])
-    expected += [expected[-1]] * (len(response) - pos)
-    assert list(t.versions().per_token()) == expected
-    assert t.policy_version == min(c[3] for c in mine)
-    return len(mine)
-
-
-def test_verl_loops_and_our_own_stamp_every_sampled_token(policy: RecordingPolicy, tmp_path: Path):
+def test_verl_loops_and_our_own_stamp_every_sampled_token(policy: RecordingPolicy, tmp_path: Path):  # noqa: F811
     """verl's two loops and the test's own, two episodes each at once, a newer weights version
     before every call: tokens, masks, log-probs and versions exact; rewards as verl has them."""
     if VERL is None:
@@ -226,7 +162,7 @@ def test_verl_loops_and_our_own_stamp_every_sampled_token(policy: RecordingPolic
     assert [r.reward for r in rewarded[2:4]] == [1.0, 1.0]  # "so #### 7" decoded from the whole response
 
 
-def test_a_worker_runs_each_prompts_agent_loop_on_the_broker(bus, policy: RecordingPolicy, tmp_path: Path):
+def test_a_worker_runs_each_prompts_agent_loop_on_the_broker(bus, policy: RecordingPolicy, tmp_path: Path):  # noqa: F811
     """Through a rollout worker on the real broker: each prompt's agent_name picks its loop,
     none picks default_agent_loop, verl's built-in name runs the worker's own turn loop, and an
     unknown name is a dead letter naming the known ones."""
@@ -272,12 +208,12 @@ def test_a_worker_runs_each_prompts_agent_loop_on_the_broker(bus, policy: Record
     assert letter.reason == "unknown_agent_loop" and "'nobody'" in letter.detail and "verl_tool" in letter.detail
 
 
-def test_an_agent_loop_on_a_server_fleet(policy: RecordingPolicy, tmp_path: Path):
+def test_an_agent_loop_on_a_server_fleet(policy: RecordingPolicy, tmp_path: Path):  # noqa: F811
     """The loop's generate calls go to an OpenAI-compatible server (the tiny model behind vLLM's
     token-id fields) through the fleet backend, which has no tokenizer: the loop renders with the
     policy's; tokens and log-probs still exactly the engine's."""
     from streamrl.rollout.backends.openai_server import OpenAIBackend
-    from tests.rollout.test_openai_backend import CompletionsServer, start_server
+    from tests.rollout.completions_server import CompletionsServer, start_server
 
     cfg = write_config(tmp_path)
     agents = AgentLoops(cfg)

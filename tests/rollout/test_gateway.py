@@ -25,8 +25,8 @@ from streamrl.rollout.gateway import Gateway
 from streamrl.rollout.tools.calculator import calculate
 from streamrl.testing import score
 from tests.helpers import read_topic, wait_for
-from tests.rollout.test_agent_loops import RecordingPolicy, check, policy  # noqa: F401 - the fixture
-from tests.rollout.test_openai_backend import CompletionsServer, start_server
+from tests.rollout.agent_loop_checks import RecordingPolicy, check, policy  # noqa: F401 - the fixture
+from tests.rollout.completions_server import CompletionsServer, start_server
 
 openai = pytest.importorskip("openai")  # the dev extra installs it
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from streamrl.scorers.code import compute_score
-from tests.helpers import wait_for_sync
+from tests.helpers import ROOT, wait_for_sync
 from tests.sandbox.code_cases import fenced
 from tests.sandbox.conftest import SECRET, UID_BASE
 
@@ -45,11 +45,11 @@ def abuse_programs(service_port: int, service_pid: int) -> dict[str, tuple[str, 
         "write_outside": (attempt + f"open({str(HOST_FILES[0])!r}, 'w').write('x')\n"
                           + "".join(f"attempt('write {p}', lambda: open({str(p)!r}, 'w').write('x'))\n"
                                     for p in [*HOST_FILES[1:], Path('/usr/lib/abuse'), Path('/etc/abuse')])
-                          + "import os\nattempt('cwd', lambda: os.chdir('/work'))\nprint('done')",
+                          + f"import os\nattempt('cwd', lambda: os.chdir({str(ROOT)!r}))\nprint('done')",
                           {"wrong_answer"}),
         "read_outside": (attempt + "".join(f"attempt('read {p}', lambda: print(open({str(p)!r}).read()[:50]))\n"
                                            for p in [Path(__file__), Path('/etc/hostname'), Path('/etc/passwd'),
-                                                     Path('/root/.bashrc')]) + "print('done')",
+                                                     Path.home() / '.bashrc']) + "print('done')",
                          {"wrong_answer"}),
         "read_secret": ("import os, glob\nprint(dict(os.environ))\nfor p in glob.glob('/proc/*/environ'):\n"
                         "    try:\n        print(open(p, 'rb').read())\n    except OSError:\n        pass\n"
