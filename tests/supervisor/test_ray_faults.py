@@ -160,8 +160,10 @@ def test_a_run_no_node_can_hold_keeps_its_directory_and_resumes_once_one_can(clu
     node = cluster.add_node(num_cpus=2, resources={"gen": 1})
     cluster.wait_for_nodes()
     prefix = f"gone{uuid.uuid4().hex[:6]}"
-    # one reward member (on the head): the rollout worker is all the node holds
-    args = ["learner.versions=6", "run.stage_timeout_s=10", "run.ray.placement_timeout_s=15", "run.reward_members=1"]
+    # one reward member (on the head): the rollout worker is all the node holds. The placement
+    # timeout leaves room for a loaded machine: a resumed member waits for the head's resource
+    # while the failed run's actor on it is still being torn down (15 s ran out in a loaded suite)
+    args = ["learner.versions=6", "run.stage_timeout_s=10", "run.ray.placement_timeout_s=30", "run.reward_members=1"]
     proc = start(tmp_path, cluster, bootstrap, prefix, *args)
     try:
         wait_for_version(tmp_path / "runs", 2, proc, timeout_s=300)
