@@ -45,9 +45,12 @@ value it liked, then ``os._exit(0)``. So the result must not be *framed* by that
    ``os._exit(0)`` after printing the expected output), writes no frame, two frames, junk, or a
    truncated frame makes the parent exit non-zero: a fail. A child killed by a signal (the CPU
    limit) kills the parent with the same signal, so the scorer sees the same limit.
-4. The scorer (``returned``) accepts a run only when the parent exited 0 and stdout is exactly
-   one JSON document; anything more (a process writing to the run's stdout through another
-   route) is a fail, and the document is decoded as data with its depth bounded.
+4. The scorer (``returned``) accepts a run only when the parent exited 0 and stdout is byte for
+   byte the line the parent writes (canonical JSON, one line); anything more is a fail, and the
+   line is decoded as data with its depth bounded. There is another route to stdout: when the
+   service runs as a user other than root, the run's pipes belong to that user, and the code can
+   reopen them through ``/proc/1/fd`` (bubblewrap's pid-1 reaper holds them; measured). What it
+   writes there only adds bytes to the parent's line, which is then not accepted.
 
 What the code can still do, and why that is not a forgery: inside its own process it can always
 change what the child sends (with ``ctypes`` or a trace function, whatever this harness does), or
@@ -430,7 +433,8 @@ def returned(stdout: str) -> tuple[bool, Any]:
         return False, None
     try:
         value = json.loads(stdout)
-        if not _shallow(value):
+        # byte for byte the parent's line: not a space or a byte more (module doc, point 4)
+        if json.dumps(value, allow_nan=False) + "\n" != stdout or not _shallow(value):
             return False, None
         return True, decode(value)
     except (ValueError, TypeError, KeyError, RecursionError):

@@ -201,12 +201,14 @@ def test_an_honest_solution_passes(code):
 
 
 @pytest.mark.parametrize("stdout", [
-    "", "3", "3\n3\n", "\n3\n", "[" * 5000 + "]" * 5000 + "\n", '{"__tuple__": 5}\n', '{"__dict__": [[[[1]], 2]]}\n',
+    "", "3", "3\n3\n", "\n3\n", " 3\n", "3 \n", "[3,4]\n", '{"__tuple__":[3]}\n',
+    "[" * 5000 + "]" * 5000 + "\n", '{"__tuple__": 5}\n', '{"__dict__": [[[[1]], 2]]}\n',
     '{"__float__": "x"}\n', "NaN x\n", '"' + "a" * (2 * harness.VALUE_BYTES) + '"\n',
 ])
 def test_what_the_scorer_reads_back_is_one_bounded_json_line(stdout):
     """Whatever reached a run's stdout (a process other than the parent, through some route), the
-    scorer reads one JSON line of bounded depth or nothing; it never raises."""
+    scorer reads the parent's canonical line of bounded depth (not a space more) or nothing; it
+    never raises."""
     found, _ = harness.returned(stdout)
     assert not found
 
