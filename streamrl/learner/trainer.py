@@ -388,7 +388,12 @@ class Trainer:
             self._train_critic(batch, metrics)
         self.objective.prepare_correction(batch)
         grad_norm, skipped = 0.0, 0
-        for _ in range(0 if self.warming_up else self.cfg.ppo_epochs):
+        group_loss = losses.needs_group_baseline(self.cfg.policy_loss.loss_mode)
+        for epoch in range(0 if self.warming_up else self.cfg.ppo_epochs):
+            if group_loss:  # (gvpo) its groups' statistics at the weights this epoch trains from
+                current = batch.proximal if epoch == 0 and batch.proximal is not None else \
+                    self._unit_logprobs(self.model, batch.units, batch.chunks)
+                self.objective.set_group_baselines(batch, current, metrics)
             self.optimizer.zero_grad(set_to_none=True)
             for u in range(len(batch.units)):
                 self._micro_step(batch, u, options, references, metrics)
