@@ -238,7 +238,8 @@ class Objective:
     # -- a group loss's statistics (GVPO) ------------------------------------------------------------
     def set_group_baselines(self, batch: MiniBatch, current: list[torch.Tensor], metrics: Metrics) -> None:
         """Before an epoch of a loss registered with ``group_baseline`` (``gvpo``): each group's
-        mean of ``beta (sum log pi - sum log pi_old)`` at the weights the epoch trains from
+        mean of ``beta (sum log pi - sum log pi_old)`` (pi_old: the weights before the update,
+        ``proximal``, as verl's recipe recomputes its old log-probs) at the weights the epoch trains from
         (``current``: each unit's log-probs under them), over the whole mini-batch, the units of
         every rank gathered first (``rows``), so a group that the plan splits over micro-batches
         and ranks is measured whole, as verl's recipe gathers its micro-batch over the ranks.
@@ -246,7 +247,7 @@ class Objective:
         the loss closes."""
         samples, beta = batch.samples, self.cfg.policy_loss.gvpo_beta
         mask = self.mask_rows(batch.masks)
-        log_ratio = losses.sequence_log_ratio(self.rows(samples, batch.groups, batch.behaviour),
+        log_ratio = losses.sequence_log_ratio(self.rows(samples, batch.groups, batch.proximal),
                                               self.rows(samples, batch.groups, current), mask)
         stats = losses.group_baseline(beta * log_ratio, [s.group_id for s in samples])
         row = {s.id: k for k, s in enumerate(samples)}
@@ -387,9 +388,10 @@ class Objective:
             weight, mask = losses.importance_weight(batch.proximal[u], batch.behaviour[u], unit.mask,
                                                     cap=cfg.is_cap, mode=cfg.is_mode)
             return losses.policy_loss(mode, batch.proximal[u], logp, advantages, mask, options, weight), mask
-        baseline = batch.baselines[u] if batch.baselines is not None else None
-        return losses.policy_loss(mode, batch.behaviour[u], logp, advantages, unit.mask, options,
-                                  baseline=baseline), unit.mask
+        if batch.baselines is not None:  # a group loss (gvpo): pi_old is the weights' before the update, as verl's
+            return losses.policy_loss(mode, batch.proximal[u], logp, advantages, unit.mask, options,
+                                      baseline=batch.baselines[u]), unit.mask
+        return losses.policy_loss(mode, batch.behaviour[u], logp, advantages, unit.mask, options), unit.mask
 
     def distillation_loss(self, task_loss: torch.Tensor, unit: "Batch", logp: torch.Tensor, old: torch.Tensor,
                           mask: torch.Tensor, batch: MiniBatch, add: Any) -> torch.Tensor:
