@@ -57,7 +57,10 @@ ENTRIES: dict[str, Entry] = {
                                                          "head (recipe/flowrl)"),
     "recipe.prime.main_prime": Entry("PRIME", missing="PRIME's implicit process reward model, trained beside the "
                                                       "policy (recipe/prime)"),
-    "recipe.sppo.main_sppo": Entry("SPPO", missing="SPPO's self-play preference loss (recipe/sppo)"),
+    "recipe.sppo.main_sppo": Entry("SPPO", missing="SPPO's self-play preference loss (recipe/sppo: the squared gap "
+                                                   "of the log-ratio and eta times the reward less its soft mean over "
+                                                   "verl's whole training batch, where streamrl's statistics are a "
+                                                   "mini-batch's)"),
     "recipe.spin.main_spin": Entry("SPIN", missing="SPIN's self-play fine-tuning against reference responses "
                                                    "(recipe/spin)"),
     "recipe.spo.spo_main_ppo": Entry("SPO", missing="SPO's single-stream trainer and its value tracker (recipe/spo)"),
