@@ -183,6 +183,10 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
         out.problems.append(out.blame(str(exc)))
         return out
     out.cfg = cfg  # type: ignore[assignment]
+    if entry:  # what the recipe's trainer trains alone (its own loss selected by the script's keys)
+        from streamrl.verl.entries import entry_problems
+
+        out.problems += entry_problems(entry, cfg)
     out.check(lambda: apply_verl_keys(cfg.reward, cfg.custom_reward_function, cfg.reward_model,  # type: ignore[attr-defined]
                                       policy=cfg.rollout.policy, experiment=cfg.tracking.experiment,  # type: ignore[attr-defined]
                                       members=cfg.run.reward_members))  # type: ignore[attr-defined]

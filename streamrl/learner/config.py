@@ -16,7 +16,8 @@ from typing import Any
 
 from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
-from streamrl.learner.objective_names import ADV_ESTIMATORS, FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES, LOSS_MODES
+from streamrl.learner.objective_names import (ADV_ESTIMATORS, FIXED_AGG_MODES, GROUP_LOSSES, KL_TYPES, LOSS_AGG_MODES,
+                                              LOSS_MODES)
 
 FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -182,12 +183,16 @@ class PolicyLossConfig:
     """verl's ``actor.policy_loss``: which loss (a name ``streamrl.learner.losses``'
     ``register_policy_loss`` registered) and the knobs of Clip-Cov and KL-Cov."""
 
-    loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | geo_mean | cispo | gpg | sapo | dppo_tv | dppo_kl
+    loss_mode: str = "vanilla"  # vanilla | gspo | clip_cov | kl_cov | geo_mean | cispo | gpg | sapo | dppo_tv | dppo_kl | gvpo
     clip_cov_ratio: float = 0.0002  # Clip-Cov: the share of tokens whose gradient is clipped
     clip_cov_lb: float = 1.0  # Clip-Cov: the covariance's lower bound for picking tokens
     clip_cov_ub: float = 5.0  # Clip-Cov: its upper bound
     kl_cov_ratio: float = 0.0002  # KL-Cov: the share of tokens that get the KL penalty
     ppo_kl_coef: float = 0.1  # KL-Cov: the penalty's coefficient
+    # GVPO (verl-recipe's gvpo, verl's actor.gvpo_beta): the KL coefficient of its objective, which
+    # scales the policy's log-ratio to the reward's units (R_theta = beta log pi / pi_old); the
+    # recipe's config file sets 0.1
+    gvpo_beta: float = 0.1
 
 
 @dataclass
@@ -577,6 +582,17 @@ class LearnerConfig(OptimizerConfig):
             raise ConfigError(f"config field 'learner.kl_ctrl.horizon': must be >= 1 (got {self.kl_ctrl.horizon!r})")
         if self.clip_ratio_c and self.clip_ratio_c <= 1:
             bad("clip_ratio_c", "the dual-clip bound must be > 1 (or 0 for off)")
+        mode = self.policy_loss.loss_mode
+        if mode in GROUP_LOSSES:  # (GVPO: no importance ratio, so nothing to weigh or clip around)
+            if self.decoupled:
+                bad("decoupled", f"policy_loss.loss_mode {mode} has no importance ratio to decouple")
+            if self.rollout_correction.enabled:
+                raise ConfigError(f"config field 'learner.rollout_correction': policy_loss.loss_mode {mode} takes no "
+                                  "importance weight (verl's recipe drops rollout_is_weights): turn rollout "
+                                  "correction off")
+            if not self.policy_loss.gvpo_beta > 0:
+                raise ConfigError("config field 'learner.policy_loss.gvpo_beta': must be > 0 (got "
+                                  f"{self.policy_loss.gvpo_beta!r})")
 
     def _validate_precision_and_ranks(self) -> None:
         """dtypes, token and memory budgets, ``parallel``."""

@@ -381,6 +381,8 @@ class LossOptions:
     ppo_kl_coef: float = 0.1
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    gvpo_beta: float = 0.1  # GVPO: the KL coefficient scaling the policy's log-ratio (the recipe's gvpo_beta)
+    gvpo_scale: float = 1.0  # GVPO: the sequences a micro-batch of the recipe sums (learner.micro_batch_size)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LossOptions":
@@ -389,7 +391,8 @@ class LossOptions:
         pl = cfg.policy_loss
         return cls(clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
                    clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
-                   kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
+                   kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg,
+                   gvpo_beta=pl.gvpo_beta, gvpo_scale=float(max(1, cfg.micro_batch_size)))
 
 
 #: A loss: ``(old_log_prob, log_prob, advantages, response_mask, options) -> PolicyLoss`` (all
@@ -399,14 +402,24 @@ Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossOpt
 POLICY_LOSSES: dict[str, Loss] = {}
 
 
-def register_policy_loss(name: str, *, sequence_weight: bool = False) -> Callable[[Loss], Loss]:
+def register_policy_loss(name: str, *, sequence_weight: bool = False,
+                         group_baseline: bool = False) -> Callable[[Loss], Loss]:
     """Decorator: the loss under ``name`` (``learner.policy_loss.loss_mode``). Refuses a name
     taken. ``sequence_weight``: the decoupled objective's importance weight applies per sequence,
-    the geometric mean of its tokens' (a sequence-level loss), not per token (``policy_loss``)."""
+    the geometric mean of its tokens' (a sequence-level loss), not per token (``policy_loss``).
+    ``group_baseline``: the loss also takes its rows' ``GroupBaseline`` (keyword ``baseline``),
+    statistics of each group over the whole mini-batch at the current weights, which the trainer
+    computes before each epoch across the ranks (GVPO's group mean of the log-ratios)."""
     def register(fn: Loss) -> Loss:
         fn.sequence_weight = sequence_weight  # type: ignore[attr-defined]
+        fn.group_baseline = group_baseline  # type: ignore[attr-defined]
         return _register(POLICY_LOSSES, "policy loss", name, fn)
     return register
+
+
+def needs_group_baseline(name: str) -> bool:
+    """Whether the loss registered as ``name`` takes a ``GroupBaseline`` (``register_policy_loss``)."""
+    return bool(getattr(get_policy_loss_fn(name), "group_baseline", False))
 
 
 def get_policy_loss_fn(name: str) -> Loss:
@@ -564,6 +577,66 @@ def dppo_kl_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, 
                  (kl <= opt.clip_ratio_low) | (p >= p_old))
 
 
+@dataclass
+class GroupBaseline:
+    """What a group-relative sequence loss needs of each row's group beyond the row itself (each
+    ``[B]``): ``mean``, the group's mean of ``beta (sum log pi - sum log pi_old)`` at the current
+    weights, detached, over all of the group's members in the mini-batch (on every rank); and
+    ``size``, how many members the group has there (0: a row of no group, the ranks' padding)."""
+
+    mean: torch.Tensor
+    size: torch.Tensor
+
+
+def sequence_log_ratio(old_logp: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each row's ``sum log pi - sum log pi_old`` over its trained tokens (``[B]``; unclamped: a
+    sequence's log-ratio, not a per-token ratio that ``exp`` could overflow)."""
+    return (logp * mask).sum(-1) - (old_logp * mask).sum(-1)
+
+
+def group_baseline(values: torch.Tensor, group_ids: Sequence[str]) -> GroupBaseline:
+    """Each row's group mean of ``values`` (``[B]``, detached) and its group's size."""
+    values = values.detach()
+    mean, size = torch.zeros_like(values), torch.zeros_like(values)
+    for members in _groups(group_ids):
+        mean[members] = values[members].mean()
+        size[members] = float(len(members))
+    return GroupBaseline(mean=mean, size=size)
+
+
+def gvpo_sequence_losses(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                         beta: float, baseline: GroupBaseline) -> torch.Tensor:
+    """GVPO (Group Variance Policy Optimization, arXiv 2504.19599; verl-recipe's ``gvpo``), per
+    sequence ``[B]``: half the squared gap between the policy's implicit reward measured from
+    its group's mean, ``R_theta = beta log(pi / pi_old)`` summed over the sequence, less the
+    group's mean of it (``baseline.mean``, no gradient), and the reward measured from its group's
+    mean (the sequence's mean advantage: GRPO's estimator without the std), over ``n - 1`` for a
+    group of ``n``. Its gradient is ``((R_theta - mean) - A) beta grad log pi``: no importance
+    ratio, so no clip. A row of a group of one (or of none) has no group to be measured against:
+    0, where the recipe would divide by zero."""
+    r_theta = beta * sequence_log_ratio(old_logp, logp, mask)
+    tokens = mask.sum(-1)
+    target = (adv * mask).sum(-1) / tokens.clamp(min=1e-8)
+    pairs = baseline.size > 1
+    gap = (r_theta - baseline.mean.to(r_theta.dtype)) - target
+    return torch.where(pairs, 0.5 * gap.square() / (baseline.size.to(gap.dtype) - 1).clamp(min=1), torch.zeros_like(gap))
+
+
+@register_policy_loss("gvpo", group_baseline=True)
+def gvpo_loss(old_logp: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+              opt: LossOptions, baseline: GroupBaseline | None = None) -> PolicyLoss:
+    """GVPO (``gvpo_sequence_losses``) as the recipe trains it: its function sums the losses of
+    a micro-batch's sequences, its gradient accumulation divides by the micro-batches and FSDP by
+    the ranks, so a step's loss is ``micro_batch_size / B`` times the sum over the mini-batch's
+    ``B`` sequences; here each sequence's loss spread over its tokens, aggregated
+    seq-mean-token-sum (``FIXED_AGG_MODES``) and scaled by ``opt.gvpo_scale``."""
+    if baseline is None:
+        raise ValueError("gvpo needs its rows' group baseline (the group means of the log-ratios)")
+    per_seq = gvpo_sequence_losses(old_logp, logp, adv, mask, opt.gvpo_beta, baseline) * opt.gvpo_scale
+    per_token = per_seq.unsqueeze(-1) * mask / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return _result(per_token, None, logp - old_logp, agg_mode=FIXED_AGG_MODES["gvpo"])
+
+
 def ppo_clip_loss(old_logp: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.2, clip_c: float = 3.0,
                   is_weight: torch.Tensor | None = None) -> PolicyLoss:
@@ -590,11 +663,17 @@ def ppo_clip_loss(old_logp: torch.Tensor, logp: torch.Tensor, advantages: torch.
 
 
 def policy_loss(mode: str, old_logp: torch.Tensor, logp: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, opt: LossOptions, is_weight: torch.Tensor | None = None) -> PolicyLoss:
+                mask: torch.Tensor, opt: LossOptions, is_weight: torch.Tensor | None = None,
+                baseline: GroupBaseline | None = None) -> PolicyLoss:
     """The loss ``mode`` names, times the (decoupled objective's) importance weight per token;
     for a loss registered with ``sequence_weight`` (``geo_mean``), a sequence's weight is the
-    geometric mean of its tokens'."""
+    geometric mean of its tokens'. A loss registered with ``group_baseline`` (``gvpo``) gets
+    ``baseline`` and takes no importance weight (it has no ratio to weigh: refused)."""
     fn = get_policy_loss_fn(mode)
+    if getattr(fn, "group_baseline", False):
+        if is_weight is not None:
+            raise ValueError(f"policy loss {mode!r} takes no importance weight (rollout correction, decoupled)")
+        return fn(old_logp, logp, advantages, mask, opt, baseline=baseline)
     out = fn(old_logp, logp, advantages, mask, opt)
     if is_weight is not None:
         w = is_weight.detach()

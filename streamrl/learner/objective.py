@@ -66,6 +66,7 @@ class MiniBatch:
     live: list[torch.Tensor | None] | None = None  # bypass: each unit's log-probs in the first epoch
     is_norm: torch.Tensor | None = None  # bypass with a batch normaliser: the mean weight
     correction_metrics: dict[str, float] = field(default_factory=dict)
+    baselines: list[losses.GroupBaseline] | None = None  # a group loss (gvpo): each unit's, this epoch's
     # distillation: the same normalisers over the samples a teacher annotated only (their trained
     # tokens for the token-mean metrics, ``totals``' keywords for the loss's figure)
     annotated_tokens: torch.Tensor | None = None
@@ -234,6 +235,41 @@ class Objective:
                          for s in group]).to(self.device)
             for group, unit in zip(batch.groups, batch.units)]
 
+    # -- a group loss's statistics (GVPO) ------------------------------------------------------------
+    def set_group_baselines(self, batch: MiniBatch, current: list[torch.Tensor], metrics: Metrics) -> None:
+        """Before an epoch of a loss registered with ``group_baseline`` (``gvpo``): each group's
+        mean of ``beta (sum log pi - sum log pi_old)`` (pi_old: the weights before the update,
+        ``proximal``, as verl's recipe recomputes its old log-probs) at the weights the epoch trains from
+        (``current``: each unit's log-probs under them), over the whole mini-batch, the units of
+        every rank gathered first (``rows``), so a group that the plan splits over micro-batches
+        and ranks is measured whole, as verl's recipe gathers its micro-batch over the ranks.
+        Adds ``gvpo/residual``: the mean over sequences of ``|(R_theta - mean) - A|``, the gap
+        the loss closes."""
+        samples, beta = batch.samples, self.cfg.policy_loss.gvpo_beta
+        mask = self.mask_rows(batch.masks)
+        log_ratio = losses.sequence_log_ratio(self.rows(samples, batch.groups, batch.proximal),
+                                              self.rows(samples, batch.groups, current), mask)
+        stats = losses.group_baseline(beta * log_ratio, [s.group_id for s in samples])
+        row = {s.id: k for k, s in enumerate(samples)}
+        batch.baselines = []
+        for group in batch.groups:
+            where = [row.get(s.id) for s in group]
+            mean = torch.tensor([0.0 if k is None else float(stats.mean[k]) for k in where], device=self.device)
+            size = torch.tensor([0.0 if k is None else float(stats.size[k]) for k in where], device=self.device)
+            batch.baselines.append(losses.GroupBaseline(mean=mean, size=size))
+        advantages = batch.advantages.to(mask.device)
+        target = (advantages[:, :mask.shape[1]] * mask).sum(-1) / mask.sum(-1).clamp(min=1e-8)
+        residual = ((beta * log_ratio - stats.mean) - target).abs()
+        # (every rank holds the whole mini-batch: rank 0 adds it, the ranks' sum is the figure)
+        metrics.add("gvpo/residual", residual.mean() if self._rank0() else residual.new_zeros(()))
+
+    def _rank0(self) -> bool:
+        if self.world == 1:
+            return True
+        import torch.distributed as dist
+
+        return dist.get_rank() == 0
+
     # -- the critic's targets -----------------------------------------------------------------------
     def critic_targets(self, batch: MiniBatch) -> list[torch.Tensor]:
         """adv_estimator gae: each critic unit's returns (the value loss's targets)."""
@@ -352,6 +388,9 @@ class Objective:
             weight, mask = losses.importance_weight(batch.proximal[u], batch.behaviour[u], unit.mask,
                                                     cap=cfg.is_cap, mode=cfg.is_mode)
             return losses.policy_loss(mode, batch.proximal[u], logp, advantages, mask, options, weight), mask
+        if batch.baselines is not None:  # a group loss (gvpo): pi_old is the weights' before the update, as verl's
+            return losses.policy_loss(mode, batch.proximal[u], logp, advantages, unit.mask, options,
+                                      baseline=batch.baselines[u]), unit.mask
         return losses.policy_loss(mode, batch.behaviour[u], logp, advantages, unit.mask, options), unit.mask
 
     def distillation_loss(self, task_loss: torch.Tensor, unit: "Batch", logp: torch.Tensor, old: torch.Tensor,

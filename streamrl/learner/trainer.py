@@ -388,7 +388,11 @@ class Trainer:
             self._train_critic(batch, metrics)
         self.objective.prepare_correction(batch)
         grad_norm, skipped = 0.0, 0
-        for _ in range(0 if self.warming_up else self.cfg.ppo_epochs):
+        group_loss = losses.needs_group_baseline(self.cfg.policy_loss.loss_mode)
+        for epoch in range(0 if self.warming_up else self.cfg.ppo_epochs):
+            if group_loss:  # (gvpo) its groups' statistics at the weights this epoch trains from
+                current = batch.proximal if epoch == 0 else self._unit_logprobs(self.model, batch.units, batch.chunks)
+                self.objective.set_group_baselines(batch, current, metrics)
             self.optimizer.zero_grad(set_to_none=True)
             for u in range(len(batch.units)):
                 self._micro_step(batch, u, options, references, metrics)
@@ -429,10 +433,12 @@ class Trainer:
         """The log-probs each unit's tokens were sampled with (``behaviour``), and the current
         weights' before the update (``proximal``) where the objective or a record needs them:
         AReaL's decoupled objective, rollout correction's decoupled mode or its batch-normalised
-        bypass, a record without log-probs (``missing_logprobs: recompute``)."""
+        bypass, a record without log-probs (``missing_logprobs: recompute``), a group loss (GVPO,
+        whose pi_old they are, as verl's recipe recomputes its old log-probs)."""
         cfg, rc = self.cfg, self.cfg.rollout_correction
         batch_normalised_bypass = rc.bypass_mode and bool(rc.rollout_is) and rc.rollout_is_batch_normalize
         if (cfg.decoupled or (rc.enabled and not rc.bypass_mode) or batch_normalised_bypass
+                or losses.needs_group_baseline(cfg.policy_loss.loss_mode)  # (gvpo's pi_old, as verl's recipe)
                 or any(s.behaviour_logprobs is None for s in batch.samples)):
             batch.proximal = self._unit_logprobs(self.model, batch.units, batch.chunks)
         for u, group in enumerate(batch.groups):

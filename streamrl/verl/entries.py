@@ -7,7 +7,10 @@ refused naming it, never verl's plain trainer in its place.
 An entry streamrl knows is one of two things:
 
 - trained: what it trains is verl's trainer with other defaults (its Hydra config file's values,
-  ``defaults``: given before the script's keys, so a key the script gives wins, as in Hydra);
+  ``defaults``: given before the script's keys, so a key the script gives wins, as in Hydra),
+  maybe with the recipe's own loss, which the script selects by its keys as the recipe does; what
+  the recipe's trainer cannot train otherwise (GVPO's actor raises on any other loss_mode) is
+  ``requires``, checked on the resolved config (``entry_problems``);
 - refused: its trainer changes the algorithm in ways streamrl has no counterpart for (``missing``).
 
 A module not in ``ENTRIES`` is refused too: its trainer is unknown here.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Entry", "ENTRIES", "entry_keys", "VERL_MAIN"]
+__all__ = ["Entry", "ENTRIES", "entry_keys", "entry_problems", "VERL_MAIN"]
 
 VERL_MAIN = "verl.trainer.main_ppo"
 
@@ -30,6 +33,8 @@ class Entry:
     trains: str
     defaults: tuple[str, ...] = ()
     missing: str = ""
+    #: (streamrl field, value it must have, the verl key that sets it): the recipe's trainer trains nothing else
+    requires: tuple[tuple[str, str, str], ...] = ()
 
 
 _DAPO_REWARD = "DAPO's trainer (dynamic sampling: algorithm.filter_groups; the dapo reward manager's overlong buffer)"
@@ -43,13 +48,19 @@ ENTRIES: dict[str, Entry] = {
     "recipe.dapo.dapo_transfer_queue.main_dapo": Entry(
         _DAPO_REWARD + " over verl's transfer queue",
         ("reward_model.reward_manager=dapo", "trainer.project_name=verl-dapo-transferqueue")),
-    "recipe.gvpo.gvpo_main_ppo": Entry("GVPO", missing="GVPO's policy loss (recipe/gvpo: compute_policy_loss_gvpo, "
-                                                       "a group-variance objective with its own beta)"),
+    # recipe/gvpo/config/gvpo_trainer.yaml over ppo_trainer: actor.gvpo_beta 0.1, GVPO's project name (its actor
+    # config class only adds gvpo_beta); its actor trains loss_mode gvpo alone (the policy loss "gvpo")
+    "recipe.gvpo.gvpo_main_ppo": Entry(
+        "GVPO", ("actor_rollout_ref.actor.gvpo_beta=0.1", "trainer.project_name=gvpo"),
+        requires=(("learner.policy_loss.loss_mode", "gvpo", "actor_rollout_ref.actor.policy_loss.loss_mode"),)),
     "recipe.flowrl.main_flowrl": Entry("FlowRL", missing="FlowRL's flow-balance loss and its learned log-partition "
                                                          "head (recipe/flowrl)"),
     "recipe.prime.main_prime": Entry("PRIME", missing="PRIME's implicit process reward model, trained beside the "
                                                       "policy (recipe/prime)"),
-    "recipe.sppo.main_sppo": Entry("SPPO", missing="SPPO's self-play preference loss (recipe/sppo)"),
+    "recipe.sppo.main_sppo": Entry("SPPO", missing="SPPO's self-play preference loss (recipe/sppo: the squared gap "
+                                                   "of the log-ratio and eta times the reward less its soft mean over "
+                                                   "verl's whole training batch, where streamrl's statistics are a "
+                                                   "mini-batch's)"),
     "recipe.spin.main_spin": Entry("SPIN", missing="SPIN's self-play fine-tuning against reference responses "
                                                    "(recipe/spin)"),
     "recipe.spo.spo_main_ppo": Entry("SPO", missing="SPO's single-stream trainer and its value tracker (recipe/spo)"),
@@ -82,3 +93,18 @@ def entry_keys(module: str) -> tuple[list[str], str]:
     if entry.missing:
         return [], f"run.verl_entry={module}: refused, streamrl has no counterpart for {entry.missing}"
     return list(entry.defaults), ""
+
+
+def entry_problems(module: str, cfg: object) -> list[str]:
+    """What the resolved pipeline config ``cfg`` sets that entry ``module``'s trainer cannot train
+    (its ``requires``), one line each naming the module and the verl key; [] where it trains."""
+    entry = ENTRIES.get(module.strip())
+    problems = []
+    for field, value, key in entry.requires if entry else ():
+        got: object = cfg
+        for part in field.split("."):
+            got = getattr(got, part)
+        if str(got) != value:
+            problems.append(f"run.verl_entry={module}: its trainer trains {key}={value} only (got {got}, as "
+                            f"{field}): refused rather than training another loss in its place")
+    return problems

@@ -200,6 +200,8 @@ ACTOR_ROWS: tuple[Row, ...] = (
                                                                "script gives it here with Hydra's +)")
       for k in ("tau_pos", "tau_neg")),
     refused(f"{_ACTOR}policy_loss.dro_beta", "verl's DRO loss's beta (the learner's losses have no DRO)"),
+    mapped(f"{_ACTOR}gvpo_beta", "learner.policy_loss.gvpo_beta",
+           note="not in verl's schema: verl-recipe's GVPO config file adds it to the actor's (loss_mode gvpo)"),
     *(mapped(_ACTOR + k, f"learner.{k}") for k in _LEARNER_SAME if k != "loss_scale_factor"),
     mapped(f"{_ACTOR}loss_scale_factor", "learner.loss_scale_factor", read=_loss_scale_factor, note="null: 0 (off)"),
     mapped(f"{_ACTOR}clip_ratio", "learner.clip_ratio_low", "learner.clip_ratio_high", read=_clip_ratio,

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from streamrl.errors import ConfigError
 from streamrl.learner import microbatch
-from streamrl.learner.config import KLControlConfig, LearnerConfig, ParallelConfig
+from streamrl.learner.config import KLControlConfig, LearnerConfig, ParallelConfig, PolicyLossConfig
 from streamrl.learner.trainer import Trainer
 from streamrl.net import free_port
 from streamrl.policy import load_policy
@@ -133,6 +133,43 @@ def test_kl_in_reward_on_two_ranks_matches_one(tmp_path):
            for key, floor in (("reward_kl_penalty", 1e-3), ("reward_kl_penalty_coeff", 1e-3), ("rewards_mean", 1e-3),
                               ("advantages_max", 1e-3), ("advantages_mean", 0.1), ("loss", 1e-3), ("grad_norm", 1e-3))
            if abs(got[key] - want[key]) > 1e-5 * max(abs(want[key]), floor)]  # (whitened: a mean of ~0)
+    assert not off, off
+
+
+#: GVPO (verl-recipe's group loss): its group means gathered from both ranks before each epoch (the
+#: second epoch's from a forward pass at the stepped weights), a sharded KL reference, a chunked sequence
+GVPO = dict(policy_loss=PolicyLossConfig(loss_mode="gvpo", gvpo_beta=0.5), norm_adv_by_std_in_grpo=False, kl_coef=0.1,
+            max_tokens_per_micro_batch=64, micro_batch_size=2, ppo_epochs=2)
+
+
+def _gvpo_rank(rank: int, world: int, port: int, tmp: str) -> None:
+    """One of two ranks trains STEPS mini-batches with GVPO; rank 0 reports."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from streamrl.learner import distributed
+
+    c = cfg(Path(tmp), **GVPO)
+    if rank:
+        follow_then_exit(c)
+    trainer = Trainer(c)
+    outs = [trainer.step(parity_batch(seed)) for seed in (1, 2)]  # (2: a chunked sequence)
+    (Path(tmp) / "gvpo.json").write_text(json.dumps(outs))
+    distributed.finish()
+
+
+def test_gvpo_on_two_ranks_matches_one(tmp_path):
+    """GVPO measures each sequence against its group's mean log-ratio: on two FSDP2 ranks a
+    group's members sit on both (and in several micro-batches), and each rank gathers the whole
+    mini-batch's, so the losses, the gradient norms and GVPO's residual are one process's."""
+    mp.spawn(_gvpo_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    two = json.loads((tmp_path / "gvpo.json").read_text())
+    one = Trainer(cfg(tmp_path, use_remove_padding=False, **GVPO))
+    expected = [one.step(parity_batch(seed)) for seed in (1, 2)]
+    assert all(e["gvpo/residual"] > 0 and e["pg_loss"] > 0 for e in expected), expected
+    off = [(step, key, got[key], want[key]) for step, (got, want) in enumerate(zip(two, expected))
+           for key in ("loss", "pg_loss", "grad_norm", "gvpo/residual", "kl")
+           if abs(got[key] - want[key]) > 1e-5 * max(abs(want[key]), 1e-3)]
     assert not off, off
 
 

@@ -157,12 +157,16 @@ def test_registries_refuse_a_taken_name_and_name_the_known_ones():
 def test_loss_options_from_config_copy_every_knob():
     from streamrl.learner.config import LearnerConfig
 
-    cfg = LearnerConfig(clip_ratio_low=0.1, clip_ratio_high=0.3, clip_ratio_c=5.0, tau_pos=2.0, tau_neg=3.0)
+    cfg = LearnerConfig(clip_ratio_low=0.1, clip_ratio_high=0.3, clip_ratio_c=5.0, tau_pos=2.0, tau_neg=3.0,
+                        micro_batch_size=6)
     cfg.policy_loss.clip_cov_ratio, cfg.policy_loss.kl_cov_ratio, cfg.policy_loss.ppo_kl_coef = 0.5, 0.25, 0.7
-    cfg.policy_loss.clip_cov_lb, cfg.policy_loss.clip_cov_ub = 2.0, 6.0
+    cfg.policy_loss.clip_cov_lb, cfg.policy_loss.clip_cov_ub, cfg.policy_loss.gvpo_beta = 2.0, 6.0, 0.05
     opt = losses.LossOptions.from_config(cfg)
+    # GVPO: its beta, and the recipe's scale, the sequences its micro-batch sums (1 without one)
+    assert (opt.gvpo_beta, opt.gvpo_scale) == (0.05, 6.0)
+    assert losses.LossOptions.from_config(LearnerConfig(micro_batch_size=0)).gvpo_scale == 1.0
     assert (opt.clip_ratio_low, opt.clip_ratio_high, opt.clip_ratio_c, opt.tau_pos, opt.tau_neg) == (0.1, 0.3, 5.0, 2.0, 3.0)
     assert (opt.clip_cov_ratio, opt.clip_cov_lb, opt.clip_cov_ub, opt.kl_cov_ratio, opt.ppo_kl_coef) == (0.5, 2.0, 6.0, 0.25, 0.7)
     assert {f for f in losses.LossOptions.__dataclass_fields__} == {
         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
-        "kl_cov_ratio", "ppo_kl_coef", "tau_pos", "tau_neg"}
+        "kl_cov_ratio", "ppo_kl_coef", "tau_pos", "tau_neg", "gvpo_beta", "gvpo_scale"}

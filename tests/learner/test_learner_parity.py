@@ -57,7 +57,7 @@ def test_advantage_estimators_equal_verls(case, dtype):
 @pytest.mark.parametrize("case, dtype", CASES)
 def test_policy_losses_and_their_gradients_equal_verls(case, dtype):
     t, want = tensors(case, dtype), expected(case, dtype)["losses"]
-    assert set(want) == set(losses.POLICY_LOSSES)
+    assert set(want) | {"gvpo"} == set(losses.POLICY_LOSSES)  # (gvpo, a recipe's: test_recipe_parity.py)
     opt = losses.LossOptions(**DATA["knobs"])
     for mode, theirs in want.items():
         logp = t["logp"].clone().requires_grad_(True)

@@ -455,7 +455,8 @@ def test_one_bounds_check_for_every_reward():
     *[("grpo", m, a) for m, a in (("gspo", "seq-mean-token-mean"), ("clip_cov", "token-mean"),
                                   ("kl_cov", "token-mean"), ("geo_mean", "token-mean"), ("cispo", "token-sum"),
                                   ("gpg", "seq-mean-token-sum"), ("sapo", "token-mean"),
-                                  ("dppo_tv", "seq-mean-token-sum-norm"), ("dppo_kl", "token-mean"))]])
+                                  ("dppo_tv", "seq-mean-token-sum-norm"), ("dppo_kl", "token-mean"),
+                                  ("gvpo", "token-mean"))]])
 def test_every_estimator_and_loss_trains_a_step(tmp_path, estimator, loss_mode, agg):
     """Issue 37: each of verl's estimators and losses, by its config name, moves the weights by
     a finite step on real token ids (their maths is checked against verl in test_learner_parity)."""
