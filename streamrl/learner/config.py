@@ -18,6 +18,7 @@ from streamrl.distillation.config import DistillationConfig
 from streamrl.errors import ConfigError
 from streamrl.learner.objective_names import ADV_ESTIMATORS, FIXED_AGG_MODES, KL_TYPES, LOSS_AGG_MODES, LOSS_MODES
 
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")  # streamrl.routing.MODES (here without importing it)
 FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
@@ -363,6 +364,12 @@ class LearnerConfig(OptimizerConfig):
     # the start line says which and why; true: packed, or refused at start where the model
     # cannot; false: padded.
     use_remove_padding: str = "auto"
+    # MoE router replay (streamrl.routing; verl's actor.{megatron,veomni}.router_replay.mode):
+    # disabled: every pass routes by itself; R2: the old-log-prob pass before the update records
+    # the learner's routing and the update's passes replay it; R3: the rollout's recorded routing
+    # (a record's routed_experts, rollout.return_routed_experts) is replayed in every policy pass
+    # (the KL reference routes by itself). The routing weights stay the learner's own.
+    router_replay: str = "disabled"
     # FSDP2 mixed precision (N > 1 or CUDA): the dtype of the gathered parameters in forward /
     # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.
     # "": no mixed precision.
@@ -520,7 +527,7 @@ class LearnerConfig(OptimizerConfig):
                    "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
                    "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS,
                    "policy_loss.loss_mode": LOSS_MODES, "kl_ctrl.type": KL_CTRL_TYPES,
-                   "filter_groups.metric": FILTER_METRICS}
+                   "filter_groups.metric": FILTER_METRICS, "router_replay": ROUTER_REPLAY_MODES}
         for name, allowed in choices.items():
             section, _, key = name.rpartition(".")
             value = getattr(getattr(self, section) if section else self, key)
