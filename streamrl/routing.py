@@ -215,16 +215,17 @@ class RouterTap:
         finally:
             self._mode, self._targets, self._mask = None, None, None
 
-    def stacked(self, rows: int | None = None) -> Any:
-        """The routing recorded by one forward pass as ``[rows, layers, topk]`` (a layer without
-        a router, a dense one, holds zeros), as ``replaying`` takes it."""
+    def stacked(self) -> Any:
+        """The routing recorded meanwhile as ``[rows, layers, topk]``, each layer's calls end to
+        end (one forward pass, or the chunks of one sequence; a layer without a router, a dense
+        one, holds zeros), as ``replaying`` takes it."""
         import torch
 
-        first = next(iter(self.recorded.values()))[0]
-        n = first.shape[0] if rows is None else rows
-        out = torch.zeros((n, self.layers, self.topk), dtype=torch.long, device=first.device)
-        for layer, calls in self.recorded.items():
-            out[:, layer] = calls[0]
+        per_layer = {layer: torch.cat(calls) for layer, calls in self.recorded.items()}
+        first = next(iter(per_layer.values()))
+        out = torch.zeros((first.shape[0], self.layers, self.topk), dtype=torch.long, device=first.device)
+        for layer, rows in per_layer.items():
+            out[:, layer] = rows
         return out
 
 

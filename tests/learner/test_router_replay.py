@@ -1,0 +1,158 @@
+"""MoE router replay on a tiny Qwen2-MoE built on CPU (``streamrl.routing``): the rollout records
+the experts each token was routed to, the record carries them, and the learner's forward passes
+replay them (R3) or replay its own old-log-prob pass's (R2). Measured: with replay the learner
+routes exactly as the rollout did, and the log-prob mismatch between the two falls."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from streamrl.learner.samples import to_samples
+from streamrl.learner.trainer import Trainer
+from streamrl.records import RecordError, Rewarded
+from streamrl.rollout.backends import SamplingParams
+from streamrl.rollout.backends.transformers_engine import TransformersBackend
+from streamrl.routing import RouterTap, find_routers, pack
+from tests.helpers import learner_cfg, tiny_moe
+
+PROMPTS = ["The cat sat on", "Two plus two is", "Once upon a time", "Kafka topics hold",
+           "Experts route tokens", "A tiny model says", "Replay the router", "Sampling at one"]
+
+
+def rollout(policy: str, dtype: str = "float32", n: int = 2, tokens: int = 16) -> list:
+    engine = TransformersBackend(policy, dtype=dtype, seed=0, return_routed_experts=True)
+    groups = asyncio.run(engine.generate(PROMPTS, n, SamplingParams(max_new_tokens=tokens, temperature=1.0,
+                                                                    ignore_eos=True)))
+    return [s for g in groups for s in g]
+
+
+def records(completions) -> list[Rewarded]:
+    """The completions as rewarded records, through the codec (bytes and back)."""
+    out = []
+    for i, c in enumerate(completions):
+        routes, shape = pack(c.routed_experts)
+        rec = Rewarded(id=f"r{i}", group_id=f"g{i // 2}", group_size=2, policy_version=0, data_source="t",
+                       prompt="p", response=c.text, prompt_ids=np.asarray(c.prompt_ids, np.int32),
+                       response_ids=np.asarray(c.response_ids, np.int32), response_logprobs=c.response_logprobs,
+                       routed_experts=routes, routed_experts_shape=shape, reward=float(i % 2), reward_info={},
+                       scorer={"name": "t", "version": "1"})
+        out.append(Rewarded.decode(rec.encode()))
+    return out
+
+
+class Chosen:
+    """The experts the policy's routers actually used in each pass (a hook after the tap's)."""
+
+    def __init__(self, model):
+        self.calls: dict[int, list[torch.Tensor]] = {}
+        self.handles = [m.register_forward_hook(self._hook(layer)) for layer, m in find_routers(model)]
+
+    def _hook(self, layer):
+        def hook(module, args, output):
+            self.calls.setdefault(layer, []).append(output[2].detach().clone())
+        return hook
+
+    def take(self) -> dict[int, list[torch.Tensor]]:
+        calls, self.calls = self.calls, {}
+        return calls
+
+
+def mismatch(trainer: Trainer, samples, replay: bool) -> tuple[float, float, int]:
+    """(mean |rollout log-prob - learner log-prob| over response tokens, fraction of the routed
+    (token, layer) rows whose expert set differs from the rollout's, rows compared)."""
+    chosen = Chosen(trainer.model)
+    use = samples if replay else [dataclasses.replace(s, routed_experts=None) for s in samples]
+    diffs, differ, rows = [], 0, 0
+    for s, rollout_s in zip(use, samples):  # one sequence per pass: its rows are its tokens
+        (lp,) = trainer.logprobs([s])
+        diffs.append(np.abs(lp - rollout_s.behaviour_logprobs))
+        calls = chosen.take()
+        want = torch.from_numpy(rollout_s.routed_experts.astype(np.int64))
+        for layer, (got,) in calls.items():
+            got = got[:len(want)].sort(-1).values
+            differ += int((got != want[:, layer].sort(-1).values).any(-1).sum())
+            rows += len(want)
+    return float(np.concatenate(diffs).mean()), differ / rows, rows
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    return tiny_moe(root / "learner"), tiny_moe(root / "rollout", noise=0.03)
+
+
+@pytest.mark.parametrize("case", ["perturbed", "bf16"])
+def test_replay_routes_as_the_rollout_did_and_the_logprob_mismatch_falls(policies, tmp_path, case):
+    learner, perturbed = policies
+    # (bf16 on CPU is slow: one sample per prompt)
+    completions = rollout(perturbed) if case == "perturbed" else rollout(learner, dtype="bfloat16", n=1)
+    for c in completions:  # a row per token fed: the prompt's and every response token but the last
+        assert c.routed_experts.shape == (len(c.prompt_ids) + len(c.response_ids) - 1, 2, 2)
+    cfg = learner_cfg(tmp_path, policy=learner, router_replay="R3")
+    trainer = Trainer(cfg)
+    samples = to_samples(records(completions), cfg, trainer)
+    native_lp, native_routes, rows = mismatch(trainer, samples, replay=False)
+    replay_lp, replay_routes, _ = mismatch(trainer, samples, replay=True)
+    print(f"router replay ({case}): {rows} (token, layer) rows; routing differs on {native_routes:.1%} without "
+          f"replay, {replay_routes:.1%} with; mean |logprob diff| {native_lp:.4f} without, {replay_lp:.4f} with")
+    assert replay_routes == 0.0  # the learner routes exactly as the rollout did
+    assert native_routes > 0.0  # (the weights differ enough that, by itself, it does not)
+    assert replay_lp < native_lp
+
+
+def test_r2_replays_the_old_logprob_pass_routing_in_every_update_pass(policies, tmp_path):
+    learner, _ = policies
+    cfg = learner_cfg(tmp_path, policy=learner, router_replay="R2", ppo_epochs=3, lr=0.05, micro_batch_size=4)
+    trainer = Trainer(cfg)
+    samples = to_samples(records(rollout(learner, n=2, tokens=8)[:4]), cfg, trainer)
+    chosen = Chosen(trainer.model)
+    trainer.step(samples)
+    calls = chosen.take()
+    passes = {layer: len(c) for layer, c in calls.items()}
+    assert set(passes.values()) == {1 + 3}  # the recording pass, then one pass per epoch
+    for recorded, *updates in calls.values():
+        for u in updates:
+            assert torch.equal(u, recorded)
+    # ... where the updated weights route some tokens elsewhere by themselves
+    with torch.no_grad(), RouterTap(trainer.model).recording() as now:
+        batch = trainer._collate(sorted(samples, key=lambda s: s.id))
+        trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    assert any(not torch.equal(now[layer][0], calls[layer][0]) for layer in calls)
+
+
+def test_a_record_whose_routing_does_not_fit_is_refused_by_name(policies, tmp_path):
+    learner, _ = policies
+    cfg = learner_cfg(tmp_path, policy=learner, router_replay="R3")
+    trainer = Trainer(cfg)
+    (good,) = records(rollout(learner, n=1, tokens=4)[:1])
+    routes = good.array("routed_experts").reshape(good.routed_experts_shape)
+    cases = {
+        "too many rows": pack(np.concatenate([routes, routes[:2]])),
+        "other layers": pack(np.concatenate([routes, routes], axis=1)),
+        "an expert the model lacks": pack(np.where(routes == 0, 9, routes)),
+    }
+    for what, (flat, shape) in cases.items():
+        bad = dataclasses.replace(good, routed_experts=flat, routed_experts_shape=shape)
+        with pytest.raises(RecordError) as err:
+            to_samples([Rewarded.decode(bad.encode())], cfg, trainer)
+        assert err.value.reason == "bad_routing", what
+    bad = dataclasses.replace(good, routed_experts_shape=[1, 2, 2])
+    with pytest.raises(RecordError, match="bad_routing|routed_experts"):
+        to_samples([Rewarded.decode(bad.encode())], cfg, trainer)
+    # a record without routing trains, routed by the learner itself
+    (plain,) = to_samples([dataclasses.replace(good, routed_experts=None, routed_experts_shape=None)], cfg, trainer)
+    assert plain.routed_experts is None
+
+
+def test_a_dense_policy_is_refused_for_router_replay(tmp_path):
+    from streamrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="learner.router_replay"):
+        Trainer(learner_cfg(tmp_path, router_replay="R3"))
+    with pytest.raises(ConfigError, match="rollout.return_routed_experts"):
+        TransformersBackend("tiny", return_routed_experts=True)
