@@ -156,3 +156,34 @@ def test_a_dense_policy_is_refused_for_router_replay(tmp_path):
         Trainer(learner_cfg(tmp_path, router_replay="R3"))
     with pytest.raises(ConfigError, match="rollout.return_routed_experts"):
         TransformersBackend("tiny", return_routed_experts=True)
+
+
+@pytest.mark.parametrize("server_format", ["vllm", "sglang"])
+def test_the_openai_backend_reads_the_servers_routed_experts(policies, server_format):
+    """A real ``/v1/completions`` server in the test process returns the routing as vLLM
+    (each choice's base64 ``.npy``) or SGLang (``sglext``: base64 flat int32) does; the backend
+    sends one request per sample and each completion carries the server's routing."""
+    from streamrl.rollout.backends.openai_server import OpenAIBackend
+    from tests.rollout.completions_server import CompletionsServer, start_server
+
+    learner, _ = policies
+
+    async def go():
+        engine = TransformersBackend(learner, seed=0, return_routed_experts=True)
+        server = CompletionsServer(engine, routed_format=server_format)
+        runner, url = await start_server(server)
+        backend = OpenAIBackend(url, "m", return_routed_experts=True, route_shape=(2, 2))
+        try:
+            groups = await backend.generate([[5, 6, 7], [8, 9]], 2, SamplingParams(max_new_tokens=5, ignore_eos=True))
+        finally:
+            await backend.close()
+            await runner.cleanup()
+        return server, groups
+
+    server, groups = asyncio.run(go())
+    assert [b["n"] for b in server.requests] == [1] * 4 and not any(b.get("stream") for b in server.requests)
+    assert all(b["return_routed_experts"] for b in server.requests)
+    for group in groups:
+        for c in group:
+            assert c.routed_experts.shape == (len(c.prompt_ids) + len(c.response_ids) - 1, 2, 2)
+            assert c.routed_experts.max() < 8
