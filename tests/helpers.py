@@ -725,26 +725,16 @@ def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
 
 
 def tiny_moe(path: Path, seed: int = 0, noise: float = 0.0, experts: int = 8) -> str:
-    """A tiny Qwen2-MoE policy directory (hidden 32, 2 layers, ``experts`` experts, top-2; random
-    init from ``seed``, the byte tokenizer), its weights perturbed by ``noise`` x each tensor's
-    std where asked (the rollout's weights a little off the learner's). Returns the path."""
-    import torch
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-
-    from streamrl.policy import byte_tokenizer
+    """A tiny Qwen2-MoE policy directory (``streamrl.policy.tiny_moe_model``: hidden 32, 2 layers,
+    ``experts`` experts, top-2, random init from ``seed``; the byte tokenizer), its weights
+    perturbed by ``noise`` x each tensor's std where asked (the rollout's weights a little off the
+    learner's). Returns the path."""
+    from streamrl.policy import byte_tokenizer, perturb, tiny_moe_model
 
     tok = byte_tokenizer()
-    torch.manual_seed(seed)
-    config = Qwen2MoeConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
-                            shared_expert_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, num_experts=experts, num_experts_per_tok=2, norm_topk_prob=False,
-                            max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.2)
-    model = Qwen2MoeForCausalLM(config)
+    model = tiny_moe_model(len(tok), seed=seed, experts=experts)
     if noise:
-        gen = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * noise * float(p.std() if p.numel() > 1 else 0))
+        perturb(model, noise, seed + 1)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)

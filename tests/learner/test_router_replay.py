@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamrl.bench.routing import mismatch
 from streamrl.learner.samples import to_samples
 from streamrl.learner.trainer import Trainer
 from streamrl.records import RecordError, Rewarded
@@ -24,10 +25,10 @@ PROMPTS = ["The cat sat on", "Two plus two is", "Once upon a time", "Kafka topic
            "Experts route tokens", "A tiny model says", "Replay the router", "Sampling at one"]
 
 
-def rollout(policy: str, dtype: str = "float32", n: int = 2, tokens: int = 16) -> list:
+def rollout(policy: str, dtype: str = "float32", n: int = 2, tokens: int = 16, prompts: int = 8) -> list:
     engine = TransformersBackend(policy, dtype=dtype, seed=0, return_routed_experts=True)
-    groups = asyncio.run(engine.generate(PROMPTS, n, SamplingParams(max_new_tokens=tokens, temperature=1.0,
-                                                                    ignore_eos=True)))
+    groups = asyncio.run(engine.generate(PROMPTS[:prompts], n, SamplingParams(max_new_tokens=tokens, temperature=1.0,
+                                                                              ignore_eos=True)))
     return [s for g in groups for s in g]
 
 
@@ -62,39 +63,27 @@ class Chosen:
         return calls
 
 
-def mismatch(trainer: Trainer, samples, replay: bool) -> tuple[float, float, int]:
-    """(mean |rollout log-prob - learner log-prob| over response tokens, fraction of the routed
-    (token, layer) rows whose expert set differs from the rollout's, rows compared)."""
-    chosen = Chosen(trainer.model)
-    use = samples if replay else [dataclasses.replace(s, routed_experts=None) for s in samples]
-    diffs, differ, rows = [], 0, 0
-    for s, rollout_s in zip(use, samples):  # one sequence per pass: its rows are its tokens
-        (lp,) = trainer.logprobs([s])
-        diffs.append(np.abs(lp - rollout_s.behaviour_logprobs))
-        calls = chosen.take()
-        want = torch.from_numpy(rollout_s.routed_experts.astype(np.int64))
-        for layer, (got,) in calls.items():
-            got = got[:len(want)].sort(-1).values
-            differ += int((got != want[:, layer].sort(-1).values).any(-1).sum())
-            rows += len(want)
-    return float(np.concatenate(diffs).mean()), differ / rows, rows
-
-
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
     return tiny_moe(root / "learner"), tiny_moe(root / "rollout", noise=0.03)
 
 
+@pytest.fixture(scope="module")
+def r3(policies, tmp_path_factory):
+    """The learner's trainer on the learner's weights, replaying the rollout's routing (R3)."""
+    cfg = learner_cfg(tmp_path_factory.mktemp("r3"), policy=policies[0], router_replay="R3")
+    return cfg, Trainer(cfg)
+
+
 @pytest.mark.parametrize("case", ["perturbed", "bf16"])
-def test_replay_routes_as_the_rollout_did_and_the_logprob_mismatch_falls(policies, tmp_path, case):
+def test_replay_routes_as_the_rollout_did_and_the_logprob_mismatch_falls(policies, r3, case):
     learner, perturbed = policies
-    # (bf16 on CPU is slow: one sample per prompt)
-    completions = rollout(perturbed) if case == "perturbed" else rollout(learner, dtype="bfloat16", n=1)
+    # (bf16 on CPU is slow: fewer samples)
+    completions = rollout(perturbed) if case == "perturbed" else rollout(learner, dtype="bfloat16", n=1, prompts=6)
     for c in completions:  # a row per token fed: the prompt's and every response token but the last
         assert c.routed_experts.shape == (len(c.prompt_ids) + len(c.response_ids) - 1, 2, 2)
-    cfg = learner_cfg(tmp_path, policy=learner, router_replay="R3")
-    trainer = Trainer(cfg)
+    cfg, trainer = r3
     samples = to_samples(records(completions), cfg, trainer)
     native_lp, native_routes, rows = mismatch(trainer, samples, replay=False)
     replay_lp, replay_routes, _ = mismatch(trainer, samples, replay=True)
@@ -125,10 +114,9 @@ def test_r2_replays_the_old_logprob_pass_routing_in_every_update_pass(policies, 
     assert any(not torch.equal(now[layer][0], calls[layer][0]) for layer in calls)
 
 
-def test_a_record_whose_routing_does_not_fit_is_refused_by_name(policies, tmp_path):
+def test_a_record_whose_routing_does_not_fit_is_refused_by_name(policies, r3):
     learner, _ = policies
-    cfg = learner_cfg(tmp_path, policy=learner, router_replay="R3")
-    trainer = Trainer(cfg)
+    cfg, trainer = r3
     (good,) = records(rollout(learner, n=1, tokens=4)[:1])
     routes = good.array("routed_experts").reshape(good.routed_experts_shape)
     cases = {
