@@ -156,7 +156,7 @@ class RoutingBench(harness.Bench):
             "codec_ratio": round(rec["codec_ms_with"] / rec["codec_ms_without"], 1)}
         for variant in ("perturbed", "bf16"):
             m = one[variant]
-            out[variant] = {k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()}
+            out[variant] = {k: round(v, 5) if isinstance(v, float) else v for k, v in m.items()}
         return out
 
     def report(self, runs: harness.Runs, summary: dict[str, Any]) -> None:
