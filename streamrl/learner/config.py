@@ -367,8 +367,9 @@ class LearnerConfig(OptimizerConfig):
     # MoE router replay (streamrl.routing; verl's actor.{megatron,veomni}.router_replay.mode):
     # disabled: every pass routes by itself; R2: the old-log-prob pass before the update records
     # the learner's routing and the update's passes replay it; R3: the rollout's recorded routing
-    # (a record's routed_experts, rollout.return_routed_experts) is replayed in every policy pass
-    # (the KL reference routes by itself). The routing weights stay the learner's own.
+    # (a record's routed_experts; rollout.return_routed_experts, on by itself with R3) is replayed
+    # in every policy pass (the KL reference routes by itself; a record without routing is routed
+    # by the learner). The routing weights stay the learner's own.
     router_replay: str = "disabled"
     # FSDP2 mixed precision (N > 1 or CUDA): the dtype of the gathered parameters in forward /
     # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.

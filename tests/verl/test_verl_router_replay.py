@@ -42,3 +42,11 @@ def test_the_modes_as_verl_reads_them():
     for key in ("actor_rollout_ref.ref.megatron.router_replay.mode", "critic.veomni.router_replay.mode"):
         [o] = read_verl_keys([(key, "R3")])
         assert o.kind == IGNORED and "replay no routing" in o.why
+
+
+def test_r3_has_the_rollout_record_the_routing_it_replays(tmp_path):
+    code, out, err = dry_run(["learner.router_replay=R3"], tmp_path)
+    assert code == 0, err
+    assert "router_replay: R3" in out and "return_routed_experts: true" in out
+    code, out, err = dry_run(["learner.router_replay=R4"], tmp_path)
+    assert code == 2 and "learner.router_replay" in err
