@@ -175,3 +175,45 @@ def test_the_openai_backend_reads_the_servers_routed_experts(policies, server_fo
         for c in group:
             assert c.routed_experts.shape == (len(c.prompt_ids) + len(c.response_ids) - 1, 2, 2)
             assert c.routed_experts.max() < 8
+
+
+def test_the_record_packs_routing_in_its_narrowest_dtype_and_checks_it():
+    import base64
+    import io
+
+    from streamrl.records import Trajectory
+    from streamrl.routing import RoutingError, from_sglang, from_vllm, unpack
+
+    base = dict(group_id="g", group_size=1, policy_version=0, data_source="t", prompt="p", response="r",
+                prompt_ids=[1, 2], response_ids=[3])
+    for experts, dtype in ((128, "uint8"), (256, "uint8"), (384, "uint16")):
+        routes = np.random.default_rng(experts).integers(0, experts, (2, 3, 4))
+        routes[0, 0, 0] = experts - 1
+        flat, shape = pack(routes, experts)
+        rec = Trajectory.decode(Trajectory(**base, routed_experts=flat, routed_experts_shape=shape).encode())
+        assert rec.routed_experts["dtype"] == dtype and shape == [2, 3, 4]
+        assert np.array_equal(unpack(rec.array("routed_experts"), rec.routed_experts_shape), routes)
+    # a producer's plain list is packed at decode; a dtype other than uint8/uint16 is refused
+    rec = Trajectory.from_dict({**Trajectory(**base).to_dict(), "routed_experts": [1, 2, 3, 4],
+                                "routed_experts_shape": [1, 2, 2]})
+    assert rec.array("routed_experts").tolist() == [1, 2, 3, 4]
+    bad = {**Trajectory(**base).to_dict(), "routed_experts": {"dtype": "int32", "b64": "AAAAAA=="}}
+    with pytest.raises(RecordError):
+        Trajectory.from_dict(bad)
+    with pytest.raises(RoutingError):
+        pack(np.array([[[-1, 2]]]))
+    # vLLM's .npy: an integer [tokens, layers, topk] array, never an object array (no unpickling)
+    buf = io.BytesIO()
+    np.save(buf, np.arange(12, dtype=np.uint16).reshape(2, 3, 2))
+    assert from_vllm(base64.b64encode(buf.getvalue()).decode()).shape == (2, 3, 2)
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(RoutingError):
+        from_vllm(base64.b64encode(buf.getvalue()).decode())
+    with pytest.raises(RoutingError):
+        from_vllm("not base64!")
+    # SGLang's flat int32: whole rows of layers x top-k
+    flat = base64.b64encode(np.arange(12, dtype="<i4").tobytes()).decode()
+    assert from_sglang(flat, 3, 2).shape == (2, 3, 2)
+    with pytest.raises(RoutingError):
+        from_sglang(flat, 5, 2)
