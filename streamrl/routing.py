@@ -175,6 +175,11 @@ class RouterTap:
                                        "logits; router replay cannot recompute them for replayed experts")
         self._handles = [m.register_forward_hook(self._hook) for _, m in routers]
 
+    @property
+    def active(self) -> bool:
+        """Replaying now (a pass inside ``replaying``)."""
+        return self._mode == "replay"
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()

@@ -588,6 +588,10 @@ class LearnerConfig(OptimizerConfig):
 
     def _validate_precision_and_ranks(self) -> None:
         """dtypes, token and memory budgets, ``parallel``."""
+        if self.router_replay != "disabled" and self.gradient_checkpointing and self.max_tokens_per_micro_batch:
+            raise ConfigError("config field 'learner.router_replay': with gradient_checkpointing, not with "
+                              "max_tokens_per_micro_batch (a sequence longer than it runs in chunks, whose "
+                              "recomputation in backward cannot be told apart to replay each its routing)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             self._bad("dtype", "one of float32, bfloat16, float16")
         for name in ("param_dtype", "reduce_dtype"):

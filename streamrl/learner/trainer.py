@@ -185,7 +185,8 @@ class Trainer:
         """The policy's routers replaying ``batch.routes`` (rows ``lo:hi``) for the pass that
         follows; a no-op without routes, for another model, or while the replay is off (the KL
         reference that LoRA's base is)."""
-        if self.tap is None or batch.routes is None or model is not self.model or self._replay_off:
+        if (self.tap is None or batch.routes is None or model is not self.model or self._replay_off
+                or self.tap.active):  # (already replaying: through a backward that recomputes, _micro_step)
             return contextlib.nullcontext()
         return self.tap.replaying(batch.routes[lo:hi], batch.route_mask[lo:hi])
 
@@ -519,11 +520,15 @@ class Trainer:
         """Unit ``u``'s forward pass, loss (``Objective.loss``) and backward pass; its gradients
         add to the mini-batch's."""
         self._set_accumulation(batch.chunked, last=u == len(batch.units) - 1)
-        logp, ent = self._forward(self.model, batch.units[u], entropy=True, chunk=batch.chunks[u])
-        loss = self.objective.loss(batch, u, logp, ent, options, references, metrics)
-        # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
-        # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
-        (loss * self.world if self.sharded else loss).backward()
+        # router replay with gradient checkpointing: the backward's recomputation routes as the
+        # forward did (a chunked unit never checkpoints with replay: LearnerConfig refuses it)
+        recomputes = self.cfg.gradient_checkpointing and not batch.chunks[u]
+        with self._replaying(self.model, batch.units[u]) if recomputes else contextlib.nullcontext():
+            logp, ent = self._forward(self.model, batch.units[u], entropy=True, chunk=batch.chunks[u])
+            loss = self.objective.loss(batch, u, logp, ent, options, references, metrics)
+            # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
+            # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
+            (loss * self.world if self.sharded else loss).backward()
 
     def _optimizer_step(self, skipped: int) -> tuple[float, int]:
         """Clip the gradients and step; as verl, a non-finite gradient norm skips the step

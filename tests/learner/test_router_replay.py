@@ -217,3 +217,21 @@ def test_the_record_packs_routing_in_its_narrowest_dtype_and_checks_it():
     assert from_sglang(flat, 3, 2).shape == (2, 3, 2)
     with pytest.raises(RoutingError):
         from_sglang(flat, 5, 2)
+
+
+def test_replay_holds_through_the_recomputation_of_gradient_checkpointing(policies, tmp_path):
+    """With activation checkpointing the backward recomputes each layer: its routers replay the
+    same routing there, so the gradients are the ones without checkpointing."""
+    from streamrl.errors import ConfigError
+
+    learner, perturbed = policies
+    norms = []
+    for ckpt in (False, True):
+        cfg = learner_cfg(tmp_path / str(ckpt), policy=learner, router_replay="R3", gradient_checkpointing=ckpt,
+                          micro_batch_size=4)
+        trainer = Trainer(cfg)
+        samples = to_samples(records(rollout(perturbed, n=2, tokens=8, prompts=2)), cfg, trainer)
+        norms.append(trainer.step(samples)["grad_norm"])
+    assert norms[0] > 0 and norms[1] == pytest.approx(norms[0], rel=1e-5)
+    with pytest.raises(ConfigError, match="learner.router_replay"):
+        learner_cfg(tmp_path, router_replay="R2", gradient_checkpointing=True, max_tokens_per_micro_batch=256)
