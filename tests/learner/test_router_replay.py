@@ -235,3 +235,32 @@ def test_replay_holds_through_the_recomputation_of_gradient_checkpointing(polici
     assert norms[0] > 0 and norms[1] == pytest.approx(norms[0], rel=1e-5)
     with pytest.raises(ConfigError, match="learner.router_replay"):
         learner_cfg(tmp_path, router_replay="R2", gradient_checkpointing=True, max_tokens_per_micro_batch=256)
+
+
+def test_a_multi_turn_record_carries_its_last_turns_routing_which_covers_every_earlier_token():
+    """Each model turn's request holds the whole context, so the last turn's routing covers every
+    token fed before its last one; the feedback after it (none here) would route by itself."""
+    from streamrl.rollout.config import RolloutConfig
+    from streamrl.records import Prompt
+    from streamrl.rollout.backends.base import Completion
+    from streamrl.rollout.episode_state import EpisodeState
+    from streamrl.rollout.multiturn import MultiTurn
+    from streamrl.rollout.trajectory import build_trajectory
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [9] * len(text.split())}
+
+    rng = np.random.default_rng(0)
+    e = EpisodeState(index=0, messages=[{"role": "user", "content": "q"}], context=[1, 2], prompt_ids=[1, 2],
+                     token_level=True)
+    e.add_sample(Completion(text="a", prompt_ids=[1, 2], response_ids=[5, 6, 7], response_logprobs=[-0.1] * 3,
+                            finish_reason="stop", policy_version=0, routed_experts=rng.integers(0, 8, (4, 2, 2))))
+    e.add_turn([({"role": "user", "content": "again"}, {"role": "user", "content": "again"})], "user: try again", Tok())
+    last = rng.integers(0, 8, (2 + 3 + 3 + 4 - 1, 2, 2))  # its context (2 + 3 + 3 tokens) and its own 4, less one
+    e.add_sample(Completion(text="b", prompt_ids=[1, 2, 5, 6, 7, 9, 9, 9], response_ids=[8, 8, 8, 8],
+                            response_logprobs=[-0.2] * 4, finish_reason="stop", policy_version=0, routed_experts=last))
+    t = build_trajectory(Prompt(group_id="g", group_size=1, data_source="t", prompt="q"), 1, e, 0.0,
+                         MultiTurn.from_config(RolloutConfig()))
+    assert t.routed_experts_shape == [11, 2, 2] and len(t.array("prompt_ids")) + len(t.array("response_ids")) == 12
+    assert np.array_equal(t.array("routed_experts").reshape(11, 2, 2), last)
