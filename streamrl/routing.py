@@ -115,10 +115,11 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 def find_routers(model: Any) -> list[tuple[int, Any]]:
     """``(decoder layer index, router module)`` of each MoE layer, in layer order: transformers'
-    ``*TopKRouter`` modules (they return ``(logits, weights, indices)``)."""
+    ``*TopKRouter`` / ``*TopkRouter`` modules (``RouterTap`` checks they return ``(logits,
+    weights, indices)`` of a softmax top-k)."""
     out = []
     for name, module in model.named_modules():
-        if type(module).__name__.endswith("TopKRouter") and hasattr(module, "top_k"):
+        if type(module).__name__.endswith(("TopKRouter", "TopkRouter")) and hasattr(module, "top_k"):
             m = _LAYER.search(name)
             if m is None:
                 raise RoutingError(f"router {name!r}: no decoder layer index in its name")
@@ -169,7 +170,11 @@ class RouterTap:
             w = module.weight
             x = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype)
             with torch.no_grad():
-                logits, scores, idx = module(x)
+                out = module(x)
+                if not (isinstance(out, tuple) and len(out) == 3):
+                    raise RoutingError(f"{type(module).__name__}: returns no (logits, weights, indices) (its MoE block "
+                                       "picks the experts): router replay cannot replace its choice")
+                logits, scores, idx = out
                 if not torch.allclose(_weights(module, logits, idx).float(), scores.float(), atol=1e-3, rtol=1e-3):
                     raise RoutingError(f"{type(module).__name__}: its routing weights are not a softmax top-k of its "
                                        "logits; router replay cannot recompute them for replayed experts")

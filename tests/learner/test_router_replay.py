@@ -264,3 +264,36 @@ def test_a_multi_turn_record_carries_its_last_turns_routing_which_covers_every_e
                          MultiTurn.from_config(RolloutConfig()))
     assert t.routed_experts_shape == [11, 2, 2] and len(t.array("prompt_ids")) + len(t.array("response_ids")) == 12
     assert np.array_equal(t.array("routed_experts").reshape(11, 2, 2), last)
+
+
+def test_the_tap_takes_softmax_top_k_routers_and_refuses_others_by_name():
+    """Qwen3-MoE (renormalised top-k) and Mixtral replay; DeepSeek-V3's grouped sigmoid router,
+    whose weights replay could not recompute, is refused naming its class."""
+    from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, MixtralConfig, MixtralForCausalLM,
+                              Qwen3MoeConfig, Qwen3MoeForCausalLM)
+
+    from streamrl.routing import RoutingError
+
+    small = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    for model in (Qwen3MoeForCausalLM(Qwen3MoeConfig(**small, moe_intermediate_size=32, num_experts=8,
+                                                     num_experts_per_tok=2, norm_topk_prob=True)),
+                  MixtralForCausalLM(MixtralConfig(**small, num_local_experts=8, num_experts_per_tok=2))):
+        tap = RouterTap(model)
+        assert (tap.layers, tap.topk, tap.num_experts) == (2, 2, 8)
+        ids = torch.randint(0, 300, (1, 6))
+        with torch.no_grad(), tap.recording():
+            model(input_ids=ids)
+            native = tap.stacked()
+        swapped = native.flip(-1).roll(1, dims=0)  # other experts, for every token but by chance
+        with torch.no_grad():
+            chosen = Chosen(model)
+            with tap.replaying(swapped, torch.ones(6, dtype=torch.bool)):
+                model(input_ids=ids)
+            assert all(torch.equal(calls[0], swapped[:, layer]) for layer, calls in chosen.take().items())
+    deepseek = DeepseekV3ForCausalLM(DeepseekV3Config(
+        **small, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=0, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=8))
+    with pytest.raises(RoutingError, match="DeepseekV3TopkRouter"):
+        RouterTap(deepseek)
