@@ -202,6 +202,8 @@ def resolve_config(path: str | Path | None = None, overrides: Sequence[str] = ()
         cfg.feed.group_size = cfg.rollout.group_size  # type: ignore[attr-defined]  # (the learner counts them by it)
     if cfg.learner.adv_estimator == "remax" and not cfg.rollout.greedy_baseline:  # type: ignore[attr-defined]
         _greedy_baseline(cfg)
+    if cfg.learner.router_replay == "R3":  # type: ignore[attr-defined]  # the routing it replays, recorded
+        cfg.rollout.return_routed_experts = True  # type: ignore[attr-defined]
     if cfg.eval.enabled and cfg.eval.every and not cfg.learner.keep_every:  # type: ignore[attr-defined]
         cfg.learner.keep_every = cfg.eval.every  # type: ignore[attr-defined]  # the versions it will load
     if cfg.feed.max_prompt_length and not cfg.feed.tokenizer:  # type: ignore[attr-defined]

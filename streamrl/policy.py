@@ -51,6 +51,35 @@ def tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, layers: in
     return Qwen2ForCausalLM(config)
 
 
+def tiny_moe_model(vocab_size: int, seed: int = 0, experts: int = 8, topk: int = 2, hidden_size: int = 32,
+                   layers: int = 2):
+    """A tiny Qwen2-MoE causal LM (``experts`` experts, top-``topk``, a shared expert; weights
+    drawn wide enough that routing is not a tie everywhere): the mixture-of-experts policy of
+    router replay's tests and bench (``streamrl.routing``), saved as a directory to be a policy."""
+    import torch
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2MoeConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                            moe_intermediate_size=hidden_size, shared_expert_intermediate_size=hidden_size,
+                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                            num_experts=experts, num_experts_per_tok=topk, norm_topk_prob=False,
+                            max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.2)
+    return Qwen2MoeForCausalLM(config)
+
+
+def perturb(model: Any, noise: float, seed: int = 1) -> None:
+    """Add Gaussian noise of ``noise`` x each tensor's std to ``model``'s weights (a rollout's
+    weights a little off the learner's, for router replay's measurements)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1:
+                p.add_(torch.randn(p.shape, generator=gen) * noise * float(p.std()))
+
+
 #: verl's override_config keys that pick a kernel, not a config value: not applied (the same numbers)
 KERNEL_OVERRIDES = ("attn_implementation",)
 

@@ -44,7 +44,7 @@ DISTILLED_SCHEMA = "streamrl.distilled/1"
 #: the topics' ``max.message.bytes`` and the clients' request limits (see ``BusConfig``).
 DEFAULT_MAX_RECORD_BYTES = 16 * 1024 * 1024
 
-_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1")}
+_DTYPES = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1"), "uint16": np.dtype("<u2")}
 #: A token array in a record: packed ``{"dtype", "b64"}`` (as decoded), or numpy / a list (as built).
 TokenArray = dict[str, str] | np.ndarray | list
 
@@ -56,6 +56,21 @@ _ARRAY_DTYPES = {
     "teacher_logprobs": "float32",  # Distilled only
     "teacher_ids": "int32",  # Distilled only
 }
+#: arrays packed in the narrowest of several dtypes (MoE expert ids: uint8 up to 256 experts).
+#: Kept apart from ``_ARRAY_DTYPES`` (one dtype each, the archive's typed columns): the archive
+#: keeps these in the record's JSON, packed as they came.
+_NARROWEST = {"routed_experts": ("uint8", "uint16")}
+
+
+def _packed_dtype(name: str, value: Any) -> str:
+    """The dtype ``name`` is packed in: its one dtype, or (``_NARROWEST``) the narrowest that holds it."""
+    if name not in _NARROWEST:
+        return _ARRAY_DTYPES[name]
+    if isinstance(value, dict):
+        return str(value.get("dtype", ""))
+    arr = np.asarray(value)
+    small, wide = _NARROWEST[name]
+    return wide if arr.size and int(arr.max()) > 255 else small
 
 
 class RecordError(Failure, ValueError):
@@ -115,8 +130,8 @@ class _Record:
             value = getattr(self, name)
             if value is None and name not in _REQUIRED_NULLABLE:
                 continue
-            if name in _ARRAY_DTYPES and not isinstance(value, dict):
-                value = pack_array(value, _ARRAY_DTYPES[name])
+            if (name in _ARRAY_DTYPES or name in _NARROWEST) and not isinstance(value, dict):
+                value = pack_array(value, _packed_dtype(name, value))
             out[name] = value
         return out
 
@@ -134,8 +149,13 @@ class _Record:
             raise RecordError("schema", exc.message) from None
         if data.get("schema") != cls.SCHEMA:
             raise RecordError("schema", f"schema is {data.get('schema')!r}, expected {cls.SCHEMA!r}")
-        for name, dtype in _ARRAY_DTYPES.items():
+        for name in (*_ARRAY_DTYPES, *_NARROWEST):
             value = data.get(name)
+            if value is None:
+                continue
+            dtype = _packed_dtype(name, value)
+            if name in _NARROWEST and dtype not in _NARROWEST[name]:
+                raise RecordError("schema", f"{name}: packed dtype {dtype!r}, expected one of {_NARROWEST[name]}")
             if isinstance(value, dict):
                 _check_packed(value, dtype, name)
             elif value is not None:  # a text producer's plain list: pack it once, here
@@ -198,6 +218,11 @@ class Trajectory(_Record):
     # partial rollouts: each response token's policy version as runs [[version, n_tokens], ...]
     # (``VersionRuns``); None: every token is policy_version's
     token_versions: list[list[int]] | None = None
+    # MoE router replay (``streamrl.routing``): the experts the rollout engine routed each fed
+    # token to, flat row-major ``routed_experts_shape`` = [rows, layers, topk], rows = prompt +
+    # response - 1 (uint8, uint16 beyond 256 experts); None: not recorded
+    routed_experts: TokenArray | None = None
+    routed_experts_shape: list[int] | None = None
     turns: list[dict[str, Any]] | None = None
     timings: dict[str, float] | None = None  # e.g. generation_started_at, generation_s
     lineage: str | None = None  # the training line of the weights that generated it (PolicyVersion)
@@ -218,7 +243,7 @@ class Trajectory(_Record):
         """A token array as numpy (``prompt_ids``, ``response_ids``, ``response_logprobs``,
         ``response_mask``), or None when the producer sent none."""
         value = getattr(self, name)
-        return None if value is None else unpack_array(value, _ARRAY_DTYPES[name], name)
+        return None if value is None else unpack_array(value, _packed_dtype(name, value), name)
 
     def versions(self) -> "VersionRuns":
         """The policy versions of its response tokens (one run of ``policy_version`` without

@@ -722,3 +722,19 @@ def dry_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
     finally:
         os.chdir(here)
     return code, out.getvalue(), err.getvalue()
+
+
+def tiny_moe(path: Path, seed: int = 0, noise: float = 0.0, experts: int = 8) -> str:
+    """A tiny Qwen2-MoE policy directory (``streamrl.policy.tiny_moe_model``: hidden 32, 2 layers,
+    ``experts`` experts, top-2, random init from ``seed``; the byte tokenizer), its weights
+    perturbed by ``noise`` x each tensor's std where asked (the rollout's weights a little off the
+    learner's). Returns the path."""
+    from streamrl.policy import byte_tokenizer, perturb, tiny_moe_model
+
+    tok = byte_tokenizer()
+    model = tiny_moe_model(len(tok), seed=seed, experts=experts)
+    if noise:
+        perturb(model, noise, seed + 1)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)

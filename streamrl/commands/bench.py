@@ -23,6 +23,7 @@ BENCHES = {
     "weights": "streamrl.bench.weights",
     "sandbox": "streamrl.bench.sandbox",
     "gateway": "streamrl.bench.gateway",
+    "routing": "streamrl.bench.routing",
     "soak": "streamrl.bench.soak",
 }
 

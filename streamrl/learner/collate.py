@@ -38,6 +38,11 @@ class Batch:
     # (teacher.unserved: train: its tokens add nothing to the distillation loss)
     teacher_served: torch.Tensor | None = None
     teacher_of: torch.Tensor | None = None  # several teachers: [B, 1] each sample's teacher's index (-1: none)
+    # router replay (streamrl.routing): the experts each token the pass feeds is routed to,
+    # [rows, layers, topk] in the routers' order (padded: B x L flattened; packed: T), and where
+    # (route_mask [rows]); elsewhere the routers choose. None: no replay
+    routes: torch.Tensor | None = None
+    route_mask: torch.Tensor | None = None
 
 
 def collate(samples: Sequence[Sample], device: torch.device, model: Any, pad_token_id: int | None,
@@ -54,6 +59,26 @@ def collate(samples: Sequence[Sample], device: torch.device, model: Any, pad_tok
             batch.teacher_of = torch.tensor([[teacher_names.index(s.teacher_name) if s.teacher_name in teacher_names
                                               else -1] for s in samples], device=device)
     return batch
+
+
+def routes(samples: Sequence[Sample], batch: Batch, layers: int, topk: int) -> None:
+    """The samples' recorded routing (R3) onto ``batch`` in the order its routers see the tokens;
+    left as None where no sample has any."""
+    if all(s.routed_experts is None for s in samples):
+        return
+    packed = batch.packed is not None
+    width = batch.input_ids.shape[1]
+    out = torch.zeros((batch.input_ids.numel(), layers, topk), dtype=torch.long)
+    mask = torch.zeros(batch.input_ids.numel(), dtype=torch.bool)
+    start = 0
+    for i, s in enumerate(samples):
+        first = start if packed else i * width
+        if s.routed_experts is not None:
+            n = len(s.routed_experts)
+            out[first:first + n] = tensor(s.routed_experts, np.int64)
+            mask[first:first + n] = True
+        start += len(s.prompt_ids) + len(s.response_ids)
+    batch.routes, batch.route_mask = out.to(batch.input_ids.device), mask.to(batch.input_ids.device)
 
 
 def teacher(samples: Sequence[Sample], width: int, k: int,

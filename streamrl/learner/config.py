@@ -19,6 +19,7 @@ from streamrl.errors import ConfigError
 from streamrl.learner.objective_names import (ADV_ESTIMATORS, FIXED_AGG_MODES, GROUP_LOSSES, KL_TYPES, LOSS_AGG_MODES,
                                               LOSS_MODES)
 
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")  # streamrl.routing.MODES (here without importing it)
 FILTER_METRICS = ("acc", "score", "seq_final_reward", "seq_reward")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_MODES = ("truncate", "mask")
@@ -368,6 +369,13 @@ class LearnerConfig(OptimizerConfig):
     # the start line says which and why; true: packed, or refused at start where the model
     # cannot; false: padded.
     use_remove_padding: str = "auto"
+    # MoE router replay (streamrl.routing; verl's actor.{megatron,veomni}.router_replay.mode):
+    # disabled: every pass routes by itself; R2: the old-log-prob pass before the update records
+    # the learner's routing and the update's passes replay it; R3: the rollout's recorded routing
+    # (a record's routed_experts; rollout.return_routed_experts, on by itself with R3) is replayed
+    # in every policy pass (the KL reference routes by itself; a record without routing is routed
+    # by the learner). The routing weights stay the learner's own.
+    router_replay: str = "disabled"
     # FSDP2 mixed precision (N > 1 or CUDA): the dtype of the gathered parameters in forward /
     # backward and of the gradient reduction; master weights and AdamW states stay ``dtype``.
     # "": no mixed precision.
@@ -525,7 +533,7 @@ class LearnerConfig(OptimizerConfig):
                    "kl_loss_type": kl_types, "kl_penalty": kl_types, "is_mode": IS_MODES,
                    "missing_logprobs": MISSING_LOGPROBS, "incomplete_groups": INCOMPLETE_GROUPS,
                    "policy_loss.loss_mode": LOSS_MODES, "kl_ctrl.type": KL_CTRL_TYPES,
-                   "filter_groups.metric": FILTER_METRICS}
+                   "filter_groups.metric": FILTER_METRICS, "router_replay": ROUTER_REPLAY_MODES}
         for name, allowed in choices.items():
             section, _, key = name.rpartition(".")
             value = getattr(getattr(self, section) if section else self, key)
@@ -596,6 +604,10 @@ class LearnerConfig(OptimizerConfig):
 
     def _validate_precision_and_ranks(self) -> None:
         """dtypes, token and memory budgets, ``parallel``."""
+        if self.router_replay != "disabled" and self.gradient_checkpointing and self.max_tokens_per_micro_batch:
+            raise ConfigError("config field 'learner.router_replay': with gradient_checkpointing, not with "
+                              "max_tokens_per_micro_batch (a sequence longer than it runs in chunks, whose "
+                              "recomputation in backward cannot be told apart to replay each its routing)")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             self._bad("dtype", "one of float32, bfloat16, float16")
         for name in ("param_dtype", "reduce_dtype"):

@@ -149,6 +149,9 @@ def encode_samples(samples: Sequence[Sample]) -> bytes:
         for name in ("reward_components", "reward_baseline"):  # (optional: absent when None)
             if getattr(s, name) is not None:
                 entry[name] = getattr(s, name)
+        if s.routed_experts is not None:  # router replay R3: [rows, layers, topk], sent flat
+            entry["route_shape"] = list(s.routed_experts.shape)
+            blobs.append(np.ascontiguousarray(s.routed_experts, dtype=np.int32).tobytes())
         for name, dtype in _ARRAYS:
             value = getattr(s, name)
             if value is None:
@@ -168,6 +171,11 @@ def decode_samples(data: bytes) -> list[Sample]:
     pos, out = 8 + n, []
     for entry in header:
         arrays = {}
+        shape = entry.pop("route_shape", None)
+        if shape is not None:  # (sent before the sample's other arrays)
+            count = int(np.prod(shape))
+            arrays["routed_experts"] = np.frombuffer(data, dtype=np.int32, count=count, offset=pos).reshape(shape).copy()
+            pos += count * 4
         for name, dtype in _ARRAYS:
             count = entry.pop(name)
             if count is None:

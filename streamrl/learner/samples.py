@@ -36,16 +36,21 @@ class Sample:
     teacher_name: str = ""  # several teachers (distillation.teacher_models): the one that annotated it
     reward_components: list[float] | None = None  # GDPO: gdpo_reward_keys' values from reward_info
     reward_baseline: float | None = None  # ReMax: the reward of the group's greedy response
+    # learner.router_replay R3: the rollout's routing, [rows, layers, topk] over the first rows
+    # tokens of prompt + response (streamrl.routing); None: routed by the learner itself
+    routed_experts: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(len(self.response_ids) if self.response_mask is None else self.response_mask.sum())
 
 
-def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any) -> Sample:
+def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any,
+              route_shape: tuple[int, int, int] | None = None) -> Sample:
     """The record as a training sample, or ``RecordError`` saying why it cannot be one.
     ``vocab``: the policy's vocabulary size; ``tokenizer``: for text-only records
-    (``learner.missing_logprobs: recompute``)."""
+    (``learner.missing_logprobs: recompute``); ``route_shape``: the policy's ``(layers, topk,
+    experts)`` where its routing is replayed (``learner.router_replay``)."""
     check_reward(record.reward, cfg.max_abs_reward, "learner.max_abs_reward", error=RecordError)
     group = (record.reward_info or {}).get("group")
     if (cfg.incomplete_groups == "drop" and isinstance(group, dict)
@@ -86,7 +91,31 @@ def to_sample(record: Rewarded, cfg: "LearnerConfig", vocab: int, tokenizer: Any
                     response_mask=mask, reward_components=reward_components(record, cfg))
     if cfg.distillation.enabled:
         teacher_arrays(sample, record, cfg, vocab)
+    if cfg.router_replay == "R3" and record.routed_experts is not None:
+        sample.routed_experts = rollout_routes(record, len(prompt_ids) + n, route_shape)
     return sample
+
+
+def rollout_routes(record: Rewarded, tokens: int, shape: tuple[int, int, int] | None) -> np.ndarray:
+    """The record's routed experts (R3), checked against its tokens (a row per token fed, at most
+    ``tokens - 1``) and the policy's ``(layers, topk, experts)``; ``RecordError("bad_routing")``
+    otherwise: replaying another model's routing would train on what neither computed."""
+    from streamrl.routing import RoutingError, unpack
+
+    try:
+        routes = unpack(record.array("routed_experts"), record.routed_experts_shape)
+    except (RoutingError, RecordError) as exc:
+        raise RecordError("bad_routing", str(exc)) from None
+    if len(routes) > tokens - 1:
+        raise RecordError("bad_routing", f"routed_experts has {len(routes)} rows for {tokens} tokens (at most "
+                          f"{tokens - 1}: the last sampled token is never fed)")
+    if shape is not None:
+        layers, topk, experts = shape
+        if routes.shape[1:] != (layers, topk) or (routes.size and int(routes.max()) >= experts):
+            raise RecordError("bad_routing", f"routed_experts of {routes.shape[1]} layers x top-{routes.shape[2]} "
+                              f"(ids up to {int(routes.max()) if routes.size else 0}); the policy has {layers} x "
+                              f"top-{topk} of {experts} experts")
+    return routes
 
 
 def teacher_arrays(sample: Sample, record: Rewarded, cfg: "LearnerConfig", vocab: int) -> None:
@@ -139,7 +168,7 @@ def to_samples(records: list[Rewarded], cfg: "LearnerConfig", trainer: Any) -> l
     """Records as ``trainer``'s samples, by the learner's own conversion and checks: the
     synchronous loops of ``streamrl bench`` train exactly what the learner stage would."""
     vocab = trainer.model.get_input_embeddings().num_embeddings
-    return [to_sample(r, cfg, vocab, trainer.tokenizer) for r in records]
+    return [to_sample(r, cfg, vocab, trainer.tokenizer, trainer.route_shape) for r in records]
 
 
 def tokenize(record: Rewarded, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -414,7 +414,7 @@ class Learner:
     def _sample(self, record: Rewarded):
         """The record as a training sample, or ``RecordError`` saying why it cannot be one."""
         return to_sample(record, self.cfg, self.trainer.model.get_input_embeddings().num_embeddings,
-                         self.trainer.tokenizer)
+                         self.trainer.tokenizer, self.trainer.route_shape)
 
     async def _drop(self, drops: list[Drop]) -> None:
         for d in drops:

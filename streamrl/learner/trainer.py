@@ -89,6 +89,17 @@ class Trainer:
                                           overrides=self.overrides, where="learner.override_config")[0]
                               if spec != cfg.policy else copy.deepcopy(self.model)).eval()
             self.reference.requires_grad_(False)
+        # MoE router replay (learner.router_replay): hooks on the policy's routers (the KL
+        # reference, built above, routes by itself, as verl's)
+        self.tap, self.route_shape, self._replay_off = None, None, False
+        if cfg.router_replay != "disabled":
+            from streamrl.routing import RouterTap, RoutingError
+
+            try:
+                self.tap = RouterTap(self.model)
+            except RoutingError as exc:
+                raise ConfigError(f"config field 'learner.router_replay': {cfg.router_replay}, but {exc}") from None
+            self.route_shape = (self.tap.layers, self.tap.topk, self.tap.num_experts)
         if cfg.gradient_checkpointing:
             if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -164,8 +175,20 @@ class Trainer:
         log-probs under distillation)."""
         dl = self.cfg.distillation
         topk = (dl.distillation_loss.topk if dl.distillation_loss.use_topk else 0) if dl.enabled else None
-        return collate.collate(samples, self.device, self.model, self.tokenizer.pad_token_id, packed, topk,
-                               self.objective.teacher_names)
+        batch = collate.collate(samples, self.device, self.model, self.tokenizer.pad_token_id, packed, topk,
+                                self.objective.teacher_names)
+        if self.cfg.router_replay == "R3":  # the rollout's routing, where the records carry it
+            collate.routes(samples, batch, self.tap.layers, self.tap.topk)
+        return batch
+
+    def _replaying(self, model: Any, batch: Batch, lo: int = 0, hi: int | None = None) -> Any:
+        """The policy's routers replaying ``batch.routes`` (rows ``lo:hi``) for the pass that
+        follows; a no-op without routes, for another model, or while the replay is off (the KL
+        reference that LoRA's base is)."""
+        if (self.tap is None or batch.routes is None or model is not self.model or self._replay_off
+                or self.tap.active):  # (already replaying: through a backward that recomputes, _micro_step)
+            return contextlib.nullcontext()
+        return self.tap.replaying(batch.routes[lo:hi], batch.route_mask[lo:hi])
 
     def _forward(self, model: Any, batch: Batch, entropy: bool,
                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -176,10 +199,11 @@ class Trainer:
         if chunk:
             return self._forward_chunked(model, batch, entropy, chunk)
         self.forward_tokens.append(int(batch.input_ids.numel()))
-        if batch.packed is not None:
-            logits = model(input_ids=batch.input_ids, **batch.packed).logits
-        else:
-            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        with self._replaying(model, batch):
+            if batch.packed is not None:
+                logits = model(input_ids=batch.input_ids, **batch.packed).logits
+            else:
+                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         # the stats of the real response tokens only (not of [B, R]'s padding), placed in [B, R]
         where = batch.valid.nonzero(as_tuple=True)
         rows = torch.zeros_like(where[0]) if batch.packed is not None else where[0]
@@ -225,8 +249,9 @@ class Trainer:
         for lo in range(0, length, chunk):
             hi = min(lo + chunk, length)
             self.forward_tokens.append(hi - lo)
-            out = model(input_ids=ids[:, lo:hi], use_cache=True, **{key: cache},
-                        position_ids=torch.arange(lo, hi, device=ids.device).unsqueeze(0))
+            with self._replaying(model, batch, lo, hi):
+                out = model(input_ids=ids[:, lo:hi], use_cache=True, **{key: cache},
+                            position_ids=torch.arange(lo, hi, device=ids.device).unsqueeze(0))
             idx = ((pos >= lo) & (pos < hi)).nonzero().squeeze(-1)
             if idx.numel() == 0:
                 continue
@@ -289,9 +314,12 @@ class Trainer:
         return [self._collate(g, packed=packed and not c) for g, c in zip(groups, chunks)]
 
     @torch.no_grad()
-    def _unit_logprobs(self, model: Any, units: list[Batch], chunks: list[int]) -> list[torch.Tensor]:
+    def _unit_logprobs(self, model: Any, units: list[Batch], chunks: list[int],
+                       record: bool = False) -> list[torch.Tensor]:
         """Log-probs of each unit without gradients; in a group every rank runs as many forward
-        passes (padded with the dummy), as FSDP2 gathers the parameters in each."""
+        passes (padded with the dummy), as FSDP2 gathers the parameters in each. ``record``
+        (router replay R2): each unit keeps the routing its pass chose (``Batch.routes``), which
+        the update's passes replay."""
         extra = 0
         if self.world > 1:  # counted before any pass: each pass is a collective
             import torch.distributed as dist
@@ -300,20 +328,34 @@ class Trainer:
             total = torch.tensor([sum(passes)])
             dist.all_reduce(total, op=dist.ReduceOp.MAX)
             extra = int(total) - sum(passes)
-        out = [self._forward(model, b, entropy=False, chunk=c)[0] for b, c in zip(units, chunks)]
+        out = [self._recorded_pass(model, b, c) if record else self._forward(model, b, entropy=False, chunk=c)[0]
+               for b, c in zip(units, chunks)]
         if extra:
             dummy = self._collate([collate.dummy()])
             for _ in range(extra):
                 self._forward(model, dummy, entropy=False)
         return out
 
+    def _recorded_pass(self, model: Any, batch: Batch, chunk: int) -> torch.Tensor:
+        """One unit's log-probs, its routers' choices kept on it (R2's old-log-prob pass)."""
+        with self.tap.recording():
+            logp = self._forward(model, batch, entropy=False, chunk=chunk)[0]
+            batch.routes = self.tap.stacked()
+        batch.route_mask = torch.ones(batch.routes.shape[0], dtype=torch.bool, device=batch.routes.device)
+        return logp
+
     def _reference_logprobs(self, units: list[Batch], chunks: list[int]) -> list[torch.Tensor]:
         """The KL reference's log-probs: the initial weights' copy, or with LoRA the base
-        itself, its adapter switched off for these passes (PEFT's ``disable_adapter``)."""
+        itself, its adapter switched off for these passes (PEFT's ``disable_adapter``), its
+        routing its own (no router replay: verl's reference pass replays none)."""
         if not self.lora:
             return self._unit_logprobs(self.reference, units, chunks)
-        with self.model.disable_adapter():
-            return self._unit_logprobs(self.model, units, chunks)
+        self._replay_off = True
+        try:
+            with self.model.disable_adapter():
+                return self._unit_logprobs(self.model, units, chunks)
+        finally:
+            self._replay_off = False
 
     def logprobs(self, samples: Sequence[Sample]) -> list[np.ndarray]:
         """The current policy's log-probs of each sample's response tokens (rank 0 gets them)."""
@@ -437,10 +479,12 @@ class Trainer:
         whose pi_old they are, as verl's recipe recomputes its old log-probs)."""
         cfg, rc = self.cfg, self.cfg.rollout_correction
         batch_normalised_bypass = rc.bypass_mode and bool(rc.rollout_is) and rc.rollout_is_batch_normalize
-        if (cfg.decoupled or (rc.enabled and not rc.bypass_mode) or batch_normalised_bypass
-                or losses.needs_group_baseline(cfg.policy_loss.loss_mode)  # (gvpo's pi_old, as verl's recipe)
-                or any(s.behaviour_logprobs is None for s in batch.samples)):
-            batch.proximal = self._unit_logprobs(self.model, batch.units, batch.chunks)
+        needed = (cfg.decoupled or (rc.enabled and not rc.bypass_mode) or batch_normalised_bypass
+                  or losses.needs_group_baseline(cfg.policy_loss.loss_mode)  # (gvpo's pi_old, as verl's recipe)
+                  or any(s.behaviour_logprobs is None for s in batch.samples))
+        if needed or cfg.router_replay == "R2":  # R2: this pass records the routing the update replays
+            proximal = self._unit_logprobs(self.model, batch.units, batch.chunks, record=cfg.router_replay == "R2")
+            batch.proximal = proximal if needed else None
         for u, group in enumerate(batch.groups):
             behaviour = torch.zeros_like(batch.units[u].mask)
             for i, s in enumerate(group):
@@ -482,11 +526,15 @@ class Trainer:
         """Unit ``u``'s forward pass, loss (``Objective.loss``) and backward pass; its gradients
         add to the mini-batch's."""
         self._set_accumulation(batch.chunked, last=u == len(batch.units) - 1)
-        logp, ent = self._forward(self.model, batch.units[u], entropy=True, chunk=batch.chunks[u])
-        loss = self.objective.loss(batch, u, logp, ent, options, references, metrics)
-        # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
-        # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
-        (loss * self.world if self.sharded else loss).backward()
+        # router replay with gradient checkpointing: the backward's recomputation routes as the
+        # forward did (a chunked unit never checkpoints with replay: LearnerConfig refuses it)
+        recomputes = self.cfg.gradient_checkpointing and not batch.chunks[u]
+        with self._replaying(self.model, batch.units[u]) if recomputes else contextlib.nullcontext():
+            logp, ent = self._forward(self.model, batch.units[u], entropy=True, chunk=batch.chunks[u])
+            loss = self.objective.loss(batch, u, logp, ent, options, references, metrics)
+            # FSDP2 averages gradients over the ranks; each rank's loss is its share of the
+            # mini-batch's (global normaliser), so the sum is wanted: scale by the world size
+            (loss * self.world if self.sharded else loss).backward()
 
     def _optimizer_step(self, skipped: int) -> tuple[float, int]:
         """Clip the gradients and step; as verl, a non-finite gradient norm skips the step

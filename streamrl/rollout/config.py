@@ -187,6 +187,12 @@ class RolloutConfig:
     # Generation continues past the end-of-sequence token to max_new_tokens (verl's
     # rollout.ignore_eos; vLLM's ignore_eos, sent to OpenAI-compatible servers as ignore_eos)
     ignore_eos: bool = False
+    # MoE router replay (verl's rollout.enable_rollout_routing_replay): each record carries the
+    # experts the engine routed every token to (routed_experts), for learner.router_replay R3.
+    # transformers: from its routers; openai: the servers' routed_experts (vLLM started with
+    # --enable-return-routed-experts, SGLang with --enable-return-routed-experts), one whole
+    # request per sample (vLLM streams no routing)
+    return_routed_experts: bool = False
     # ReMax: one greedy response more per prompt, marked ``baseline`` (its reward is the group's
     # baseline, never trained on); the group's group_size counts it. On by itself where
     # learner.adv_estimator is remax (pipeline config)
@@ -266,6 +272,10 @@ class RolloutConfig:
         if self.on_update == "partial" and self.backend == "vllm":
             raise ConfigError("config field 'rollout.on_update': partial is not supported by the vllm engine "
                               "in process yet (use backend openai with vllm serve, or transformers)")
+        if self.return_routed_experts and (self.backend == "vllm" or self.on_update == "partial"):
+            raise ConfigError("config field 'rollout.return_routed_experts': recorded by the transformers backend and "
+                              "OpenAI-compatible servers (backend openai), not with the vllm engine in process or "
+                              "on_update partial (a response continued on new weights) yet")
         if not o.stream_timeout_s >= 0:  # (NaN too)
             raise ConfigError("config field 'rollout.openai.stream_timeout_s': must be >= 0 (0: not watched)")
         for name in ("group_size", "trajectories_per_version", "max_staleness", "max_batch_rows", "max_span"):

@@ -40,6 +40,9 @@ class EpisodeState:
     answer: str = ""
     answer_ids: list[int] | None = None
     finish_reason: str = ""
+    # MoE router replay: the last model turn's routing, which covers every token fed before its
+    # last one (each turn's request holds the whole context); None: not recorded
+    routed_experts: np.ndarray | None = None
     user_turns: int = 0
     done: bool = False
     instance_id: str | None = None
@@ -69,6 +72,7 @@ class EpisodeState:
             self.mask += [1] * len(s.response_ids)
             if self.prompt_ids is None and s.prompt_ids is not None:
                 self.prompt_ids = list(s.prompt_ids)
+            self.routed_experts = s.routed_experts
         if self.token_level:
             self.context = list(self.context) + list(s.response_ids or [])
         else:

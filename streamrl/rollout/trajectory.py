@@ -11,6 +11,7 @@ import numpy as np
 import orjson
 
 from streamrl.records import Prompt, Trajectory
+from streamrl.routing import pack as pack_routes
 
 if TYPE_CHECKING:
     from streamrl.rollout.episode_state import EpisodeState
@@ -66,6 +67,9 @@ def build_trajectory(prompt: Prompt, n: int, e: EpisodeState, started_at: float,
         timings["interaction_s"] = e.interaction_s
     if e.tool_calls:
         timings["tool_s"] = e.tool_s
+    routes = shape = None
+    if arrays and e.routed_experts is not None:
+        routes, shape = pack_routes(e.routed_experts)
     return Trajectory(
         # One id per (prompt group, sample slot): a prompt redelivered after a crash yields the
         # same ids, so the learner's de-duplication keeps each slot once.
@@ -78,5 +82,6 @@ def build_trajectory(prompt: Prompt, n: int, e: EpisodeState, started_at: float,
         response_ids=np.asarray(e.response_ids, dtype=np.int32) if arrays else None,
         response_logprobs=(np.concatenate(e.logprobs) if e.logprobs else np.zeros(0, np.float32)) if arrays else None,
         response_mask=np.asarray(e.mask, dtype=np.uint8) if arrays and multi is not None else None,
+        routed_experts=routes, routed_experts_shape=shape,
         turns=e.turns if multi is not None else None,
         timings=timings)

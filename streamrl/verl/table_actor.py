@@ -186,6 +186,31 @@ def _rollout_dtype(value: Any, given: Given) -> dict[str, Any]:
     return {"rollout.dtype": _dtype(value, given)["learner.dtype"]}
 
 
+def _router_replay(engine: str) -> Any:
+    """``actor.<engine>.router_replay.mode`` onto ``learner.router_replay``: verl reads the section of
+    the actor's engine (Megatron's or VeOmni's; its FSDP engine replays nothing), refuses R2 with
+    the rollout's routing recorded, and R3 needs it."""
+    def read(value: Any, given: Given) -> dict[str, Any]:
+        if engine_given(given) != engine:
+            return {}
+        mode = str(value)
+        if mode not in ("disabled", "R2", "R3"):
+            raise Refused(f"router_replay.mode {mode!r}: verl's modes are disabled, R2, R3")
+        rollout = _bool(given.get(f"{_ROLLOUT}enable_rollout_routing_replay", False))
+        if mode == "R2" and rollout:
+            raise Refused("router_replay.mode R2 with rollout.enable_rollout_routing_replay (verl refuses the two "
+                          "together: R2 replays the learner's own routing, R3 the rollout's)")
+        if mode == "R3" and not rollout:
+            raise Refused("router_replay.mode R3 without rollout.enable_rollout_routing_replay=True (R3 replays the "
+                          "routing the rollout records)")
+        return {"learner.router_replay": mode}
+    return read
+
+
+ROUTER_REPLAY = ("MoE router replay: verl's reference and critic passes replay no routing (its flag is the actor's); "
+                 "the learner's is learner.router_replay")
+
+
 def _qat(value: Any, given: Given) -> dict[str, Any]:
     if _bool(value):
         raise Refused("quantisation-aware training (QAT): the learner trains in learner.dtype")
@@ -321,8 +346,17 @@ ACTOR_ROWS: tuple[Row, ...] = (
     refused(f"{_ROLLOUT}quantization_config_file", "quantised rollouts"),
     refused(f"{_ROLLOUT}logprobs_mode", "log-probs of the engine's raw logits (logprobs_mode): the rollout records the "
                                         "sampling distribution's"),
-    refused(f"{_ROLLOUT}enable_rollout_routing_replay", "MoE routing replay (the rollout's expert choices replayed "
-                                                        "in training)"),
+    mapped(f"{_ROLLOUT}enable_rollout_routing_replay", "rollout.return_routed_experts",
+           read=lambda v, g: {"rollout.return_routed_experts": _bool(v)},
+           note="each record carries the experts the rollout routed its tokens to (R3 replays them)"),
+    *(mapped(f"{_ACTOR}{engine}.router_replay.mode", "learner.router_replay", read=_router_replay(engine),
+             note=f"read where the actor's engine is {engine} (verl's FSDP engine replays none)")
+      for engine in ("megatron", "veomni")),
+    *(refused(f"{_ACTOR}{engine}.router_replay.{k}", "router replay to and from files (record_file / replay_file): "
+                                                      "the routing travels on the records", harmless=(None,))
+      for engine in ("megatron", "veomni") for k in ("record_file", "replay_file")),
+    *(ignored(f"{section}{engine}.router_replay.*", ROUTER_REPLAY)
+      for section in ("actor_rollout_ref.ref.", "critic.") for engine in ("megatron", "veomni")),
     mapped(f"{_ROLLOUT}agent.agent_loop_config_path", "rollout.agent.agent_loop_config_path",
            read=lambda v, g: {"rollout.agent.agent_loop_config_path": "" if v is None else str(v)},
            note="the agent-loop classes (name, _target_) run in the rollout workers"),

@@ -4,6 +4,10 @@ the agent loops' and the gateway's tests stand their fleet on it."""
 
 from __future__ import annotations
 
+import base64
+import io
+
+import numpy as np
 from aiohttp import web
 
 from streamrl.rollout.backends import SamplingParams
@@ -15,8 +19,12 @@ class CompletionsServer:
     """``POST /v1/completions`` on the tiny model, vLLM's token-id extensions included. It can
     be told to fail the next requests with a status."""
 
-    def __init__(self, engine: TransformersBackend):
+    def __init__(self, engine: TransformersBackend, routed_format: str = ""):
+        """``routed_format`` (an engine recording its routing): return it as vLLM does
+        (``vllm``: each choice's ``routed_experts``, base64 of a ``.npy``) or SGLang does
+        (``sglang``: ``sglext.routed_experts``, base64 of flat int32, when the request asks)."""
         self.engine = engine
+        self.routed_format = routed_format
         self.requests: list[dict] = []
         self.headers: list[dict] = []
         self.fail_next: list[int] = []
@@ -44,9 +52,16 @@ class CompletionsServer:
                       "logprobs": {"tokens": tokens, "token_logprobs": [float(x) for x in s.response_logprobs]}}
             if body.get("return_token_ids"):
                 choice.update(token_ids=s.response_ids, prompt_token_ids=s.prompt_ids)
+            if self.routed_format == "vllm":
+                buf = io.BytesIO()
+                np.save(buf, s.routed_experts.astype(np.uint8))
+                choice["routed_experts"] = base64.b64encode(buf.getvalue()).decode()
             choices.append(choice)
-        return web.json_response({"id": "cmpl-1", "object": "text_completion", "model": body["model"],
-                                  "choices": list(reversed(choices))})  # order comes from "index"
+        out = {"id": "cmpl-1", "object": "text_completion", "model": body["model"],
+               "choices": list(reversed(choices))}  # order comes from "index"
+        if self.routed_format == "sglang" and body.get("return_routed_experts"):
+            out["sglext"] = {"routed_experts": base64.b64encode(samples[0].routed_experts.astype("<i4").tobytes()).decode()}
+        return web.json_response(out)
 
 
 async def start_server(server: CompletionsServer, port: int = 0) -> tuple[web.AppRunner, str]:

@@ -94,6 +94,10 @@ NOT_APPLICABLE: dict[str, list[str]] = {
         f"reward.reward_model.rollout.{k}" for k in ("temperature", "top_k", "top_p", "do_sample", "n", "ignore_eos")
     ],
     # verl gives Megatron the same start and end weight decay
+    # verl's reference and critic passes replay no routing: the flag that turns replay on is the actor's
+    "router replay outside the actor's passes, which verl does not do": [
+        f"{section}{engine}.router_replay.*" for section in ("actor_rollout_ref.ref.", "critic.")
+        for engine in ("megatron", "veomni")],
     "a schedule verl keeps constant": [f"{A}optim.weight_decay_incr_style", f"{C}optim.weight_decay_incr_style"],
 }
 
@@ -134,8 +138,7 @@ def test_the_keys_the_audit_found_are_mapped_or_refused():
     refused = {"actor_rollout_ref.actor.fsdp_config.qat.enable": True, "critic.fsdp.qat.enable": True,
                "actor_rollout_ref.actor.megatron.qat.enable": True, "actor_rollout_ref.ref.fsdp_config.qat.enable": True,
                "data.custom_cls.path": "my_dataset.py", "critic.ppo_mini_batch_size": 64,
-               "actor_rollout_ref.rollout.name": "trtllm", "actor_rollout_ref.rollout.quantization": "fp8",
-               "actor_rollout_ref.rollout.enable_rollout_routing_replay": True}
+               "actor_rollout_ref.rollout.name": "trtllm", "actor_rollout_ref.rollout.quantization": "fp8"}
     for key, value in refused.items():
         [o] = read_verl_keys([(key, value)])
         assert o.kind == REFUSED, (key, o.line())
@@ -143,6 +146,7 @@ def test_the_keys_the_audit_found_are_mapped_or_refused():
     assert o.kind == MAPPED  # the actor's size: the same mini-batches
     mapped = {"actor_rollout_ref.rollout.dtype": ("bf16", {"rollout.dtype": "bfloat16"}),
               "trainer.critic_warmup": (2, {"learner.critic_warmup": 2}),
+              "actor_rollout_ref.rollout.enable_rollout_routing_replay": (True, {"rollout.return_routed_experts": True}),
               "critic.model.override_config": ({"attention_dropout": 0.1},
                                                {"learner.critic.override_config": {"attention_dropout": 0.1}})}
     for key, (value, sets) in mapped.items():

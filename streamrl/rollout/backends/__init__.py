@@ -59,7 +59,8 @@ def make_backend(cfg) -> Backend:
     if cfg.backend == "transformers":
         backend = TransformersBackend(cfg.policy, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
                                       max_batch_rows=cfg.max_batch_rows or 64,
-                                      overrides=model_overrides(cfg.override_config))
+                                      overrides=model_overrides(cfg.override_config),
+                                      return_routed_experts=cfg.return_routed_experts)
         if cfg.on_update == "partial":
             backend.partial_chunk = cfg.partial_chunk_tokens
         return backend
@@ -78,5 +79,22 @@ def make_backend(cfg) -> Backend:
                              update_retry_max_s=o.update_retry_max_s, health_interval_s=o.health_interval_s,
                              eject_after=o.eject_after, started_on=o.started_on or None,
                              pause_on_update=o.pause_on_update, stream_timeout_s=o.stream_timeout_s,
-                             follow_policy=cfg.follow_policy)
+                             follow_policy=cfg.follow_policy, return_routed_experts=cfg.return_routed_experts,
+                             route_shape=_route_shape(cfg.policy) if cfg.return_routed_experts else None)
     raise ValueError(f"unknown backend {cfg.backend!r}")
+
+
+def _route_shape(policy: str) -> tuple[int, int] | None:
+    """``(layers, topk)`` of the MoE model at ``policy`` (a directory with its config.json), for
+    SGLang's flat routed experts; None where the policy is not a directory."""
+    import json
+    from pathlib import Path
+
+    path = Path(str(policy).removeprefix("file://")) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    config = config.get("text_config", config)
+    if "num_hidden_layers" not in config or "num_experts_per_tok" not in config:
+        return None
+    return int(config["num_hidden_layers"]), int(config["num_experts_per_tok"])

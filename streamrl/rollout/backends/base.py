@@ -41,6 +41,9 @@ class Completion:
     policy_version: int  # the weights that produced it (the oldest, when it was continued on newer ones)
     # on_update partial: runs of (version, n_tokens) over its tokens; None: all policy_version's
     token_versions: list[tuple[int, int]] | None = None
+    # MoE router replay (``rollout.return_routed_experts``): the experts each fed token was routed
+    # to, ``[len(prompt_ids) + len(response_ids) - 1, layers, topk]`` (``streamrl.routing``)
+    routed_experts: np.ndarray | None = None
 
     def version_runs(self) -> "VersionRuns":
         from streamrl.records import VersionRuns

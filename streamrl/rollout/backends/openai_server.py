@@ -59,12 +59,18 @@ class OpenAIBackend(Backend):
     def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout_s: float = 300.0,
                  max_retries: int = 4, token_ids: bool = True, *, servers: Sequence[str] = (),
                  update_api: str = "none", on_update: str = "drain", started_on: str | None = None,
-                 stream_timeout_s: float = 30.0, follow_policy: bool = True, **fleet: Any):
+                 stream_timeout_s: float = 30.0, follow_policy: bool = True, return_routed_experts: bool = False,
+                 route_shape: tuple[int, int] | None = None, **fleet: Any):
+        """``return_routed_experts``: each sample carries the experts the server routed its tokens
+        to (vLLM's ``choices[].routed_experts``, SGLang's ``sglext.routed_experts``, whose flat ids
+        take their ``[layers, topk]`` from ``route_shape``), one whole request per sample: vLLM
+        streams none, SGLang returns one request's."""
         super().__init__()
         from streamrl.rollout.fleet import ServerFleet
 
         self.model, self.timeout_s, self.max_retries = model, timeout_s, max_retries
         self.token_ids = token_ids
+        self.routed, self.route_shape = return_routed_experts, route_shape
         key = os.environ.get(api_key_env) if api_key_env else None
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.can_load_weights = update_api != "none"
@@ -72,7 +78,8 @@ class OpenAIBackend(Backend):
             fleet = {**fleet, "health_interval_s": 0.0, "eject_after": 1 << 30}
         # streamed: partial (continued across updates), and every request to servers that follow
         # the learner (continued across a server that hangs)
-        self.streamed = on_update == "partial" or (update_api != "none" and stream_timeout_s > 0)
+        self.streamed = not return_routed_experts and (
+            on_update == "partial" or (update_api != "none" and stream_timeout_s > 0))
         self.fleet = ServerFleet(list(servers) or [base_url], update_api=update_api, on_update=on_update,
                                  headers=self._headers, started_on=started_on,
                                  stream_timeout_s=stream_timeout_s if self.streamed else 0.0,
@@ -86,6 +93,10 @@ class OpenAIBackend(Backend):
     async def generate(self, prompts: Sequence[PromptInput], n: int,
                        params: SamplingParams) -> list[list[Completion]]:
         await self._ensure_session()
+        if self.routed:  # one request per sample: SGLang returns the routing of a request's first
+            async def each(p: PromptInput) -> list[Completion]:
+                return [s for one in await asyncio.gather(*(self._complete(p, 1, params) for _ in range(n))) for s in one]
+            return list(await asyncio.gather(*(each(p) for p in prompts)))
         complete = self._complete_streamed if self.streamed else self._complete
         return list(await asyncio.gather(*(complete(p, n, params) for p in prompts)))
 
@@ -236,15 +247,48 @@ class OpenAIBackend(Backend):
         if self.token_ids:
             body["return_token_ids"] = True  # vLLM: choices[].token_ids / prompt_token_ids
             body["return_tokens_as_token_ids"] = True  # vLLM: logprobs tokens as "token_id:N"
+        if self.routed:
+            body["return_routed_experts"] = True  # SGLang's per-request flag (vLLM's is the server's)
         data, version = await self._post(body)
         try:
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
             samples = [self._sample(c, prompt) for c in choices]
             for sample in samples:
                 sample.policy_version = version
+                if self.routed:
+                    sample.routed_experts = self._routes(data, choices[0] if len(choices) == 1 else {}, sample)
             return samples
         except (KeyError, TypeError, ValueError) as exc:
             raise BackendError(f"{self.url}: unexpected response shape ({type(exc).__name__}: {exc})") from None
+
+    def _routes(self, data: dict[str, Any], choice: dict[str, Any], sample: Completion) -> np.ndarray:
+        """A sample's routed experts from the response (vLLM: the choice's ``routed_experts``,
+        a base64 ``.npy``; SGLang: the response's ``sglext.routed_experts``, base64 int32 ids),
+        checked to have one row per token the server fed; ``BackendError`` otherwise."""
+        from streamrl.routing import RoutingError, from_sglang, from_vllm
+
+        vllm = choice.get("routed_experts")
+        sglang = (data.get("sglext") or {}).get("routed_experts")
+        try:
+            if isinstance(vllm, str):
+                routes = from_vllm(vllm)
+            elif isinstance(sglang, str):
+                if self.route_shape is None:
+                    raise RoutingError("SGLang's flat routed_experts need the model's layers and top-k: set "
+                                       "rollout.policy to the served model's directory (its config.json)")
+                routes = from_sglang(sglang, *self.route_shape)
+            else:
+                raise RoutingError("the server returned no routed_experts (start vLLM or SGLang with "
+                                   "--enable-return-routed-experts)")
+            if routes.size and int(routes.min()) < 0:
+                raise RoutingError("negative expert ids (a dense layer?): router replay needs every layer's experts")
+        except RoutingError as exc:
+            raise BackendError(f"{self.url}: {exc}") from None
+        if sample.prompt_ids is not None and sample.response_ids is not None:
+            fed = len(sample.prompt_ids) + len(sample.response_ids) - 1
+            if len(routes) != fed:
+                raise BackendError(f"{self.url}: routed_experts has {len(routes)} rows for the {fed} tokens fed")
+        return routes
 
     async def _complete_streamed(self, prompt: PromptInput, n: int, params: SamplingParams) -> list[Completion]:
         """Each sample its own streamed request (a server's prefix cache shares the prompt), its

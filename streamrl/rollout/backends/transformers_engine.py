@@ -3,10 +3,13 @@ CUDA; the tests' tiny model), with the sampled tokens' log-probs recorded as it 
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from streamrl.rollout.backends.base import Completion, PromptInput, SamplingParams, WeightLoadError
 from streamrl.rollout.backends.local import _LocalEngine
+from streamrl.routing import generated_routes
 from streamrl.weights import iter_safetensors, weights_path
 
 
@@ -16,7 +19,9 @@ class TransformersBackend(_LocalEngine):
     name = "transformers"
 
     def __init__(self, policy: str = "tiny", device: str = "cpu", dtype: str = "float32", seed: int = 0,
-                 max_batch_rows: int = 64, overrides: dict | None = None):
+                 max_batch_rows: int = 64, overrides: dict | None = None, return_routed_experts: bool = False):
+        """``return_routed_experts``: each completion carries the experts its tokens were routed
+        to (``streamrl.routing.RouterTap`` on the model's routers; refused for a dense model)."""
         super().__init__(max_batch_rows)
         import torch
 
@@ -28,6 +33,15 @@ class TransformersBackend(_LocalEngine):
         self.device = device
         self._base: str | None = None  # LoRA: the base_uri whose weights the model holds
         self._adapter_shape: tuple | None = None  # LoRA: the adapter injected (rank, targets ...)
+        self.tap = None
+        if return_routed_experts:
+            from streamrl.errors import ConfigError
+            from streamrl.routing import RouterTap, RoutingError
+
+            try:
+                self.tap = RouterTap(self.model)
+            except RoutingError as exc:
+                raise ConfigError(f"config field 'rollout.return_routed_experts': {exc}") from None
         torch.manual_seed(seed)
 
     def reseed(self, seed: int) -> None:
@@ -48,7 +62,7 @@ class TransformersBackend(_LocalEngine):
         if params.ignore_eos:  # no stop token: every sequence runs to max_new_tokens
             sampling["eos_token_id"] = None
         recorder = _logprob_recorder(1.0 if greedy else params.temperature)
-        with torch.inference_mode():
+        with torch.inference_mode(), (self.tap.recording() if self.tap else contextlib.nullcontext()) as recorded:
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=attention, do_sample=not greedy,
                 max_new_tokens=params.max_new_tokens, return_dict_in_generate=True,
@@ -57,18 +71,20 @@ class TransformersBackend(_LocalEngine):
             logprobs = recorder.finish(new)
         new, logprobs = new.cpu().tolist(), logprobs.cpu().numpy().astype(np.float32)
         eos = None if params.ignore_eos else tok.eos_token_id
+        lengths = [resp.index(eos) + 1 if eos in resp else len(resp) for resp in new]
+        routes = (generated_routes(recorded, self.tap.layers, self.tap.topk, attention, lengths)
+                  if self.tap else [None] * len(new))
         results: list[list[Completion]] = []
         for i, ids in enumerate(prompt_ids):
             samples = []
             for j in range(i * n, (i + 1) * n):
-                resp = new[j]
-                stop = eos in resp
-                length = resp.index(eos) + 1 if stop else len(resp)
-                resp = resp[:length]
+                length = lengths[j]
+                resp = new[j][:length]
                 samples.append(Completion(text=tok.decode(resp, skip_special_tokens=True),
                                           prompt_ids=list(ids), response_ids=resp,
                                           response_logprobs=logprobs[j, :length].copy(),
-                                          finish_reason="stop" if stop else "length", policy_version=0))
+                                          finish_reason="stop" if eos in resp else "length", policy_version=0,
+                                          routed_experts=routes[j]))
             results.append(samples)
         return results
 
