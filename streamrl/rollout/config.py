@@ -177,6 +177,16 @@ class RolloutConfig:
     # applies them to its model, vLLM's engine takes them as hf_overrides, the servers of
     # servers_launch as --hf-overrides (vLLM) / --json-model-override-args (SGLang)
     override_config: dict[str, Any] = field(default_factory=dict)
+    # Quantised rollouts (verl's rollout.quantization): the engine quantises the published
+    # full-precision weights as it loads each version and samples from the quantised copy; the
+    # learner trains the full-precision one (the mismatch is what learner.rollout_correction is
+    # for). vLLM's engine takes it as quantization=, the servers of servers_launch as
+    # --quantization (vLLM: fp8, torchao, ...; SGLang: fp8). Empty: none. Not with transformers.
+    quantization: str = ""
+    # vLLM only, with quantization: a quantization config file (verl's
+    # rollout.quantization_config_file; vLLM reads it as hf_overrides.quantization_config_file,
+    # e.g. a torchao config's JSON for quantization torchao). Empty: none.
+    quantization_config_file: str = ""
     # The consumer group on the prompts topic: workers that share it share the feed. Empty:
     # "<bus.topic_prefix>.rollout", so pipelines with different prefixes never share a group.
     group: str = ""
@@ -250,6 +260,7 @@ class RolloutConfig:
             raise ConfigError(f"config field 'rollout.servers_launch.backend': {launch.backend!r} is not vllm|sglang")
         if launch.backend and self.backend != "openai":
             raise ConfigError("config field 'rollout.servers_launch.backend': needs rollout.backend openai")
+        self._validate_quantization()
         if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers):
             raise ConfigError("config field 'rollout.servers': every entry is an http(s):// URL")
         o = self.openai
@@ -294,3 +305,23 @@ class RolloutConfig:
         if mt.format != "hermes":
             raise ConfigError(f"config field 'rollout.multi_turn.format': {mt.format!r} is not supported (hermes)")
         return self
+
+    def _validate_quantization(self) -> None:
+        """Quantisation needs an engine that quantises on load: vLLM's in process, or servers
+        streamrl launches (an external server's flags are its own)."""
+        if self.quantization_config_file and not self.quantization:
+            raise ConfigError("config field 'rollout.quantization_config_file': needs rollout.quantization")
+        if not self.quantization:
+            return
+        launched = self.servers_launch.backend
+        if self.backend == "transformers":
+            raise ConfigError(f"config field 'rollout.quantization': {self.quantization!r} needs an engine that "
+                              "quantises as it loads (rollout.backend vllm, or servers_launch vllm / sglang); the "
+                              "transformers backend samples from the weights as published")
+        if self.backend == "openai" and not launched:
+            raise ConfigError("config field 'rollout.quantization': the servers of rollout.servers are not launched "
+                              "by streamrl (start them with their own --quantization flag), or launch them with "
+                              "rollout.servers_launch")
+        if self.quantization_config_file and launched == "sglang":
+            raise ConfigError("config field 'rollout.quantization_config_file': SGLang takes no quantization "
+                              "config file (vLLM's engine and servers do)")

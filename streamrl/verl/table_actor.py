@@ -186,6 +186,25 @@ def _rollout_dtype(value: Any, given: Given) -> dict[str, Any]:
     return {"rollout.dtype": _dtype(value, given)["learner.dtype"]}
 
 
+def _quantization(value: Any, given: Given) -> dict[str, Any]:
+    if value is None:
+        return {"rollout.quantization": ""}
+    if given.get(f"{_ROLLOUT}name") == "hf":
+        raise Refused(f"quantised rollouts ({value}) with rollout.name=hf: transformers samples from the weights as "
+                      "published (vLLM and SGLang quantise as they load)")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a quantization method such as fp8 (got {value!r})")
+    return {"rollout.quantization": value}
+
+
+def _quantization_file(value: Any, given: Given) -> dict[str, Any]:
+    if value is None:
+        return {"rollout.quantization_config_file": ""}
+    if given.get(f"{_ROLLOUT}quantization") is None:
+        return {}  # verl reads it only with a quantization
+    return {"rollout.quantization_config_file": str(value)}
+
+
 def _qat(value: Any, given: Given) -> dict[str, Any]:
     if _bool(value):
         raise Refused("quantisation-aware training (QAT): the learner trains in learner.dtype")
@@ -314,9 +333,12 @@ ACTOR_ROWS: tuple[Row, ...] = (
     ignored(f"{_ROLLOUT}mtp.*", MTP_SETTINGS),
     ignored(f"{_ROLLOUT}qat", "verl fills it in from actor_rollout_ref.actor.qat"),
     ignored(f"{_ROLLOUT}qat.*", QAT_SETTINGS),
-    refused(f"{_ROLLOUT}quantization", "quantised rollouts (fp8 and others): the rollout samples from the published "
-                                       "weights"),
-    refused(f"{_ROLLOUT}quantization_config_file", "quantised rollouts"),
+    mapped(f"{_ROLLOUT}quantization", "rollout.quantization", read=_quantization,
+           note="the engine quantises each published version as it loads it (vLLM's quantization=, the launched "
+                "servers' --quantization); the learner trains full precision (rollout correction is for the "
+                "mismatch); refused with rollout.name=hf"),
+    mapped(f"{_ROLLOUT}quantization_config_file", "rollout.quantization_config_file", read=_quantization_file,
+           note="vLLM's hf_overrides.quantization_config_file (with quantization; null: none)"),
     refused(f"{_ROLLOUT}logprobs_mode", "log-probs of the engine's raw logits (logprobs_mode): the rollout records the "
                                         "sampling distribution's"),
     refused(f"{_ROLLOUT}enable_rollout_routing_replay", "MoE routing replay (the rollout's expert choices replayed "
