@@ -134,7 +134,7 @@ def test_the_keys_the_audit_found_are_mapped_or_refused():
     refused = {"actor_rollout_ref.actor.fsdp_config.qat.enable": True, "critic.fsdp.qat.enable": True,
                "actor_rollout_ref.actor.megatron.qat.enable": True, "actor_rollout_ref.ref.fsdp_config.qat.enable": True,
                "data.custom_cls.path": "my_dataset.py", "critic.ppo_mini_batch_size": 64,
-               "actor_rollout_ref.rollout.name": "trtllm", "actor_rollout_ref.rollout.quantization": "fp8",
+               "actor_rollout_ref.rollout.name": "trtllm",
                "actor_rollout_ref.rollout.enable_rollout_routing_replay": True}
     for key, value in refused.items():
         [o] = read_verl_keys([(key, value)])
@@ -142,6 +142,7 @@ def test_the_keys_the_audit_found_are_mapped_or_refused():
     [o] = read_verl_keys([("critic.ppo_mini_batch_size", 64), ("actor_rollout_ref.actor.ppo_mini_batch_size", 64)])[:1]
     assert o.kind == MAPPED  # the actor's size: the same mini-batches
     mapped = {"actor_rollout_ref.rollout.dtype": ("bf16", {"rollout.dtype": "bfloat16"}),
+              "actor_rollout_ref.rollout.quantization": ("fp8", {"rollout.quantization": "fp8"}),
               "trainer.critic_warmup": (2, {"learner.critic_warmup": 2}),
               "critic.model.override_config": ({"attention_dropout": 0.1},
                                                {"learner.critic.override_config": {"attention_dropout": 0.1}})}

@@ -94,6 +94,7 @@ def test_verls_defaults_start_on_every_engine(engine, tmp_path):
 
 #: values in the key's own domain (a generic change would be out of it)
 CHANGED: dict[str, Any] = {
+    "actor_rollout_ref.rollout.quantization": "fp8", "actor_rollout_ref.rollout.quantization_config_file": "q.json",
     "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
     "algorithm.adv_estimator": "grpo", "algorithm.kl_penalty": "low_var_kl", "algorithm.kl_ctrl.type": "adaptive",
     "algorithm.filter_groups.metric": "acc", "algorithm.gdpo_reward_keys": ["acc"], "algorithm.gdpo_reward_weights": [2.0],
@@ -135,6 +136,9 @@ CHANGED: dict[str, Any] = {
 
 #: the other keys a key is read with (verl reads them together)
 CONTEXT: dict[str, list[str]] = {
+    "actor_rollout_ref.rollout.quantization": ["actor_rollout_ref.rollout.name=vllm"],
+    "actor_rollout_ref.rollout.quantization_config_file": ["actor_rollout_ref.rollout.name=vllm",
+                                                           "actor_rollout_ref.rollout.quantization=fp8"],
     "actor_rollout_ref.actor.kl_loss_coef": ["actor_rollout_ref.actor.use_kl_loss=true"],
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ["actor_rollout_ref.actor.use_dynamic_bsz=true"],
     "critic.ppo_max_token_len_per_gpu": ["critic.use_dynamic_bsz=true"],
