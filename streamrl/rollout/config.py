@@ -143,6 +143,9 @@ class ServersLaunchConfig:
     port: int = 0  # the first replica's port, replica i on port + i; 0: free ports
     host: str = "127.0.0.1"  # the interface the servers listen on
     args: list[str] = field(default_factory=list)  # appended to the command line as given
+    # the engine's keyword arguments (verl's rollout.engine_kwargs.sglang / .vllm) as the
+    # servers' flags: --key-with-dashes value (true: the flag alone; false, null: left out)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
     startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
     restart_backoff_s: float = 1.0  # first wait before restarting a server that died; doubles

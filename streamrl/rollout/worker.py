@@ -394,17 +394,20 @@ def server_flags(backend: str, cfg: RolloutConfig) -> list[str]:
     overrides (``rollout.override_config``, verl's model.override_config: ``vllm serve
     --hf-overrides JSON``, ``sglang.launch_server --json-model-override-args JSON``) and its
     quantisation (``rollout.quantization``: ``--quantization Q`` in both; vLLM's
-    ``quantization_config_file`` inside ``--hf-overrides``, where vLLM reads it)."""
+    ``quantization_config_file`` inside ``--hf-overrides``, where vLLM reads it), and the
+    engine's keyword arguments (``servers_launch.engine_kwargs``, verl's rollout.engine_kwargs)."""
     from streamrl.policy import model_overrides
 
     overrides = model_overrides(cfg.override_config)
     if cfg.quantization_config_file:  # (validated: vLLM only)
         overrides = {**overrides, "quantization_config_file": cfg.quantization_config_file}
+    from streamrl.servers.processes import kwargs_flags
+
     flags = ["--quantization", cfg.quantization] if cfg.quantization else []
     if overrides:
         flags += ["--hf-overrides" if backend == "vllm" else "--json-model-override-args",
                   json.dumps(overrides, sort_keys=True)]
-    return flags
+    return flags + kwargs_flags(cfg.servers_launch.engine_kwargs)
 
 
 #: the LoRA ranks ``vllm serve --max-lora-rank`` accepts

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -176,6 +177,24 @@ def server_argv(spec: ServerConfig, port: int, role: str = "reward") -> list[str
     device = "cuda" if spec.gpus_per_replica > 0 else "cpu"
     return [sys.executable, "-m", "streamrl.scorers.rm_server", "--model", spec.model,
             "--host", spec.host, "--port", str(port), "--device", device, *spec.args]
+
+
+def kwargs_flags(kwargs: dict[str, Any]) -> list[str]:
+    """An engine's keyword arguments (verl's ``rollout.engine_kwargs.<engine>``) as its server's
+    flags: ``--key-with-dashes value``; true: the flag alone; false and null: left out (the
+    server's default)."""
+    out: list[str] = []
+    for key, value in (kwargs or {}).items():
+        if value is None:
+            continue
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif isinstance(value, (dict, list)):
+            out += [flag, json.dumps(value, sort_keys=True)]
+        else:
+            out += [flag, str(value)]
+    return out
 
 
 def _vllm_executable() -> str:
