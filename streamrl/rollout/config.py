@@ -137,7 +137,9 @@ class ServersLaunchConfig:
     it dies (the fleet reloads the current version into it), stopped with the worker. Their URLs
     join ``rollout.servers``. ``backend`` empty: none launched."""
 
-    backend: str = ""  # vllm (vllm serve + streamrl's worker extension) | sglang (sglang.launch_server)
+    # vllm (vllm serve + streamrl's worker extension) | sglang (sglang.launch_server) | trtllm
+    # (trtllm-serve: it takes no weight updates, so only with rollout.follow_policy false)
+    backend: str = ""
     replicas: int = 1  # server processes, each on its own port and devices
     gpus_per_replica: int = 1  # tensor parallel size; replica i takes devices [i*g, (i+1)*g)
     port: int = 0  # the first replica's port, replica i on port + i; 0: free ports
@@ -246,7 +248,8 @@ class RolloutConfig:
     servers_launch: ServersLaunchConfig = field(default_factory=ServersLaunchConfig)
 
     def resolved_update_api(self) -> str:
-        return self.openai.update_api or self.servers_launch.backend or "none"
+        launched = self.servers_launch.backend
+        return self.openai.update_api or (launched if launched in UPDATE_APIS else "none")
 
     def validate(self) -> "RolloutConfig":
         if self.backend not in BACKENDS:
@@ -259,8 +262,14 @@ class RolloutConfig:
             raise ConfigError(f"config field 'rollout.openai.update_api': {self.openai.update_api!r} is not "
                               f"one of {UPDATE_APIS}")
         launch = self.servers_launch
-        if launch.backend and launch.backend not in ("vllm", "sglang"):
-            raise ConfigError(f"config field 'rollout.servers_launch.backend': {launch.backend!r} is not vllm|sglang")
+        if launch.backend and launch.backend not in ("vllm", "sglang", "trtllm"):
+            raise ConfigError(f"config field 'rollout.servers_launch.backend': {launch.backend!r} is not "
+                              "vllm|sglang|trtllm")
+        if launch.backend == "trtllm" and (self.follow_policy or self.openai.update_api not in ("", "none")):
+            raise ConfigError("config field 'rollout.servers_launch.backend': trtllm-serve takes no weight updates "
+                              "(TensorRT-LLM loads new weights only in verl's own Ray engine), so its servers cannot "
+                              "follow the learner: set rollout.follow_policy false for a fixed policy (an "
+                              "evaluation, a teacher's or a reward model's samples), or launch vllm / sglang")
         if launch.backend and self.backend != "openai":
             raise ConfigError("config field 'rollout.servers_launch.backend': needs rollout.backend openai")
         self._validate_quantization()
@@ -325,6 +334,9 @@ class RolloutConfig:
             raise ConfigError("config field 'rollout.quantization': the servers of rollout.servers are not launched "
                               "by streamrl (start them with their own --quantization flag), or launch them with "
                               "rollout.servers_launch")
+        if launched == "trtllm":
+            raise ConfigError("config field 'rollout.quantization': trtllm-serve quantises from its own --config "
+                              "file (rollout.servers_launch.args), not from a flag")
         if self.quantization_config_file and launched == "sglang":
             raise ConfigError("config field 'rollout.quantization_config_file': SGLang takes no quantization "
                               "config file (vLLM's engine and servers do)")

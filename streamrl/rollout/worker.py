@@ -381,11 +381,10 @@ def launch_servers(cfg: RolloutConfig) -> Any:
     from streamrl.servers.processes import ServerProcesses
 
     spec = ServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,
-                              gpus_per_replica=launch.gpus_per_replica, port=launch.port, host=launch.host,
-                              args=[*server_flags(launch.backend, cfg), *launch.args],
-                              env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
-                              restart_backoff_s=launch.restart_backoff_s,
-                              restart_backoff_max_s=launch.restart_backoff_max_s)
+                        task="generate", gpus_per_replica=launch.gpus_per_replica, port=launch.port,
+                        host=launch.host, args=[*server_flags(launch.backend, cfg), *launch.args],
+                        env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
+                        restart_backoff_s=launch.restart_backoff_s, restart_backoff_max_s=launch.restart_backoff_max_s)
     return ServerProcesses([spec], role="policy", field_name="rollout.servers_launch")
 
 

@@ -22,6 +22,7 @@ from streamrl.pipeline_config import load_config, resolve_config
 from streamrl.policy import load_policy
 from streamrl.rollout.backends import engine_kwargs
 from streamrl.rollout.worker import launch_servers
+from streamrl.servers.processes import ServerConfig, server_argv, validate_servers
 from streamrl.supervisor.plan import rollout_notes
 from streamrl.weights import save_policy
 
@@ -30,13 +31,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def stand_ins(tmp_path, monkeypatch):
-    """``vllm`` on PATH and an ``sglang`` package, both the flag server."""
+    """``vllm`` and ``trtllm-serve`` on PATH and an ``sglang`` package, all the flag server."""
     bin_dir, pkgs = tmp_path / "bin", tmp_path / "pkgs"
     (pkgs / "sglang").mkdir(parents=True)
     bin_dir.mkdir()
     vllm = bin_dir / "vllm"
     vllm.write_text(f'#!/bin/sh\nexec {sys.executable} -m tests.rollout.flag_server vllm "$@"\n')
     vllm.chmod(0o755)
+    trtllm = bin_dir / "trtllm-serve"
+    trtllm.write_text(f'#!/bin/sh\nexec {sys.executable} -m tests.rollout.flag_server trtllm "$@"\n')
+    trtllm.chmod(0o755)
     (pkgs / "sglang" / "__init__.py").write_text("")
     (pkgs / "sglang" / "launch_server.py").write_text(
         "import sys\nsys.argv = [sys.argv[0], 'sglang', *sys.argv[1:]]\n"
@@ -145,3 +149,32 @@ def test_the_dry_run_says_the_mismatch_is_what_rollout_correction_is_for(tmp_pat
                           capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "# rollout.quantization fp8: " in proc.stdout and "quantization: fp8" in proc.stdout
+
+
+def test_trtllm_servers_serve_a_fixed_policy_and_never_one_that_must_follow_the_learner(stand_ins):
+    """rollout.servers_launch.backend=trtllm launches trtllm-serve (its real flags: MODEL
+    positional, --tp_size, the PyTorch backend) for a policy that follows no learner; trtllm-serve
+    takes no weight updates, so a rollout that follows the learner (verl's rollout.name=trtllm in a
+    training run) is refused naming the key, never sampled from the starting weights in silence."""
+    base = [f"rollout.policy={stand_ins}", "rollout.backend=openai", "rollout.openai.model=policy",
+            "rollout.servers_launch.backend=trtllm", "rollout.servers_launch.gpus_per_replica=2"]
+    cfg = load_config(None, [*base, "rollout.follow_policy=false"])
+    assert cfg.rollout.resolved_update_api() == "none"
+    entry = asyncio.run(served(cfg.rollout))
+    flags = entry["streamrl_flags"]
+    assert (flags["kind"], flags["model"], flags["tensor_parallel_size"], flags["backend"]) == \
+        ("trtllm", stand_ins, 2, "pytorch")
+    for bad in ([*base], [*base, "rollout.follow_policy=false", "rollout.openai.update_api=vllm"]):
+        with pytest.raises(ConfigError, match="'rollout.servers_launch.backend': trtllm-serve takes no weight"):
+            load_config(None, bad).rollout.validate()
+    with pytest.raises(ConfigError, match="'rollout.quantization': trtllm-serve"):
+        load_config(None, [*base, "rollout.follow_policy=false", "rollout.quantization=fp8"]).rollout.validate()
+    # a generative reward model on trtllm-serve (its weights never change); a classifier is not served by it
+    judge = ServerConfig(name="judge", model="m", backend="trtllm", task="generate", port=8100)
+    assert server_argv(judge, 8100)[1:] == ["m", "--host", "127.0.0.1", "--port", "8100", "--tp_size", "1",
+                                            "--backend", "pytorch"]
+    with pytest.raises(ConfigError, match=r"reward.servers\[0\].task'"):
+        validate_servers([ServerConfig(name="rm", model="m", backend="trtllm")])
+    r = resolve_config(None, ["actor_rollout_ref.rollout.name=trtllm"])
+    [problem] = [p for p in r.problems if "rollout.name" in p]
+    assert problem.startswith("actor_rollout_ref.rollout.name=trtllm: refused") and "trtllm-serve takes no" in problem
