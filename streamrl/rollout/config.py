@@ -186,8 +186,8 @@ class RolloutConfig:
     # full-precision weights as it loads each version and samples from the quantised copy; the
     # learner trains the full-precision one (the mismatch is what learner.rollout_correction is
     # for). vLLM's engine takes it as quantization=, the servers of servers_launch as
-    # --quantization (vLLM: fp8, torchao, ...; SGLang: fp8). Empty: none. Not with transformers.
-    quantization: str = ""
+    # --quantization (vLLM: fp8, torchao, ...; SGLang: fp8). Not with transformers.
+    quantization: str = ""  # the method (fp8, ...); empty: none
     # vLLM only, with quantization: a quantization config file (verl's
     # rollout.quantization_config_file; vLLM reads it as hf_overrides.quantization_config_file,
     # e.g. a torchao config's JSON for quantization torchao). Empty: none.
