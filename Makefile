@@ -38,9 +38,10 @@ docs-serve: $(BIN)/.installed
 bench-bus: $(BIN)/.installed
 	$(BIN)/streamrl bench bus
 
-# The learner (FSDP2, bf16, ~0.5B Qwen2 shape, padded and packed, against a bare loop) and the
-# reward model's batching on one GPU, offline, in under 8 minutes: tools/gpu_check.py (its header
-# says how to download WHEELS). `make gpu-check DEVICE=cpu` tests the script without a GPU.
+# The learner (FSDP2, bf16, ~0.5B Qwen2 shape, padded and packed, against a bare loop), the
+# reward model's batching and, where vLLM is installed, an fp8-quantised vLLM rollout reloading
+# bf16 versions, on one GPU, offline, in under 8 minutes: tools/gpu_check.py (its header says
+# how to download WHEELS). `make gpu-check DEVICE=cpu` tests the script without a GPU.
 DEVICE ?= cuda
 WHEELS ?=
 gpu-check:

@@ -422,13 +422,9 @@ def reward_model_flags(engine: str, rollout: dict[str, Any]) -> list[str]:
     for key, flag in _RM_OFF_FLAGS[engine].items():
         if rollout.get(key) is False:
             out += flag.split("=") if "=" in flag else [flag]
-    kwargs = (rollout.get("engine_kwargs") or {}).get(engine) or {}
-    for key, value in kwargs.items():
-        if value is None:
-            continue
-        flag = "--" + str(key).replace("_", "-")
-        out += ([flag] if value is True else []) if isinstance(value, bool) else [flag, _flag_value(value)]
-    return out
+    from streamrl.servers.processes import kwargs_flags
+
+    return out + kwargs_flags((rollout.get("engine_kwargs") or {}).get(engine) or {})
 
 
 def reward_model_entry(reward: RewardConfig, crf: CustomRewardFunctionConfig, rm: RewardModelConfig,

@@ -137,12 +137,17 @@ class ServersLaunchConfig:
     it dies (the fleet reloads the current version into it), stopped with the worker. Their URLs
     join ``rollout.servers``. ``backend`` empty: none launched."""
 
-    backend: str = ""  # vllm (vllm serve + streamrl's worker extension) | sglang (sglang.launch_server)
+    # vllm (vllm serve + streamrl's worker extension) | sglang (sglang.launch_server) | trtllm
+    # (trtllm-serve: it takes no weight updates, so only with rollout.follow_policy false)
+    backend: str = ""
     replicas: int = 1  # server processes, each on its own port and devices
     gpus_per_replica: int = 1  # tensor parallel size; replica i takes devices [i*g, (i+1)*g)
     port: int = 0  # the first replica's port, replica i on port + i; 0: free ports
     host: str = "127.0.0.1"  # the interface the servers listen on
     args: list[str] = field(default_factory=list)  # appended to the command line as given
+    # the engine's keyword arguments (verl's rollout.engine_kwargs.sglang / .vllm) as the
+    # servers' flags: --key-with-dashes value (true: the flag alone; false, null: left out)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the server processes
     startup_timeout_s: float = 900.0  # to pass its first health check (model download and load)
     restart_backoff_s: float = 1.0  # first wait before restarting a server that died; doubles
@@ -177,6 +182,16 @@ class RolloutConfig:
     # applies them to its model, vLLM's engine takes them as hf_overrides, the servers of
     # servers_launch as --hf-overrides (vLLM) / --json-model-override-args (SGLang)
     override_config: dict[str, Any] = field(default_factory=dict)
+    # Quantised rollouts (verl's rollout.quantization): the engine quantises the published
+    # full-precision weights as it loads each version and samples from the quantised copy; the
+    # learner trains the full-precision one (the mismatch is what learner.rollout_correction is
+    # for). vLLM's engine takes it as quantization=, the servers of servers_launch as
+    # --quantization (vLLM: fp8, torchao, ...; SGLang: fp8). Not with transformers.
+    quantization: str = ""  # the method (fp8, ...); empty: none
+    # vLLM only, with quantization: a quantization config file (verl's
+    # rollout.quantization_config_file; vLLM reads it as hf_overrides.quantization_config_file,
+    # e.g. a torchao config's JSON for quantization torchao). Empty: none.
+    quantization_config_file: str = ""
     # The consumer group on the prompts topic: workers that share it share the feed. Empty:
     # "<bus.topic_prefix>.rollout", so pipelines with different prefixes never share a group.
     group: str = ""
@@ -239,7 +254,8 @@ class RolloutConfig:
     servers_launch: ServersLaunchConfig = field(default_factory=ServersLaunchConfig)
 
     def resolved_update_api(self) -> str:
-        return self.openai.update_api or self.servers_launch.backend or "none"
+        launched = self.servers_launch.backend
+        return self.openai.update_api or (launched if launched in UPDATE_APIS else "none")
 
     def validate(self) -> "RolloutConfig":
         if self.backend not in BACKENDS:
@@ -252,10 +268,17 @@ class RolloutConfig:
             raise ConfigError(f"config field 'rollout.openai.update_api': {self.openai.update_api!r} is not "
                               f"one of {UPDATE_APIS}")
         launch = self.servers_launch
-        if launch.backend and launch.backend not in ("vllm", "sglang"):
-            raise ConfigError(f"config field 'rollout.servers_launch.backend': {launch.backend!r} is not vllm|sglang")
+        if launch.backend and launch.backend not in ("vllm", "sglang", "trtllm"):
+            raise ConfigError(f"config field 'rollout.servers_launch.backend': {launch.backend!r} is not "
+                              "vllm|sglang|trtllm")
+        if launch.backend == "trtllm" and (self.follow_policy or self.openai.update_api not in ("", "none")):
+            raise ConfigError("config field 'rollout.servers_launch.backend': trtllm-serve takes no weight updates "
+                              "(TensorRT-LLM loads new weights only in verl's own Ray engine), so its servers cannot "
+                              "follow the learner: set rollout.follow_policy false for a fixed policy (an "
+                              "evaluation, a teacher's or a reward model's samples), or launch vllm / sglang")
         if launch.backend and self.backend != "openai":
             raise ConfigError("config field 'rollout.servers_launch.backend': needs rollout.backend openai")
+        self._validate_quantization()
         if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in self.servers):
             raise ConfigError("config field 'rollout.servers': every entry is an http(s):// URL")
         o = self.openai
@@ -304,3 +327,26 @@ class RolloutConfig:
         if mt.format != "hermes":
             raise ConfigError(f"config field 'rollout.multi_turn.format': {mt.format!r} is not supported (hermes)")
         return self
+
+    def _validate_quantization(self) -> None:
+        """Quantisation needs an engine that quantises on load: vLLM's in process, or servers
+        streamrl launches (an external server's flags are its own)."""
+        if self.quantization_config_file and not self.quantization:
+            raise ConfigError("config field 'rollout.quantization_config_file': needs rollout.quantization")
+        if not self.quantization:
+            return
+        launched = self.servers_launch.backend
+        if self.backend == "transformers":
+            raise ConfigError(f"config field 'rollout.quantization': {self.quantization!r} needs an engine that "
+                              "quantises as it loads (rollout.backend vllm, or servers_launch vllm / sglang); the "
+                              "transformers backend samples from the weights as published")
+        if self.backend == "openai" and not launched:
+            raise ConfigError("config field 'rollout.quantization': the servers of rollout.servers are not launched "
+                              "by streamrl (start them with their own --quantization flag), or launch them with "
+                              "rollout.servers_launch")
+        if launched == "trtllm":
+            raise ConfigError("config field 'rollout.quantization': trtllm-serve quantises from its own --config "
+                              "file (rollout.servers_launch.args), not from a flag")
+        if self.quantization_config_file and launched == "sglang":
+            raise ConfigError("config field 'rollout.quantization_config_file': SGLang takes no quantization "
+                              "config file (vLLM's engine and servers do)")

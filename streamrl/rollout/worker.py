@@ -381,25 +381,32 @@ def launch_servers(cfg: RolloutConfig) -> Any:
     from streamrl.servers.processes import ServerProcesses
 
     spec = ServerConfig(name="policy", model=cfg.policy, backend=launch.backend, replicas=launch.replicas,
-                              gpus_per_replica=launch.gpus_per_replica, port=launch.port, host=launch.host,
-                              args=[*override_flags(launch.backend, cfg.override_config), *launch.args],
-                              env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
-                              restart_backoff_s=launch.restart_backoff_s,
-                              restart_backoff_max_s=launch.restart_backoff_max_s)
+                        task="generate", gpus_per_replica=launch.gpus_per_replica, port=launch.port,
+                        host=launch.host, args=[*server_flags(launch.backend, cfg), *launch.args],
+                        env=dict(launch.env), startup_timeout_s=launch.startup_timeout_s,
+                        restart_backoff_s=launch.restart_backoff_s, restart_backoff_max_s=launch.restart_backoff_max_s)
     return ServerProcesses([spec], role="policy", field_name="rollout.servers_launch")
 
 
-def override_flags(backend: str, override_config: dict) -> list[str]:
-    """The policy's config overrides (``rollout.override_config``, verl's model.override_config)
-    as a launched server takes them: ``vllm serve --hf-overrides JSON``, ``sglang.launch_server
-    --json-model-override-args JSON``."""
+def server_flags(backend: str, cfg: RolloutConfig) -> list[str]:
+    """What a launched policy server is started with beside its model: the policy's config
+    overrides (``rollout.override_config``, verl's model.override_config: ``vllm serve
+    --hf-overrides JSON``, ``sglang.launch_server --json-model-override-args JSON``) and its
+    quantisation (``rollout.quantization``: ``--quantization Q`` in both; vLLM's
+    ``quantization_config_file`` inside ``--hf-overrides``, where vLLM reads it), and the
+    engine's keyword arguments (``servers_launch.engine_kwargs``, verl's rollout.engine_kwargs)."""
     from streamrl.policy import model_overrides
 
-    overrides = model_overrides(override_config)
-    if not overrides:
-        return []
-    flag = "--hf-overrides" if backend == "vllm" else "--json-model-override-args"
-    return [flag, json.dumps(overrides, sort_keys=True)]
+    overrides = model_overrides(cfg.override_config)
+    if cfg.quantization_config_file:  # (validated: vLLM only)
+        overrides = {**overrides, "quantization_config_file": cfg.quantization_config_file}
+    from streamrl.servers.processes import kwargs_flags
+
+    flags = ["--quantization", cfg.quantization] if cfg.quantization else []
+    if overrides:
+        flags += ["--hf-overrides" if backend == "vllm" else "--json-model-override-args",
+                  json.dumps(overrides, sort_keys=True)]
+    return flags + kwargs_flags(cfg.servers_launch.engine_kwargs)
 
 
 #: the LoRA ranks ``vllm serve --max-lora-rank`` accepts

@@ -34,7 +34,9 @@ What happens, in ``ServerProcesses``:
 The commands (``server_argv``): ``vllm serve MODEL --runner pooling --tensor-parallel-size G``
 (vLLM picks the classification pooler from a ``*ForSequenceClassification`` architecture),
 ``python -m sglang.launch_server --model-path MODEL --is-embedding --tp-size G`` (SGLang serves
-reward models as embedding models, docs "Reward models"), and ``python -m
+reward models as embedding models, docs "Reward models"), ``trtllm-serve MODEL --tp_size G
+--backend pytorch`` (TensorRT-LLM's OpenAI-compatible server: generation only, a generative
+reward model or a policy that follows no learner, since it takes no weights from disk), and ``python -m
 streamrl.scorers.rm_server --model MODEL`` (streamrl's own transformers server, vLLM's
 ``/classify`` API, CPU or CUDA: the backend the tests run end to end). ``args`` are appended
 as given.
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -66,14 +69,14 @@ from streamrl.net import free_port
 
 log = logging.getLogger(__name__)
 
-SERVER_BACKENDS = ("vllm", "sglang", "transformers")
+SERVER_BACKENDS = ("vllm", "sglang", "trtllm", "transformers")
 STOP_GRACE_S = 15.0  # SIGTERM -> SIGKILL
 HEALTH_POLL_S = 0.25
 STABLE_AFTER_S = 60.0  # a replica up this long has its restart backoff reset
 _SECRET_FLAGS = ("key", "token", "secret", "password")
 VLLM_WORKER_EXTENSION = "streamrl.rollout.vllm_extension.WeightFollowerExtension"
 #: what a policy server's environment needs: vLLM serves ``/collective_rpc`` only in dev mode
-POLICY_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}, "sglang": {}}
+POLICY_ENV = {"vllm": {"VLLM_SERVER_DEV_MODE": "1"}, "sglang": {}, "trtllm": {}}
 
 
 @dataclass
@@ -85,7 +88,9 @@ class ServerConfig:
 
     name: str = ""  # what model entries name as model.server (required, unique)
     model: str = ""  # the model directory or hub id the server loads
-    backend: str = "vllm"  # vllm (vllm serve) | sglang (sglang.launch_server) | transformers (streamrl's own, CPU or CUDA)
+    # vllm (vllm serve) | sglang (sglang.launch_server) | trtllm (trtllm-serve; task generate only)
+    # | transformers (streamrl's own, CPU or CUDA)
+    backend: str = "vllm"
     replicas: int = 1  # server processes, each on its own port and devices
     gpus_per_replica: int = 1  # CUDA devices per replica (tensor parallel); transformers: 0 = CPU
     port: int = 0  # the first replica's port, replica i on port + i; 0: free ports, picked at start
@@ -146,6 +151,9 @@ def validate_servers(specs: list[ServerConfig], field_name: str = "reward.server
                               f"0 <= restart_backoff_s <= restart_backoff_max_s")
         if s.task not in ("classify", "generate"):
             raise ConfigError(f"{where}.task': {s.task!r} is not classify or generate")
+        if s.task == "classify" and s.backend == "trtllm":
+            raise ConfigError(f"{where}.task': trtllm-serve serves generation (a generative reward model, task "
+                              f"generate), not a classifier's scores")
         if s.task == "generate" and s.backend == "transformers":
             raise ConfigError(f"{where}.task': streamrl's transformers server classifies only: a generative "
                               f"reward model is served by vllm or sglang")
@@ -159,6 +167,9 @@ def server_argv(spec: ServerConfig, port: int, role: str = "reward") -> list[str
     streamrl's worker extension (its ``/collective_rpc`` needs ``VLLM_SERVER_DEV_MODE=1``, set
     in ``policy_env``), SGLang as it is (``/update_weights_from_disk`` is always on)."""
     g = str(spec.gpus_per_replica)
+    if spec.backend == "trtllm":  # TensorRT-LLM's OpenAI-compatible server, its PyTorch backend
+        return [_trtllm_executable(), spec.model, "--host", spec.host, "--port", str(port), "--tp_size", g,
+                "--backend", "pytorch", *spec.args]
     if role == "policy":
         if spec.backend == "vllm":
             return [_vllm_executable(), "serve", spec.model, "--host", spec.host, "--port", str(port),
@@ -176,6 +187,33 @@ def server_argv(spec: ServerConfig, port: int, role: str = "reward") -> list[str
     device = "cuda" if spec.gpus_per_replica > 0 else "cpu"
     return [sys.executable, "-m", "streamrl.scorers.rm_server", "--model", spec.model,
             "--host", spec.host, "--port", str(port), "--device", device, *spec.args]
+
+
+def kwargs_flags(kwargs: dict[str, Any]) -> list[str]:
+    """An engine's keyword arguments (verl's ``rollout.engine_kwargs.<engine>``) as its server's
+    flags: ``--key-with-dashes value``; true: the flag alone; false and null: left out (the
+    server's default)."""
+    out: list[str] = []
+    for key, value in (kwargs or {}).items():
+        if value is None:
+            continue
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif isinstance(value, (dict, list)):
+            out += [flag, json.dumps(value, sort_keys=True)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _trtllm_executable() -> str:
+    """``trtllm-serve`` on PATH, else the one beside this interpreter."""
+    found = shutil.which("trtllm-serve")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("trtllm-serve")
+    return str(beside) if beside.exists() else "trtllm-serve"
 
 
 def _vllm_executable() -> str:
@@ -354,6 +392,10 @@ class ServerProcesses:
                                             or Path(self.replicas[s.name][0].argv[0]).exists()):
                 raise MissingExtra(f"reward server {s.name!r} (backend vllm) needs vllm: "
                                    f"pip install 'streamrl[vllm]'")
+            if s.backend == "trtllm" and not (shutil.which(self.replicas[s.name][0].argv[0])
+                                              or Path(self.replicas[s.name][0].argv[0]).exists()):
+                raise MissingExtra(f"server {s.name!r} (backend trtllm) needs TensorRT-LLM's trtllm-serve: "
+                                   f"pip install tensorrt-llm")
             if s.backend == "sglang" and importlib.util.find_spec("sglang") is None:
                 raise MissingExtra(f"reward server {s.name!r} (backend sglang) needs sglang: "
                                    f"pip install 'sglang[all]'")

@@ -158,7 +158,7 @@ def dry_run(resolution) -> int:
             print(f"# verl keys given: {len(resolution.verl)}")
             for outcome in resolution.verl:
                 print(f"#   {outcome.line()}")
-        for note in run_length(resolution.cfg) + teacher_notes(resolution.cfg):
+        for note in run_length(resolution.cfg) + teacher_notes(resolution.cfg) + rollout_notes(resolution.cfg):
             print(f"# {note}")
     sys.stdout.flush()
     if resolution.problems:
@@ -166,6 +166,19 @@ def dry_run(resolution) -> int:
         print(f"streamrl run: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def rollout_notes(cfg) -> list[str]:
+    """What is said at start about the rollout: a quantised rollout (``rollout.quantization``)
+    samples from a quantised copy of each version while the learner trains the full-precision one,
+    a rollout/learner mismatch that rollout correction is for; said when no correction is on."""
+    r, learner = cfg.rollout, cfg.learner
+    if not r.quantization or learner.rollout_correction.enabled or learner.decoupled:
+        return []
+    return [f"rollout.quantization {r.quantization}: the rollout samples from a {r.quantization} copy of each "
+            "version while the learner trains it in full precision, a rollout/learner mismatch that rollout "
+            "correction is for (learner.rollout_correction, verl's algorithm.rollout_correction: rollout_is "
+            "token or sequence, rollout_rs); it is off"]
 
 
 def teacher_notes(cfg) -> list[str]:

@@ -29,8 +29,8 @@ from streamrl.supervisor.autoscale import Autoscale, GroupAutoscale, LagAutoscal
 from streamrl.supervisor.display import make_show, status_line, summarise, summary_line
 from streamrl.supervisor.launcher import Launcher
 from streamrl.supervisor.observer import Observation, Observer
-from streamrl.supervisor.plan import (FINISHED, archive_uri, check_topics, choose_run_dir, dry_run, plan, teacher_notes,
-                                      warm_start)
+from streamrl.supervisor.plan import (FINISHED, archive_uri, check_topics, choose_run_dir, dry_run, plan, rollout_notes,
+                                      teacher_notes, warm_start)
 from streamrl.supervisor.watch import Watch, cancelling, observe_until
 from streamrl.verl import ignored_line
 
@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     accepted = ignored_line(resolution.verl)
     if accepted:
         print(f"run: verl keys accepted as not applicable here: {accepted}", file=sys.stderr, flush=True)
-    for note in teacher_notes(cfg):  # verl's drop of teacher_model, said at start; the teacher groups
+    for note in teacher_notes(cfg) + rollout_notes(cfg):  # (verl's drop of teacher_model, the teacher groups,
+        # a quantised rollout without rollout correction)
         print(f"run: {note}", file=sys.stderr, flush=True)
     need("torch", "cpu", "streamrl run")  # the learner and the transformers rollout backend
     out, state = open_run_dir(cfg, resume)

@@ -192,9 +192,10 @@ def _rollout_name(value: Any, given: Given) -> dict[str, Any]:
     if value == "hf":
         return {"rollout.backend": "transformers"}
     if value == "trtllm":
-        raise Refused("TensorRT-LLM's rollout servers (rollout.name=trtllm): the rollout's engines are vLLM, SGLang "
-                      "and transformers, or any OpenAI-compatible server you run (rollout.backend=openai, "
-                      "rollout.servers) without weight updates")
+        raise Refused("TensorRT-LLM's rollouts (rollout.name=trtllm) that follow the learner: trtllm-serve takes no "
+                      "new weights (verl loads them into its own Ray engine in process), so its samples would come "
+                      "from the starting policy while the learner trains; streamrl launches trtllm-serve for a fixed "
+                      "policy only (rollout.servers_launch.backend=trtllm with rollout.follow_policy=false)")
     raise ValueError(f"vllm, sglang, hf or trtllm (got {value!r})")
 
 

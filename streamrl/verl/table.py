@@ -44,7 +44,8 @@ def _rm_rows(prefix: str) -> tuple[Row, ...]:
                   note="the reward model's servers (rollout.name vllm or sglang; unset or hf: transformers in each "
                        "member): replicas, flags, batches (streamrl.reward.config.reward_model_entry)")
           for k in _RM_READ),
-        ignored(f"{prefix}rollout.engine_kwargs.*", "read with rollout.engine_kwargs"),
+        mapped(f"{prefix}rollout.engine_kwargs.*", "reward_model.rollout.engine_kwargs",
+               note="one key of engine_kwargs (Hydra's +...engine_kwargs.vllm.key=v): the servers' --key value"),
         *(ignored(f"{prefix}rollout.{k}", RM_SAMPLING) for k in ("temperature", "top_k", "top_p", "do_sample", "n",
                                                                  "ignore_eos")),
         ignored(f"{prefix}rollout.free_cache_engine", RM_SLEEP),

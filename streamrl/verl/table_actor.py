@@ -139,6 +139,46 @@ def qat_rows(section: str) -> list[Row]:
             ignored(f"{section}qat.*", QAT_SETTINGS)]
 
 
+#: Megatron's TransformerConfig fields that change how, not what, it computes (activation
+#: recomputation, fused kernels, the attention kernel, MoE dispatch, pipeline layout, offload):
+#: the same log-probs and gradients. Any other field (dropout, MoE routing, capacity and aux
+#: losses, normalisation, precision of the router) changes what is trained: refused.
+MEGATRON_SAME_NUMBERS = (
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules", "attention_backend",
+    "apply_rope_fusion", "gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+    "masked_softmax_fusion", "persist_layer_norm", "cross_entropy_loss_fusion", "moe_permute_fusion",
+    "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_shared_expert_overlap", "moe_enable_deepep",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "cpu_offloading",
+    "cpu_offloading_num_layers", "cpu_offloading_activations", "cpu_offloading_weights",
+    "deallocate_pipeline_outputs", "batch_p2p_comm", "overlap_p2p_comm")
+TRANSFORMER_CONFIG = ("Megatron's TransformerConfig changed at build (dropout, MoE routing, capacity and aux losses, "
+                      "normalisation...): the learner builds the model from its Hugging Face config "
+                      "(actor_rollout_ref.model.override_config changes that)")
+
+
+def _transformer_config(value: Any, given: Given) -> dict[str, Any]:
+    """A whole ``override_transformer_config`` mapping: memory and kernel fields only change
+    nothing; any other field is refused naming it."""
+    if value is None or not value:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"a mapping of TransformerConfig fields (got {value!r})")
+    other = sorted(k for k, v in value.items() if k not in MEGATRON_SAME_NUMBERS and v is not None)
+    if other:
+        raise Refused(f"{TRANSFORMER_CONFIG}: {', '.join(other)}")
+    raise NotApplicable("Megatron's activation recomputation, kernels and layout: the same log-probs and gradients")
+
+
+def transformer_config_rows(megatron: str) -> list[Row]:
+    """``<megatron>override_transformer_config`` (whole or by field): see ``MEGATRON_SAME_NUMBERS``."""
+    key = f"{megatron}override_transformer_config"
+    return [mapped(key, read=_transformer_config, note="memory and kernel fields only; any other refused"),
+            *(ignored(f"{key}.{k}", "Megatron's activation recomputation, kernels and layout: the same log-probs "
+                                    "and gradients") for k in MEGATRON_SAME_NUMBERS),
+            refused(f"{key}.*", TRANSFORMER_CONFIG, harmless=(None,))]
+
+
 def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
     """The engines' own sections (``fsdp`` is the dp engine's: ``fsdp_config`` for the actor,
     ``fsdp`` for the critic): their offloads onto ``to``, their quantisation-aware training
@@ -152,6 +192,7 @@ def engine_rows(verl: str, to: str, fsdp: str) -> list[Row]:
         *_offload_of(f"{verl}veomni.", ("param_offload", "optimizer_offload", "enable_fsdp_offload"), to),
         ignored(f"{verl}veomni.*", ENGINES_TUNING.format("VeOmni")),
         *_offload_of(f"{verl}megatron.", ("param_offload", "optimizer_offload"), to),
+        *transformer_config_rows(f"{verl}megatron."),
         ignored(f"{verl}megatron.*", MEGATRON),
         ignored(f"{verl}strategy", "verl's FSDP, Megatron, torchtitan or VeOmni: the learner is FSDP2"),
         ignored(f"{verl}ulysses_sequence_parallel_size", SEQ_PARALLEL),
@@ -211,6 +252,41 @@ ROUTER_REPLAY = ("MoE router replay: verl's reference and critic passes replay n
                  "the learner's is learner.router_replay")
 
 
+_ENGINE_KWARGS = {"vllm": ("rollout.vllm.engine_kwargs",), "sglang": ("rollout.servers_launch.engine_kwargs",)}
+
+
+def _engine_kwargs(engine: str) -> Any:
+    """verl's ``rollout.engine_kwargs.<engine>`` (whole, or one key: the row's tail), passed to
+    the engine as verl passes it: only the one ``rollout.name`` names (the others are not read).
+    A key that changes sampling (a KV-cache dtype, a quantisation) reaches the engine as in verl."""
+    def read(value: Any, given: Given) -> dict[str, Any]:
+        if given.get(f"{_ROLLOUT}name") != engine:
+            return {}
+        if value is None:
+            value = {}
+        return {_ENGINE_KWARGS[engine][0]: value}
+    return read
+
+
+def _quantization(value: Any, given: Given) -> dict[str, Any]:
+    if value is None:
+        return {"rollout.quantization": ""}
+    if given.get(f"{_ROLLOUT}name") == "hf":
+        raise Refused(f"quantised rollouts ({value}) with rollout.name=hf: transformers samples from the weights as "
+                      "published (vLLM and SGLang quantise as they load)")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a quantization method such as fp8 (got {value!r})")
+    return {"rollout.quantization": value}
+
+
+def _quantization_file(value: Any, given: Given) -> dict[str, Any]:
+    if value is None:
+        return {"rollout.quantization_config_file": ""}
+    if given.get(f"{_ROLLOUT}quantization") is None:
+        return {}  # verl reads it only with a quantization
+    return {"rollout.quantization_config_file": str(value)}
+
+
 def _qat(value: Any, given: Given) -> dict[str, Any]:
     if _bool(value):
         raise Refused("quantisation-aware training (QAT): the learner trains in learner.dtype")
@@ -266,6 +342,7 @@ ACTOR_ROWS: tuple[Row, ...] = (
     ignored(f"{_ACTOR}entropy_from_logits_with_chunking", MEMORY),
     ignored(f"{_ACTOR}use_torch_compile", "torch.compile: the same gradients"),
     ignored("actor_rollout_ref.ref.*", REF_PASS),
+    *transformer_config_rows("actor_rollout_ref.ref.megatron."),  # the reference's model: other KL values
     *qat_rows("actor_rollout_ref.ref.*."),  # the reference's forward quantised: other KL values
     ignored("actor_rollout_ref.hybrid_engine", "verl's colocation of actor and rollout"),
     ignored("actor_rollout_ref.nccl_timeout", "learner.parallel.timeout_s is streamrl's"),
@@ -327,7 +404,7 @@ ACTOR_ROWS: tuple[Row, ...] = (
     *(ignored(f"{_ROLLOUT}{k}", ENGINE) for k in (
         "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "free_cache_engine",
         "load_format", "layered_summon", "multi_stage_wake_up", "data_parallel_size", "expert_parallel_size",
-        "pipeline_model_parallel_size", "max_model_len", "engine_kwargs.*", "update_weights_bucket_megabytes",
+        "pipeline_model_parallel_size", "max_model_len", "update_weights_bucket_megabytes",
         "enable_prefix_caching", "cudagraph_capture_sizes", "disable_log_stats", "skip_tokenizer_init",
         "disaggregation.*", "scheduling_policy", "moe_tensor_parallel_size", "moe_load_balance_metrics_interval")),
     *(ignored(f"{_ROLLOUT}{k}", "the engine's sampling seed and determinism: other samples from the same distribution")
@@ -341,9 +418,21 @@ ACTOR_ROWS: tuple[Row, ...] = (
     ignored(f"{_ROLLOUT}mtp.*", MTP_SETTINGS),
     ignored(f"{_ROLLOUT}qat", "verl fills it in from actor_rollout_ref.actor.qat"),
     ignored(f"{_ROLLOUT}qat.*", QAT_SETTINGS),
-    refused(f"{_ROLLOUT}quantization", "quantised rollouts (fp8 and others): the rollout samples from the published "
-                                       "weights"),
-    refused(f"{_ROLLOUT}quantization_config_file", "quantised rollouts"),
+    *(row for engine in ("vllm", "sglang") for row in (
+        mapped(f"{_ROLLOUT}engine_kwargs.{engine}", *_ENGINE_KWARGS[engine], read=_engine_kwargs(engine),
+               note=f"read with rollout.name={engine} (verl passes its engine's own): "
+                    + ("vLLM's engine arguments (rollout.vllm.engine_kwargs)" if engine == "vllm" else
+                       "the SGLang servers' flags, --key-with-dashes value (rollout.servers_launch.engine_kwargs)")),
+        mapped(f"{_ROLLOUT}engine_kwargs.{engine}.*", *_ENGINE_KWARGS[engine], read=_engine_kwargs(engine),
+               note=f"one of engine_kwargs.{engine}"))),
+    ignored(f"{_ROLLOUT}engine_kwargs.trtllm*", "TensorRT-LLM's engine arguments, read only with rollout.name=trtllm "
+                                               "(refused)"),
+    mapped(f"{_ROLLOUT}quantization", "rollout.quantization", read=_quantization,
+           note="the engine quantises each published version as it loads it (vLLM's quantization=, the launched "
+                "servers' --quantization); the learner trains full precision (rollout correction is for the "
+                "mismatch); refused with rollout.name=hf"),
+    mapped(f"{_ROLLOUT}quantization_config_file", "rollout.quantization_config_file", read=_quantization_file,
+           note="vLLM's hf_overrides.quantization_config_file (with quantization; null: none)"),
     refused(f"{_ROLLOUT}logprobs_mode", "log-probs of the engine's raw logits (logprobs_mode): the rollout records the "
                                         "sampling distribution's"),
     mapped(f"{_ROLLOUT}enable_rollout_routing_replay", "rollout.return_routed_experts",

@@ -8,6 +8,7 @@ makes it exit, as the real servers do.
 
     python -m tests.rollout.flag_server vllm serve MODEL --host H --port P [flags]
     python -m tests.rollout.flag_server sglang --model-path MODEL --host H --port P [flags]
+    python -m tests.rollout.flag_server trtllm MODEL --host H --port P [flags]  (as trtllm-serve)
 """
 
 from __future__ import annotations
@@ -28,14 +29,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.add_argument("--hf-overrides", type=json.loads, default={})
         p.add_argument("--tensor-parallel-size", type=int, default=1)
         p.add_argument("--worker-extension-cls", default="")
+    elif kind == "trtllm":  # trtllm-serve's click options (tensorrt_llm/commands/serve.py)
+        p.add_argument("model")
+        p.add_argument("--tensor_parallel_size", "--tp_size", type=int, default=1)
+        p.add_argument("--backend", choices=["pytorch", "tensorrt", "_autodeploy"], default="pytorch")
+        p.add_argument("--config", "--extra_llm_api_options", dest="config", default=None)
     else:
         p.add_argument("--model-path", dest="model", required=True)
         p.add_argument("--json-model-override-args", dest="hf_overrides", type=json.loads, default={})
         p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--quantization", default=None)
-    p.add_argument("--quantization-param-path", default=None)
+    if kind != "trtllm":
+        p.add_argument("--quantization", default=None)
+        p.add_argument("--quantization-param-path", default=None)
     args = p.parse_args(rest)
     args.kind = kind
     return args
@@ -46,7 +53,7 @@ def main() -> None:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(args.model, local_files_only=True)
-    for key, value in args.hf_overrides.items():  # both engines set each top-level field
+    for key, value in getattr(args, "hf_overrides", {}).items():  # both engines set each top-level field
         setattr(config, key, value)
     flags = {k: v for k, v in vars(args).items() if k not in ("host", "port")}
 

@@ -7,6 +7,7 @@ whose row must map or refuse it: the settings of a feature that is off change no
 from __future__ import annotations
 
 from streamrl.verl import IGNORED, MAPPED, REFUSED, VERL_TABLE, find_row
+from streamrl.verl.table_actor import MEGATRON_SAME_NUMBERS
 
 A, C, R = "actor_rollout_ref.actor.", "critic.", "actor_rollout_ref.rollout."
 M, CM = "actor_rollout_ref.model.", "critic.model."
@@ -22,6 +23,12 @@ NOT_APPLICABLE: dict[str, list[str]] = {
         f"{A}use_torch_compile", f"{M}use_liger", f"{CM}use_liger", f"{CM}use_remove_padding",
         f"{CM}enable_gradient_checkpointing", "distillation.distillation_loss.use_chunked*",
         "distillation.distillation_loss.chunked*", "trainer.balance_batch",
+    ],
+    # Megatron's TransformerConfig fields that recompute activations, fuse kernels, pick the
+    # attention kernel, dispatch MoE tokens or lay out the pipeline (any other field is refused)
+    "same numbers: Megatron's recomputation, kernels and layout": [
+        f"{section}megatron.override_transformer_config.{k}" for section in (A, C, "actor_rollout_ref.ref.")
+        for k in MEGATRON_SAME_NUMBERS
     ],
     # how verl's engines shard and place the work: the learner's FSDP2 and streamrl's stages
     "parallelism and placement: the same update, sharded otherwise": [
@@ -39,7 +46,7 @@ NOT_APPLICABLE: dict[str, list[str]] = {
         f"{R}{k}" for k in ("enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "enforce_eager",
                             "free_cache_engine", "load_format", "layered_summon", "multi_stage_wake_up",
                             "data_parallel_size", "expert_parallel_size", "pipeline_model_parallel_size",
-                            "max_model_len", "engine_kwargs.*", "update_weights_bucket_megabytes",
+                            "max_model_len", "update_weights_bucket_megabytes",
                             "enable_prefix_caching", "cudagraph_capture_sizes", "disable_log_stats",
                             "skip_tokenizer_init", "disaggregation.*", "scheduling_policy", "moe_tensor_parallel_size",
                             "moe_load_balance_metrics_interval", "checkpoint_engine.*", "mode",
@@ -85,7 +92,7 @@ NOT_APPLICABLE: dict[str, list[str]] = {
     # the reward model's servers (verl's reward.reward_model.rollout.*): the same scores, served otherwise
     "the reward model's servers' memory and scheduling": [
         f"{rm}rollout.{k}" for rm in ("reward.reward_model.", "reward_model.")
-        for k in ("engine_kwargs.*", "free_cache_engine", "limit_images", "cudagraph_capture_sizes", "expert_parallel_size",
+        for k in ("free_cache_engine", "limit_images", "cudagraph_capture_sizes", "expert_parallel_size",
                   "disable_log_stats", "skip_tokenizer_init", "disaggregation.*")
     ] + [f"reward.reward_model.rollout.{k}" for k in ("multi_stage_wake_up", "pipeline_model_parallel_size", "layered_summon",
                                                       "scheduling_policy", "mtp", "full_determinism")],
@@ -111,7 +118,7 @@ READ_WITH: dict[str, str] = {
     f"{M}mtp.*": f"{M}mtp.enable", f"{R}mtp.*": f"{M}mtp.enable", f"{CM}mtp.*": f"{CM}mtp.enable",
     "data.image_patch_size": "data.image_key", "data.mm_processor_kwargs": "data.image_key",
     "data.return_multi_modal_inputs": "data.image_key", "data.custom_cls.*": "data.custom_cls.path",
-    "skip.*": "skip.rollout.enable",
+    "skip.*": "skip.rollout.enable", f"{R}engine_kwargs.trtllm*": f"{R}name",
 }
 
 
@@ -138,13 +145,14 @@ def test_the_keys_the_audit_found_are_mapped_or_refused():
     refused = {"actor_rollout_ref.actor.fsdp_config.qat.enable": True, "critic.fsdp.qat.enable": True,
                "actor_rollout_ref.actor.megatron.qat.enable": True, "actor_rollout_ref.ref.fsdp_config.qat.enable": True,
                "data.custom_cls.path": "my_dataset.py", "critic.ppo_mini_batch_size": 64,
-               "actor_rollout_ref.rollout.name": "trtllm", "actor_rollout_ref.rollout.quantization": "fp8"}
+               "actor_rollout_ref.rollout.name": "trtllm"}
     for key, value in refused.items():
         [o] = read_verl_keys([(key, value)])
         assert o.kind == REFUSED, (key, o.line())
     [o] = read_verl_keys([("critic.ppo_mini_batch_size", 64), ("actor_rollout_ref.actor.ppo_mini_batch_size", 64)])[:1]
     assert o.kind == MAPPED  # the actor's size: the same mini-batches
     mapped = {"actor_rollout_ref.rollout.dtype": ("bf16", {"rollout.dtype": "bfloat16"}),
+              "actor_rollout_ref.rollout.quantization": ("fp8", {"rollout.quantization": "fp8"}),
               "trainer.critic_warmup": (2, {"learner.critic_warmup": 2}),
               "actor_rollout_ref.rollout.enable_rollout_routing_replay": (True, {"rollout.return_routed_experts": True}),
               "critic.model.override_config": ({"attention_dropout": 0.1},
@@ -152,3 +160,36 @@ def test_the_keys_the_audit_found_are_mapped_or_refused():
     for key, (value, sets) in mapped.items():
         [o] = read_verl_keys([(key, value)])
         assert o.kind == MAPPED and o.sets == sets, (key, o.line())
+
+
+def test_engine_arguments_reach_the_engine_and_transformer_config_changes_are_refused():
+    """The audit's second pass (issue 66): verl's rollout.engine_kwargs.<engine> (a KV-cache dtype
+    or a quantisation there changes the samples) reach the engine rollout.name names, whole or by
+    key, the reward model's by key too; Megatron's override_transformer_config is not applicable
+    only for its recomputation, kernel and layout fields, refused for any other (by field or
+    whole), for the actor, the critic and the reference."""
+    from streamrl.verl import read_verl_keys
+
+    def sets(*pairs):
+        return {k: v for o in read_verl_keys(list(pairs)) for k, v in o.sets.items()}
+
+    vllm, sglang = (f"{R}name", "vllm"), (f"{R}name", "sglang")
+    assert sets(vllm, (f"{R}engine_kwargs.vllm.kv_cache_dtype", "fp8")) == {
+        "rollout.backend": "vllm", "rollout.vllm.engine_kwargs.kv_cache_dtype": "fp8"}
+    assert sets(sglang, (f"{R}engine_kwargs.sglang", {"kv_cache_dtype": "fp8_e5m2"}))[
+        "rollout.servers_launch.engine_kwargs"] == {"kv_cache_dtype": "fp8_e5m2"}
+    assert sets(vllm, (f"{R}engine_kwargs.sglang.kv_cache_dtype", "fp8")) == {"rollout.backend": "vllm"}  # not read
+    assert sets(("reward.reward_model.rollout.engine_kwargs.vllm.swap_space", 4)) == {
+        "reward_model.rollout.engine_kwargs.vllm.swap_space": 4}
+    for section in (A, C, "actor_rollout_ref.ref."):
+        key = f"{section}megatron.override_transformer_config"
+        for field, value in (("attention_dropout", 0.1), ("moe_aux_loss_coeff", 0.01), ("moe_router_dtype", "fp32"),
+                             ("moe_expert_capacity_factor", 1.0)):
+            [o] = read_verl_keys([(f"{key}.{field}", value)])
+            assert o.kind == REFUSED, o.line()
+            [o] = read_verl_keys([(key, {"recompute_granularity": "full", field: value})])
+            assert o.kind == REFUSED and field in o.line() and "recompute" not in o.line().split(": ")[-1], o.line()
+        [o] = read_verl_keys([(f"{key}.recompute_granularity", "full")])
+        assert o.kind == IGNORED
+        [o] = read_verl_keys([(key, {"recompute_granularity": "full", "attention_backend": "flash"})])
+        assert o.kind == IGNORED, o.line()

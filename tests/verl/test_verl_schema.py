@@ -95,6 +95,9 @@ def test_verls_defaults_start_on_every_engine(engine, tmp_path):
 #: values in the key's own domain (a generic change would be out of it)
 CHANGED: dict[str, Any] = {
     "actor_rollout_ref.actor.megatron.router_replay.mode": "R2", "actor_rollout_ref.actor.veomni.router_replay.mode": "R2",
+    "actor_rollout_ref.rollout.quantization": "fp8", "actor_rollout_ref.rollout.quantization_config_file": "q.json",
+    "actor_rollout_ref.rollout.engine_kwargs.vllm": {"swap_space": 4},
+    "actor_rollout_ref.rollout.engine_kwargs.sglang": {"kv_cache_dtype": "fp8_e5m2"},
     "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
     "algorithm.adv_estimator": "grpo", "algorithm.kl_penalty": "low_var_kl", "algorithm.kl_ctrl.type": "adaptive",
     "algorithm.filter_groups.metric": "acc", "algorithm.gdpo_reward_keys": ["acc"], "algorithm.gdpo_reward_weights": [2.0],
@@ -137,6 +140,12 @@ CHANGED: dict[str, Any] = {
 #: the other keys a key is read with (verl reads them together)
 CONTEXT: dict[str, list[str]] = {
     "actor_rollout_ref.actor.veomni.router_replay.mode": ["model_engine=veomni"],
+    "actor_rollout_ref.rollout.quantization": ["actor_rollout_ref.rollout.name=vllm"],
+    "actor_rollout_ref.rollout.engine_kwargs.vllm": ["actor_rollout_ref.rollout.name=vllm"],
+    "actor_rollout_ref.rollout.engine_kwargs.sglang": ["actor_rollout_ref.rollout.name=sglang",
+                                                       "actor_rollout_ref.model.path=m"],
+    "actor_rollout_ref.rollout.quantization_config_file": ["actor_rollout_ref.rollout.name=vllm",
+                                                           "actor_rollout_ref.rollout.quantization=fp8"],
     "actor_rollout_ref.actor.kl_loss_coef": ["actor_rollout_ref.actor.use_kl_loss=true"],
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ["actor_rollout_ref.actor.use_dynamic_bsz=true"],
     "critic.ppo_max_token_len_per_gpu": ["critic.use_dynamic_bsz=true"],
@@ -150,7 +159,9 @@ CONTEXT: dict[str, list[str]] = {
 #: mapped rows that set nothing whatever their value: a check, or read with another key
 SETS_NOTHING = {"actor_rollout_ref.actor.qat.enable", "critic.ppo_mini_batch_size", "actor_rollout_ref.rollout.multi_turn.enable",
                 "trainer.v1.sampler.max_off_policy_strategy", "reward.launch_reward_fn_async",
-                *(r.key for r in VERL_TABLE if r.key.endswith(".qat.enable"))}  # QAT: off or refused
+                *(r.key for r in VERL_TABLE if r.key.endswith(".qat.enable")),  # QAT: off or refused
+                # Megatron's TransformerConfig: not applicable (recomputation, kernels) or refused
+                *(r.key for r in VERL_TABLE if r.key.endswith(".override_transformer_config"))}
 
 
 def _changed(key: str, default: Any) -> Any:
@@ -302,9 +313,9 @@ def test_the_keys_that_stopped_verls_other_scripts(tmp_path):
                   "override_optimizer_config.optimizer_offload_fraction", "qat.ignore_patterns"):
         assert typed in line, (typed, line)
     # the same keys that change training, refused naming them
-    r = resolve_config(None, ["sandbox_fusion.url=http://localhost:8080", "actor_rollout_ref.rollout.quantization=fp8",
-                              "reward.reward_model.enable=true"])
-    assert any("rollout.quantization" in p for p in r.problems)
+    r = resolve_config(None, ["sandbox_fusion.url=http://localhost:8080", "actor_rollout_ref.rollout.name=hf",
+                              "actor_rollout_ref.rollout.quantization=fp8", "reward.reward_model.enable=true"])
+    assert any("rollout.quantization" in p for p in r.problems)  # (quantised rollouts: vLLM and SGLang only)
     assert not any("sandbox_fusion" in p for p in r.problems)  # the code rule's sandbox (tests/sandbox)
     assert any("reward_model.enable" in p for p in r.problems)
 

@@ -220,7 +220,10 @@ def test_the_tables_keys_are_verls():
 
     verl = set(schema_keys()) | flat(yaml.safe_load((base / "legacy_reward_impl.yaml").read_text()))
     exact = {r.key for r in VERL_TABLE if "*" not in r.key}
-    assert sorted(exact - verl - NOT_IN_VERL_0_9) == []
+    # Megatron's TransformerConfig fields, given under override_transformer_config with Hydra's +
+    # (verl's yaml names a few of them; any field of Megatron's dataclass is taken)
+    transformer = {k for k in exact if ".megatron.override_transformer_config" in k}
+    assert sorted(exact - verl - NOT_IN_VERL_0_9 - transformer) == []
     assert "data.train_batch_size" in verl and "critic.optim.lr" in verl  # the configs were read
 
 

@@ -36,11 +36,17 @@ __all__ = ["Backend", "BackendError", "BackendUnavailable", "PromptInput", "Comp
 
 def engine_kwargs(cfg) -> dict:
     """``vllm.LLM``'s arguments beyond the backend's own: ``rollout.vllm.engine_kwargs``, with the
-    policy's config overrides (``rollout.override_config``) as ``hf_overrides``."""
+    policy's config overrides (``rollout.override_config``) as ``hf_overrides`` and its
+    quantisation (``rollout.quantization``) as ``quantization`` (its config file as
+    ``hf_overrides.quantization_config_file``, where vLLM reads it)."""
     from streamrl.policy import model_overrides
 
     out = dict(cfg.vllm.engine_kwargs)
     overrides = model_overrides(cfg.override_config)
+    if cfg.quantization:
+        out["quantization"] = cfg.quantization
+    if cfg.quantization_config_file:
+        overrides = {**overrides, "quantization_config_file": cfg.quantization_config_file}
     if overrides:
         out["hf_overrides"] = {**overrides, **dict(out.get("hf_overrides") or {})}
     return out

@@ -79,5 +79,9 @@ class VLLMBackend(_LocalEngine):
 
 
 def _vllm_worker_load(worker: Any, path: str) -> None:
-    """Runs inside each vLLM worker process (``LLM.collective_rpc``)."""
-    worker.model_runner.model.load_weights(iter_safetensors(Path(path)))
+    """Runs inside each vLLM worker process (``LLM.collective_rpc``); a quantised engine
+    (``rollout.quantization``) quantises the full-precision version again as it loads it
+    (``streamrl.rollout.vllm_extension.load_into``)."""
+    from streamrl.rollout.vllm_extension import load_into
+
+    load_into(worker.model_runner, iter_safetensors(Path(path)))
