@@ -196,7 +196,12 @@ NOT_IN_VERL_0_9 = {"actor_rollout_ref.model.torch_dtype", "actor_rollout_ref.rol
                    # fields of verl's dataclasses its yaml lacks, given with Hydra's + (RolloutConfig's; SAPO's script
                    # gives tau_pos / tau_neg under policy_loss, verl reads them as actor.tau_pos / tau_neg)
                    "actor_rollout_ref.rollout.moe_tensor_parallel_size", "actor_rollout_ref.actor.policy_loss.tau_pos",
-                   "actor_rollout_ref.actor.policy_loss.tau_neg"}
+                   "actor_rollout_ref.actor.policy_loss.tau_neg",
+                   # fields of verl's EngineRouterReplayConfig its VeOmni yaml lacks (the Megatron one names them)
+                   "actor_rollout_ref.actor.veomni.router_replay.record_file",
+                   "actor_rollout_ref.actor.veomni.router_replay.replay_file",
+                   # the GVPO recipe's own key (verl-recipe's recipe/gvpo config, read by its actor)
+                   "actor_rollout_ref.actor.gvpo_beta"}
 
 
 def test_the_tables_keys_are_verls():
