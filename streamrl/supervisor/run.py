@@ -336,7 +336,7 @@ async def finish(session: Session) -> None:
     gone = ended == "failed:broker" or watch.unreachable  # nothing to read: do not wait for it
     if not gone and await bounded(observer.poll(timeout_ms=200), 5) is not None:
         if ended in FINISHED:
-            await bounded(observer.read_rollout_ids(), 60)
+            await bounded(observer.read_ids(), 60)
         watch.show(status_line(observer.obs, session.cfg.learner.versions, session.launcher.restart_count()))
     if session.interactive:
         print(file=sys.stderr)
