@@ -9,7 +9,9 @@ runs its apps in), chosen by measurement (docs/guides/sandbox.md):
   processes; they all die with it), network (a loopback of its own, no route out), ipc, uts, mount:
   its filesystem is ``/usr`` (the language runtimes) read-only, a minimal ``/dev``, its own
   ``/proc``, the program read-only under ``/sandbox``, and a size-capped tmpfs scratch ``/tmp``
-  (its working directory). Nothing of the host's ``/etc``, home directories or working trees;
+  (its working directory) and ``/dev/shm``, each ``scratch_mb``; everything else read-only
+  (``/`` and ``/dev`` too: ``bwrap_argv``). Nothing of the host's ``/etc``, home directories or
+  working trees;
 - rlimits: CPU seconds, address space (``memory_limit_MB``), processes, file size, open files;
   the process count is per execution slot: a service started as root runs each slot under its
   own uid (``uid_base + slot``), so one execution's fork bomb cannot starve the others;
@@ -145,11 +147,19 @@ def _mounts() -> list[str]:
     return args
 
 
-def bwrap_argv(limits: Limits) -> list[str]:
-    """bubblewrap's command line up to the program (each flag is a layer of the module doc)."""
+def bwrap_argv(limits: Limits, mounts: tuple[str, ...] = ()) -> list[str]:
+    """bubblewrap's command line up to the program (each flag is a layer of the module doc);
+    ``mounts``: more mount options (the program's file), made before the tree is made read-only.
+
+    bubblewrap's own root and ``/dev`` are tmpfs mounts without a size: left writable, code could
+    fill the host's memory through ``/``, ``/sandbox`` or ``/dev/shm`` past the capped scratch. So
+    ``/dev/shm`` gets a capped tmpfs of its own and ``/`` and ``/dev`` are remounted read-only last
+    (the device nodes and ``/dev/pts`` are mounts of their own and keep working)."""
+    scratch = str(limits.scratch_mb << 20)
     return ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", *_mounts(), "--proc", "/proc", "--dev", "/dev",
-            "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
+            "--size", scratch, "--tmpfs", "/tmp", "--size", scratch, "--tmpfs", "/dev/shm", *mounts,
+            "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp",
             "--clearenv", "--setenv", "PATH", SAFE_PATH, "--setenv", "HOME", "/tmp",
             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
 
@@ -188,7 +198,9 @@ def probe(python: str = "") -> Isolation:
     py = runtimes(python).get("python")
     check = ("import os, socket, sys\n"
              "out = {'pid1': os.getpid() <= 3, 'ro': False, 'net': False, 'root': not os.path.exists('/etc')}\n"
-             "try:\n    open('/usr/streamrl-probe', 'w')\nexcept OSError:\n    out['ro'] = True\n"
+             "out['ro'] = True\n"
+             "for d in ('/usr', '/', '/dev', '/sandbox'):\n"
+             "    try:\n        open(d + '/streamrl-probe', 'w')\n        out['ro'] = False\n    except OSError:\n        pass\n"
              "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\nexcept OSError:\n    out['net'] = True\n"
              "try:\n    open('/tmp/fill', 'wb').write(b'0' * (3 << 20))\n    out['size'] = False\n"
              "except OSError:\n    out['size'] = True\n"
@@ -291,7 +303,7 @@ class Executor:
             os.write(fd, code.encode())
             os.lseek(fd, 0, os.SEEK_SET)
             pass_fds = (fd,)
-            argv = [*bwrap_argv(limits), "--ro-bind-data", str(fd), f"/sandbox/{runtime.filename}", *runtime.argv]
+            argv = [*bwrap_argv(limits, ("--ro-bind-data", str(fd), f"/sandbox/{runtime.filename}")), *runtime.argv]
             # bubblewrap itself gets nothing of ours either: its pid-1 reaper, inside the namespace,
             # keeps the environment it started with (readable at /proc/1/environ)
             env = {"PATH": SAFE_PATH}

@@ -9,7 +9,8 @@ format`` (``format_score``), where
 Both parts are mathruler's and the pattern verl uses, so scores equal verl's. mathruler (and the
 pylatexenc it needs) are the ``scorers`` extra, imported on the first call. A ground truth that
 is a JSON number reads as its text (mathruler raises on one); null or a non-answer type is the
-record's error (``base.ground_truth_text``), where verl scores such a record on format alone.
+record's error (``base.ground_truth_text``), where verl scores such a record on format alone. A
+comparison SymPy does not finish in ``SYMPY_TIMEOUT_S`` is wrong, where verl's never returns.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from streamrl.scorers.base import ground_truth_text
 logging.getLogger("pylatexenc").setLevel(logging.ERROR)
 
 VERSION = "1"
+#: one comparison's budget (verl's prime_math's per comparison): mathruler hands the answer to SymPy,
+#: which evaluates what it reads (``9**9**9`` against a non-integer truth never returns, in verl too)
+SYMPY_TIMEOUT_S = 10.0
 _FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
 
@@ -44,7 +48,19 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
     truth = ground_truth_text(ground_truth, data_source)
     extract, grade = _grader()
     pred = extract(solution_str) if use_boxed else solution_str
-    acc = bool(grade(pred, truth))
+    acc = _graded(grade, pred, truth)
     well_formed = _FORMAT.fullmatch(solution_str) is not None
     score = (1.0 - format_score) * float(acc) + format_score * float(well_formed)
     return {"score": score, "acc": acc, "format": well_formed, "pred": pred}
+
+
+def _graded(grade: Any, pred: str, truth: str) -> bool:
+    """mathruler's verdict within ``SYMPY_TIMEOUT_S``: past it, wrong (as prime_math's time limit),
+    where verl's call would hold its reward worker for good."""
+    from streamrl.errors import Failure
+    from streamrl.scorers.math_verify import _bounded, _Deadline
+
+    try:
+        return bool(_bounded(lambda: grade(pred, truth), _Deadline(SYMPY_TIMEOUT_S, "comparison")))
+    except Failure:
+        return False

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.bus import Bus, Reader, TopicPartition
+from streamrl.errors import StorageFull, storage_full
 from streamrl.records import (DEADLETTER, DISTILLED, EVAL, POLICY, PROMPTS, REWARDED, REWARDED_SCHEMA, ROLLOUTS,
                               RecordError)
 from streamrl.scorers.base import numeric_info
@@ -226,9 +227,18 @@ class Observation:
                 "started": self.started}
 
     def save(self, path: Path) -> None:
-        """``to_state`` to ``path`` whole or not at all (a run SIGKILLed while writing it)."""
+        """``to_state`` to ``path`` whole or not at all (a run SIGKILLed while writing it). A full
+        storage stops the run naming the path (``StorageFull``), as it stops the learner: the
+        previous file stays, and nothing the stages did is lost with it."""
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_state()))
+        try:
+            tmp.write_text(json.dumps(self.to_state()))
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if not storage_full(exc):
+                raise
+            raise StorageFull(f"supervisor: the run's observation did not fit in {path.parent} ({exc.strerror or exc}): "
+                              "free space there, then resume the run (`streamrl run --resume`)") from exc
         os.replace(tmp, path)
 
     @classmethod

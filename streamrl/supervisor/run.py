@@ -64,9 +64,26 @@ def run(args: argparse.Namespace) -> int:
             if result is not None:
                 print(json.dumps(result), file=stdout, flush=True)
             raise  # the command's own report: one line and exit 2 for a StreamrlError
-        (out / "summary.json").write_text(json.dumps(result, indent=1))
+        write_summary(out, result)
         print(json.dumps(result), file=stdout, flush=True)
     return EXIT_CODES.get(result["ended"], 1)
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> None:
+    """``summary.json`` whole, unless its storage is full: then the summary's JSON line on stdout
+    is the record of the run's end (a full disk must not turn the end's report into a traceback)."""
+    from streamrl.errors import storage_full
+
+    tmp = out / "summary.json.tmp"
+    try:
+        tmp.write_text(json.dumps(summary, indent=1))
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if not storage_full(exc):
+            raise
+        summary["summary_json"] = f"not written: {exc.strerror or exc} in {out}"
+        return
+    os.replace(tmp, out / "summary.json")  # whole or not at all: an earlier session's stays if this fails
 
 
 @contextlib.contextmanager
@@ -111,7 +128,7 @@ def kept(cfg, out: Path, state, exc: BaseException) -> dict | None:
         summary["records"] = json.loads((out / "observation.json").read_text())["sessions"][-1]
     if good is not None:
         summary["resume"] = f"streamrl run --resume {out}  (from version {good[1].version})"
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_summary(out, summary)
     print(f"run failed: {why}; {out} is kept"
           + (f"; continue with: {summary['resume']}" if good else
              " (no learner checkpoint yet: a new run starts over)"), file=sys.stderr, flush=True)

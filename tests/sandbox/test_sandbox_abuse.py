@@ -1,9 +1,10 @@
 """Code a policy might write, on the real `streamrl sandbox` service, through the code scorer: a
-fork bomb, an infinite loop, a memory hog, a disk filler (one file, many files), writes and reads
-outside the scratch dir, reading the service's environment (a secret is in it), opening sockets,
-killing the parent (and every process it may signal), a 100 MB print. Each is contained and scored
-as a failure with its reason; afterwards the service is alive, has no process of the code left, and
-serves correct code again. The cases run at once (the service's four slots), with tight limits."""
+fork bomb, an infinite loop, a memory hog, a disk filler (one file, many files, and past the
+scratch: `/`, `/dev`, `/dev/shm`), writes and reads outside the scratch dir, reading the service's
+environment (a secret is in it), opening sockets, killing the parent (and every process it may
+signal), a 100 MB print. Each is contained and scored as a failure with its reason; afterwards the
+service is alive, has no process of the code left, and serves correct code again. The cases run at
+once (the service's four slots), with tight limits."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def abuse_programs(service_port: int, service_pid: int) -> dict[str, tuple[str, 
                                     for p in [*HOST_FILES[1:], Path('/usr/lib/abuse'), Path('/etc/abuse')])
                           + f"import os\nattempt('cwd', lambda: os.chdir({str(ROOT)!r}))\nprint('done')",
                           {"wrong_answer"}),
+        # past the scratch: bubblewrap's own root and /dev are tmpfs without a size (host memory)
+        "fill_outside_scratch": ("import os\nfor d in ('/', '/dev', '/dev/shm', '/sandbox', '/proc'):\n"
+                                 "    written = 0\n    try:\n        for i in range(8):\n"
+                                 "            with open(os.path.join(d, f'fill{i}'), 'wb') as f:\n"
+                                 "                f.write(b'0' * (4 << 20))\n            written += 4 << 20\n"
+                                 "    except OSError:\n        pass\n"
+                                 "    if written > 16 << 20:\n        print('ESCAPED', d, written)\n"
+                                 "print('done')", {"wrong_answer"}),
         "read_outside": (attempt + "".join(f"attempt('read {p}', lambda: print(open({str(p)!r}).read()[:50]))\n"
                                            for p in [Path(__file__), Path('/etc/hostname'), Path('/etc/passwd'),
                                                      Path.home() / '.bashrc']) + "print('done')",
@@ -106,7 +115,7 @@ def test_abuse_is_contained_scored_as_failure_and_the_service_serves_on(sandbox_
         assert ESCAPED not in stdout, (name, stdout[:500])
         assert SECRET not in stdout and SECRET not in (raw["run_result"]["stderr"] or ""), name
         assert raw["status"] == "Failed" or name in ("write_outside", "read_outside", "read_secret", "sockets",
-                                                     "kill_parent"), (name, raw["status"])
+                                                     "kill_parent", "fill_outside_scratch"), (name, raw["status"])
         assert scored["score"] == 0.0 and scored["reason"] in allowed, (name, scored)
     assert outcomes["print_100mb"][0]["run_result"]["return_code"] != 0
     assert len(outcomes["print_100mb"][0]["run_result"]["stdout"]) <= 1 << 20

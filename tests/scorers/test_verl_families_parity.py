@@ -454,3 +454,13 @@ def test_prime_math_never_runs_what_a_response_wrote(tmp_path, monkeypatch: pyte
         assert prime_math.compute_score("numina_olympiads", response, truth)["score"] == 0.0
     assert not (tmp_path / "ran").exists()
     assert prime_math.compute_score("numina_olympiads", "\\boxed{2\\pi}", "6.2832")["score"] == 1.0  # arithmetic still is
+
+
+def test_geo3k_gives_sympy_a_time_limit(monkeypatch: pytest.MonkeyPatch):
+    """mathruler hands a boxed answer to SymPy, which evaluates it: ``9**9**9`` against a
+    non-integer truth never returns (verl's call holds its worker for good). Here the comparison
+    has prime_math's per-comparison limit (cut to 1 s for the test): past it, wrong; a plain
+    answer is still graded as verl grades it."""
+    monkeypatch.setattr(geo3k, "SYMPY_TIMEOUT_S", 1.0)
+    assert geo3k.compute_score("hiyouga/geometry3k", "\\boxed{9**9**9}", "2.5")["acc"] is False
+    assert geo3k.compute_score("hiyouga/geometry3k", "<think>x</think> \\boxed{5/2}", "2.5")["score"] == 1.0

@@ -7,6 +7,7 @@ named on the status line."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -258,6 +259,78 @@ def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives
         assert sum(rewarded.values()) - len(rewarded) <= len(rewarded) // 10, rewarded.most_common(3)
     later = [t.policy_version for t in rollouts if t.created_at > resumed_at]
     assert later and min(later) >= resumed - staleness, (resumed, sorted(set(later)))
+    accounted(summary, redelivered=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write zeros into ``disk`` until it refuses (ENOSPC), as another program filling the
+    device would; the file is returned to be deleted ("free space")."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.e2e
+def test_a_disk_filled_mid_run_stops_it_naming_the_path_and_resume_after_freeing_loses_nothing(tmp_path):
+    """Issue 68: the run's directory on a device of its own (a 96 MB tmpfs) that something else
+    fills after version 2, on a broker that outlives the run. The run stops by itself with the
+    reason (``StorageFull``: the path and "No space left"), never hangs or restarts into the same
+    wall; the latest checkpoint stays readable; after the filler is deleted ``--resume`` trains to
+    the last version with every prompt group finished once and every rollout rewarded or
+    dead-lettered."""
+    from streamrl.broker import EmbeddedBroker
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:  # CI runs as root, as this machine does; a user without mount cannot fill a device
+        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
+    try:
+        with EmbeddedBroker() as broker:
+            cfg = BusConfig(bootstrap_servers=broker.bootstrap, topic_prefix="fulldisk")
+            args = ["--bootstrap-servers", broker.bootstrap, "bus.topic_prefix=fulldisk", *OUTLIVED]
+            run = Run(disk, *args)
+            try:
+                run.wait_for_version(2)
+                filler = fill(disk)
+                stopped = run.finish(240)
+            finally:
+                run.kill()
+            out = next(disk.glob("*/checkpoints")).parent
+            # whichever stage's write meets the full device first names it: the learner's checkpoint,
+            # the archive, or the supervisor's own observation; exit 2, the run's directory kept
+            assert run.proc.returncode == 2 and stopped["ended"].startswith("failed"), (stopped, run.err[-3000:])
+            assert "--resume" in json.dumps(stopped), stopped
+            reason = " ".join(str(v) for v in stopped.values()) + run.err
+            assert "No space left" in reason and str(disk) in reason, run.err[-3000:]
+            at_stop = state_of(out).version
+            assert at_stop >= 2
+
+            filler.unlink()
+            run = Run(disk, *args, "--resume", str(out))
+            try:
+                summary = run.finish()
+            finally:
+                run.kill()
+            assert run.proc.returncode == 0 and summary["ended"] == "done", run.err[-3000:]
+            bus = Bus(cfg)
+            rollouts = {Trajectory.decode(m.value).id for m in read_topic_sync(bus, "rollouts")}
+            rewarded = {Rewarded.decode(m.value).id for m in read_topic_sync(bus, "rewarded")}
+            dead = {d.record_id for d in (DeadLetter.decode(m.value) for m in read_topic_sync(bus, "deadletter"))
+                    if d.source_topic == bus.topic("rollouts")}
+        done = state_of(out).done_groups
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    print(f"disk filled after version {at_stop}: the run ended {stopped['ended']!r}; resumed to {summary['versions']}")
+    assert summary["versions"] == 8
+    assert len(done) == len(set(done)), "a prompt group finished twice"
+    assert rollouts == rewarded | dead, "a rollout neither rewarded nor dead-lettered"
     accounted(summary, redelivered=True)
 
 
