@@ -215,7 +215,8 @@ def fit_prompt_length(prompts: list[Prompt], cfg: FeedConfig) -> list[Prompt]:
     return out
 
 
-def feed_group_ids(cfg: FeedConfig) -> set[str]:
-    """The group ids the feed publishes, over all its epochs: the learner ends the run when
-    every one is finished (``learner.end_with_data``)."""
-    return {p.group_id for p in build_prompts(cfg)}
+def feed_group_ids(cfg: FeedConfig) -> list[str]:
+    """The group ids the feed publishes, over all its epochs, in the order it publishes them:
+    the learner ends the run when every one is finished (``learner.end_with_data``) and records
+    the finished ones by their position here (``resume.pack_finished``)."""
+    return [p.group_id for p in build_prompts(cfg)]

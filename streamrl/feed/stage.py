@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from streamrl import resume
 from streamrl.datasets import describe
 from streamrl.feed.config import FeedConfig
-from streamrl.feed.prompts import build_prompts
+from streamrl.feed.prompts import build_prompts, feed_group_ids
 
 
 async def published_group_ids(bus) -> set[str]:
@@ -61,7 +61,9 @@ class Feed:
         is fed again exactly when its group was not trained (or dead-lettered) in the weights
         the run resumes from."""
         good = resume.latest_good(self.checkpoint_dir) if self.checkpoint_dir else None
-        done = set(good[1].done_groups) if good else set()
+        done = set()
+        if good is not None:  # by position in the feed's order (read only where the state has positions)
+            done = resume.finished(good[1], feed_group_ids(self.cfg) if good[1].done_bits else None)
         on_topic = await published_group_ids(self.bus)
         return done | on_topic, len(done), len(on_topic - done)
 

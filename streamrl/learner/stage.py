@@ -144,7 +144,9 @@ class Learner:
         self.last_checkpoint: Path | None = last
         # the end of the data (learner.end_with_data): the feed's group ids, set by from_config
         self.expected: set[str] | None = None
+        # the feed's finished groups (with its order, once ``expect``-ed: those of the checkpoint's bits too)
         self.done_groups: set[str] = set(self.state.done_groups)
+        self._order: list[str] | None = None  # the feed's group ids in its order (``expect``)
         self._remaining: set[str] = set()
         self._lost: dict[str, set[str]] = {}  # group id -> member ids dead-lettered before training
         self._sizes: dict[str, int] = {}  # group id -> group_size, for groups known only by losses
@@ -165,7 +167,7 @@ class Learner:
         is read here, at start (not when the config is checked: a dry-run's dataset need not
         exist), for its group ids and, where ``learner.versions`` is 0, the versions it makes:
         the lr schedule's total, as verl counts its steps from its dataloader."""
-        ids: set[str] | None = None
+        ids: list[str] | None = None
         if cfg.learner.end_with_data:
             from streamrl.feed.prompts import feed_group_ids
 
@@ -185,10 +187,13 @@ class Learner:
             learner.expect(ids, cfg.feed.group_size)
         return learner
 
-    def expect(self, group_ids: set[str], group_size: int) -> None:
-        """End when every group in ``group_ids`` is finished (trained, or dead-lettered at any
-        stage): the data is exhausted."""
-        self.expected = set(group_ids)
+    def expect(self, group_ids: list[str], group_size: int) -> None:
+        """End when every group in ``group_ids`` (the feed's, in its order) is finished (trained,
+        or dead-lettered at any stage): the data is exhausted. ``resume.FeedChanged`` if the
+        checkpoint's finished groups were recorded against another feed's order."""
+        self._order = list(group_ids)
+        self.done_groups |= resume.finished(self.state, self._order)
+        self.expected = set(self._order)
         self._remaining = self.expected - self.done_groups
         self._group_size = group_size
         if self.state.ended == "data_exhausted" and self._remaining:
@@ -290,8 +295,7 @@ class Learner:
     # -- the end of the data --------------------------------------------------------------------
     def _group_done(self, gid: str) -> None:
         if gid not in self.done_groups:
-            self.done_groups.add(gid)
-            self.state.done_groups.append(gid)
+            self.done_groups.add(gid)  # into the checkpoint's state when it is saved
             self._lost.pop(gid, None)
             self._sizes.pop(gid, None)
         self._remaining.discard(gid)
@@ -546,6 +550,7 @@ class Learner:
             offsets.update({str(tp.partition): off for tp, off in positions.items()})
             self.state.offsets = offsets
             self.state.assembler = self.assembler.state_dict()
+            resume.pack_finished(self.state, self.done_groups, self._order)
             with full_storage_stops("the checkpoint of version", self.version, self.cfg.checkpoint_dir,
                                     "learner.keep_checkpoints"):
                 saved.append(await asyncio.to_thread(

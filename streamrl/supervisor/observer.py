@@ -12,14 +12,15 @@ import asyncio
 import json
 import os
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from streamrl.bus import Bus, Reader, TopicPartition
 from streamrl.errors import StorageFull, storage_full
-from streamrl.records import DEADLETTER, DISTILLED, EVAL, POLICY, PROMPTS, REWARDED, ROLLOUTS, RecordError
+from streamrl.records import (DEADLETTER, DISTILLED, EVAL, POLICY, PROMPTS, REWARDED, REWARDED_SCHEMA, ROLLOUTS,
+                              RecordError)
 from streamrl.scorers.base import numeric_info
 from streamrl.supervisor.launcher import Launcher
 
@@ -61,6 +62,43 @@ class SourceStats:
 MAX_SOURCES = 50
 
 
+class RecentIds:
+    """The ids seen lately, so that a record delivered again is counted once without keeping
+    every id of a run of days (a set of every rewarded id grew ~28 MB per 1,000 versions of the
+    main job: issue 68). An id is remembered while it is among the last ``at_least`` seen or
+    younger than ``keep_s`` seconds (whichever keeps more; ``at_most`` caps it whatever the two
+    say). A copy of a record comes from a stage that restarted or a partition that moved before
+    its commit (seconds to a few minutes after the original), well inside both. The run's
+    summary does not rest on it: at the end the ids are read again, whole (``Observer.read_ids``)."""
+
+    def __init__(self, keep_s: float = 600.0, at_least: int = 20_000, at_most: int = 2_000_000,
+                 clock: Any = time.monotonic):
+        self.keep_s, self.at_least, self.at_most, self.clock = keep_s, at_least, at_most, clock
+        self._ids: set[str] = set()
+        self._order: deque[tuple[float, str]] = deque()  # (when seen, id), oldest first
+
+    def add(self, key: str) -> bool:
+        """Remember ``key``; False if it was already remembered (a copy)."""
+        if key in self._ids:
+            return False
+        now = self.clock()
+        self._ids.add(key)
+        self._order.append((now, key))
+        while len(self._order) > self.at_least and (len(self._order) > self.at_most
+                                                    or now - self._order[0][0] >= self.keep_s):
+            self._ids.discard(self._order.popleft()[1])
+        return True
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Any:
+        return iter(self._ids)
+
+
 @dataclass
 class Observation:
     """What the topics say about the run so far (records counted once by ``id``)."""
@@ -80,7 +118,8 @@ class Observation:
     validation: dict[str, dict[int, float]] = field(default_factory=lambda: defaultdict(dict))
     by_version: dict[int, VersionStats] = field(default_factory=lambda: defaultdict(VersionStats))
     by_source: dict[str, SourceStats] = field(default_factory=dict)
-    seen_ids: set[str] = field(default_factory=set)
+    # rewarded ids seen lately (each record counted once); every one is read at the end (``rewarded_ids``)
+    seen_ids: RecentIds = field(default_factory=RecentIds)
     # dead-lettered trajectories, counted once by id, by the topic they were read from:
     # ``rollouts`` (the reward stage could not score them), ``rewarded`` or ``distilled`` (the
     # learner dropped them); the rollout workers' and the teacher's are counted apart
@@ -114,7 +153,10 @@ class Observation:
     def dead(self, topic: str) -> int:
         return len(self.dead_ids.get(topic, ()))
 
-    rollout_ids: set[str] | None = None  # read at the end of a run: the exact count by id
+    # read at the end of a run (``Observer.read_ids``): every id on rollouts and on rewarded,
+    # the exact counts by id
+    rollout_ids: set[str] | None = None
+    rewarded_ids: set[str] | None = None
 
     @property
     def unscored(self) -> int:
@@ -125,8 +167,8 @@ class Observation:
         accounts for the rollouts by the teacher instead."""
         if self.teacher_input == ROLLOUTS.name:
             return 0
-        if self.rollout_ids is not None:
-            return len(self.rollout_ids - self.seen_ids - self.dead_ids.get(ROLLOUTS.name, set()))
+        if self.rollout_ids is not None and self.rewarded_ids is not None:
+            return len(self.rollout_ids - self.rewarded_ids - self.dead_ids.get(ROLLOUTS.name, set()))
         return self.rollouts - self.rewarded - self.dead(ROLLOUTS.name)
 
     @property
@@ -166,7 +208,7 @@ class Observation:
         if self.teacher_input != ROLLOUTS.name:
             out.update(rewarded=self.rewarded, dead_at_reward=self.dead(ROLLOUTS.name), unscored=self.unscored)
         if self.teacher_input:
-            taken = (self.rollout_ids if self.teacher_input == ROLLOUTS.name else self.seen_ids)
+            taken = (self.rollout_ids if self.teacher_input == ROLLOUTS.name else self.rewarded_ids)
             undistilled = (len(taken - self.distilled_ids - self.teacher_dead)
                            if taken is not None else self.teacher_backlog)
             out.update(distilled=self.distilled, dead_at_teacher=len(self.teacher_dead), undistilled=undistilled)
@@ -244,9 +286,8 @@ class Observer:
             try:
                 if topic == REWARDED.name:
                     rec = REWARDED.decode(msg.value)
-                    if rec.id in obs.seen_ids:
+                    if not obs.seen_ids.add(rec.id):
                         continue  # at-least-once: a redelivered record counts once
-                    obs.seen_ids.add(rec.id)
                     obs.rewarded += 1
                     if rec.token_versions and rec.versions().span > 1:
                         obs.span_max = max(obs.span_max, rec.versions().span)
@@ -301,20 +342,27 @@ class Observer:
         self._rollout_ends = ends[1]
         return sum(ends[0].values()), sum(ends[1].values())
 
-    async def read_rollout_ids(self) -> set[str]:
-        """Every trajectory id on ``rollouts`` (read once, at the end of a run, for the summary)."""
+    async def read_ids(self) -> None:
+        """Every trajectory id on ``rollouts`` and on ``rewarded`` (read once, at the end of a
+        run, for the summary: ``rollout_ids``, ``rewarded_ids``, and ``rewarded`` counted by
+        them exactly, whatever copies came too late for ``seen_ids``)."""
         import orjson
 
-        ids = set()
-        async with Reader(self.bus, [ROLLOUTS], "run") as reader:
+        ids: dict[str, set[str]] = {ROLLOUTS.name: set(), REWARDED.name: set()}
+        async with Reader(self.bus, [ROLLOUTS, REWARDED], "run") as reader:
             async for batch in reader.read():
                 for msg in batch:
+                    topic = self.bus.config.short_topic(msg.topic)
                     try:
-                        ids.add(str(orjson.loads(msg.value)["id"]))
+                        obj = orjson.loads(msg.value)
+                        if topic == REWARDED.name and obj["schema"] != REWARDED_SCHEMA:
+                            continue  # counted as unreadable by ``poll``, not as rewarded
+                        ids[topic].add(str(obj["id"]))
                     except (orjson.JSONDecodeError, KeyError, TypeError):
-                        ids.add(f"{msg.partition}:{msg.offset}")  # unreadable: one of its own
-        self.obs.rollout_ids = ids
-        return ids
+                        if topic == ROLLOUTS.name:
+                            ids[topic].add(f"{msg.partition}:{msg.offset}")  # unreadable: one of its own
+        self.obs.rollout_ids, self.obs.rewarded_ids = ids[ROLLOUTS.name], ids[REWARDED.name]
+        self.obs.rewarded = len(self.obs.rewarded_ids)
 
     async def teacher_lag(self, teacher: str = "") -> int:
         """A teacher group's consumer lag on its input (``teacher``: its label), or all of them

@@ -139,11 +139,13 @@ def kept(cfg, out: Path, state, exc: BaseException) -> dict | None:
 def open_run_dir(cfg, resume: str | None):
     """``(run directory, learner state to resume from or None)`` (``choose_run_dir``), its
     ``logs/`` made."""
+    from streamrl.resume import finished_count
+
     out, state = choose_run_dir(cfg, required=resume is not None)  # absolute: stages run elsewhere
     (out / "logs").mkdir(parents=True, exist_ok=True)
     if state is not None:
         print(f"run: resuming {out} from version {state.version} ({state.trained_records} records trained, "
-              f"{len(state.done_groups)} prompt groups finished)", file=sys.stderr, flush=True)
+              f"{finished_count(state)} prompt groups finished)", file=sys.stderr, flush=True)
     return out, state
 
 
@@ -354,7 +356,7 @@ async def finish(session: Session) -> None:
     gone = ended == "failed:broker" or watch.unreachable  # nothing to read: do not wait for it
     if not gone and await bounded(observer.poll(timeout_ms=200), 5) is not None:
         if ended in FINISHED:
-            await bounded(observer.read_rollout_ids(), 60)
+            await bounded(observer.read_ids(), 60)
         watch.show(status_line(observer.obs, session.cfg.learner.versions, session.launcher.restart_count()))
     if session.interactive:
         print(file=sys.stderr)

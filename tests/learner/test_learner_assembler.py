@@ -272,3 +272,42 @@ def test_randomised_redeliveries_never_train_an_id_twice_with_a_bounded_window()
         peak = max(peak, len(a.finished))
     assert version > 100 and len(trained) == len(set(trained)), "an id trained twice"
     assert peak < 400, peak  # ~ (staleness + 2 versions, or ~3 s of them) * their records, not the run's
+
+
+def test_the_feeds_finished_groups_take_a_bit_each_and_read_back_whole():
+    """Issue 68: the checkpoint listed every prompt group the run finished (~580 bytes more per
+    version of the main job, rewritten at every checkpoint). By position in the feed's order it
+    is a bit each: 2,000 versions' groups, finished out of order as rollout workers finish them,
+    fit in a few KB and read back exactly; a group the order does not hold stays by id; another
+    feed's order is refused (its finished prompts could be fed again), more epochs after it are
+    not."""
+    import json
+    from dataclasses import asdict
+
+    import pytest
+
+    from streamrl import resume
+    from streamrl.feed.prompts import group_id
+
+    order = [group_id("digits", epoch, i, f"inc {i}=") for epoch in range(2) for i in range(16_000)]
+    rng = random.Random(0)
+    done: set[str] = set()
+    state = resume.LearnerState()
+    for v in range(2000):  # 16 groups a version, each up to 64 positions late
+        done.update(order[min(len(order) - 1, 16 * v + rng.randrange(64))] for _ in range(16))
+        if v % 250 == 0:
+            resume.pack_finished(state, done | {"outside-the-feed"}, order)
+    resume.pack_finished(state, done | {"outside-the-feed"}, order)
+    size = len(json.dumps(asdict(state)))
+    listed = len(json.dumps(sorted(done)))
+    assert size < 8_000 and size * 50 < listed, (size, listed)  # the ids took ~0.7 MB
+    back = resume.LearnerState(**json.loads(json.dumps(asdict(state))))  # as state.json holds it
+    assert resume.finished(back, order) == done | {"outside-the-feed"}
+    assert resume.finished_count(back) == len(done) + 1 and back.done_groups == ["outside-the-feed"]
+    assert resume.finished(back, order + [group_id("digits", 2, 0, "inc 0=")]) == done | {"outside-the-feed"}
+    for other in (order[1:], order[:100], None):
+        with pytest.raises(resume.FeedChanged, match="another feed"):
+            resume.finished(back, other)
+    # without the feed's order (a learner that could not read it) earlier bits stay, new ids are kept by id
+    resume.pack_finished(back, {"late"}, None)
+    assert resume.finished(back, order) == done | {"late"}

@@ -141,7 +141,7 @@ def test_a_run_ends_when_its_data_ends_and_a_refused_version_is_named(tmp_path):
     assert summary["records"]["prompts"] == 48 and summary["records"]["rollouts"] == 192
     accounted(summary)
     state = state_of(Path(summary["out"]))
-    assert state.ended == "data_exhausted" and len(state.done_groups) == len(set(state.done_groups)) == 48
+    assert state.ended == "data_exhausted" and resume.finished_count(state) == 48 and not state.done_groups
     assert not [pid for pid in run.seen if alive(pid)]
 
 
@@ -166,7 +166,7 @@ def test_resume_after_a_sigkill_of_everything_finishes_the_data(tmp_path):
     assert not [pid for pid in seen if alive(pid)], "a process outlived the SIGKILL of the run"
     out = next(tmp_path.glob("*/checkpoints")).parent
     first = state_of(out)
-    assert 2 <= first.version and first.done_groups
+    assert 2 <= first.version and resume.finished_count(first)
 
     run = Run(tmp_path, *LONGER, "--resume", str(out))
     try:
@@ -175,12 +175,13 @@ def test_resume_after_a_sigkill_of_everything_finishes_the_data(tmp_path):
     finally:
         run.kill()
     assert run.proc.returncode == 0 and summary["ended"] == "data_exhausted", run.err[-3000:]
-    assert published(out) == 32 - len(first.done_groups)  # no finished prompt fed again
+    assert published(out) == 32 - resume.finished_count(first)  # no finished prompt fed again
     last = state_of(out)
     assert last.version > first.version and summary["versions"] == last.version
     # every prompt group finished exactly once across the two sessions; nothing trained twice
-    assert len(last.done_groups) == len(set(last.done_groups)) == 32
-    assert set(first.done_groups) <= set(last.done_groups)
+    # (by their positions in the feed's order: none is left by id)
+    assert resume.finished_count(last) == len(resume.finished_positions(last)) == 32
+    assert resume.finished_positions(first) <= resume.finished_positions(last)
     accounted(summary)
     # the killed session is in the summary as far as it was observed (saved as its figures moved)
     assert [earlier["prompts"] > 0 for earlier in summary["earlier_sessions"]] == [True]
@@ -248,8 +249,9 @@ def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives
     assert max(prompts.values()) == 1, prompts.most_common(3)  # no prompt published twice for its epoch
     assert 3 <= resumed < 8 and summary["versions"] == 8, (resumed, summary["versions"])
     assert versions == sorted(set(versions)) and versions[-1] == 8, versions
-    done = state_of(out).done_groups
-    assert len(done) == len(set(done)), "a prompt group finished twice"
+    done = state_of(out)
+    assert len(done.done_groups) == len(set(done.done_groups)) and resume.finished_count(done) <= 64, \
+        "a prompt group finished twice"
     assert {t.id for t in rollouts} == set(rewarded) | dead, "a rollout neither rewarded nor dead-lettered"
     # at least once: after a SIGKILL what was scored and not committed is scored again, and after
     # a Ctrl-C a record in flight when a joining member takes its partition may be (rarely)
@@ -322,12 +324,13 @@ def test_a_disk_filled_mid_run_stops_it_naming_the_path_and_resume_after_freeing
             rewarded = {Rewarded.decode(m.value).id for m in read_topic_sync(bus, "rewarded")}
             dead = {d.record_id for d in (DeadLetter.decode(m.value) for m in read_topic_sync(bus, "deadletter"))
                     if d.source_topic == bus.topic("rollouts")}
-        done = state_of(out).done_groups
+        done = state_of(out)
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
     print(f"disk filled after version {at_stop}: the run ended {stopped['ended']!r}; resumed to {summary['versions']}")
     assert summary["versions"] == 8
-    assert len(done) == len(set(done)), "a prompt group finished twice"
+    assert len(done.done_groups) == len(set(done.done_groups)) and resume.finished_count(done) <= 64, \
+        "a prompt group finished twice"
     assert rollouts == rewarded | dead, "a rollout neither rewarded nor dead-lettered"
     accounted(summary, redelivered=True)
 
@@ -387,7 +390,7 @@ def test_stage_verbs_started_separately_end_with_their_data(tmp_path, bootstrap)
             except subprocess.TimeoutExpired:
                 proc.kill()
     state = state_of(tmp_path)
-    assert state.ended == "data_exhausted" and len(set(state.done_groups)) == 8
+    assert state.ended == "data_exhausted" and resume.finished_count(state) == 8
     versions = [PolicyVersion.decode(m.value).version for m in read_topic_sync(Bus(cfg), "policy")]
     assert versions[-1] == state.version >= 1
 

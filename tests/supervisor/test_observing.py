@@ -14,7 +14,7 @@ from streamrl.bus import Bus, TopicPartition
 from streamrl.records import DeadLetter, Distilled, PolicyVersion
 from streamrl.supervisor.display import summary_line
 from streamrl.supervisor.launcher import LocalLauncher
-from streamrl.supervisor.observer import Observer
+from streamrl.supervisor.observer import Observer, RecentIds
 from streamrl.supervisor.watch import diagnose
 from tests.helpers import produce, rewarded_from, trajectory
 
@@ -116,3 +116,46 @@ def test_every_dead_letter_is_counted_where_it_happened_and_the_identities_hold(
     assert "10 rollouts = 7 rewarded + 1 dead-lettered + 2 unscored" in line, line
     assert "1 dead-lettered by the rollout workers (rollout.max_span)" in line, line
     assert ("7 rewarded = 5 distilled + 1 dead-lettered + 1 undistilled" in line) == bool(teacher), line
+
+
+def test_a_long_run_keeps_a_bounded_window_of_ids_and_its_summary_counts_each_record_once(memory_bus: Bus):
+    """Issue 68: the supervisor kept every rewarded id it ever read (~28 MB more per 1,000
+    versions of the main job). 120 versions of 64 records, 10 s apart on the observer's clock:
+    the ids it keeps stay within the window's bounds, not the run's length; a copy sent at once
+    (a reward member that restarted) still counts once; read at the end, the ids give the exact
+    figures, a copy that came after the window included."""
+    clock = [0.0]
+
+    async def main() -> tuple[list[int], int, int, dict]:
+        observer = Observer(memory_bus, reward_group=memory_bus.config.group("reward", ""))
+        observer.obs.seen_ids = RecentIds(keep_s=60.0, at_least=200, clock=lambda: clock[0])
+        await observer.start()
+        sizes, first = [], None
+        try:
+            for v in range(120):
+                batch = [trajectory(f"{v}-{i}", group_id=f"g{v}", policy_version=v) for i in range(64)]
+                first = first or batch[0]
+                scored = [rewarded_from(t) for t in batch] + ([rewarded_from(batch[0])] if v % 10 == 9 else [])
+                await produce(memory_bus, batch)
+                await produce(memory_bus, scored, topic="rewarded")
+                for _ in range(50):
+                    if (await observer.poll(timeout_ms=20)).rewarded >= 64 * (v + 1):
+                        break
+                sizes.append(len(observer.obs.seen_ids))
+                clock[0] += 10.0
+            await produce(memory_bus, [rewarded_from(first)], topic="rewarded")  # a copy 20 minutes late
+            for _ in range(50):
+                if (await observer.poll(timeout_ms=20)).rewarded > 64 * 120:
+                    break
+            live = observer.obs.rewarded
+            await observer.read_ids()
+            return sizes, live, observer.obs.rewarded, observer.obs.records()
+        finally:
+            await observer.stop()
+
+    sizes, live, exact, records = asyncio.run(main())
+    assert max(sizes) <= 64 * 8, sizes[-10:]  # 60 s of records (and the version being read), not 7,680 ids
+    assert sizes[-1] >= 200
+    assert live == 64 * 120 + 1  # the twelve copies at once counted once; the late one past the window
+    assert exact == 64 * 120  # the summary's count is by every id, read at the end
+    assert (records["rollouts"], records["rewarded"], records["unscored"]) == (64 * 120, 64 * 120, 0), records
