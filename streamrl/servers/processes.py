@@ -168,17 +168,17 @@ def server_argv(spec: ServerConfig, port: int, role: str = "reward") -> list[str
     in ``policy_env``), SGLang as it is (``/update_weights_from_disk`` is always on)."""
     g = str(spec.gpus_per_replica)
     if spec.backend == "trtllm":  # TensorRT-LLM's OpenAI-compatible server, its PyTorch backend
-        return [_trtllm_executable(), spec.model, "--host", spec.host, "--port", str(port), "--tp_size", g,
+        return [_executable("trtllm-serve"), spec.model, "--host", spec.host, "--port", str(port), "--tp_size", g,
                 "--backend", "pytorch", *spec.args]
     if role == "policy":
         if spec.backend == "vllm":
-            return [_vllm_executable(), "serve", spec.model, "--host", spec.host, "--port", str(port),
+            return [_executable("vllm"), "serve", spec.model, "--host", spec.host, "--port", str(port),
                     "--tensor-parallel-size", g, "--worker-extension-cls", VLLM_WORKER_EXTENSION, *spec.args]
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model,
                 "--host", spec.host, "--port", str(port), "--tp-size", g, *spec.args]
     pooling = spec.task == "classify"  # a generative reward model serves chat completions
     if spec.backend == "vllm":
-        return [_vllm_executable(), "serve", spec.model, "--host", spec.host, "--port", str(port),
+        return [_executable("vllm"), "serve", spec.model, "--host", spec.host, "--port", str(port),
                 *(["--runner", "pooling"] if pooling else []), "--tensor-parallel-size", g, *spec.args]
     if spec.backend == "sglang":
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model,
@@ -207,22 +207,14 @@ def kwargs_flags(kwargs: dict[str, Any]) -> list[str]:
     return out
 
 
-def _trtllm_executable() -> str:
-    """``trtllm-serve`` on PATH, else the one beside this interpreter."""
-    found = shutil.which("trtllm-serve")
+def _executable(name: str) -> str:
+    """``name`` (``vllm``, ``trtllm-serve``) on PATH, else the one beside this interpreter (a
+    virtualenv's bin)."""
+    found = shutil.which(name)
     if found:
         return found
-    beside = Path(sys.executable).with_name("trtllm-serve")
-    return str(beside) if beside.exists() else "trtllm-serve"
-
-
-def _vllm_executable() -> str:
-    """``vllm`` on PATH, else the one beside this interpreter (a virtualenv's bin)."""
-    found = shutil.which("vllm")
-    if found:
-        return found
-    beside = Path(sys.executable).with_name("vllm")
-    return str(beside) if beside.exists() else "vllm"
+    beside = Path(sys.executable).with_name(name)
+    return str(beside) if beside.exists() else name
 
 
 def replica_devices(spec: ServerConfig, index: int, visible: str | None) -> str:

@@ -192,6 +192,23 @@ def test_resume_after_a_sigkill_of_everything_finishes_the_data(tmp_path):
 OUTLIVED = ["run.reward_members=2", "feed.limit=64", "learner.versions=8"]
 
 
+def resumed_to_its_end(where: Path, args: list[str], out: Path, cfg: BusConfig):
+    """``--resume`` the run in ``out`` to its end: ``(summary, rollouts, rewarded ids counted,
+    the rollouts' dead-lettered ids)`` read from the broker that outlived both sessions."""
+    run = Run(where, *args, "--resume", str(out))
+    try:
+        summary = run.finish()
+    finally:
+        run.kill()
+    assert run.proc.returncode == 0 and summary["ended"] == "done", run.err[-3000:]
+    bus = Bus(cfg)
+    rollouts = [Trajectory.decode(m.value) for m in read_topic_sync(bus, "rollouts")]
+    rewarded = Counter(Rewarded.decode(m.value).id for m in read_topic_sync(bus, "rewarded"))
+    dead = {d.record_id for d in (DeadLetter.decode(m.value) for m in read_topic_sync(bus, "deadletter"))
+            if d.source_topic == bus.topic("rollouts")}
+    return summary, rollouts, rewarded, dead
+
+
 # each way to stop once, each staleness once: the pairs that differ (Ctrl-C with staleness 1 and
 # SIGKILL with 0 passed as long as these two did)
 @pytest.mark.parametrize("stop, staleness", [("ctrl-c", 0), ("sigkill", 1)])
@@ -233,17 +250,8 @@ def test_a_run_stopped_at_version_3_resumes_to_its_end_on_a_broker_that_outlives
         assert "bus.topic_prefix" in fresh.stderr
 
         resumed_at = time.time()
-        run = Run(tmp_path, *args, "--resume", str(out))
-        try:
-            summary = run.finish()
-        finally:
-            run.kill()
-        assert run.proc.returncode == 0 and summary["ended"] == "done", run.err[-3000:]
+        summary, rollouts, rewarded, dead = resumed_to_its_end(tmp_path, args, out, cfg)
         bus = Bus(cfg)
-        rollouts = [Trajectory.decode(m.value) for m in read_topic_sync(bus, "rollouts")]
-        rewarded = Counter(Rewarded.decode(m.value).id for m in read_topic_sync(bus, "rewarded"))
-        dead = {d.record_id for d in (DeadLetter.decode(m.value) for m in read_topic_sync(bus, "deadletter"))
-                if d.source_topic == bus.topic("rollouts")}
         versions = [PolicyVersion.decode(m.value).version for m in read_topic_sync(bus, "policy")]
         prompts = Counter((p.group_id, p.epoch) for p in (Prompt.decode(m.value) for m in read_topic_sync(bus, "prompts")))
     assert max(prompts.values()) == 1, prompts.most_common(3)  # no prompt published twice for its epoch
@@ -313,17 +321,7 @@ def test_a_disk_filled_mid_run_stops_it_naming_the_path_and_resume_after_freeing
             assert at_stop >= 2
 
             filler.unlink()
-            run = Run(disk, *args, "--resume", str(out))
-            try:
-                summary = run.finish()
-            finally:
-                run.kill()
-            assert run.proc.returncode == 0 and summary["ended"] == "done", run.err[-3000:]
-            bus = Bus(cfg)
-            rollouts = {Trajectory.decode(m.value).id for m in read_topic_sync(bus, "rollouts")}
-            rewarded = {Rewarded.decode(m.value).id for m in read_topic_sync(bus, "rewarded")}
-            dead = {d.record_id for d in (DeadLetter.decode(m.value) for m in read_topic_sync(bus, "deadletter"))
-                    if d.source_topic == bus.topic("rollouts")}
+            summary, rollouts, rewarded, dead = resumed_to_its_end(disk, args, out, cfg)
         done = state_of(out)
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
@@ -331,7 +329,7 @@ def test_a_disk_filled_mid_run_stops_it_naming_the_path_and_resume_after_freeing
     assert summary["versions"] == 8
     assert len(done.done_groups) == len(set(done.done_groups)) and resume.finished_count(done) <= 64, \
         "a prompt group finished twice"
-    assert rollouts == rewarded | dead, "a rollout neither rewarded nor dead-lettered"
+    assert {t.id for t in rollouts} == set(rewarded) | dead, "a rollout neither rewarded nor dead-lettered"
     accounted(summary, redelivered=True)
 
 
