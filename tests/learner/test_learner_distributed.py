@@ -104,26 +104,27 @@ KL_IN_REWARD = dict(PARITY, kl_coef=0.0, use_kl_in_reward=True, kl_penalty="low_
                     kl_ctrl=KLControlConfig(type="adaptive", kl_coef=0.05, target_kl=0.001, horizon=16))
 
 
-def _kl_rank(rank: int, world: int, port: int, tmp: str) -> None:
-    """One of two ranks trains STEPS mini-batches with KL in the reward; rank 0 reports."""
+def _steps_rank(rank: int, world: int, port: int, tmp: str, name: str, seeds: list[int]) -> None:
+    """One of two ranks trains the mini-batches of ``seeds`` with the settings ``RANK_SETTINGS[name]``
+    names; rank 0 reports them to ``<name>.json``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     from streamrl.learner import distributed
 
-    c = cfg(Path(tmp), **KL_IN_REWARD)
+    c = cfg(Path(tmp), **RANK_SETTINGS[name])
     if rank:
         follow_then_exit(c)
     trainer = Trainer(c)
-    outs = [trainer.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
-    (Path(tmp) / "kl.json").write_text(json.dumps(outs))
+    outs = [trainer.step(parity_batch(seed)) for seed in seeds]
+    (Path(tmp) / f"{name}.json").write_text(json.dumps(outs))
     distributed.finish()
 
 
 def test_kl_in_reward_on_two_ranks_matches_one(tmp_path):
     """use_kl_in_reward on two FSDP2 ranks: each rank gathers the whole mini-batch's log-probs,
     so the KL penalty, its adapted coefficient, the advantages and the losses are one process's."""
-    mp.spawn(_kl_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_steps_rank, args=(2, free_port(), str(tmp_path), "kl", list(range(1, STEPS + 1))), nprocs=2, join=True)
     two = json.loads((tmp_path / "kl.json").read_text())
     one = Trainer(cfg(tmp_path, use_remove_padding=False, **KL_IN_REWARD))
     expected = [one.step(parity_batch(seed)) for seed in range(1, STEPS + 1)]
@@ -142,27 +143,15 @@ GVPO = dict(policy_loss=PolicyLossConfig(loss_mode="gvpo", gvpo_beta=0.5), norm_
             max_tokens_per_micro_batch=64, micro_batch_size=2, ppo_epochs=2)
 
 
-def _gvpo_rank(rank: int, world: int, port: int, tmp: str) -> None:
-    """One of two ranks trains STEPS mini-batches with GVPO; rank 0 reports."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    from streamrl.learner import distributed
-
-    c = cfg(Path(tmp), **GVPO)
-    if rank:
-        follow_then_exit(c)
-    trainer = Trainer(c)
-    outs = [trainer.step(parity_batch(seed)) for seed in (1, 2)]  # (2: a chunked sequence)
-    (Path(tmp) / "gvpo.json").write_text(json.dumps(outs))
-    distributed.finish()
+#: the settings ``_steps_rank`` trains with, by name
+RANK_SETTINGS = {"kl": KL_IN_REWARD, "gvpo": GVPO}
 
 
 def test_gvpo_on_two_ranks_matches_one(tmp_path):
     """GVPO measures each sequence against its group's mean log-ratio: on two FSDP2 ranks a
     group's members sit on both (and in several micro-batches), and each rank gathers the whole
     mini-batch's, so the losses, the gradient norms and GVPO's residual are one process's."""
-    mp.spawn(_gvpo_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_steps_rank, args=(2, free_port(), str(tmp_path), "gvpo", [1, 2]), nprocs=2, join=True)  # (2: chunked)
     two = json.loads((tmp_path / "gvpo.json").read_text())
     one = Trainer(cfg(tmp_path, use_remove_padding=False, **GVPO))
     expected = [one.step(parity_batch(seed)) for seed in (1, 2)]
