@@ -19,8 +19,8 @@ from typing import Any
 
 from streamrl.bus import Bus, Reader, TopicPartition
 from streamrl.errors import StorageFull, storage_full
-from streamrl.records import (DEADLETTER, DISTILLED, EVAL, POLICY, PROMPTS, REWARDED, REWARDED_SCHEMA, ROLLOUTS,
-                              RecordError)
+from streamrl.records import (DEADLETTER, DISTILLED, DISTILLED_SCHEMA, EVAL, POLICY, PROMPTS, REWARDED,
+                              REWARDED_SCHEMA, ROLLOUTS, RecordError)
 from streamrl.scorers.base import numeric_info
 from streamrl.supervisor.launcher import Launcher
 
@@ -134,9 +134,12 @@ class Observation:
     trained_base: int = 0
     started: float = field(default_factory=time.time)
     # distillation: the teacher group's input topic ("rewarded" / "rollouts"; "": no teacher), the
-    # records it annotated and those it dead-lettered, by id
+    # records it annotated (counted once by id within ``distilled_seen``'s window, as ``seen_ids``;
+    # every id read at the end: ``distilled_ids``) and those it dead-lettered, by id
     teacher_input: str = ""
-    distilled_ids: set[str] = field(default_factory=set)
+    distilled_seen: RecentIds = field(default_factory=RecentIds)
+    distilled_count: int = 0
+    distilled_ids: set[str] | None = None
     teacher_dead: set[str] = field(default_factory=set)
     # several teachers: records each annotated (by id, once; "(none)": handed on unannotated, no
     # teacher serving their data source) and each group's consumer lag on the input
@@ -173,7 +176,9 @@ class Observation:
 
     @property
     def distilled(self) -> int:
-        return len(self.distilled_ids)
+        """Records the teacher(s) annotated: by every id once the run has read ``distilled``
+        (``Observer.read_ids``), by the window's count while it runs."""
+        return len(self.distilled_ids) if self.distilled_ids is not None else self.distilled_count
 
     @property
     def teacher_backlog(self) -> int:
@@ -210,7 +215,7 @@ class Observation:
         if self.teacher_input:
             taken = (self.rollout_ids if self.teacher_input == ROLLOUTS.name else self.rewarded_ids)
             undistilled = (len(taken - self.distilled_ids - self.teacher_dead)
-                           if taken is not None else self.teacher_backlog)
+                           if taken is not None and self.distilled_ids is not None else self.teacher_backlog)
             out.update(distilled=self.distilled, dead_at_teacher=len(self.teacher_dead), undistilled=undistilled)
         out.update(trained=self.trained - self.trained_base, dead_at_learner=self.dead_at_learner,
                    untrained=self.untrained)
@@ -302,8 +307,8 @@ class Observer:
                     obs.by_source.setdefault(source, SourceStats()).add(rec.reward, rec.reward_info)
                 elif topic == DISTILLED.name:
                     rec = DISTILLED.decode(msg.value, self.bus.largest_record)
-                    if rec.id not in obs.distilled_ids:
-                        obs.distilled_ids.add(rec.id)
+                    if obs.distilled_seen.add(rec.id):
+                        obs.distilled_count += 1
                         obs.distilled_by["(none)" if rec.teacher.get("unserved") else
                                          str(rec.teacher.get("name") or "teacher")] += 1
                 elif topic == POLICY.name:
@@ -343,26 +348,31 @@ class Observer:
         return sum(ends[0].values()), sum(ends[1].values())
 
     async def read_ids(self) -> None:
-        """Every trajectory id on ``rollouts`` and on ``rewarded`` (read once, at the end of a
-        run, for the summary: ``rollout_ids``, ``rewarded_ids``, and ``rewarded`` counted by
-        them exactly, whatever copies came too late for ``seen_ids``)."""
+        """Every trajectory id on ``rollouts``, on ``rewarded`` and (with a teacher) on
+        ``distilled``, read once at the end of a run for the summary: ``rollout_ids``,
+        ``rewarded_ids``, ``distilled_ids``, and the counts by them exactly, whatever copies came
+        too late for the windows (``seen_ids``, ``distilled_seen``)."""
         import orjson
 
-        ids: dict[str, set[str]] = {ROLLOUTS.name: set(), REWARDED.name: set()}
-        async with Reader(self.bus, [ROLLOUTS, REWARDED], "run") as reader:
+        schemas = {REWARDED.name: REWARDED_SCHEMA, DISTILLED.name: DISTILLED_SCHEMA}
+        topics = [ROLLOUTS, REWARDED] + ([DISTILLED] if self.obs.teacher_input else [])
+        ids: dict[str, set[str]] = {t.name: set() for t in topics}
+        async with Reader(self.bus, topics, "run") as reader:
             async for batch in reader.read():
                 for msg in batch:
                     topic = self.bus.config.short_topic(msg.topic)
                     try:
                         obj = orjson.loads(msg.value)
-                        if topic == REWARDED.name and obj["schema"] != REWARDED_SCHEMA:
-                            continue  # counted as unreadable by ``poll``, not as rewarded
+                        if topic in schemas and obj["schema"] != schemas[topic]:
+                            continue  # counted as unreadable by ``poll``, not as rewarded or distilled
                         ids[topic].add(str(obj["id"]))
                     except (orjson.JSONDecodeError, KeyError, TypeError):
                         if topic == ROLLOUTS.name:
                             ids[topic].add(f"{msg.partition}:{msg.offset}")  # unreadable: one of its own
         self.obs.rollout_ids, self.obs.rewarded_ids = ids[ROLLOUTS.name], ids[REWARDED.name]
         self.obs.rewarded = len(self.obs.rewarded_ids)
+        if self.obs.teacher_input:
+            self.obs.distilled_ids = ids[DISTILLED.name]
 
     async def teacher_lag(self, teacher: str = "") -> int:
         """A teacher group's consumer lag on its input (``teacher``: its label), or all of them

@@ -159,3 +159,46 @@ def test_a_long_run_keeps_a_bounded_window_of_ids_and_its_summary_counts_each_re
     assert live == 64 * 120 + 1  # the twelve copies at once counted once; the late one past the window
     assert exact == 64 * 120  # the summary's count is by every id, read at the end
     assert (records["rollouts"], records["rewarded"], records["unscored"]) == (64 * 120, 64 * 120, 0), records
+
+
+def test_a_long_distillation_run_keeps_a_bounded_window_of_distilled_ids(memory_bus: Bus):
+    """The teacher's side of the window above: the supervisor kept every distilled id it ever read.
+    60 versions of 32 records annotated, 10 s apart on the observer's clock: the ids kept stay
+    within the window; a copy at once counts once, a copy past the window once more while the run
+    goes; read at the end, the ids give the exact ``distilled`` and ``undistilled``."""
+    clock = [0.0]
+
+    def annotated(r):
+        return Distilled.annotate(r, logprobs=np.zeros(1, np.float32), ids=None, topk=0, teacher={})
+
+    async def main() -> tuple[list[int], int, dict]:
+        observer = Observer(memory_bus, reward_group=memory_bus.config.group("reward", ""), teacher_input="rewarded")
+        observer.obs.distilled_seen = RecentIds(keep_s=60.0, at_least=100, clock=lambda: clock[0])
+        await observer.start()
+        sizes: list[int] = []
+        try:
+            for v in range(60):
+                rewarded = [rewarded_from(trajectory(f"{v}-{i}", group_id=f"g{v}", policy_version=v)) for i in range(32)]
+                distilled = [annotated(r) for r in rewarded[:31]]  # the last one of each version undistilled
+                await produce(memory_bus, [trajectory(f"{v}-{i}") for i in range(32)])
+                await produce(memory_bus, rewarded, topic="rewarded")
+                await produce(memory_bus, distilled + distilled[:1], topic="distilled")
+                for _ in range(50):
+                    if (await observer.poll(timeout_ms=20)).distilled >= 31 * (v + 1):
+                        break
+                sizes.append(len(observer.obs.distilled_seen))
+                clock[0] += 10.0
+            await produce(memory_bus, [annotated(rewarded_from(trajectory("0-0")))], topic="distilled")  # 10 min late
+            for _ in range(50):
+                if (await observer.poll(timeout_ms=20)).distilled > 31 * 60:
+                    break
+            live = observer.obs.distilled
+            await observer.read_ids()
+            return sizes, live, observer.obs.records()
+        finally:
+            await observer.stop()
+
+    sizes, live, records = asyncio.run(main())
+    assert max(sizes) <= 31 * 8 and sizes[-1] >= 100, sizes[-10:]  # 60 s of records, not 1,860 ids
+    assert live == 31 * 60 + 1
+    assert (records["rewarded"], records["distilled"], records["undistilled"]) == (32 * 60, 31 * 60, 60), records
