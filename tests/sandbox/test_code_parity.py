@@ -1,7 +1,7 @@
 """The code rule against verl's own code scorers, on generated problems in both test-case formats:
 
 - without a sandbox URL, against verl's ``prime_code`` (its checks run in this test process's
-  children, as verl runs them; its 5 s / 10 s timeouts scaled to 1 s, ours the same);
+  children, as verl runs them; its 5 s / 10 s timeouts set to ``TIMEOUT_S``, ours the same);
 - with a URL, against verl's SandboxFusion scorer, both calling the same real ``streamrl sandbox``
   (so this is also verl's own client code path against the service).
 """
@@ -17,7 +17,10 @@ from streamrl.scorers.code import compute_score
 from tests.sandbox.code_cases import assert_cases, cases
 from tests.sandbox.conftest import verl_package
 
-TIMEOUT_S = 1
+#: both sides' time limit per test input: the slow case sleeps 30 s, and a correct answer must
+#: never reach it (at 1 s, a correct case timed out three times in the loaded suite: CI's
+#: machine runs four workers on two cores, and every case here starts its processes at once)
+TIMEOUT_S = 5
 pytestmark = pytest.mark.xdist_group("sandbox-parity")  # one service for the module's tests
 
 
@@ -66,10 +69,10 @@ def test_sandbox_scores_equal_verl_sandbox_fusion(sandbox_service):
     theirs = []
     for case in generated:
         score, meta = sf.compute_score(f"{url}/run_code", semaphore, 256, case.response, case.ground_truth,
-                                       continuous=True, timeout=2)
+                                       continuous=True, timeout=TIMEOUT_S)
         assert all(m.get("status") != "api_error" for m in meta), (case.name, meta)
         theirs.append(float(score))
-    mine = asyncio.run(_score_all([(c.response, c.ground_truth) for c in generated], timeout_s=2,
+    mine = asyncio.run(_score_all([(c.response, c.ground_truth) for c in generated], timeout_s=TIMEOUT_S,
                                   sandbox_fusion_url=f"{url}/run_code", memory_limit_mb=256))
     differ = [(c.name, m["score"], t, m["results"]) for c, m, t in zip(generated, mine, theirs) if m["score"] != t]
     assert not differ, differ
