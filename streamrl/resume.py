@@ -102,17 +102,19 @@ def finished(state: LearnerState, order: Sequence[str] | None) -> set[str]:
     return out
 
 
+def _bits(state: LearnerState) -> bytes:
+    return zlib.decompress(base64.b64decode(state.done_bits)) if state.done_bits else b""
+
+
 def finished_positions(state: LearnerState) -> set[int]:
     """The positions in the feed's order ``state`` records as finished (its bits)."""
-    if not state.done_bits:
-        return set()
-    bits = zlib.decompress(base64.b64decode(state.done_bits))
+    bits = _bits(state)
     return {i for i in range(len(bits) * 8) if bits[i >> 3] >> (i & 7) & 1}
 
 
 def finished_count(state: LearnerState) -> int:
     """How many groups ``state`` records as finished (no feed needed)."""
-    return len(finished_positions(state)) + len(state.done_groups)
+    return sum(byte.bit_count() for byte in _bits(state)) + len(state.done_groups)
 
 
 def checkpoints(directory: str | Path) -> list[Path]:
