@@ -299,8 +299,11 @@ class Executor:
                 result = await self._run(runtime, code, stdin, limits, slot)
                 if not self._not_started(result):
                     return result
-            return RunResult("Error", stderr=f"the sandbox could not start the program {len(START_RETRY_S) + 1} "
-                                             f"times: {result.stderr.strip()}")
+            # the program's own outcome as the sandbox saw it (a failed run), never ``Error``: the
+            # scorer holds a record on ``Error`` until the sandbox serves it, and a program that
+            # prints bubblewrap's error on every run would hold its partition for good
+            result.stderr += f"\nstreamrl sandbox: bubblewrap refused the start {len(START_RETRY_S) + 1} times"
+            return result
         finally:
             self.slots.put_nowait(slot)
 
@@ -310,7 +313,7 @@ class Executor:
         at ``processes``, and the kernel releases an exited process's count some time after it
         was reaped: one slot running ~10 short programs in a row held 32 (measured: 181 of 200
         runs refused at ``--processes 32``, 0 with this retry). A program that prints such a line
-        and exits 1 only earns itself the retries and then ``Error``: never a pass."""
+        and exits 1 only earns itself the retries and then its failed run: never a pass."""
         return (self.isolation.level == MINIMUM and result.status == "Finished" and result.return_code == 1
                 and not result.stdout and result.stderr.startswith("bwrap: ") and not result.limit)
 
