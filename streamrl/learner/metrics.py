@@ -29,7 +29,8 @@ def observe_staleness(records: list[Rewarded], version: int) -> None:
 
 
 def observe_update(out: dict[str, float], n: int) -> None:
-    """One update's figures (``Trainer.step``'s output) on ``n`` records."""
+    """One update's figures (``Trainer.step``'s output) on ``n`` records. An update of the critic
+    alone (``learner.critic_warmup``) has no policy figures: their gauges keep the last ones."""
     metrics.LEARNER_RECORDS.labels("trained").inc(n)
     metrics.LEARNER_STEP_SECONDS.observe(out["step_seconds"])
     metrics.LEARNER_TOKENS.inc(out["tokens"])
@@ -38,12 +39,12 @@ def observe_update(out: dict[str, float], n: int) -> None:
             metrics.LEARNER_LOSS.labels(part.replace("/", "_")).set(out[part])  # distillation_loss
     metrics.LEARNER_REWARD.labels("mean").set(out["reward_mean"])
     metrics.LEARNER_REWARD.labels("std").set(out["reward_std"])
-    if "kl" in out:
-        metrics.LEARNER_KL.labels("ref").set(out["kl"])
-    metrics.LEARNER_KL.labels("ppo").set(out["ppo_kl"])
-    metrics.LEARNER_ENTROPY.set(out["entropy"])
-    metrics.LEARNER_GRAD_NORM.set(out["grad_norm"])
-    metrics.LEARNER_CLIP_FRACTION.set(out["clip_fraction"])
+    for key, gauge in (("kl", metrics.LEARNER_KL.labels("ref")), ("ppo_kl", metrics.LEARNER_KL.labels("ppo")),
+                       ("entropy", metrics.LEARNER_ENTROPY), ("clip_fraction", metrics.LEARNER_CLIP_FRACTION)):
+        if key in out:
+            gauge.set(out[key])
+    if not out.get("critic_warmup"):  # (0.0 while the actor's update is skipped)
+        metrics.LEARNER_GRAD_NORM.set(out["grad_norm"])
 
 
 def generation_seconds(r: Rewarded) -> float | None:

@@ -96,6 +96,8 @@ def test_critic_warmup_trains_the_critic_alone_for_verls_steps(tmp_path):
     """``critic_warmup`` 3: the updates towards versions 1 and 2 (verl's steps 1 and 2, below 3)
     leave the policy as it was and train the critic; version 3's trains both, at the lr of the
     policy's first update (verl's actor scheduler steps only with the actor)."""
+    from streamrl.learner.metrics import observe_update
+
     cfg = learner_cfg(tmp_path, adv_estimator="gae", critic_warmup=3, versions=6, lr_scheduler_type="cosine")
     trainer = Trainer(cfg)
     first = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
@@ -104,6 +106,9 @@ def test_critic_warmup_trains_the_critic_alone_for_verls_steps(tmp_path):
         trainer.set_version(version)
         out = trainer.step(batch(version))
         assert out["critic_warmup"] == 1.0 and out["critic/vf_loss"] > 0
+        # the learner stage's gauges take an update without policy figures (it raised KeyError 'ppo_kl')
+        observe_update(out, len(batch(version)))
+        assert "ppo_kl" not in out
         for k, p in trainer.model.named_parameters():
             assert torch.equal(p, first[k]), (version, k)
     assert any(not torch.equal(p, critic_before[k]) for k, p in trainer.critic.model.named_parameters())
