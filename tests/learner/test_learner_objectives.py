@@ -352,8 +352,8 @@ def test_the_critic_on_two_ranks_matches_one_and_resumes_on_another_rank_count(t
 #: PPO with a critic, verl's rollout correction and a warm-up/cosine lr, as verl's keys say them
 #: (the critic at the actor's lr: verl's 1e-5 is for 7B models, not the tiny policy), two versions
 #: of critic warm-up, and the ``remax`` recipe's guard: no entropy bonus (verl's default) and verl's
-#: KL loss to the reference. With local.yaml's bonus and no KL loss, 1 run in about 10 (CI's, and
-#: one here with the warm-up too) fell to reward 0 by version 4 and never came back: the end of
+#: KL loss to the reference. With local.yaml's bonus and no KL loss, 2 runs of 8 (CI's, and one
+#: here with the warm-up too) fell to reward 0 by version 4 and never came back: the end of
 #: sequence took the second digit's place, then the first's (docs/guides/objective.md)
 E2E = ["algorithm.adv_estimator=gae", "algorithm.lam=1.0", "critic.optim.lr=0.002", "critic.cliprange_value=0.5",
        "trainer.critic_warmup=2", "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.use_kl_loss=True",
