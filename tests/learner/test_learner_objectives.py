@@ -369,9 +369,10 @@ E2E = ["algorithm.adv_estimator=gae", "algorithm.lam=1.0", "critic.optim.lr=0.00
 def test_ppo_with_a_critic_rollout_correction_and_a_cosine_lr_learn_end_to_end(tmp_path):
     """``streamrl run`` on the real broker, the embedded default's digits task, with a verl PPO
     script's keys: the learner trains a critic beside the policy (critic/* figures, its shards in
-    every checkpoint), corrects each mini-batch as verl's rollout correction does (rollout_corr/*),
-    follows verl's lr schedule, and the reward climbs. (ReMax's greedy baseline through the
-    stages: ``test_remax_greedy_baseline_travels_with_its_group_and_is_never_trained_on``.)"""
+    every checkpoint; the critic alone for the first two versions), corrects each mini-batch as
+    verl's rollout correction does (rollout_corr/*), follows verl's lr schedule, and the reward
+    climbs. (ReMax's greedy baseline through the stages:
+    ``test_remax_greedy_baseline_travels_with_its_group_and_is_never_trained_on``.)"""
     import subprocess
     import sys
 
