@@ -68,11 +68,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop("RAY_TMPDIR", None)
 
 
+#: pytest-timeout's limit for an end-to-end run that sets none (pyproject's 300 s is every other
+#: test's): a run's own deadlines end it first; this only ends a hang. On a CI machine 1.6x slower
+#: than usual, two runs that take ~2 minutes here passed 300 s beside three others.
+E2E_TIMEOUT_S = 600
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``make test`` runs ``-n 4 --dist loadgroup``), the tests that start a
-    local Ray cluster share one worker (two Ray heads on one 2-core machine starve each other's
-    placements), and so do the tests that build the wheel from this checkout. (``tests/
+    """The tests that start a local Ray cluster are marked ``ray``: ``make test`` runs them
+    alone first (beside end-to-end runs on 2 cores their stages starved), then the rest under
+    pytest-xdist (``-n 4 --dist loadgroup``). Run together, they share one worker (two Ray heads on
+    one 2-core machine starve each other's placements), and so do the tests that build the wheel
+    from this checkout. (``tests/
     test_xdist_groups.py`` checks that the groups hold: pytest 9.2 silently broke them.)
 
     The longest work goes first: a worker takes the next test in collection order when it is
@@ -81,9 +89,12 @@ def pytest_collection_modifyitems(items):
     worker), then the end-to-end runs and the slow tests, then the rest in file order."""
     for item in items:
         if item.fspath.basename.startswith("test_ray_"):
+            item.add_marker(pytest.mark.ray)  # `make test` runs these alone: `-m ray`, then `-m "not ray"`
             item.add_marker(pytest.mark.xdist_group("ray"))
         elif "wheel" in item.name:  # they build the wheel in the same checkout (its build/ folder)
             item.add_marker(pytest.mark.xdist_group("wheel"))
+        if item.get_closest_marker("e2e") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
 
     def rank(item) -> int:
         group = item.get_closest_marker("xdist_group")

@@ -132,8 +132,11 @@ def test_kl_in_reward_on_two_ranks_matches_one(tmp_path):
     assert expected[-1]["reward_kl_penalty_coeff"] != 0.05  # ... and the adaptive coefficient moved
     off = [(step, key, got[key], want[key]) for step, (got, want) in enumerate(zip(two, expected))
            for key, floor in (("reward_kl_penalty", 1e-3), ("reward_kl_penalty_coeff", 1e-3), ("rewards_mean", 1e-3),
-                              ("advantages_max", 1e-3), ("advantages_mean", 0.1), ("loss", 1e-3), ("grad_norm", 1e-3))
-           if abs(got[key] - want[key]) > 1e-5 * max(abs(want[key]), floor)]  # (whitened: a mean of ~0)
+                              ("advantages_max", 1e-3), ("advantages_mean", 0.1), ("loss", 1e-2), ("grad_norm", 1e-3))
+           # floors: the whitened advantages' mean is ~0, and the loss (~2e-3 here) a mean of terms of
+           # order one (advantage x ratio) that nearly cancel: float32's summation order (two ranks'
+           # against one's, on CI's CPU: 3e-8 apart) is already 1e-5 of it; 1e-7 is float32's epsilon
+           if abs(got[key] - want[key]) > 1e-5 * max(abs(want[key]), floor)]
     assert not off, off
 
 
