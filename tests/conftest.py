@@ -70,7 +70,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 #: pytest-timeout's limit for an end-to-end run that sets none (pyproject's 300 s is every other
 #: test's): a run's own deadlines end it first; this only ends a hang. On a CI machine 1.6x slower
-#: than usual, two runs that take ~2 minutes here passed 300 s beside three others.
+#: than usual, two runs passed 300 s beside three others (on one as slow here: the DAPO run 235 s,
+#: the killed learner rank's over 300 s).
 E2E_TIMEOUT_S = 600
 
 
@@ -80,8 +81,8 @@ def pytest_collection_modifyitems(items):
     alone first (beside end-to-end runs on 2 cores their stages starved), then the rest under
     pytest-xdist (``-n 4 --dist loadgroup``). Run together, they share one worker (two Ray heads on
     one 2-core machine starve each other's placements), and so do the tests that build the wheel
-    from this checkout. (``tests/
-    test_xdist_groups.py`` checks that the groups hold: pytest 9.2 silently broke them.)
+    from this checkout. (``tests/project/test_xdist_groups.py`` checks that the groups hold, pytest
+    9.2 silently broke them, and that ``-m ray`` selects exactly the Ray tests.)
 
     The longest work goes first: a worker takes the next test in collection order when it is
     free, so a pipeline run collected last would start when the others are done and alone make
