@@ -39,8 +39,10 @@ def test_versions_by_delta_and_a_resume_after_a_delta(memory_bus, tmp_path, monk
         stop = asyncio.Event()
         task = asyncio.create_task(learner.run(stop))
         await publish(bus, [r for g in groups for r in group(g, version=learner.version)])
-        await wait_for(lambda: learner.version == until, timeout_s=120, what=f"version {until}")
-        await asyncio.sleep(0.5)  # its announcement sent
+        # announced: its weights written (and turned into a delta) and the version sent; the count
+        # moves first, and a loaded CI machine took over the 0.5 s this once slept after it
+        await wait_for(lambda: learner._last is not None and learner._last.version == until, timeout_s=120,
+                       what=f"version {until} announced")
         path = weights.weights_path(str(tmp_path / "weights" / f"v{until}"))
         same_as_model(path, learner.trainer.model)  # what a reader rebuilds is the learner's weights
         held[until] = str(path)
